@@ -1,0 +1,73 @@
+"""Stock prices: the latest tick per symbol, queryable from any node.
+
+`asset-prices` has 30 partitions keyed by symbol; each tick says which
+exchange quoted which price when. Run it with
+
+    tablecast dev examples/stock_prices.py --generate     (or: tablecast demo)
+
+and ask for a symbol:  curl http://localhost:8080/v1/tables/prices/keys/AAPL
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import tablecast as tc
+
+TOPIC = "asset-prices"
+PARTITIONS = 30
+SYMBOLS = [
+    "AAPL",
+    "MSFT",
+    "GOOG",
+    "AMZN",
+    "NVDA",
+    "META",
+    "TSLA",
+    "NFLX",
+    "INTC",
+    "AMD",
+    "ORCL",
+    "IBM",
+    "CSCO",
+    "ADBE",
+    "CRM",
+    "QCOM",
+    "TXN",
+    "AVGO",
+    "SAP",
+    "ASML",
+]
+EXCHANGES = ["NASDAQ", "NYSE", "LSE", "XETRA", "EURONEXT"]
+
+app = tc.App("stocks")
+ticks = app.table(TOPIC, key=tc.serde.string(), value=tc.serde.json())
+prices = ticks.materialize("prices", store="memory")
+
+
+def generate(bootstrap_servers: str, rate_per_s: float = 200.0) -> None:
+    """Produce ticks for every symbol from several exchanges, forever."""
+    import orjson
+    from confluent_kafka import Producer
+
+    from tablecast.kafka.partitioner import PRODUCER_CONFIG
+    from tablecast.kafka.topics import ensure_topic
+
+    ensure_topic(bootstrap_servers, TOPIC, PARTITIONS)
+    producer = Producer(
+        {"bootstrap.servers": bootstrap_servers, "linger.ms": 20, **PRODUCER_CONFIG}
+    )
+    price = {s: random.uniform(20, 900) for s in SYMBOLS}
+    while True:
+        symbol = random.choice(SYMBOLS)
+        price[symbol] = round(max(1.0, price[symbol] * random.gauss(1.0, 0.002)), 2)
+        tick = {
+            "symbol": symbol,
+            "exchange": random.choice(EXCHANGES),
+            "price": price[symbol],
+            "time": int(time.time() * 1000),
+        }
+        producer.produce(TOPIC, key=symbol.encode(), value=orjson.dumps(tick))
+        producer.poll(0)
+        time.sleep(1.0 / rate_per_s)

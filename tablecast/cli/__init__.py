@@ -1,0 +1,1 @@
+"""The ``tablecast`` command line (SPEC §2)."""

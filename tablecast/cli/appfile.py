@@ -1,0 +1,32 @@
+"""Loading the App defined in a user's Python file."""
+
+from __future__ import annotations
+
+import runpy
+import signal
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from tablecast.pipeline.app import App
+
+
+def load_module(path: str | Path) -> dict[str, Any]:
+    # not "__main__": a file that calls app.run() under a main guard is only loaded
+    return runpy.run_path(str(path), run_name="tablecast_app")
+
+
+def load_app(path: str | Path) -> App:
+    apps = [v for v in load_module(path).values() if isinstance(v, App)]
+    if len(apps) != 1:
+        raise SystemExit(f"{path}: expected exactly one tablecast.App, found {len(apps)}")
+    return apps[0]
+
+
+def stop_on_sigterm() -> None:
+    """Let SIGTERM stop a pipeline as cleanly as Ctrl-C does."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)

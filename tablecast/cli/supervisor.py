@@ -1,0 +1,61 @@
+"""Child processes that `tablecast dev` starts and must stop, each by its pid."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Supervisor:
+    log_dir: Path
+    children: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+
+    def spawn(
+        self, name: str, argv: list[str], env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_file = self.log_dir / f"{name}.log"
+        with open(log_file, "ab") as out:
+            proc = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **(env or {})},
+                # own session: Ctrl-C reaches only `dev`, which stops children in order
+                start_new_session=True,
+            )
+        log.info("started %s (pid %d, log %s)", name, proc.pid, log_file)
+        self.children.append((name, proc))
+        return proc
+
+    def failed(self) -> str | None:
+        """The name of a child that has exited, if any."""
+        for name, proc in self.children:
+            if proc.poll() is not None:
+                return name
+        return None
+
+    def stop_all(self, timeout: float = 30.0) -> None:
+        """Stop children newest first: SIGTERM, then SIGKILL after `timeout`."""
+        for name, proc in reversed(self.children):
+            if proc.poll() is None:
+                log.info("stopping %s (pid %d)", name, proc.pid)
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for name, proc in reversed(self.children):
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop in time; killing pid %d", name, proc.pid)
+                proc.kill()
+                proc.wait()
+        self.children.clear()

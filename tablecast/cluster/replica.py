@@ -1,0 +1,40 @@
+"""A replica: one node's copy of one table partition, and how far behind the topic it is."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tablecast.kafka.catalog import TableInfo
+from tablecast.store import PartitionStore
+
+
+@dataclass(eq=False)
+class Replica:
+    table: TableInfo
+    partition: int
+    store: PartitionStore
+    #: next offset to read from the topic (an EOF moves it past compacted gaps)
+    position: int = 0
+    #: the topic's high watermark as last seen
+    end_offset: int = 0
+    #: the high watermark when restoring began, and whether it has been reached
+    restore_target: int = 0
+    caught_up: bool = False
+
+    @property
+    def lag(self) -> int:
+        return max(0, self.end_offset - self.position)
+
+    @property
+    def role(self) -> str:
+        # every node holds every partition until assignment arrives (cluster issue)
+        return "active" if self.caught_up else "warming"
+
+    def public(self) -> dict[str, object]:
+        return {
+            "table": self.table.name,
+            "partition": self.partition,
+            "role": self.role,
+            "offset": self.store.applied_offset,
+            "lag": self.lag,
+        }

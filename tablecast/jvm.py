@@ -1,0 +1,78 @@
+"""The JVM parts tablecast runs: resolved from Maven Central, cached, never committed.
+
+Two jar sets, each described by a pom under ``jvm/`` in the repository:
+
+- ``kafka-broker``: the Apache Kafka broker that ``tablecast kafka start`` runs;
+- ``spark-kafka``: Spark's Kafka source and sink, passed to Spark on ``spark.jars``.
+
+They stay apart because the broker and Spark's connector need different
+``kafka-clients`` versions. Each set is copied into
+``~/.cache/tablecast/jars/<name>-<hash of its pom>`` once; a changed pom gets a
+fresh directory, so the cache never serves stale jars.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+POM_ROOT = Path(__file__).resolve().parent.parent / "jvm"
+JAR_SETS = ("kafka-broker", "spark-kafka")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("TABLECAST_CACHE_DIR", Path.home() / ".cache" / "tablecast"))
+
+
+def jar_dir(name: str) -> Path:
+    """The directory holding jar set `name`, resolving it with Maven on first use."""
+    pom = POM_ROOT / name / "pom.xml"
+    if not pom.exists():
+        raise FileNotFoundError(f"no pom for jar set {name!r} at {pom}")
+    digest = hashlib.sha256(pom.read_bytes() + (POM_ROOT / "settings.xml").read_bytes())
+    target = cache_root() / "jars" / f"{name}-{digest.hexdigest()[:12]}"
+    if (target / ".complete").exists():
+        return target
+    _resolve(pom, target)
+    return target
+
+
+def _resolve(pom: Path, target: Path) -> None:
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise RuntimeError("Maven (mvn) is needed once to fetch the JVM jars; install it")
+    log.info("fetching jars for %s from Maven Central into %s (once) ...", pom.parent.name, target)
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    cmd = [
+        mvn,
+        "-q",
+        "-B",
+        "-s",
+        str(POM_ROOT / "settings.xml"),
+        "-f",
+        str(pom),
+        "dependency:copy-dependencies",
+        f"-DoutputDirectory={partial}",
+        "-DincludeScope=runtime",
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"mvn failed for {pom}:\n{done.stdout[-4000:]}\n{done.stderr[-2000:]}")
+    (partial / ".complete").write_text("ok\n")
+    shutil.rmtree(target, ignore_errors=True)
+    partial.rename(target)
+
+
+def jars(name: str) -> list[Path]:
+    return sorted(jar_dir(name).glob("*.jar"))
+
+
+def classpath(name: str) -> str:
+    return os.pathsep.join(str(p) for p in jars(name))

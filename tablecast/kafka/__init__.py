@@ -1,0 +1,1 @@
+"""Kafka I/O: partitioning, topics, the catalog, and a local broker for development."""

@@ -1,0 +1,249 @@
+"""A single-node Apache Kafka broker (KRaft) for development and tests.
+
+The broker runs from the jars of ``jvm/kafka-broker`` in a data directory that
+holds everything about it: ``server.properties``, the formatted log dir,
+``broker.pid`` and ``broker.log``. ``start`` is idempotent: a broker already
+running on that data dir is reused.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from tablecast import jvm
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 9092
+START_TIMEOUT_S = 90.0
+
+_LOG4J2 = """\
+Configuration:
+  status: warn
+  Appenders:
+    File:
+      name: file
+      fileName: "{log_file}"
+      PatternLayout:
+        pattern: "[%d] %p %m (%c)%n"
+  Loggers:
+    Root:
+      level: info
+      AppenderRef:
+        - ref: file
+"""
+
+
+@dataclass(frozen=True)
+class Broker:
+    """A broker's data directory and ports; the process itself is found by its pid file."""
+
+    data_dir: Path
+    port: int = DEFAULT_PORT
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.data_dir / "broker.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.data_dir / "broker.log"
+
+    def pid(self) -> int | None:
+        """The pid of the running broker, or None (a stale pid file is removed)."""
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        if _alive(pid):
+            return pid
+        self.pid_file.unlink(missing_ok=True)
+        return None
+
+    def start(self, timeout: float = START_TIMEOUT_S) -> int:
+        """Start the broker (or reuse a running one) and wait until it takes requests."""
+        pid = self.pid()
+        if pid is not None:
+            _wait_ready(self.port, timeout, pid, self.log_file)
+            return pid
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        props = self._write_config(self._controller_port())
+        classpath = jvm.classpath("kafka-broker")
+        if not (self.data_dir / "logs" / "meta.properties").exists():
+            self._format(classpath, props)
+        log.info("starting Kafka broker on %s (log: %s)", self.bootstrap_servers, self.log_file)
+        with open(self.data_dir / "broker.stdout", "ab") as out:
+            proc = subprocess.Popen(
+                [
+                    "java",
+                    "-Xms256m",
+                    "-Xmx1g",
+                    "-XX:+UseG1GC",
+                    f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.yaml'}",
+                    "-cp",
+                    classpath,
+                    "kafka.Kafka",
+                    str(props),
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                # its own session: a Ctrl-C meant for `tablecast dev` must not
+                # kill the broker before the pipeline and nodes have stopped
+                start_new_session=True,
+            )
+        self.pid_file.write_text(f"{proc.pid}\n")
+        try:
+            _wait_ready(self.port, timeout, proc.pid, self.log_file)
+        except BaseException:
+            self.stop()
+            raise
+        return proc.pid
+
+    def stop(self, timeout: float = 30.0) -> bool:
+        """Stop the broker cleanly (SIGTERM, then SIGKILL after `timeout`). False if none ran."""
+        pid = self.pid()
+        if pid is None:
+            return False
+        log.info("stopping Kafka broker (pid %d)", pid)
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+            while _alive(pid):
+                time.sleep(0.05)
+        self.pid_file.unlink(missing_ok=True)
+        return True
+
+    def status(self) -> str:
+        pid = self.pid()
+        if pid is None:
+            return "stopped"
+        return f"running (pid {pid}) on {self.bootstrap_servers}"
+
+    def _controller_port(self) -> int:
+        # KRaft records the controller's endpoint when the log dir is formatted,
+        # so a restarted broker must keep the controller port it was born with
+        props = self.data_dir / "server.properties"
+        if props.exists():
+            for line in props.read_text().splitlines():
+                if line.startswith("controller.quorum.bootstrap.servers="):
+                    return int(line.rsplit(":", 1)[1])
+        return _free_port()
+
+    def _write_config(self, controller_port: int) -> Path:
+        props = self.data_dir / "server.properties"
+        settings = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.bootstrap.servers": f"127.0.0.1:{controller_port}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "log.dirs": str(self.data_dir / "logs"),
+            "num.partitions": "1",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "4",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            # a dev broker serves one machine: joining consumers need not wait
+            "group.initial.rebalance.delay.ms": "0",
+            # topics are created with their partition counts by tablecast;
+            # a typo in a topic name should fail, not make a 1-partition topic
+            "auto.create.topics.enable": "false",
+        }
+        props.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+        (self.data_dir / "log4j2.yaml").write_text(_LOG4J2.format(log_file=self.log_file))
+        return props
+
+    def _format(self, classpath: str, props: Path) -> None:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        log.info("formatting KRaft log dir %s", self.data_dir / "logs")
+        subprocess.run(
+            [
+                "java",
+                "-cp",
+                classpath,
+                f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.yaml'}",
+                "kafka.tools.StorageTool",
+                "format",
+                "--standalone",
+                "-t",
+                cluster_id,
+                "-c",
+                str(props),
+            ],
+            check=True,
+            capture_output=True,
+        )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child still answers kill(0); reap it if it is ours
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return done == 0
+    except ChildProcessError:
+        return True
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def free_port() -> int:
+    """A TCP port on loopback that is free right now."""
+    return _free_port()
+
+
+def _wait_ready(port: int, timeout: float, pid: int, log_file: Path) -> None:
+    """Wait until the broker answers a metadata request, showing progress."""
+    from confluent_kafka.admin import AdminClient
+
+    deadline = time.monotonic() + timeout
+    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}", "log_level": 0})
+    last_note = time.monotonic()
+    while True:
+        if not _alive(pid):
+            raise RuntimeError(f"the Kafka broker exited during start; see {log_file}")
+        try:
+            md = admin.list_topics(timeout=2)
+            if md.brokers:
+                return
+        except Exception:  # not up yet: the client raises while it cannot connect
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"the Kafka broker did not come up in {timeout:.0f}s; see {log_file}"
+            )
+        if time.monotonic() - last_note > 5:
+            log.info("waiting for the Kafka broker on port %d ...", port)
+            last_note = time.monotonic()
+        time.sleep(0.3)

@@ -1,0 +1,49 @@
+"""Kafka's default partitioning, bit for bit: murmur2 of the serialized key.
+
+partition = (murmur2(key_bytes) & 0x7fffffff) % partitions, as Kafka's Java
+producer and Spark's Kafka sink compute it. librdkafka agrees only with
+``partitioner: murmur2_random`` (see :data:`PRODUCER_CONFIG`).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+_SEED: Final = 0x9747B28C
+_M: Final = 0x5BD1E995
+_MASK: Final = 0xFFFFFFFF
+
+#: librdkafka settings that make a confluent-kafka producer partition like Java's.
+PRODUCER_CONFIG: Final = {"partitioner": "murmur2_random"}
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's ``Utils.murmur2``: a signed 32-bit int, as Java returns it."""
+    length = len(data)
+    h = (_SEED ^ length) & _MASK
+    tail = length & ~3
+    for i in range(0, tail, 4):
+        k = int.from_bytes(data[i : i + 4], "little")
+        k = (k * _M) & _MASK
+        k ^= k >> 24
+        k = (k * _M) & _MASK
+        h = ((h * _M) & _MASK) ^ k
+    rest = length & 3
+    if rest == 3:
+        h ^= data[tail + 2] << 16
+    if rest >= 2:
+        h ^= data[tail + 1] << 8
+    if rest >= 1:
+        h ^= data[tail]
+        h = (h * _M) & _MASK
+    h ^= h >> 13
+    h = (h * _M) & _MASK
+    h ^= h >> 15
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def partition_for(key: bytes, partitions: int) -> int:
+    """The partition Kafka's Java producer picks for a serialized, non-null key."""
+    if partitions <= 0:
+        raise ValueError("partitions must be positive")
+    return (murmur2(key) & 0x7FFFFFFF) % partitions

@@ -1,0 +1,69 @@
+"""The topics an App owns, and creating them with the right settings.
+
+Every topic an App owns is prefixed by its id: ``<app>.catalog`` lists its
+tables, ``<app>.table.<name>`` is a table's changelog, ``<app>.dlq`` takes bad
+records.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+log = logging.getLogger(__name__)
+
+COMPACTED = {"cleanup.policy": "compact"}
+
+
+def catalog_topic(app_id: str) -> str:
+    return f"{app_id}.catalog"
+
+
+def table_topic(app_id: str, table: str) -> str:
+    return f"{app_id}.table.{table}"
+
+
+def dlq_topic(app_id: str) -> str:
+    return f"{app_id}.dlq"
+
+
+def admin(bootstrap_servers: str) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap_servers})
+
+
+def partition_count(bootstrap_servers: str, topic: str, timeout: float = 10.0) -> int | None:
+    """How many partitions `topic` has, or None if it does not exist."""
+    md = admin(bootstrap_servers).list_topics(topic, timeout=timeout)
+    info = md.topics.get(topic)
+    if info is None or info.error is not None:
+        return None
+    return len(info.partitions)
+
+
+def ensure_topic(
+    bootstrap_servers: str,
+    topic: str,
+    partitions: int,
+    config: dict[str, str] | None = None,
+    timeout: float = 30.0,
+) -> int:
+    """Create `topic` unless it exists; return its partition count (which may differ)."""
+    existing = partition_count(bootstrap_servers, topic)
+    if existing is not None:
+        return existing
+    client = admin(bootstrap_servers)  # must outlive its futures
+    futures = client.create_topics(
+        [NewTopic(topic, partitions, 1, config=config or {})], operation_timeout=timeout
+    )
+    try:
+        futures[topic].result(timeout)
+        log.info("created topic %s (%d partitions)", topic, partitions)
+    except KafkaException as e:
+        # another process may have created it between the check and the create
+        if "TOPIC_ALREADY_EXISTS" not in str(e):
+            raise
+    count = partition_count(bootstrap_servers, topic)
+    assert count is not None
+    return count

@@ -1,0 +1,123 @@
+"""``tc.App``: the pipeline's entry point (SPEC §1)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tablecast import serde as serdes
+from tablecast.pipeline import plan
+from tablecast.pipeline.dsl import Stream, Table
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from tablecast.pipeline.runner import Pipeline
+
+log = logging.getLogger(__name__)
+
+_APP_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+_TABLE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class App:
+    """A tablecast application: its id prefixes every topic and checkpoint it owns."""
+
+    def __init__(
+        self,
+        app_id: str,
+        *,
+        bootstrap_servers: str | None = None,
+        state_dir: str | os.PathLike[str] | None = None,
+        trigger: str = "500 milliseconds",
+    ) -> None:
+        if not _APP_ID.match(app_id):
+            raise ValueError(f"app id {app_id!r}: use letters, digits, '-' and '_'")
+        self.id = app_id
+        self.bootstrap_servers = bootstrap_servers
+        self.state_dir = Path(state_dir) if state_dir else None
+        self.trigger = trigger
+        self.materialized: dict[str, plan.Materialize] = {}
+
+    # -- sources ----------------------------------------------------------
+    def stream(
+        self, topic: str, key: serdes.Serde | None = None, value: serdes.Serde | None = None
+    ) -> Stream:
+        return Stream(self, self._source(topic, key, value, "stream"))
+
+    def table(
+        self, topic: str, key: serdes.Serde | None = None, value: serdes.Serde | None = None
+    ) -> Table:
+        return Table(self, self._source(topic, key, value, "table"))
+
+    def _source(
+        self, topic: str, key: serdes.Serde | None, value: serdes.Serde | None, kind: plan.Kind
+    ) -> plan.Source:
+        return plan.Source(None, topic, key or serdes.string(), value or serdes.json(), kind)
+
+    def _register(self, node: plan.Materialize) -> None:
+        if not _TABLE_NAME.match(node.name):
+            raise ValueError(f"table name {node.name!r}: use letters, digits, '.', '-' and '_'")
+        if node.name in self.materialized:
+            raise ValueError(f"a table named {node.name!r} is already materialized")
+        self.materialized[node.name] = node
+
+    # -- running ----------------------------------------------------------
+    def resolve_bootstrap(self, bootstrap_servers: str | None = None) -> str:
+        return (
+            bootstrap_servers
+            or self.bootstrap_servers
+            or os.environ.get("TABLECAST_BOOTSTRAP_SERVERS")
+            or "localhost:9092"
+        )
+
+    def resolve_state_dir(self) -> Path:
+        base = self.state_dir or Path(os.environ.get("TABLECAST_STATE_DIR", ".tablecast"))
+        return base / self.id
+
+    def start(
+        self,
+        bootstrap_servers: str | None = None,
+        master: str | None = None,
+        spark: SparkSession | None = None,
+    ) -> Pipeline:
+        """Start every materialized table's query and return at once."""
+        from tablecast.pipeline.runner import Pipeline
+
+        return Pipeline.start(self, self.resolve_bootstrap(bootstrap_servers), master, spark)
+
+    def run(self, bootstrap_servers: str | None = None, master: str | None = None) -> None:
+        """Run the pipeline until it fails or is interrupted (Ctrl-C stops it cleanly)."""
+        pipeline = self.start(bootstrap_servers, master)
+        try:
+            pipeline.await_termination()
+        except KeyboardInterrupt:
+            log.info("interrupted; stopping the pipeline")
+        finally:
+            pipeline.stop()
+
+    def explain(self) -> str:
+        lines = [f"App {self.id!r}: {len(self.materialized)} materialized table(s)"]
+        for name, node in self.materialized.items():
+            lines.append(f"  table {name!r}:")
+            lines.extend(f"    {step.describe()}" for step in node.lineage())
+        return "\n".join(lines)
+
+
+def wait_for_topic(bootstrap_servers: str, topic: str, timeout: float = 300.0) -> int:
+    """The partition count of `topic`, waiting (with progress) until it exists."""
+    from tablecast.kafka.topics import partition_count
+
+    deadline = time.monotonic() + timeout
+    while True:
+        count = partition_count(bootstrap_servers, topic)
+        if count is not None:
+            return count
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"source topic {topic!r} does not exist on {bootstrap_servers}")
+        log.info("waiting for source topic %r to exist on %s ...", topic, bootstrap_servers)
+        time.sleep(2)

@@ -1,0 +1,243 @@
+"""Serdes: how keys and values of a topic are turned into bytes and back.
+
+A serde is plain Python (no Spark): serving nodes use it to parse keys from
+URLs and to render values as JSON. The pipeline maps each serde's ``format`` to
+Spark column expressions in :mod:`tablecast.pipeline.codecs`. A serde
+describes itself with :meth:`Serde.spec`, which the catalog topic carries so a
+serving node can rebuild it with :func:`from_spec` without the App file.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import orjson
+
+# the module exports a function named `bytes` (the SPEC's `tc.serde.bytes()`),
+# so the builtin type is kept under another name for use in here
+_BINARY = (bytes, bytearray)
+
+__all__ = ["Serde", "SerdeError", "avro", "bytes_", "from_spec", "json", "long", "string"]
+
+
+class SerdeError(ValueError):
+    """Bytes or text that do not decode with a serde."""
+
+
+class Serde(ABC):
+    format: ClassVar[str]
+
+    @abstractmethod
+    def serialize(self, obj: Any) -> bytes: ...
+
+    @abstractmethod
+    def deserialize(self, data: bytes) -> Any: ...
+
+    def parse_text(self, text: str) -> Any:
+        """The object a key's text form (a URL path segment) stands for."""
+        return text
+
+    def to_json(self, data: bytes) -> Any:
+        """Stored bytes as a value orjson can put in a response."""
+        return self.deserialize(data)
+
+    def spec(self) -> dict[str, Any]:
+        return {"format": self.format}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Serde) and self.spec() == other.spec()
+
+    def __hash__(self) -> int:
+        return hash(orjson.dumps(self.spec(), option=orjson.OPT_SORT_KEYS))
+
+    def __repr__(self) -> str:
+        return f"serde.{self.format}()"
+
+
+class _String(Serde):
+    format = "string"
+
+    def serialize(self, obj: Any) -> bytes:
+        if not isinstance(obj, str):
+            raise SerdeError(f"a string serde takes str, not {type(obj).__name__}")
+        return obj.encode()
+
+    def deserialize(self, data: bytes) -> str:
+        try:
+            return data.decode()
+        except UnicodeDecodeError as e:
+            raise SerdeError(f"not UTF-8: {e}") from None
+
+
+class _Json(Serde):
+    """JSON text. ``schema`` (a Spark DDL string) types the column in the pipeline."""
+
+    format = "json"
+
+    def __init__(self, schema: str | None = None) -> None:
+        self.schema = schema
+
+    def serialize(self, obj: Any) -> bytes:
+        try:
+            return orjson.dumps(obj)
+        except TypeError as e:
+            raise SerdeError(str(e)) from None
+
+    def deserialize(self, data: bytes) -> Any:
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError as e:
+            raise SerdeError(f"not JSON: {e}") from None
+
+    def parse_text(self, text: str) -> Any:
+        return self.deserialize(text.encode())
+
+    def to_json(self, data: bytes) -> Any:
+        # stored bytes are JSON already: hand them to orjson as they are
+        return orjson.Fragment(data)
+
+    def spec(self) -> dict[str, Any]:
+        return {"format": "json", "schema": self.schema} if self.schema else {"format": "json"}
+
+
+class _Long(Serde):
+    """A signed 64-bit integer, 8 bytes big-endian (Kafka's LongSerializer)."""
+
+    format = "long"
+    _packer = struct.Struct(">q")
+
+    def serialize(self, obj: Any) -> bytes:
+        if not isinstance(obj, int) or isinstance(obj, bool):
+            raise SerdeError(f"a long serde takes int, not {type(obj).__name__}")
+        try:
+            return self._packer.pack(obj)
+        except struct.error as e:
+            raise SerdeError(str(e)) from None
+
+    def deserialize(self, data: bytes) -> int:
+        if len(data) != 8:
+            raise SerdeError(f"a long is 8 bytes, not {len(data)}")
+        return self._packer.unpack(data)[0]
+
+    def parse_text(self, text: str) -> int:
+        try:
+            return int(text, 10)
+        except ValueError:
+            raise SerdeError(f"not an integer: {text!r}") from None
+
+
+class _Bytes(Serde):
+    """Raw bytes; their text form (in URLs and JSON answers) is the latin-1 string."""
+
+    format = "bytes"
+
+    def serialize(self, obj: Any) -> bytes:
+        if isinstance(obj, str):
+            return obj.encode("latin-1")
+        if not isinstance(obj, _BINARY):
+            raise SerdeError(f"a bytes serde takes bytes, not {type(obj).__name__}")
+        return _BINARY[0](obj)
+
+    def deserialize(self, data: bytes) -> bytes:
+        return data
+
+    def parse_text(self, text: str) -> bytes:
+        try:
+            return text.encode("latin-1")
+        except UnicodeEncodeError:
+            raise SerdeError("bytes keys are latin-1 text") from None
+
+    def to_json(self, data: bytes) -> str:
+        return data.decode("latin-1")
+
+
+class _Avro(Serde):
+    """Avro binary with a fixed schema; ``confluent=True`` adds the 5-byte
+    Confluent wire-format header (magic 0, schema id), read without a registry."""
+
+    format = "avro"
+
+    def __init__(self, schema: dict[str, Any] | str, confluent: bool = False, schema_id: int = 0):
+        import fastavro
+
+        self.raw_schema = orjson.loads(schema) if isinstance(schema, str) else schema
+        self.parsed = fastavro.parse_schema(self.raw_schema)
+        self.confluent = confluent
+        self.schema_id = schema_id
+
+    def serialize(self, obj: Any) -> bytes:
+        import fastavro
+
+        buf = io.BytesIO()
+        if self.confluent:
+            buf.write(b"\x00" + self.schema_id.to_bytes(4, "big"))
+        try:
+            fastavro.schemaless_writer(buf, self.parsed, obj)
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            raise SerdeError(f"does not fit the Avro schema: {e}") from None
+        return buf.getvalue()
+
+    def deserialize(self, data: bytes) -> Any:
+        import fastavro
+
+        if self.confluent:
+            if len(data) < 5 or data[0] != 0:
+                raise SerdeError("not in the Confluent wire format (magic byte 0, schema id)")
+            data = data[5:]
+        try:
+            return fastavro.schemaless_reader(io.BytesIO(data), self.parsed, None)
+        except Exception as e:  # fastavro raises many kinds on truncated or bad input
+            raise SerdeError(f"not Avro of this schema: {e}") from None
+
+    def parse_text(self, text: str) -> Any:
+        return orjson.loads(text) if self.raw_schema not in ("string", {"type": "string"}) else text
+
+    def spec(self) -> dict[str, Any]:
+        spec: dict[str, Any] = {"format": "avro", "schema": self.raw_schema}
+        if self.confluent:
+            spec |= {"confluent": True, "schema_id": self.schema_id}
+        return spec
+
+
+def string() -> Serde:
+    return _String()
+
+
+def json(schema: str | None = None) -> Serde:
+    return _Json(schema)
+
+
+def long() -> Serde:
+    return _Long()
+
+
+def bytes_() -> Serde:
+    return _Bytes()
+
+
+def avro(schema: dict[str, Any] | str, confluent: bool = False, schema_id: int = 0) -> Serde:
+    return _Avro(schema, confluent=confluent, schema_id=schema_id)
+
+
+# `tc.serde.bytes()` is the SPEC's name; `bytes_` keeps the builtin usable here.
+globals()["bytes"] = bytes_
+__all__ += ["bytes"]
+
+
+def from_spec(spec: dict[str, Any]) -> Serde:
+    """Rebuild a serde from :meth:`Serde.spec` (as the catalog topic carries it)."""
+    fmt = spec.get("format")
+    if fmt == "string":
+        return _String()
+    if fmt == "json":
+        return _Json(spec.get("schema"))
+    if fmt == "long":
+        return _Long()
+    if fmt == "bytes":
+        return _Bytes()
+    if fmt == "avro":
+        return _Avro(spec["schema"], bool(spec.get("confluent")), int(spec.get("schema_id", 0)))
+    raise SerdeError(f"unknown serde format {fmt!r}")
