@@ -51,6 +51,8 @@ class HttpApp:
                 raise ApiError("method_not_allowed", f"{method} is not allowed on {path}")
             if len(parts) == 2 and parts[1] == "tables":
                 return 200, queries.list_tables(self.node)
+            if len(parts) == 2 and parts[1] == "cluster":
+                return 200, queries.cluster(self.node)
             if len(parts) == 5 and parts[1] == "tables" and parts[3] == "keys":
                 return queries.get_key(self.node, parts[2], parts[4], params)
         elif len(parts) == 1 and method == "GET":

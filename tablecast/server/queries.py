@@ -19,6 +19,17 @@ def list_tables(node: Node) -> bytes:
     return orjson.dumps({"tables": [t.public() for t in node.tables.values()]})
 
 
+def cluster(node: Node) -> bytes:
+    """The nodes this node knows and the replicas each holds (only itself, until membership)."""
+    me = {
+        "id": node.id,
+        "url": node.config.url,
+        "state": "ready" if node.ready else "restoring",
+        "replicas": [r.public() for r in node.ingestor.replicas.values()],
+    }
+    return orjson.dumps({"nodes": [me]})
+
+
 def readiness(node: Node) -> tuple[int, bytes]:
     restoring = [
         {"table": r.table.name, "partition": r.partition, "lag": r.lag}

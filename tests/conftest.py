@@ -1,0 +1,55 @@
+"""Session-wide real parts: one Kafka broker and one SparkSession for the whole run."""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tablecast.kafka.broker import Broker, free_port
+
+_ids = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    """A real single-node KRaft broker on a free port, stopped at the end of the session."""
+    b = Broker(tmp_path_factory.mktemp("kafka"), free_port())
+    b.start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+@pytest.fixture(scope="session")
+def bootstrap(broker: Broker) -> str:
+    return broker.bootstrap_servers
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """One SparkSession (local[2]) shared by every pipeline test."""
+    from tablecast.pipeline.spark import session
+
+    s = session("tablecast-tests", "local[2]", shuffle_partitions=4)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture
+def unique() -> str:
+    """A fresh name for topics and app ids, so tests never see each other's data."""
+    return f"t{next(_ids)}{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture
+def logs(tmp_path: Path) -> Path:
+    d = tmp_path / "logs"
+    d.mkdir()
+    return d

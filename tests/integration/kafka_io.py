@@ -1,0 +1,42 @@
+"""Producing and reading test records on the real broker."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from confluent_kafka import Consumer, Message, Producer
+
+from tablecast.kafka.partitioner import PRODUCER_CONFIG
+
+
+def produce(
+    bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes | None]]
+) -> None:
+    p = Producer({"bootstrap.servers": bootstrap, **PRODUCER_CONFIG})
+    for key, value in records:
+        p.produce(topic, key=key, value=value)
+        p.poll(0)
+    assert p.flush(30) == 0
+
+
+def read_all(bootstrap: str, topic: str, expect: int, timeout: float = 60.0) -> list[Message]:
+    """Read `topic` from the start until `expect` records arrived (or fail after `timeout`)."""
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"read-{topic}-{time.time()}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    c.subscribe([topic])
+    out: list[Message] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(out) < expect and time.monotonic() < deadline:
+            out.extend(m for m in c.consume(1000, 0.5) if m.error() is None)
+    finally:
+        c.close()
+    assert len(out) >= expect, f"{topic}: {len(out)} of {expect} records after {timeout}s"
+    return out

@@ -1,0 +1,1 @@
+"""Helpers the tests share: real processes on free ports, waiting with timeouts."""

@@ -1,0 +1,112 @@
+"""Serving nodes as real `tablecast serve` processes, started and stopped by pid."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from tablecast.kafka.broker import free_port
+
+
+@dataclass
+class NodeProcess:
+    proc: subprocess.Popen[bytes]
+    url: str
+    log_file: Path
+
+    def get(self, path: str, **kw: object) -> httpx.Response:
+        return httpx.get(self.url + path, timeout=10.0, **kw)  # type: ignore[arg-type]
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"node exited: {self.log_file.read_text()[-3000:]}")
+            try:
+                if self.get("/readyz").status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"node {self.url} not ready; log:\n{self.log_file.read_text()[-3000:]}")
+
+    def applied(self) -> dict[tuple[str, int], int]:
+        """(table, partition) -> applied offset, from /v1/cluster."""
+        nodes = self.get("/v1/cluster").json()["nodes"]
+        me = next(n for n in nodes if n["url"] == self.url)
+        return {(r["table"], r["partition"]): r["offset"] for r in me["replicas"]}
+
+    def wait_caught_up(self, bootstrap: str, table: str, topic: str, timeout: float = 60.0) -> None:
+        """Wait until this node has applied everything `topic` holds right now."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        c = Consumer({"bootstrap.servers": bootstrap, "group.id": "tablecast-tests-ends"})
+        try:
+            parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+            ends = {
+                p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts
+            }
+        finally:
+            c.close()
+
+        def caught_up() -> bool:
+            applied = self.applied()
+            return all(applied.get((table, p), -1) >= end - 1 for p, end in ends.items())
+
+        eventually(caught_up, timeout)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_node(app_id: str, bootstrap: str, log_dir: Path, *extra: str) -> NodeProcess:
+    port = free_port()
+    log_file = log_dir / f"node-{port}.log"
+    with open(log_file, "wb") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tablecast.cli.main",
+                "serve",
+                "--app",
+                app_id,
+                "--bootstrap-servers",
+                bootstrap,
+                "--port",
+                str(port),
+                *extra,
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    return NodeProcess(proc, f"http://127.0.0.1:{port}", log_file)
+
+
+def eventually(check, timeout: float = 60.0, interval: float = 0.25):  # type: ignore[no-untyped-def]
+    """Call `check` until it returns a truthy value (returned) or `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+            if last:
+                return last
+        except AssertionError as e:
+            last = e
+        time.sleep(interval)
+    raise AssertionError(f"not true within {timeout}s: last result {last!r}")
