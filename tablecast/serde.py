@@ -44,6 +44,10 @@ class Serde(ABC):
         """Stored bytes as a value orjson can put in a response."""
         return self.deserialize(data)
 
+    def from_json(self, obj: Any) -> Any:
+        """The key or value a JSON request body's element stands for."""
+        return obj
+
     def spec(self) -> dict[str, Any]:
         return {"format": self.format}
 
@@ -127,6 +131,9 @@ class _Long(Serde):
             return int(text, 10)
         except ValueError:
             raise SerdeError(f"not an integer: {text!r}") from None
+
+    def from_json(self, obj: Any) -> Any:
+        return self.parse_text(obj) if isinstance(obj, str) else obj
 
 
 class _Bytes(Serde):

@@ -48,7 +48,21 @@ def run(args: argparse.Namespace) -> int:
         for i in range(args.nodes):
             port = args.port + i
             urls.append(f"http://127.0.0.1:{port}")
-            sup.spawn(f"node-{i}", [*me, "serve", "--app", app.id, *common, "--port", str(port)])
+            node_dir = str(data_dir / "nodes" / f"node-{i}")
+            sup.spawn(
+                f"node-{i}",
+                [
+                    *me,
+                    "serve",
+                    "--app",
+                    app.id,
+                    *common,
+                    "--port",
+                    str(port),
+                    "--data-dir",
+                    node_dir,
+                ],
+            )
         _wait_ready(sup, urls)
         _print_welcome(app.id, urls, list(app.materialized), demo, bootstrap)
         while (dead := sup.failed()) is None:

@@ -133,15 +133,20 @@ def _explain(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from tablecast.cluster.node import NodeConfig
     from tablecast.server import process
 
     url = args.advertised_url or f"http://{args.host}:{args.port}"
+    node_id = args.node_id or url.split("://", 1)[-1]
+    data_dir = args.data_dir or os.path.join(".tablecast", "nodes", node_id.replace(":", "_"))
     config = NodeConfig(
         app_id=args.app,
         bootstrap_servers=args.bootstrap_servers,
         url=url,
-        node_id=args.node_id or url.split("://", 1)[-1],
+        node_id=node_id,
+        data_dir=Path(data_dir),
     )
     process.run(config, args.host, args.port)
     return 0

@@ -34,7 +34,7 @@ class Ingestor:
         bootstrap_servers: str,
         app_id: str,
         node_id: str,
-        new_replica: Callable[[TableInfo, int], Replica],
+        new_replica: Callable[[TableInfo, int, bool], Replica],
     ) -> None:
         self.bootstrap_servers = bootstrap_servers
         self.catalog = CatalogReader(bootstrap_servers, app_id)
@@ -65,6 +65,8 @@ class Ingestor:
         self._thread.join(10)
         self._consumer.close()
         self.catalog.close()
+        for replica in self.replicas.values():
+            replica.store.close()
 
     @property
     def ready(self) -> bool:
@@ -100,12 +102,26 @@ class Ingestor:
             self.tables[info.name] = info
             self._by_topic[info.topic] = info
             for p in range(info.partitions):
-                replica = self._new_replica(info, p)
                 lo, hi = self._consumer.get_watermark_offsets(
                     TopicPartition(info.topic, p), timeout=10, cached=False
                 )
-                replica.end_offset = replica.restore_target = hi
+                replica = self._new_replica(info, p, False)
                 start = replica.store.applied_offset + 1
+                if start > hi:
+                    # the store is ahead of its topic: the topic was recreated
+                    # under it, so what the store holds belongs to another life
+                    log.warning(
+                        "table %r partition %d: store at offset %d but topic ends at %d; "
+                        "rebuilding it",
+                        info.name,
+                        p,
+                        start - 1,
+                        hi,
+                    )
+                    replica.store.close()
+                    replica = self._new_replica(info, p, True)
+                    start = 0
+                replica.end_offset = replica.restore_target = hi
                 replica.position = max(start, lo)
                 self.replicas[(info.name, p)] = replica
                 to_assign.append(

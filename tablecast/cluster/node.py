@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tablecast.cluster.ingest import Ingestor
 from tablecast.cluster.replica import Replica
@@ -16,6 +18,7 @@ class NodeConfig:
     bootstrap_servers: str
     url: str
     node_id: str
+    data_dir: Path
     max_key_bytes: int = 4096
 
 
@@ -29,9 +32,11 @@ class Node:
             self.config.bootstrap_servers, self.config.app_id, self.config.node_id, self._replica
         )
 
-    @staticmethod
-    def _replica(info: TableInfo, partition: int) -> Replica:
-        return Replica(info, partition, open_store(info.store))
+    def _replica(self, info: TableInfo, partition: int, wipe: bool) -> Replica:
+        path = self.config.data_dir / "stores" / info.name / str(partition)
+        if wipe:
+            shutil.rmtree(path, ignore_errors=True)
+        return Replica(info, partition, open_store(info.store, path))
 
     @property
     def id(self) -> str:

@@ -2,12 +2,16 @@
 
 Each method returns a new handle on a new plan node; nothing runs until
 ``App.run()``. Operators take a PySpark ``Column`` over ``key``/``value`` or a
-Python callable ``f(key, value)``.
+Python callable ``f(key, value)``. Where an operator returns a record, the
+Column form is a pair ``(key_column, value_column)`` or a struct column with
+fields ``key`` and ``value``. Optional ``key=``/``value=`` serdes say how a
+changed key or value is written; by default the input's serde is kept.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
 
 from tablecast.pipeline import plan
 from tablecast.serde import Serde
@@ -28,19 +32,86 @@ class _Handle:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {' -> '.join(n.describe() for n in self._node.lineage())}>"
 
+    def _op(self, name: str, fn: plan.Fn, key: Serde | None = None, value: Serde | None = None):  # type: ignore[no-untyped-def]
+        _check_fn(name, fn)
+        return type(self)(self._app, plan.Op(self._node, fn, key, value, name))
+
 
 class Stream(_Handle):
     """A record stream: each record is an event."""
 
     def filter(self, predicate: plan.Fn) -> Stream:
-        return Stream(self._app, plan.Filter(self._node, predicate))
+        return self._op("filter", predicate)
 
     def map_values(self, fn: plan.Fn, value: Serde | None = None) -> Stream:
-        return Stream(self._app, plan.MapValues(self._node, fn, value))
+        return self._op("map_values", fn, value=value)
+
+    def map(self, fn: plan.Fn, key: Serde | None = None, value: Serde | None = None) -> Stream:
+        """fn(key, value) -> (new_key, new_value)."""
+        return self._op("map", fn, key, value)
+
+    def flat_map_values(self, fn: plan.Fn, value: Serde | None = None) -> Stream:
+        """fn(key, value) -> an iterable of new values (a Column: an array)."""
+        return self._op("flat_map_values", fn, value=value)
+
+    def flat_map(self, fn: plan.Fn, key: Serde | None = None, value: Serde | None = None) -> Stream:
+        """fn(key, value) -> an iterable of (key, value) (a Column: array of struct key, value)."""
+        return self._op("flat_map", fn, key, value)
+
+    def select_key(self, fn: plan.Fn, key: Serde | None = None) -> Stream:
+        return self._op("select_key", fn, key=key)
+
+    def peek(self, fn: Callable[[Any, Any], Any]) -> Stream:
+        """Call fn(key, value) for its side effect (in a Python worker); records pass unchanged."""
+        if plan.is_column(fn):
+            raise TypeError("peek: a Column has no side effect; pass a Python callable")
+        return self._op("peek", fn)
+
+    def to(
+        self,
+        topic: str,
+        key: Serde | None = None,
+        value: Serde | None = None,
+        partitioner: plan.Fn | None = None,
+    ) -> None:
+        """Write the stream to `topic` (at-least-once). `partitioner(key, value, partitions)`
+        returns a partition number; by default murmur2 of the key, as Kafka's Java producer."""
+        if partitioner is not None:
+            _check_fn("to", partitioner)
+        self._app._register_sink(plan.To(self._node, topic, key, value, partitioner))
+
+    def group_by_key(self) -> GroupedStream:
+        return GroupedStream(self._app, plan.GroupBy(self._node))
+
+    def group_by(self, fn: plan.Fn, key: Serde | None = None) -> GroupedStream:
+        """Group by a new key fn(key, value); the aggregation re-keys through a Spark shuffle."""
+        _check_fn("group_by", fn)
+        return GroupedStream(self._app, plan.GroupBy(self._node, fn, key))
 
     def to_table(self) -> Table:
         """The latest value per key; a None value deletes the key."""
         return Table(self._app, plan.ToTable(self._node))
+
+
+class GroupedStream(_Handle):
+    def count(self) -> Table:
+        return Table(self._app, plan.Aggregate(self._node, "count"))
+
+    def reduce(self, reducer: Callable[[Any, Any], Any], value: Serde | None = None) -> Table:
+        """reducer(aggregate, value) -> new aggregate; the first value starts it."""
+        _check_callable("reduce", reducer)
+        return Table(self._app, plan.Aggregate(self._node, "reduce", None, reducer, value=value))
+
+    def aggregate(
+        self,
+        initializer: Callable[[], Any],
+        aggregator: Callable[[Any, Any, Any], Any],
+        value: Serde | None = None,
+    ) -> Table:
+        """aggregator(key, value, aggregate) -> new aggregate, starting from initializer()."""
+        _check_callable("aggregate", initializer, aggregator)
+        node = plan.Aggregate(self._node, "aggregate", initializer, aggregator, value=value)
+        return Table(self._app, node)
 
 
 class Table(_Handle):
@@ -48,10 +119,20 @@ class Table(_Handle):
 
     def filter(self, predicate: plan.Fn) -> Table:
         """Rows that do not match (or stop matching) are deleted downstream."""
-        return Table(self._app, plan.Filter(self._node, predicate))
+        return self._op("filter", predicate)
 
     def map_values(self, fn: plan.Fn, value: Serde | None = None) -> Table:
-        return Table(self._app, plan.MapValues(self._node, fn, value))
+        return self._op("map_values", fn, value=value)
+
+    def group_by(
+        self, fn: plan.Fn, key: Serde | None = None, value: Serde | None = None
+    ) -> GroupedTable:
+        """fn(key, value) -> (new_key, new_value); a None result (or key) contributes nothing."""
+        _check_fn("group_by", fn)
+        return GroupedTable(self._app, plan.GroupBy(self._node, fn, key, value))
+
+    def to_stream(self) -> Stream:
+        return Stream(self._app, plan.ToStream(self._node))
 
     def materialize(self, name: str, store: Literal["rocksdb", "memory"] = "rocksdb") -> Table:
         """Make this table queryable under `name` and return it."""
@@ -60,3 +141,45 @@ class Table(_Handle):
         node = plan.Materialize(self._node, name, store)
         self._app._register(node)
         return Table(self._app, node)
+
+
+class GroupedTable(_Handle):
+    """A table re-keyed by group_by: aggregations retract a row's old contribution."""
+
+    def count(self) -> Table:
+        return Table(self._app, plan.Aggregate(self._node, "count"))
+
+    def reduce(
+        self,
+        adder: Callable[[Any, Any], Any],
+        subtractor: Callable[[Any, Any], Any],
+        value: Serde | None = None,
+    ) -> Table:
+        """adder(aggregate, value) / subtractor(aggregate, value) -> new aggregate."""
+        _check_callable("reduce", adder, subtractor)
+        node = plan.Aggregate(self._node, "reduce", None, adder, subtractor, value)
+        return Table(self._app, node)
+
+    def aggregate(
+        self,
+        initializer: Callable[[], Any],
+        adder: Callable[[Any, Any, Any], Any],
+        subtractor: Callable[[Any, Any, Any], Any],
+        value: Serde | None = None,
+    ) -> Table:
+        """adder/subtractor(key, value, aggregate) -> new aggregate."""
+        _check_callable("aggregate", initializer, adder, subtractor)
+        node = plan.Aggregate(self._node, "aggregate", initializer, adder, subtractor, value)
+        return Table(self._app, node)
+
+
+def _check_fn(op: str, fn: Any) -> None:
+    if not (plan.is_column(fn) or callable(fn)):
+        raise TypeError(f"{op}: expected a pyspark Column or a callable, not {type(fn).__name__}")
+
+
+def _check_callable(op: str, *fns: Any) -> None:
+    for fn in fns:
+        if not callable(fn) or plan.is_column(fn):
+            # the aggregate lives in Python state, where a JVM expression cannot run
+            raise TypeError(f"{op}: expected Python callables, not {type(fn).__name__}")

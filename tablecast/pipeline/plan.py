@@ -1,9 +1,9 @@
-"""The plan: what the DSL builds and the compiler reads.
+"""The plan: what the DSL builds and the planner reads.
 
 A plan is a tree of immutable nodes, each pointing at its parent. The DSL
 classes in :mod:`tablecast.pipeline.dsl` are thin handles on these nodes; the
-compiler in :mod:`tablecast.pipeline.compiler` walks them from a sink back to
-its source.
+planner in :mod:`tablecast.pipeline.planner` walks them from a sink back to
+its source and cuts them into Spark queries.
 """
 
 from __future__ import annotations
@@ -14,11 +14,15 @@ from typing import Any, Literal
 
 from pyspark.sql import Column
 
+from tablecast import serde as serdes
 from tablecast.serde import Serde
 
-#: what operators accept: a Column over `key`/`value`, or a Python callable f(key, value)
-Fn = Column | Callable[..., Any]
+#: what operators accept: a Column over `key`/`value` (a pair of Columns, or a
+#: struct with fields key/value, where an operator returns a record), or a
+#: Python callable f(key, value)
+Fn = Column | tuple[Column, Column] | Callable[..., Any]
 Kind = Literal["stream", "table"]
+AggKind = Literal["count", "reduce", "aggregate"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -42,6 +46,15 @@ class Node:
     def describe(self) -> str:
         return type(self).__name__.lower()
 
+    # serdes of what this node emits: its parent's unless the node says otherwise
+    def key_serde(self) -> Serde:
+        assert self.parent is not None
+        return self.parent.key_serde()
+
+    def value_serde(self) -> Serde:
+        assert self.parent is not None
+        return self.parent.value_serde()
+
 
 @dataclass(frozen=True, eq=False)
 class Source(Node):
@@ -55,26 +68,40 @@ class Source(Node):
     def kind(self) -> Kind:
         return self.source_kind
 
+    def key_serde(self) -> Serde:
+        return self.key
+
+    def value_serde(self) -> Serde:
+        return self.value
+
     def describe(self) -> str:
         what = "global_table" if self.is_global else self.source_kind
         return f"{what}({self.topic!r}, key={self.key!r}, value={self.value!r})"
 
 
 @dataclass(frozen=True, eq=False)
-class Filter(Node):
-    predicate: Fn
+class Op(Node):
+    """A stateless, record-at-a-time operator (its meaning depends on the kind)."""
 
-    def describe(self) -> str:
-        return f"filter({_fn_name(self.predicate)})"
-
-
-@dataclass(frozen=True, eq=False)
-class MapValues(Node):
-    fn: Fn
+    fn: Fn = None  # type: ignore[assignment]
+    key: Serde | None = None
     value: Serde | None = None
 
+    #: which operator: filter, map_values, map, flat_map_values, flat_map, select_key, peek
+    name: str = "op"
+
+    def key_serde(self) -> Serde:
+        return self.key or super().key_serde()
+
+    def value_serde(self) -> Serde:
+        return self.value or super().value_serde()
+
+    @property
+    def rekeys(self) -> bool:
+        return self.name in ("map", "flat_map", "select_key")
+
     def describe(self) -> str:
-        return f"map_values({_fn_name(self.fn)})"
+        return f"{self.name}({fn_name(self.fn)})"
 
 
 @dataclass(frozen=True, eq=False)
@@ -88,8 +115,70 @@ class ToTable(Node):
 
 
 @dataclass(frozen=True, eq=False)
+class ToStream(Node):
+    @property
+    def kind(self) -> Kind:
+        return "stream"
+
+    def describe(self) -> str:
+        return "to_stream()"
+
+
+@dataclass(frozen=True, eq=False)
+class GroupBy(Node):
+    """Stream: group_by_key() (fn None) or group_by(f -> new key).
+    Table: group_by(f -> (new key, new value))."""
+
+    fn: Fn | None = None
+    key: Serde | None = None
+    value: Serde | None = None
+
+    def key_serde(self) -> Serde:
+        return self.key or super().key_serde()
+
+    def value_serde(self) -> Serde:
+        return self.value or super().value_serde()
+
+    def describe(self) -> str:
+        return "group_by_key()" if self.fn is None else f"group_by({fn_name(self.fn)})"
+
+
+@dataclass(frozen=True, eq=False)
+class Aggregate(Node):
+    """count / reduce / aggregate of a grouped stream or grouped table: a table."""
+
+    agg: AggKind = "count"
+    initializer: Callable[[], Any] | None = None
+    adder: Callable[..., Any] | None = None
+    subtractor: Callable[..., Any] | None = None
+    value: Serde | None = None
+
+    @property
+    def kind(self) -> Kind:
+        return "table"
+
+    @property
+    def grouped(self) -> GroupBy:
+        assert isinstance(self.parent, GroupBy)
+        return self.parent
+
+    @property
+    def of_table(self) -> bool:
+        return self.grouped.kind == "table"
+
+    def value_serde(self) -> Serde:
+        if self.agg == "count":
+            return serdes.long()
+        return self.value or super().value_serde()
+
+    def describe(self) -> str:
+        fns = [f for f in (self.initializer, self.adder, self.subtractor) if f is not None]
+        return f"{self.agg}({', '.join(fn_name(f) for f in fns)})"
+
+
+@dataclass(frozen=True, eq=False)
 class Materialize(Node):
-    name: str
+    name: str = ""
     store: Literal["rocksdb", "memory"] = "rocksdb"
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -97,10 +186,38 @@ class Materialize(Node):
         return f"materialize({self.name!r}, store={self.store!r})"
 
 
-def _fn_name(fn: Fn) -> str:
+@dataclass(frozen=True, eq=False)
+class To(Node):
+    """A stream written to a topic of the user's (at-least-once)."""
+
+    topic: str = ""
+    key: Serde | None = None
+    value: Serde | None = None
+    partitioner: Fn | None = None
+
+    def key_serde(self) -> Serde:
+        return self.key or super().key_serde()
+
+    def value_serde(self) -> Serde:
+        return self.value or super().value_serde()
+
+    def describe(self) -> str:
+        part = f", partitioner={fn_name(self.partitioner)}" if self.partitioner else ""
+        return f"to({self.topic!r}{part})"
+
+
+def fn_name(fn: Any) -> str:
     if isinstance(fn, Column):
         return f"Column<{fn}>"
+    if isinstance(fn, tuple):
+        return "(" + ", ".join(fn_name(f) for f in fn) + ")"
     return getattr(fn, "__qualname__", repr(fn))
+
+
+def is_column(fn: Any) -> bool:
+    return isinstance(fn, Column) or (
+        isinstance(fn, tuple) and all(isinstance(f, Column) for f in fn)
+    )
 
 
 def source_of(node: Node) -> Source:
@@ -111,9 +228,9 @@ def source_of(node: Node) -> Source:
 
 
 def value_serde(node: Node) -> Serde:
-    """The serde of the values `node` produces: the source's unless a step changed it."""
-    value = source_of(node).value
-    for step in node.lineage():
-        if isinstance(step, MapValues) and step.value is not None:
-            value = step.value
-    return value
+    """The serde of the values `node` produces."""
+    return node.value_serde()
+
+
+def key_serde(node: Node) -> Serde:
+    return node.key_serde()

@@ -27,8 +27,9 @@ class PartitionStore(Protocol):
     """The latest record per key of one table partition.
 
     ``applied_offset`` is the offset of the last record applied (-1 for none);
-    :meth:`apply` moves data and offset together, so a reader or a restart
-    never sees one without the other.
+    :meth:`apply` moves data, count and offset together, so a reader or a
+    restart never sees one without the others. Readers may run on another
+    thread than the one applying.
     """
 
     @property
@@ -36,8 +37,21 @@ class PartitionStore(Protocol):
 
     def get(self, key: bytes) -> Record | None: ...
 
+    def multi_get(self, keys: Sequence[bytes]) -> list[Record | None]: ...
+
+    def scan(
+        self, start: bytes | None, end: bytes | None, limit: int
+    ) -> list[tuple[bytes, Record]]:
+        """Up to `limit` entries with start <= key < end, ascending by key bytes."""
+        ...
+
     def apply(self, writes: Sequence[Write]) -> None: ...
 
     def __len__(self) -> int: ...
 
     def close(self) -> None: ...
+
+
+def last_per_key(writes: Sequence[Write]) -> dict[bytes, Write]:
+    """A batch reduced to its last write per key: all a compacted table keeps."""
+    return {w.key: w for w in writes}

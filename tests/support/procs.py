@@ -72,8 +72,13 @@ class NodeProcess:
                 self.proc.wait()
 
 
-def start_node(app_id: str, bootstrap: str, log_dir: Path, *extra: str) -> NodeProcess:
-    port = free_port()
+def start_node(
+    app_id: str, bootstrap: str, log_dir: Path, *extra: str, port: int | None = None
+) -> NodeProcess:
+    """A node on a free port (or `port`), its data under `log_dir` unless --data-dir is given."""
+    port = port or free_port()
+    if "--data-dir" not in extra:
+        extra = (*extra, "--data-dir", str(log_dir / f"node-{port}-data"))
     log_file = log_dir / f"node-{port}.log"
     with open(log_file, "wb") as out:
         proc = subprocess.Popen(

@@ -1,0 +1,104 @@
+"""``/metrics``: request and replica figures in Prometheus text.
+
+The hot path only bumps plain Python counters (a dict increment and a bisect);
+prometheus-client reads them through a custom collector at scrape time, so
+serving a key costs no metric-library calls.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import defaultdict
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from tablecast.cluster.node import Node
+
+BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class HttpStats:
+    def __init__(self) -> None:
+        self.requests: dict[tuple[str, int], int] = defaultdict(int)
+        # per route: a count per bucket (+Inf last) and the sum of seconds
+        self.buckets: dict[str, list[int]] = {}
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    def record(self, route: str, status: int, seconds: float) -> None:
+        self.requests[(route, status)] += 1
+        counts = self.buckets.get(route)
+        if counts is None:
+            counts = self.buckets[route] = [0] * (len(BUCKETS) + 1)
+        counts[bisect_left(BUCKETS, seconds)] += 1
+        self.seconds[route] += seconds
+
+
+class NodeCollector(Collector):
+    def __init__(self, node: Node, http: HttpStats) -> None:
+        self.node = node
+        self.http = http
+
+    def collect(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily(
+            "tablecast_http_requests",
+            "HTTP requests by route and status",
+            labels=["route", "status"],
+        )
+        for (route, status), n in sorted(self.http.requests.items()):
+            requests.add_metric([route, str(status)], n)
+        yield requests
+        latency = HistogramMetricFamily(
+            "tablecast_http_request_duration_seconds", "time to answer, by route", labels=["route"]
+        )
+        for route, counts in sorted(self.http.buckets.items()):
+            cumulative, running = [], 0
+            for bound, n in zip((*map(str, BUCKETS), "+Inf"), counts, strict=True):
+                running += n
+                cumulative.append((bound, running))
+            latency.add_metric([route], cumulative, self.http.seconds[route])
+        yield latency
+
+        ingest = self.node.ingestor
+        applied = CounterMetricFamily(
+            "tablecast_records_applied", "table records applied to stores"
+        )
+        applied.add_metric([], ingest.records_applied)
+        yield applied
+        labels = ["table", "partition"]
+        lag = GaugeMetricFamily(
+            "tablecast_replica_lag", "records behind the topic end", labels=labels
+        )
+        offset = GaugeMetricFamily(
+            "tablecast_replica_applied_offset", "last offset applied", labels=labels
+        )
+        keys = GaugeMetricFamily("tablecast_store_keys", "keys held", labels=labels)
+        restoring = GaugeMetricFamily(
+            "tablecast_replica_restoring", "1 while the replica restores", labels=labels
+        )
+        remaining = 0
+        for r in ingest.replicas.values():
+            lv = [r.table.name, str(r.partition)]
+            lag.add_metric(lv, r.lag)
+            offset.add_metric(lv, r.store.applied_offset)
+            keys.add_metric(lv, len(r.store))
+            restoring.add_metric(lv, 0 if r.caught_up else 1)
+            if not r.caught_up:
+                remaining += max(0, r.restore_target - r.position)
+        yield from (lag, offset, keys, restoring)
+        left = GaugeMetricFamily("tablecast_restore_remaining_records", "records left to restore")
+        left.add_metric([], remaining)
+        yield left
+
+
+def exposition(node: Node, http: HttpStats) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(NodeCollector(node, http))
+    return generate_latest(registry)

@@ -1,0 +1,85 @@
+"""Table topics written directly (as the pipeline would), with a model of what they hold.
+
+Serving tests do not need Spark: a serving node only reads table topics and
+the catalog, so these helpers write both, exactly in the pipeline's format.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from tablecast import serde
+from tablecast.kafka import catalog
+from tablecast.kafka.topics import COMPACTED, ensure_topic, table_topic
+from tablecast.kafka.windowed import window_key
+
+from .kafka_io import produce
+
+
+@dataclass
+class TableModel:
+    info: catalog.TableInfo
+    #: serialized key -> the value object (the latest per key)
+    rows: dict[bytes, Any] = field(default_factory=dict)
+
+    def write(self, bootstrap: str, records: list[tuple[Any, Any]]) -> None:
+        """Upsert (key, value) pairs; a None value deletes the key."""
+        ks, vs = self.info.key_serde, self.info.value_serde
+        encoded = []
+        for key, value in records:
+            raw = ks.serialize(key)
+            encoded.append((raw, None if value is None else vs.serialize(value)))
+            if value is None:
+                self.rows.pop(raw, None)
+            else:
+                self.rows[raw] = value
+        produce(bootstrap, self.info.topic, encoded)
+
+
+def make_table(
+    bootstrap: str,
+    app_id: str,
+    name: str,
+    partitions: int,
+    key: serde.Serde,
+    value: serde.Serde,
+    store: str = "rocksdb",
+    kind: str = "kv",
+    extra: dict | None = None,
+) -> TableModel:
+    info = catalog.TableInfo(
+        name=name,
+        topic=table_topic(app_id, name),
+        partitions=partitions,
+        key=key.spec(),
+        value=value.spec(),
+        kind=kind,
+        store=store,
+        extra=extra or {},  # type: ignore[arg-type]
+    )
+    ensure_topic(bootstrap, info.topic, partitions, COMPACTED)
+    catalog.publish(bootstrap, app_id, [info])
+    return TableModel(info)
+
+
+def write_windows(bootstrap: str, model: TableModel, records: list[tuple[str, int, Any]]) -> None:
+    """Window-table records (key, window start ms, value), partitioned by the inner key."""
+    from confluent_kafka import Producer
+
+    from tablecast.kafka.partitioner import partition_for
+
+    p = Producer({"bootstrap.servers": bootstrap})
+    for key, start, value in records:
+        inner = model.info.key_serde.serialize(key)
+        raw = window_key(inner, start)
+        p.produce(
+            model.info.topic,
+            key=raw,
+            value=orjson.dumps(value),
+            partition=partition_for(inner, model.info.partitions),
+        )
+        model.rows[raw] = value
+    assert p.flush(30) == 0
