@@ -44,6 +44,10 @@ class Serde(ABC):
         """Stored bytes as a value orjson can put in a response."""
         return self.deserialize(data)
 
+    def text_to_bytes(self, text: str) -> bytes:
+        """The serialized key for its text form (a URL path segment)."""
+        return self.serialize(self.parse_text(text))
+
     def from_json(self, obj: Any) -> Any:
         """The key or value a JSON request body's element stands for."""
         return obj
@@ -74,6 +78,12 @@ class _String(Serde):
             return data.decode()
         except UnicodeDecodeError as e:
             raise SerdeError(f"not UTF-8: {e}") from None
+
+    def text_to_bytes(self, text: str) -> bytes:
+        try:
+            return text.encode()
+        except UnicodeEncodeError as e:
+            raise SerdeError(f"not encodable as UTF-8: {e}") from None
 
 
 class _Json(Serde):

@@ -17,6 +17,7 @@ import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from tablecast import serde
+from tablecast.kafka.partitioner import Partitioner
 from tablecast.kafka.topics import COMPACTED, catalog_topic, ensure_topic
 
 
@@ -49,6 +50,11 @@ class TableInfo:
     @cached_property
     def value_serde(self) -> serde.Serde:
         return serde.from_spec(self.value)
+
+    @cached_property
+    def partition_of(self) -> Partitioner:
+        """serialized key -> partition, as Kafka's Java producer picks it."""
+        return Partitioner(self.partitions)
 
     def public(self) -> dict[str, Any]:
         """The table as `GET /v1/tables` lists it."""

@@ -42,6 +42,7 @@ class App:
         self.state_dir = Path(state_dir) if state_dir else None
         self.trigger = trigger
         self.materialized: dict[str, plan.Materialize] = {}
+        self.sinks: list[plan.To] = []
 
     # -- sources ----------------------------------------------------------
     def stream(
@@ -65,6 +66,13 @@ class App:
         if node.name in self.materialized:
             raise ValueError(f"a table named {node.name!r} is already materialized")
         self.materialized[node.name] = node
+
+    def _register_sink(self, node: plan.To) -> None:
+        self.sinks.append(node)
+
+    def outputs(self) -> list[plan.Materialize | plan.To]:
+        """Everything the App writes: its materialized tables, then its to(topic) streams."""
+        return [*self.materialized.values(), *self.sinks]
 
     # -- running ----------------------------------------------------------
     def resolve_bootstrap(self, bootstrap_servers: str | None = None) -> str:
@@ -101,11 +109,10 @@ class App:
             pipeline.stop()
 
     def explain(self) -> str:
-        lines = [f"App {self.id!r}: {len(self.materialized)} materialized table(s)"]
-        for name, node in self.materialized.items():
-            lines.append(f"  table {name!r}:")
-            lines.extend(f"    {step.describe()}" for step in node.lineage())
-        return "\n".join(lines)
+        """The plan: each output's operators, the Spark queries, their topics and trigger."""
+        from tablecast.pipeline.planner import explain
+
+        return explain(self.id, self.outputs(), self.trigger)
 
 
 def wait_for_topic(bootstrap_servers: str, topic: str, timeout: float = 300.0) -> int:

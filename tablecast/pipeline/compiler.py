@@ -1,133 +1,125 @@
-"""From plan to Spark: each materialized table becomes one streaming query.
+"""From planned queries to Spark: DataFrames, and the writers that start them.
 
-The query reads the table's source topic, decodes key and value in the JVM,
-applies the operators, and writes one Kafka sink whose per-row ``topic``
-column sends good records to the table topic and bad ones, raw and with the
-reason in headers, to the dead-letter topic. A single sink keeps one pass over
-the data and no Python on the hot path.
+A query reads its input topic into the envelope (see
+:mod:`tablecast.pipeline.envelope`), checks records written by others (a key
+or value that does not decode marks its row bad), applies its steps — Column
+operators in the JVM, runs of Python callables fused into one mapInArrow,
+stateful steps with applyInPandasWithState — and routes good rows to its output
+topic and bad ones to the dead-letter topic through one Kafka sink.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.streaming import DataStreamWriter
 
-from tablecast.kafka.topics import dlq_topic, table_topic
-from tablecast.pipeline import plan
-from tablecast.pipeline.codecs import Codec
-
-ERROR = "_tc_error"
-RAW_KEY = "_tc_raw_key"
-RAW_VALUE = "_tc_raw_value"
+from tablecast.kafka.topics import dlq_topic
+from tablecast.pipeline import envelope as env
+from tablecast.pipeline import partitioning, sinks, stateful, stateless
+from tablecast.pipeline.flow import Flow
+from tablecast.pipeline.planner import Query, Step
 
 
 @dataclass(frozen=True)
-class CompiledTable:
-    """One materialized table's query, before it is started."""
-
-    name: str
-    source_topic: str
-    topic: str
-    frame: DataFrame  # key, value, headers, topic: ready for the Kafka sink
-    steps: list[str]
+class Target:
+    app_id: str
+    bootstrap_servers: str
+    checkpoints: Path
+    trigger: str
+    partitions: int
 
 
-def compile_table(
-    spark: SparkSession, app_id: str, bootstrap_servers: str, mat: plan.Materialize
-) -> CompiledTable:
-    chain = mat.lineage()
-    src = plan.source_of(mat)
+def read(spark: SparkSession, q: Query, t: Target) -> tuple[Flow, tuple[str, ...]]:
+    """The input topic as an envelope flow (plus the columns a repartition topic adds)."""
     raw = (
         spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", bootstrap_servers)
-        .option("subscribe", src.topic)
+        .option("kafka.bootstrap.servers", t.bootstrap_servers)
+        .option("subscribe", q.input.topic)
         .option("startingOffsets", "earliest")
         # compaction removes records a restarted query may still point at
         .option("failOnDataLoss", "false")
+        .option("includeHeaders", str(q.input.role == "repartition").lower())
         .load()
     )
-    kc, vc = Codec(src.key), Codec(src.value)
-    df = raw.select(
-        F.col("key").alias(RAW_KEY),
-        F.col("value").alias(RAW_VALUE),
-        "topic",
-        "partition",
-        "offset",
-        kc.decode(F.col("key")).alias("key"),
-        vc.decode(F.col("value")).alias("value"),
+    df: DataFrame = raw.select(
+        "key",
+        "value",
+        F.lit(None).cast("string").alias(env.ERR),
+        F.col("key").alias(env.RAW_KEY),
+        F.col("value").alias(env.RAW_VALUE),
+        F.col("topic").alias(env.TOPIC),
+        F.col("partition").alias(env.PART),
+        F.col("offset").alias(env.OFF),
+        F.lit(0).cast("bigint").alias(env.SEQ),
+        *(["headers"] if q.input.role == "repartition" else []),
     )
-    df = df.withColumn(
-        ERROR,
-        F.when(F.col(RAW_KEY).isNull(), F.lit("null key"))
-        .when(~kc.valid(F.col(RAW_KEY), F.col("key")), F.lit(f"key is not {src.key.format}"))
-        .when(
-            ~vc.valid(F.col(RAW_VALUE), F.col("value")), F.lit(f"value is not {src.value.format}")
-        ),
-    )
-    kind = src.kind
-    for node in chain[1:]:
-        if isinstance(node, plan.Filter):
-            df = _filter(df, node, kind)
-        elif isinstance(node, plan.MapValues):
-            df = _map_values(df, node)
-        elif isinstance(node, plan.ToTable):
-            kind = "table"
-        elif isinstance(node, plan.Materialize):
-            pass
+    ref = q.input
+    flow = Flow(df, ref.key, ref.value, ref.kind)
+    if ref.role == "repartition":
+        flow = flow.with_df(sinks.read_repartition_headers(df).drop("headers"))
+        return flow, (env.OLD, env.BATCH, env.RID)
+    if ref.external:
+        if ref.kind == "table":
+            flow = flow.fail_where(F.col("key").isNull(), "null key")
+        first = q.steps[0] if q.steps else None
+        column_first = first is not None and not stateless.is_python(first)
+        flow = flow.decode() if column_first else flow.validate()
+    return flow, ()
+
+
+def transform(
+    flow: Flow, steps: list[Step], extra: tuple[str, ...]
+) -> tuple[Flow, tuple[str, ...]]:
+    i = 0
+    while i < len(steps):
+        step = steps[i]
+        if step.stateful:
+            flow = stateful.apply(flow, step, extra)
+            extra = (env.OLD, env.RID) if step.what == "retract" else ()
+            i += 1
+        elif stateless.is_python(step):
+            run = [step]
+            while i + len(run) < len(steps) and stateless.is_python(steps[i + len(run)]):
+                run.append(steps[i + len(run)])
+            flow = stateless.apply_python(flow, run)
+            i += len(run)
         else:
-            raise NotImplementedError(f"{node.describe()} is not supported by the compiler yet")
-    topic = table_topic(app_id, mat.name)
-    ok = F.col(ERROR).isNull()
-    sink = df.select(
-        F.when(ok, kc.encode(F.col("key"))).otherwise(F.col(RAW_KEY)).alias("key"),
-        F.when(ok, Codec(plan.value_serde(mat)).encode(F.col("value")))
-        .otherwise(F.col(RAW_VALUE))
-        .alias("value"),
-        F.when(ok, F.lit(topic)).otherwise(F.lit(dlq_topic(app_id))).alias("topic"),
-        F.when(ok, F.lit(None)).otherwise(_dlq_headers()).alias("headers"),
-    )
-    return CompiledTable(
-        name=mat.name,
-        source_topic=src.topic,
-        topic=topic,
-        frame=sink,
-        steps=[n.describe() for n in chain],
-    )
+            flow = stateless.apply_column(flow, step)
+            i += 1
+    return flow, extra
 
 
-def _dlq_headers() -> Column:
-    def header(name: str, col: Column) -> Column:
-        return F.struct(F.lit(name).alias("key"), col.cast("string").cast("binary").alias("value"))
+def writer(spark: SparkSession, q: Query, t: Target) -> DataStreamWriter:
+    """The query's DataStreamWriter, ready to start()."""
+    flow, extra = read(spark, q, t)
+    flow, extra = transform(flow, q.steps, extra)
+    flow = flow.envelope(*extra)
+    dlq = dlq_topic(t.app_id)
+    common: dict[str, Any] = {"kafka.bootstrap.servers": t.bootstrap_servers}
+    if q.writes_batches:
+        df = sinks.observe(flow.df, q.name)
 
-    return F.array(
-        header("tablecast.error", F.col(ERROR)),
-        header("tablecast.source.topic", F.col("topic")),
-        header("tablecast.source.partition", F.col("partition")),
-        header("tablecast.source.offset", F.col("offset")),
-    )
+        def write_batch(batch: DataFrame, batch_id: int) -> None:
+            # the batch id lets the aggregating query drop what a replay writes again
+            out = sinks.route(flow.with_df(batch), q, dlq, sinks.repartition_headers(batch_id))
+            out.write.format("kafka").options(**common).save()
 
-
-def _filter(df: DataFrame, node: plan.Filter, kind: str) -> DataFrame:
-    pred = _column(node.predicate, "filter")
-    keep = F.col(ERROR).isNotNull() | F.col("value").isNull() | F.coalesce(pred, F.lit(False))
-    if kind == "table":
-        # a table row that does not match is deleted downstream, so a row that
-        # stops matching retracts what an earlier version of it published
-        return df.withColumn("value", F.when(keep, F.col("value")))
-    return df.filter(keep)
-
-
-def _map_values(df: DataFrame, node: plan.MapValues) -> DataFrame:
-    fn = _column(node.fn, "map_values")
-    passthrough = F.col(ERROR).isNotNull() | F.col("value").isNull()
-    return df.withColumn("value", F.when(passthrough, F.col("value")).otherwise(fn))
-
-
-def _column(fn: plan.Fn, op: str) -> Column:
-    if isinstance(fn, Column):
-        return fn
-    raise NotImplementedError(
-        f"{op}: Python callables are not compiled yet; pass a pyspark Column over key/value"
+        w = df.writeStream.foreachBatch(write_batch)
+    else:
+        partition = None
+        if q.partitioner is not None:
+            flow, partition = partitioning.assign(flow, q.partitioner, t.partitions)
+        flow = flow.with_df(sinks.observe(flow.df, q.name))
+        out = sinks.route(flow, q, dlq, partition=partition)
+        w = out.writeStream.format("kafka").options(**common)
+    return (
+        w.queryName(q.name)
+        .option("checkpointLocation", str(t.checkpoints / q.name))
+        .outputMode("update")
+        .trigger(processingTime=t.trigger)
     )

@@ -1,17 +1,18 @@
-"""A running pipeline: topics prepared, catalog written, one query per table, progress logged."""
+"""A running pipeline: topics prepared, catalog written, queries started, progress logged."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tablecast.kafka import catalog
-from tablecast.kafka.topics import COMPACTED, dlq_topic, ensure_topic, table_topic
-from tablecast.pipeline import plan
+from tablecast.kafka.topics import COMPACTED, dlq_topic, ensure_topic
+from tablecast.pipeline import plan, planner
 from tablecast.pipeline import spark as spark_setup
-from tablecast.pipeline.compiler import compile_table
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -24,12 +25,65 @@ log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 10.0
 
 
+class DeadLetterCounter:
+    """Counts bad records per query from the observed metric of each micro-batch."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = defaultdict(int)
+        self._lock = threading.Lock()
+
+    def listener(self) -> Any:
+        from pyspark.sql.streaming import StreamingQueryListener
+
+        counter = self
+
+        class Listener(StreamingQueryListener):
+            def onQueryStarted(self, event: Any) -> None:
+                pass
+
+            def onQueryProgress(self, event: Any) -> None:
+                p = event.progress
+                row = (p.observedMetrics or {}).get(f"tablecast:{p.name}")
+                if row is not None and row["dead_letters"]:
+                    with counter._lock:
+                        counter.counts[p.name] += int(row["dead_letters"])
+                    log.warning("query %s: %d bad record(s) -> dlq", p.name, row["dead_letters"])
+
+            def onQueryIdle(self, event: Any) -> None:
+                pass
+
+            def onQueryTerminated(self, event: Any) -> None:
+                pass
+
+        return Listener()
+
+    def total(self) -> int:
+        with self._lock:
+            return sum(self.counts.values())
+
+
+def _ensure_topic(
+    bootstrap_servers: str, topic: str, partitions: int, config: dict[str, str] | None = None
+) -> None:
+    # a just-created topic can be missing from metadata for a moment; creating
+    # it again is a no-op, so retry until the broker lists it
+    for attempt in range(20):
+        try:
+            ensure_topic(bootstrap_servers, topic, partitions, config)
+            return
+        except AssertionError:
+            time.sleep(0.2 * (attempt + 1))
+    raise RuntimeError(f"topic {topic} was created but the broker does not list it")
+
+
 @dataclass
 class Pipeline:
     app: App
     spark: SparkSession
     queries: dict[str, StreamingQuery]
     owns_spark: bool
+    dead_letters: DeadLetterCounter
+    _listener: Any = None
     _stop: threading.Event = field(default_factory=threading.Event)
 
     @classmethod
@@ -37,47 +91,58 @@ class Pipeline:
         cls, app: App, bootstrap_servers: str, master: str | None, spark: SparkSession | None
     ) -> Pipeline:
         from tablecast.pipeline.app import wait_for_topic
+        from tablecast.pipeline.compiler import Target, writer
 
-        if not app.materialized:
-            raise ValueError(f"App {app.id!r} materializes no table: nothing to run")
-        sources = {plan.source_of(m).topic for m in app.materialized.values()}
+        outputs = app.outputs()
+        if not outputs:
+            raise ValueError(f"App {app.id!r} materializes no table and writes no topic")
+        sources = {plan.source_of(o).topic for o in outputs}
         partitions = {t: wait_for_topic(bootstrap_servers, t) for t in sorted(sources)}
         owns = spark is None
         if spark is None:
             spark = spark_setup.session(
                 f"tablecast-{app.id}", master, shuffle_partitions=max(partitions.values())
             )
-        ensure_topic(bootstrap_servers, dlq_topic(app.id), 1)
-        infos = []
-        for name, mat in app.materialized.items():
-            src = plan.source_of(mat)
-            count = partitions[src.topic]
-            info = catalog.TableInfo(
-                name=name,
-                topic=table_topic(app.id, name),
-                partitions=count,
-                key=src.key.spec(),
-                value=plan.value_serde(mat).spec(),
-                store=mat.store,
-            )
-            ensure_topic(bootstrap_servers, info.topic, count, COMPACTED)
-            infos.append(info)
+        _ensure_topic(bootstrap_servers, dlq_topic(app.id), 1)
+        infos, chains = [], []
+        for out in outputs:
+            count = partitions[plan.source_of(out).topic]
+            queries = planner.plan_output(app.id, out)
+            for q in queries:
+                config = COMPACTED if q.output.role in ("table", "changelog") else None
+                _ensure_topic(bootstrap_servers, q.output.topic, count, config)
+            chains.append((count, queries))
+            if isinstance(out, plan.Materialize):
+                infos.append(
+                    catalog.TableInfo(
+                        name=out.name,
+                        topic=queries[-1].output.topic,
+                        partitions=count,
+                        key=out.key_serde().spec(),
+                        value=out.value_serde().spec(),
+                        store=out.store,
+                    )
+                )
         catalog.publish(bootstrap_servers, app.id, infos)
+        counter = DeadLetterCounter()
+        listener = counter.listener()
+        spark.streams.addListener(listener)
         checkpoints = app.resolve_state_dir() / "checkpoints"
-        queries: dict[str, StreamingQuery] = {}
-        for name, mat in app.materialized.items():
-            compiled = compile_table(spark, app.id, bootstrap_servers, mat)
-            query = (
-                compiled.frame.writeStream.format("kafka")
-                .queryName(f"{app.id}.{name}")
-                .option("kafka.bootstrap.servers", bootstrap_servers)
-                .option("checkpointLocation", str(checkpoints / name))
-                .trigger(processingTime=app.trigger)
-                .start()
-            )
-            log.info("table %r: %s -> %s started", name, compiled.source_topic, compiled.topic)
-            queries[name] = query
-        pipeline = cls(app, spark, queries, owns)
+        started: dict[str, StreamingQuery] = {}
+        pipeline = cls(app, spark, started, owns, counter, listener)
+        try:
+            for count, queries in chains:
+                for q in queries:
+                    if q.name in started:
+                        continue
+                    # stateful steps shuffle into as many partitions as the topics have
+                    spark.conf.set("spark.sql.shuffle.partitions", str(count))
+                    target = Target(app.id, bootstrap_servers, checkpoints, app.trigger, count)
+                    started[q.name] = writer(spark, q, target).start()
+                    log.info("query %s: %s -> %s started", q.name, q.input.topic, q.output.topic)
+        except BaseException:
+            pipeline.stop()
+            raise
         threading.Thread(target=pipeline._report, name="tablecast-progress", daemon=True).start()
         return pipeline
 
@@ -90,11 +155,12 @@ class Pipeline:
                     continue
                 last[name] = p["batchId"]
                 log.info(
-                    "table %r: batch %d, %d rows, %.0f rows/s",
+                    "query %s: batch %d, %d rows, %.0f rows/s, %d bad records so far",
                     name,
                     p["batchId"],
                     p["numInputRows"],
                     p.get("processedRowsPerSecond") or 0.0,
+                    self.dead_letters.counts.get(name, 0),
                 )
 
     def await_termination(self) -> None:
@@ -104,9 +170,18 @@ class Pipeline:
                 raise RuntimeError(f"query {q.name} failed: {q.exception()}")
 
     def process_all_available(self) -> None:
-        """Block until every query has processed all input available now (tests, benchmarks)."""
-        for q in self.queries.values():
-            q.processAllAvailable()
+        """Block until every query has processed all input available now (tests, benchmarks).
+
+        Queries are chained through topics, so upstream ones are drained first
+        and the pass is repeated until no query saw new input.
+        """
+        for _ in range(50):
+            before = {n: (q.lastProgress or {}).get("batchId") for n, q in self.queries.items()}
+            for q in self.queries.values():
+                q.processAllAvailable()
+            after = {n: (q.lastProgress or {}).get("batchId") for n, q in self.queries.items()}
+            if before == after:
+                return
 
     def stop(self) -> None:
         self._stop.set()
@@ -115,5 +190,8 @@ class Pipeline:
                 q.stop()
             except Exception as e:  # a query that already died must not block stopping the rest
                 log.warning("stopping query %s: %s", q.name, e)
+        if self._listener is not None:
+            self.spark.streams.removeListener(self._listener)
+            self._listener = None
         if self.owns_spark:
             self.spark.stop()

@@ -44,6 +44,11 @@ def session(
         .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.adaptive.enabled", "false")
+        # a Column expression that fails on one record (a bad cast) must yield
+        # null for it, not fail the query: bad records never stop the pipeline
+        .config("spark.sql.ansi.enabled", "false")
+        # RocksDB state commits upload a changelog, not a snapshot, per batch
+        .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
     )
     for k, v in (conf or {}).items():
         builder = builder.config(k, v)

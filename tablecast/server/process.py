@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from typing import Any
 
 from granian.constants import Interfaces
 from granian.server.embed import Server
@@ -15,23 +16,27 @@ from tablecast.server.app import HttpApp
 log = logging.getLogger(__name__)
 
 
-async def serve(config: NodeConfig, host: str, port: int) -> None:
-    node = Node(config)
-    node.start()
+async def serve_rsgi(app: Any, host: str, port: int) -> None:
+    """Serve an RSGI app on this event loop until SIGINT/SIGTERM.
+
+    The benchmarks serve their constant-body baseline through this same
+    function, so "the same HTTP stack" means the same settings too.
+    """
     server = Server(
-        HttpApp(node),
-        address=host,
-        port=port,
-        interface=Interfaces.RSGI,
-        log_enabled=False,
-        backlog=1024,
+        app, address=host, port=port, interface=Interfaces.RSGI, log_enabled=False, backlog=1024
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, server.stop)
+    await server.serve()
+
+
+async def serve(config: NodeConfig, host: str, port: int) -> None:
+    node = Node(config)
+    node.start()
     log.info("node %s serving app %r on http://%s:%d", config.node_id, config.app_id, host, port)
     try:
-        await server.serve()
+        await serve_rsgi(HttpApp(node), host, port)
     finally:
         node.stop()
         log.info("node %s stopped", config.node_id)

@@ -13,7 +13,6 @@ import orjson
 from tablecast.cluster.node import Node
 from tablecast.cluster.replica import Replica
 from tablecast.kafka.catalog import TableInfo
-from tablecast.kafka.partitioner import partition_for
 from tablecast.kafka.windowed import split_window_key, window_key
 from tablecast.serde import SerdeError
 from tablecast.server.cursor import Cursors
@@ -33,6 +32,7 @@ class Queries:
     def __init__(self, node: Node, cursors: Cursors) -> None:
         self.node = node
         self.cursors = cursors
+        self._node_header = ("x-tablecast-node", node.id)
 
     # -- lookups shared by every handler -------------------------------------
     def table(self, name: str) -> TableInfo:
@@ -49,7 +49,7 @@ class Queries:
             )
         serde = info.key_serde
         try:
-            return serde.serialize(serde.parse_text(text))
+            return serde.text_to_bytes(text)
         except SerdeError as e:
             raise ApiError(
                 "bad_request", f"key {text!r} is not a {serde.format} key: {e}"
@@ -70,7 +70,7 @@ class Queries:
         )
 
     def _headers(self, replica: Replica) -> Headers:
-        return [("x-tablecast-node", self.node.id), ("x-tablecast-lag", str(replica.lag))]
+        return [self._node_header, ("x-tablecast-lag", str(replica.lag))]
 
     # -- point reads -----------------------------------------------------------
     def get_key(
@@ -82,7 +82,7 @@ class Queries:
                 "bad_request", f"{table!r} is a window table: read /keys/{{key}}/windows"
             )
         raw = self.key_bytes(info, key_text)
-        partition = partition_for(raw, info.partitions)
+        partition = info.partition_of(raw)
         replica = self.replica(info, partition, params)
         if "min_offset" in params:
             return self._after_offset(
@@ -159,7 +159,7 @@ class Queries:
                 ) from None
         by_partition: dict[int, list[int]] = {}
         for i, raw in enumerate(raws):
-            by_partition.setdefault(partition_for(raw, info.partitions), []).append(i)
+            by_partition.setdefault(info.partition_of(raw), []).append(i)
         found: list[Any] = [None] * len(raws)
         for partition, idx in by_partition.items():
             store = self.replica(info, partition, params).store
@@ -172,7 +172,7 @@ class Queries:
             else {"key": key, "found": False}
             for key, rec in zip(keys, found, strict=True)
         ]
-        return 200, orjson.dumps({"results": results}), [("x-tablecast-node", self.node.id)]
+        return 200, orjson.dumps({"results": results}), [self._node_header]
 
     # -- scans -----------------------------------------------------------------
     def range(self, table: str, params: dict[str, str]) -> Answer:
@@ -209,7 +209,7 @@ class Queries:
             "items": [{"key": kj(k), "value": vj(rec.value)} for k, rec in merged],
             "next_cursor": self.cursors.encode(merged[-1][0], query) if more else None,
         }
-        return 200, orjson.dumps(body), [("x-tablecast-node", self.node.id)]
+        return 200, orjson.dumps(body), [self._node_header]
 
     def windows(self, table: str, key_text: str, params: dict[str, str]) -> Answer:
         info = self.table(table)
@@ -218,7 +218,7 @@ class Queries:
         raw = self.key_bytes(info, key_text)
         time_from = int_param(params, "from", 0)
         time_to = int_param(params, "to", 2**62)
-        partition = partition_for(raw, info.partitions)
+        partition = info.partition_of(raw)
         replica = self.replica(info, partition, params)
         size = int(info.extra.get("size_ms", 0))
         entries = replica.store.scan(
@@ -236,11 +236,11 @@ class Queries:
     def count(self, table: str, params: dict[str, str]) -> Answer:
         info = self.table(table)
         total = sum(len(self.replica(info, p, params).store) for p in range(info.partitions))
-        return 200, orjson.dumps({"count": total}), [("x-tablecast-node", self.node.id)]
+        return 200, orjson.dumps({"count": total}), [self._node_header]
 
     def metadata(self, table: str, key_text: str) -> Answer:
         info = self.table(table)
-        partition = partition_for(self.key_bytes(info, key_text), info.partitions)
+        partition = info.partition_of(self.key_bytes(info, key_text))
         replica = self.node.replica(info.name, partition)
         active = (
             {"node": self.node.id, "url": self.node.config.url}

@@ -13,7 +13,7 @@ import struct
 from collections.abc import Sequence
 from pathlib import Path
 
-from rocksdict import Options, Rdict, WriteBatch
+from rocksdict import BlockBasedOptions, Cache, DataBlockIndexType, Options, Rdict, WriteBatch
 
 from tablecast.store.base import Record, Write, last_per_key
 
@@ -23,12 +23,31 @@ _HEADER = struct.Struct(">qq")
 _META = struct.Struct(">qq")  # applied offset, key count
 
 
+BLOCK_CACHE_BYTES = 256 * 1024 * 1024
+_cache: Cache | None = None
+
+
 def _options() -> Options:
+    global _cache
+    if _cache is None:
+        # one LRU block cache for every store of the node: hot keys of any
+        # partition stay in memory however many partitions the node holds
+        _cache = Cache(BLOCK_CACHE_BYTES)  # an LRU cache
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
     # a node holds many partitions: keep each instance's memtables modest
     opts.set_write_buffer_size(16 * 1024 * 1024)
     opts.set_max_write_buffer_number(3)
+    table = BlockBasedOptions()
+    table.set_block_cache(_cache)
+    # point reads dominate: a bloom filter skips files without the key, and
+    # the data-block hash index finds a key inside a block without a search
+    table.set_bloom_filter(10, False)
+    table.set_data_block_index_type(DataBlockIndexType.binary_and_hash())
+    table.set_data_block_hash_ratio(0.75)
+    table.set_cache_index_and_filter_blocks(True)
+    table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+    opts.set_block_based_table_factory(table)
     return opts
 
 

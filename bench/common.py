@@ -1,0 +1,145 @@
+"""What every benchmark shares: machine facts, pinned processes, wrk, and BENCHMARKS.md sections.
+
+On this 2-core machine the server runs on core 0 and the load generator on
+core 1 (``taskset``), and figures are compared as ratios within one run,
+because runs differ by up to ~50% from one another.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+BENCHMARKS = ROOT / "BENCHMARKS.md"
+SERVER_CPU = "0"
+LOAD_CPU = "1"
+
+
+def machine() -> dict[str, Any]:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(mem_gib, 1),
+        "python": platform.python_version(),
+    }
+
+
+def pinned(cpus: str | None, argv: list[str]) -> list[str]:
+    return ["taskset", "-c", cpus, *argv] if cpus else argv
+
+
+def wrk(
+    url: str, script: str | None, seconds: int, connections: int = 64, rate_note: str = ""
+) -> dict[str, Any]:
+    """Run wrk on the load core; return req/s and latency percentiles (µs)."""
+    lua = _WRK_REPORT + (script or "")
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
+        f.write(lua)
+    try:
+        done = subprocess.run(
+            pinned(
+                LOAD_CPU,
+                ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", f.name, url],
+            ),
+            capture_output=True,
+            text=True,
+            timeout=seconds + 60,
+        )
+    finally:
+        os.unlink(f.name)
+    line = next((x for x in done.stdout.splitlines() if x.startswith("{")), None)
+    if done.returncode != 0 or line is None:
+        raise RuntimeError(f"wrk failed: {done.stdout}\n{done.stderr}")
+    r = orjson.loads(line)
+    r["rps"] = r["requests"] / (r["duration_us"] / 1e6)
+    return r
+
+
+_WRK_REPORT = """
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    '{"requests": %d, "duration_us": %d, "p50_us": %d, "p90_us": %d, "p99_us": %d, "errors": %d, "non2xx": %d}\\n',
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(90),
+    latency:percentile(99), e.connect + e.read + e.write + e.timeout, e.status))
+end
+"""
+
+
+def random_key_script(path_prefix: str, keys: int, width: int = 7) -> str:
+    """A wrk request function asking for uniformly random keys k0000000..k{keys-1}."""
+    return f"""
+math.randomseed(os.time())
+request = function()
+  return wrk.format("GET", "{path_prefix}k" .. string.format("%0{width}d", math.random(0, {keys - 1})))
+end
+"""
+
+
+def wait_http(url: str, timeout: float = 120.0, proc: subprocess.Popen | None = None) -> float:
+    """Seconds until `url` answers 200."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process for {url} exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return time.monotonic() - started
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(url)
+
+
+def save(name: str, result: dict[str, Any]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    return path
+
+
+def write_section(name: str, markdown: str) -> None:
+    """Replace (or append) the section between this benchmark's markers in BENCHMARKS.md."""
+    begin, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
+    text = BENCHMARKS.read_text() if BENCHMARKS.exists() else "# Benchmarks\n"
+    block = f"{begin}\n{markdown.strip()}\n{end}"
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
+    text = (
+        pattern.sub(lambda _: block, text)
+        if pattern.search(text)
+        else text.rstrip() + "\n\n" + block + "\n"
+    )
+    BENCHMARKS.write_text(text)
+
+
+def command() -> str:
+    return "python -m bench " + " ".join(sys.argv[1:])
+
+
+def facts_line(m: dict[str, Any]) -> str:
+    return (
+        f"{m['date']}; {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; Python {m['python']}"
+    )

@@ -1,0 +1,178 @@
+"""Serving-node benchmarks (issue 3): HTTP stacks, point GET vs constant, ingest, restart.
+
+python -m bench serving [--seconds 10] [--keys 100000] [--ingest 1000000] [--restart 5000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import time
+from typing import Any
+
+from bench.common import (
+    command,
+    facts_line,
+    machine,
+    random_key_script,
+    save,
+    wait_http,
+    write_section,
+    wrk,
+)
+from bench.stack import Stack, applied
+
+log = logging.getLogger("bench")
+
+
+def http_stacks(stack: Stack, seconds: int) -> dict[str, Any]:
+    out = {}
+    for name in ("granian-rsgi", "granian-asgi", "uvicorn"):
+        proc, url = stack.baseline(name)
+        wrk(url + "/", None, 2)  # warm-up
+        out[name] = wrk(url + "/", None, seconds)
+        log.info("constant body on %s: %.0f req/s", name, out[name]["rps"])
+        stack.stop(proc)
+    return out
+
+
+def point_get(stack: Stack, seconds: int, keys: int, rounds: int = 3) -> dict[str, Any]:
+    """Node GET and the constant baseline, alternated `rounds` times; the median of each counts.
+
+    Both servers stay up (the idle one costs nothing) so that alternating runs
+    see the same machine noise.
+    """
+    stack.table("points", keys)
+    proc, url = stack.node(stack.dir / "node-points")
+    wait_http(url + "/readyz", timeout=300, proc=proc)
+    base_proc, base_url = stack.baseline("granian-rsgi")
+    script = random_key_script("/v1/tables/points/keys/", keys)
+    wrk(url + "/", script, 3)  # warm-up: block cache, partition memo
+    wrk(base_url + "/", None, 2)
+    gets, constants = [], []
+    for _ in range(rounds):
+        gets.append(wrk(url + "/", script, seconds))
+        constants.append(wrk(base_url + "/", None, seconds))
+        log.info("GET %.0f req/s, constant %.0f req/s", gets[-1]["rps"], constants[-1]["rps"])
+    stack.stop(proc)
+    stack.stop(base_proc)
+    get, constant = _median(gets), _median(constants)
+    return {
+        "get": get,
+        "constant": constant,
+        "ratio": get["rps"] / constant["rps"],
+        "rounds": {"get": [g["rps"] for g in gets], "constant": [c["rps"] for c in constants]},
+    }
+
+
+def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    return sorted(runs, key=lambda r: r["rps"])[len(runs) // 2]
+
+
+def ingest(stack: Stack, rows: int) -> dict[str, Any]:
+    stack.table("ingest", rows)
+    started = time.monotonic()
+    proc, url = stack.node(stack.dir / "node-ingest")
+    samples: list[tuple[float, float]] = []
+    while True:
+        try:
+            samples.append((time.monotonic(), applied(url)))
+        except Exception:  # not up yet
+            time.sleep(0.05)
+            continue
+        if samples[-1][1] >= rows:
+            break
+        time.sleep(0.1)
+    ready = wait_http(url + "/readyz", timeout=60, proc=proc)
+    wall = time.monotonic() - started
+    first = next(t for t, n in samples if n > 0)
+    last = samples[-1][0]
+    stack.stop(proc)
+    return {
+        "rows": rows,
+        "wall_s": wall,
+        "rps_wall": rows / wall,
+        "rps_applying": rows / max(last - first, 1e-3),
+        "ready_after_s": ready,
+    }
+
+
+def restart(stack: Stack, rows: int) -> dict[str, Any]:
+    stack.table("restart", rows)
+    data = stack.dir / "node-restart"
+    proc, url = stack.node(data)
+    wait_http(url + "/readyz", timeout=600, proc=proc)
+    port = int(url.rsplit(":", 1)[1])
+    stack.stop(proc, signal.SIGKILL)
+    started = time.monotonic()
+    proc, url = stack.node(data, port)
+    ready = wait_http(url + "/readyz", timeout=120, proc=proc)
+    replayed = applied(url)
+    stack.stop(proc)
+    return {
+        "rows": rows,
+        "ready_s": ready,
+        "wall_s": time.monotonic() - started,
+        "replayed": replayed,
+    }
+
+
+def main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench serving")
+    p.add_argument("--seconds", type=int, default=10)
+    p.add_argument("--keys", type=int, default=100_000)
+    p.add_argument("--ingest", type=int, default=1_000_000)
+    p.add_argument("--restart", type=int, default=5_000_000)
+    args = p.parse_args(argv)
+    m = machine()
+    result: dict[str, Any] = {"machine": m, "command": command()}
+    with Stack() as stack:
+        result["stacks"] = http_stacks(stack, args.seconds)
+        result["point_get"] = point_get(stack, args.seconds, args.keys)
+        result["ingest"] = ingest(stack, args.ingest)
+        result["restart"] = restart(stack, args.restart)
+    save("serving", result)
+    write_section("serving", render(result, args))
+
+
+def render(r: dict[str, Any], args: argparse.Namespace) -> str:
+    s, g, i, rs = r["stacks"], r["point_get"], r["ingest"], r["restart"]
+    rows = "\n".join(
+        f"| {name} | {x['rps']:,.0f} | {x['p50_us'] / 1000:.2f} | {x['p99_us'] / 1000:.2f} |"
+        for name, x in s.items()
+    )
+    verdict = lambda ok: "met" if ok else "**missed**"  # noqa: E731
+    return f"""## Serving node (issue 3)
+
+`{r["command"]}` — {facts_line(r["machine"])}. Server pinned to core 0, wrk
+(1 thread, 64 keep-alive connections) on core 1, {args.seconds} s per run after a 2 s warm-up.
+
+**HTTP stack, constant JSON body** (why the node runs on granian RSGI):
+
+| stack | req/s | p50 ms | p99 ms |
+|---|---|---|---|
+{rows}
+
+**Point GET**, random keys over a {args.keys:,}-key RocksDB table (12 partitions), against the
+same stack returning a constant body in the same run:
+
+| | req/s | p50 ms | p99 ms |
+|---|---|---|---|
+| GET /v1/tables/points/keys/{{k}} | {g["get"]["rps"]:,.0f} | {g["get"]["p50_us"] / 1000:.2f} | {g["get"]["p99_us"] / 1000:.2f} |
+| constant body (granian RSGI) | {g["constant"]["rps"]:,.0f} | {g["constant"]["p50_us"] / 1000:.2f} | {g["constant"]["p99_us"] / 1000:.2f} |
+| ratio (target ≥ 0.60) | {g["ratio"]:.2f} — {verdict(g["ratio"] >= 0.6)} | | |
+
+Errors: {g["get"]["errors"]} socket, {g["get"]["non2xx"]} non-2xx.
+
+**Ingest** into RocksDB, {i["rows"]:,} records of 100-byte JSON, one node pinned to one core:
+{i["rps_applying"]:,.0f} records/s while applying ({i["rps_wall"]:,.0f}/s from process start to
+ready, {i["wall_s"]:.1f} s) — target ≥ 200,000/s: {verdict(i["rps_applying"] >= 200_000)}.
+
+**Restart after kill -9** of a node holding {rs["rows"]:,} keys (RocksDB): ready again in
+{rs["ready_s"]:.2f} s (records replayed: {rs["replayed"]:.0f}) — target ≤ 5 s: {verdict(rs["ready_s"] <= 5)}.
+"""
+
+
+if __name__ == "__main__":
+    main(__import__("sys").argv[1:])

@@ -1,0 +1,92 @@
+"""A query's rows between steps: the DataFrame and what its key/value columns hold.
+
+Rows are either *encoded* (key and value are the bytes of their serdes: what
+Python workers and stateful steps take) or *decoded* (Spark-typed columns that
+users' Column expressions work on). Switching is done in the JVM where the
+format allows; a value that does not decode or encode marks its row bad.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from tablecast.pipeline import envelope as env
+from tablecast.pipeline.codecs import Codec
+from tablecast.pipeline.plan import Kind
+from tablecast.serde import Serde
+
+
+def ok() -> Column:
+    """True for good rows (a function, not a constant: workers import this module without Spark)."""
+    return F.col(env.ERR).isNull()
+
+
+@dataclass(frozen=True)
+class Flow:
+    df: DataFrame
+    key: Serde
+    value: Serde
+    kind: Kind
+    decoded: bool = False
+
+    def with_df(self, df: DataFrame, **changes: object) -> Flow:
+        return replace(self, df=df, **changes)  # type: ignore[arg-type]
+
+    def fail_where(self, cond: Column, reason: Column | str) -> Flow:
+        """Mark good rows where `cond` holds as bad, for `reason`."""
+        why = F.lit(reason) if isinstance(reason, str) else reason
+        err = F.when(ok() & F.coalesce(cond, F.lit(False)), why).otherwise(F.col(env.ERR))
+        return self.with_df(self.df.withColumn(env.ERR, err))
+
+    def decode(self) -> Flow:
+        if self.decoded:
+            return self
+        kc, vc = Codec(self.key), Codec(self.value)
+        raw_k, raw_v = F.col("key"), F.col("value")
+        df = self.df.withColumns({"key": kc.decode(raw_k), "value": vc.decode(raw_v)})
+        flow = self.with_df(df.withColumns({"_tc_bk": raw_k, "_tc_bv": raw_v}), decoded=True)
+        flow = flow.fail_where(~kc.valid(F.col("_tc_bk"), F.col("key")), f"key is not {kc.fmt}")
+        flow = flow.fail_where(~vc.valid(F.col("_tc_bv"), F.col("value")), f"value is not {vc.fmt}")
+        return flow.with_df(flow.df.drop("_tc_bk", "_tc_bv"))
+
+    def validate(self) -> Flow:
+        """Mark rows whose bytes do not decode as bad, keeping the bytes."""
+        flow = self
+        for col, sd in (("key", self.key), ("value", self.value)):
+            codec = Codec(sd)
+            raw = F.col(col)
+            flow = flow.fail_where(
+                ~codec.valid(raw, codec.decode(raw)), f"{col} is not {codec.fmt}"
+            )
+        return flow
+
+    def encode(self) -> Flow:
+        if not self.decoded:
+            return self
+        schema = self.df.schema
+        kt, vt = schema["key"].dataType, schema["value"].dataType
+        df = self.df.withColumns(
+            {
+                "_tc_ek": Codec(self.key).encode(F.col("key"), kt),
+                "_tc_ev": Codec(self.value).encode(F.col("value"), vt),
+            }
+        )
+        flow = self.with_df(df)
+        # a value that was there but has no bytes in this serde is a bad record, not a delete
+        flow = flow.fail_where(
+            F.col("key").isNotNull() & F.col("_tc_ek").isNull(), f"key does not fit {self.key!r}"
+        )
+        flow = flow.fail_where(
+            F.col("value").isNotNull() & F.col("_tc_ev").isNull(),
+            f"value does not fit {self.value!r}",
+        )
+        df = flow.df.withColumns({"key": F.col("_tc_ek"), "value": F.col("_tc_ev")})
+        return flow.with_df(df.drop("_tc_ek", "_tc_ev"), decoded=False)
+
+    def envelope(self, *extra: str) -> Flow:
+        """Encoded, with exactly the envelope's columns in order (what Python steps take)."""
+        flow = self.encode()
+        return flow.with_df(flow.df.select(*env.COLUMNS, *extra))

@@ -1,0 +1,174 @@
+"""From plan to queries: where one Spark streaming query ends and the next begins.
+
+Each materialized table (and each ``to(topic)``) is computed by a chain of
+queries, each reading one topic and writing one topic. A query holds any run of
+stateless operators and at most one stateful step; the planner cuts the chain:
+
+- at a materialized table met on the way: its table topic is read as the source
+  (it already is that table's changelog), so nothing is computed twice;
+- at a table ``group_by``: as in Kafka Streams, one query keeps each source
+  row's last (group key, group value) and writes a retraction of the old one
+  and an addition of the new one to ``<app>.repartition.<name>-<i>``, keyed by
+  group key; the next query aggregates per group key;
+- before a second stateful step: the first one's changelog goes through
+  ``<app>.changelog.<name>-<i>``.
+
+Grouped *stream* aggregations need no topic: Spark's shuffle re-keys them.
+The planner is pure Python, so ``tablecast explain`` needs no Spark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from tablecast.kafka.topics import table_topic
+from tablecast.pipeline import plan
+from tablecast.pipeline.wire import PairSerde
+from tablecast.serde import Serde
+
+StepKind = Literal["op", "select_group", "retract", "stream_aggregate", "table_aggregate"]
+Role = Literal["source", "table", "repartition", "changelog", "sink"]
+
+
+@dataclass(frozen=True)
+class TopicRef:
+    topic: str
+    key: Serde
+    value: Serde
+    kind: plan.Kind
+    role: Role
+
+    @property
+    def external(self) -> bool:
+        """Records written by others: decoded and checked before anything else."""
+        return self.role == "source"
+
+
+@dataclass(frozen=True)
+class Step:
+    what: StepKind
+    node: plan.Node
+    key: Serde  # serdes and kind of the rows after this step
+    value: Serde
+    kind: plan.Kind
+
+    @property
+    def stateful(self) -> bool:
+        return self.what in ("retract", "stream_aggregate", "table_aggregate")
+
+    def describe(self) -> str:
+        if self.what == "op":
+            return self.node.describe()
+        if self.what == "select_group":
+            return f"{self.node.describe()} [select (group key, group value) per row]"
+        if self.what == "retract":
+            return "retract [applyInPandasWithState by source key: last selection per row]"
+        if self.what == "stream_aggregate":
+            return f"{self.node.describe()} [applyInPandasWithState by key]"
+        return f"{self.node.describe()} [applyInPandasWithState by group key, adds and retracts]"
+
+
+@dataclass
+class Query:
+    name: str
+    input: TopicRef
+    output: TopicRef
+    steps: list[Step] = field(default_factory=list)
+    partitioner: plan.Fn | None = None
+
+    @property
+    def stateful(self) -> bool:
+        return any(s.stateful for s in self.steps)
+
+    @property
+    def writes_batches(self) -> bool:
+        """Repartition writers stamp each record with the batch id (foreachBatch)."""
+        return self.output.role == "repartition"
+
+
+def plan_output(app_id: str, out: plan.Materialize | plan.To) -> list[Query]:
+    """The queries that compute `out`, in the order data flows through them."""
+    chain = out.lineage()
+    start = max(
+        i for i, n in enumerate(chain[:-1]) if isinstance(n, plan.Source | plan.Materialize)
+    )
+    first = chain[start]
+    base = out.name if isinstance(out, plan.Materialize) else f"to-{out.topic}"
+    if isinstance(first, plan.Source):
+        ref = TopicRef(first.topic, first.key, first.value, first.kind, "source")
+    else:
+        assert isinstance(first, plan.Materialize)
+        topic = table_topic(app_id, first.name)
+        ref = TopicRef(topic, first.key_serde(), first.value_serde(), "table", "table")
+    queries: list[Query] = []
+    current = Query(f"{app_id}.{base}", ref, ref)
+    key, value, kind = ref.key, ref.value, ref.kind
+
+    def cut(role: Role) -> None:
+        nonlocal current
+        current.name = f"{app_id}.{base}.{len(queries)}"
+        topic = f"{app_id}.{role}.{base}-{len(queries)}"
+        current.output = TopicRef(topic, key, value, kind, role)
+        queries.append(current)
+        current = Query(f"{app_id}.{base}", current.output, current.output)
+
+    def add(what: StepKind, node: plan.Node, k: Serde, v: Serde, kd: plan.Kind) -> None:
+        nonlocal key, value, kind
+        if what in ("retract", "stream_aggregate", "table_aggregate") and current.stateful:
+            cut("changelog")
+        key, value, kind = k, v, kd
+        current.steps.append(Step(what, node, k, v, kd))
+
+    for node in chain[start + 1 :]:
+        if isinstance(node, plan.Op | plan.ToTable | plan.ToStream):
+            add("op", node, node.key_serde(), node.value_serde(), node.kind)
+        elif isinstance(node, plan.Aggregate):
+            grouped = node.grouped
+            if node.of_table:
+                pair = PairSerde(grouped.key_serde(), grouped.value_serde())
+                add("select_group", grouped, key, pair, "table")
+                add("retract", grouped, grouped.key_serde(), grouped.value_serde(), "stream")
+                cut("repartition")
+                add("table_aggregate", node, node.key_serde(), node.value_serde(), "table")
+            else:
+                if grouped.fn is not None:
+                    rekey = plan.Op(grouped.parent, grouped.fn, grouped.key, None, "select_key")
+                    add("op", rekey, rekey.key_serde(), value, "stream")
+                add("stream_aggregate", node, node.key_serde(), node.value_serde(), "table")
+        elif isinstance(node, plan.GroupBy | plan.Materialize | plan.To):
+            pass  # a GroupBy is compiled with its Aggregate; the sinks end the chain
+        else:
+            raise NotImplementedError(f"{node.describe()} is not supported by the planner yet")
+    if isinstance(out, plan.Materialize):
+        current.output = TopicRef(table_topic(app_id, out.name), key, value, "table", "table")
+    else:
+        current.output = TopicRef(out.topic, out.key_serde(), out.value_serde(), kind, "sink")
+        current.partitioner = out.partitioner
+    queries.append(current)
+    return queries
+
+
+def explain(
+    app_id: str,
+    outputs: list[plan.Materialize | plan.To],
+    trigger: str,
+    partitions: Callable[[str], int | None] | None = None,
+) -> str:
+    lines = [f"App {app_id!r}: {len(outputs)} output(s); trigger processingTime={trigger!r}"]
+    for out in outputs:
+        what = f"table {out.name!r}" if isinstance(out, plan.Materialize) else f"to {out.topic!r}"
+        lines.append(f"  {what}")
+        lines.append("    operators: " + " -> ".join(n.describe() for n in out.lineage()))
+        for q in plan_output(app_id, out):
+            state = "stateful, RocksDB state store" if q.stateful else "stateless"
+            writer = "foreachBatch -> Kafka" if q.writes_batches else "Kafka sink"
+            lines.append(f"    query {q.name!r} ({state}; {writer}; update mode)")
+            count = partitions(q.input.topic) if partitions else None
+            parts = f", {count} partitions" if count else ""
+            lines.append(f"      reads  {q.input.topic} [{q.input.role}{parts}]")
+            lines.extend(f"      step   {s.describe()}" for s in q.steps)
+            lines.append(f"      writes {q.output.topic} [{q.output.role}]")
+            lines.append(f"      bad records -> {app_id}.dlq")
+    return "\n".join(lines)

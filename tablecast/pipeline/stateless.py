@@ -1,0 +1,124 @@
+"""Stateless operators on a query's rows: Column forms in the JVM, callables in Python.
+
+A Column operator is a DataFrame transformation on decoded rows. Consecutive
+Python callables are fused into one ``mapInArrow`` over encoded rows (see
+:mod:`tablecast.pipeline.pyworker`). Bad rows pass every operator untouched.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+
+from tablecast.pipeline import envelope as env
+from tablecast.pipeline import plan
+from tablecast.pipeline.codecs import Codec
+from tablecast.pipeline.flow import Flow, ok
+from tablecast.pipeline.planner import Step
+from tablecast.pipeline.pyworker import FANOUT, Run, record_fn
+from tablecast.pipeline.pyworker import Step as PyStep
+from tablecast.pipeline.wire import PairSerde
+
+
+def is_python(step: Step) -> bool:
+    if step.stateful:
+        return False
+    fn = getattr(step.node, "fn", None)
+    return fn is not None and not plan.is_column(fn)
+
+
+def op_name(step: Step) -> str:
+    if step.what == "select_group":
+        return "select_group"
+    node = step.node
+    return node.name if isinstance(node, plan.Op) else "identity"
+
+
+def apply_python(flow: Flow, steps: list[Step]) -> Flow:
+    """Fused callables over Arrow batches: one decode and one encode per record."""
+    flow = flow.envelope()
+    fns = []
+    for s in steps:
+        fn = getattr(s.node, "fn", None)
+        kind = s.node.parent.kind if s.what == "op" and s.node.parent else "table"
+        fns.append(PyStep(op_name(s), record_fn(op_name(s), fn, kind) if fn else _identity))
+    last = steps[-1]
+    run = Run(tuple(fns), flow.key, flow.value, last.key, last.value)
+    df = flow.df.mapInArrow(run.map_batches, flow.df.schema)
+    return Flow(df, last.key, last.value, last.kind)
+
+
+def _identity(k: object, v: object) -> list[tuple[object, object]]:
+    return [(k, v)]
+
+
+def apply_column(flow: Flow, step: Step) -> Flow:
+    node = step.node
+    if step.what == "select_group":
+        return _select_group(flow.decode(), step)
+    if not isinstance(node, plan.Op):  # to_table / to_stream: only the meaning changes
+        return Flow(flow.df, flow.key, flow.value, step.kind, flow.decoded)
+    flow = flow.decode()
+    fn = node.fn
+    df = flow.df
+    on_table = node.parent is not None and node.parent.kind == "table"
+    if on_table and node.name == "filter":
+        drop = ok() & F.col("value").isNotNull() & ~F.coalesce(_col(fn), F.lit(False))
+        df = df.withColumn("value", F.when(drop, F.lit(None)).otherwise(F.col("value")))
+    elif on_table and node.name == "map_values":
+        df = df.withColumn("value", F.when(ok() & F.col("value").isNotNull(), _col(fn)))
+    elif node.name == "filter":
+        df = df.filter(~ok() | F.coalesce(_col(fn), F.lit(False)))
+    elif node.name == "map_values":
+        df = df.withColumn("value", F.when(ok(), _col(fn)))
+    elif node.name == "select_key":
+        df = df.withColumn("key", F.when(ok(), _col(fn)))
+    elif node.name == "map":
+        k, v = _pair(fn)
+        df = df.withColumns({"key": F.when(ok(), k), "value": F.when(ok(), v)})
+    elif node.name in ("flat_map_values", "flat_map"):
+        arr = _col(fn)
+        elem = df.select(arr.alias("a")).schema["a"].dataType.elementType  # type: ignore[attr-defined]
+        # a bad row must survive the explode as exactly one row
+        keep_bad = F.array(F.lit(None).cast(elem))
+        df = df.withColumn("_tc_arr", F.when(ok(), arr).otherwise(keep_bad))
+        df = df.select("*", F.posexplode("_tc_arr").alias("_tc_pos", "_tc_x"))
+        if node.name == "flat_map":
+            x = F.col("_tc_x")
+            df = df.withColumns({"key": x.getField("key"), "value": x.getField("value")})
+        else:
+            df = df.withColumn("value", F.col("_tc_x"))
+        seq = F.col(env.SEQ) * F.lit(FANOUT) + F.col("_tc_pos")
+        df = df.withColumn(env.SEQ, seq).drop("_tc_arr", "_tc_pos", "_tc_x")
+    else:
+        raise TypeError(f"{node.name}: a Column cannot be used here; pass a Python callable")
+    return Flow(df, step.key, step.value, step.kind, decoded=True)
+
+
+def _select_group(flow: Flow, step: Step) -> Flow:
+    """(group key, group value) per row, packed like wire.pack_pair, in the JVM."""
+    assert isinstance(step.value, PairSerde)
+    gk, gv = _pair(getattr(step.node, "fn", None))
+    df = flow.df.withColumns({"_tc_gk": gk, "_tc_gv": gv})
+    types = df.schema
+    gkb = Codec(step.value.key).encode(F.col("_tc_gk"), types["_tc_gk"].dataType)
+    gvb = Codec(step.value.value).encode(F.col("_tc_gv"), types["_tc_gv"].dataType)
+    length = F.unhex(F.lpad(F.hex(F.length(gkb)), 8, "0"))
+    packed = F.when(ok() & F.col("value").isNotNull(), F.concat(length, gkb, gvb))
+    kb = Codec(flow.key).encode(F.col("key"), types["key"].dataType)
+    df = df.withColumns({"key": kb, "value": packed}).drop("_tc_gk", "_tc_gv")
+    return Flow(df, flow.key, step.value, "table", decoded=False)
+
+
+def _col(fn: plan.Fn) -> Column:
+    if isinstance(fn, Column):
+        return fn
+    raise TypeError(f"expected a Column, not {type(fn).__name__}")
+
+
+def _pair(fn: plan.Fn | None) -> tuple[Column, Column]:
+    if isinstance(fn, tuple) and len(fn) == 2:
+        return fn[0], fn[1]
+    if isinstance(fn, Column):
+        return fn.getField("key"), fn.getField("value")
+    raise TypeError("expected a pair of Columns or a struct Column with fields key and value")
