@@ -1,0 +1,144 @@
+"""Kafka Streams' answers, computed in plain Python for the tests to compare with.
+
+Written from Kafka Streams' documented semantics (KStream/KTable operators,
+KStreamAggregate, KTableRepartitionMap + KTableAggregate/KTableReduce),
+independently of tablecast's planner and compiler. A stream is a list of
+(key, value) records in order; a table's changelog is a list of upserts, a
+None value deleting; ``latest`` is what a materialized table holds at the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+Rec = tuple[Any, Any]
+
+
+# -- streams -----------------------------------------------------------------
+def filter_(records: Iterable[Rec], pred: Callable[[Any, Any], Any]) -> list[Rec]:
+    return [(k, v) for k, v in records if pred(k, v)]
+
+
+def map_values(records: Iterable[Rec], f: Callable[[Any, Any], Any]) -> list[Rec]:
+    return [(k, f(k, v)) for k, v in records]
+
+
+def map_(records: Iterable[Rec], f: Callable[[Any, Any], Rec]) -> list[Rec]:
+    return [tuple(f(k, v)) for k, v in records]  # type: ignore[misc]
+
+
+def flat_map_values(records: Iterable[Rec], f: Callable[[Any, Any], Iterable[Any]]) -> list[Rec]:
+    return [(k, x) for k, v in records for x in f(k, v)]
+
+
+def flat_map(records: Iterable[Rec], f: Callable[[Any, Any], Iterable[Rec]]) -> list[Rec]:
+    return [tuple(r) for k, v in records for r in f(k, v)]  # type: ignore[misc]
+
+
+def select_key(records: Iterable[Rec], f: Callable[[Any, Any], Any]) -> list[Rec]:
+    return [(f(k, v), v) for k, v in records]
+
+
+def latest(changelog: Iterable[Rec]) -> dict[Any, Any]:
+    """A table from its changelog (or a stream's to_table()): null keys are skipped."""
+    out: dict[Any, Any] = {}
+    for k, v in changelog:
+        if k is None:
+            continue
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = v
+    return out
+
+
+def stream_count(records: Iterable[Rec]) -> dict[Any, int]:
+    return stream_aggregate(records, lambda: 0, lambda k, v, a: a + 1)
+
+
+def stream_reduce(records: Iterable[Rec], f: Callable[[Any, Any], Any]) -> dict[Any, Any]:
+    out: dict[Any, Any] = {}
+    for k, v in records:
+        if k is None or v is None:
+            continue
+        new = v if k not in out else f(out[k], v)
+        _put(out, k, new)
+    return out
+
+
+def stream_aggregate(
+    records: Iterable[Rec], init: Callable[[], Any], f: Callable[[Any, Any, Any], Any]
+) -> dict[Any, Any]:
+    out: dict[Any, Any] = {}
+    for k, v in records:
+        if k is None or v is None:
+            continue
+        _put(out, k, f(k, v, out[k] if k in out else init()))
+    return out
+
+
+# -- tables ------------------------------------------------------------------
+def table_filter(changelog: Iterable[Rec], pred: Callable[[Any, Any], Any]) -> list[Rec]:
+    return [(k, v if v is not None and pred(k, v) else None) for k, v in changelog]
+
+
+def table_map_values(changelog: Iterable[Rec], f: Callable[[Any, Any], Any]) -> list[Rec]:
+    return [(k, None if v is None else f(k, v)) for k, v in changelog]
+
+
+def table_group_aggregate(
+    changelog: Iterable[Rec],
+    selector: Callable[[Any, Any], Rec | None],
+    add: Callable[[Any, Any, Any | None], Any],
+    subtract: Callable[[Any, Any, Any], Any],
+) -> dict[Any, Any]:
+    """KTable.groupBy(selector) then an aggregation: for each source-row change the
+    old selection is retracted (subtract, only if the group has an aggregate)
+    and the new one added; `add(key, value, agg_or_None)` decides how a group starts."""
+    prev: dict[Any, Rec | None] = {}
+    out: dict[Any, Any] = {}
+
+    def select(k: Any, v: Any) -> Rec | None:
+        if v is None:
+            return None
+        r = selector(k, v)
+        if r is None or r[0] is None or r[1] is None:
+            return None
+        return r
+
+    for k, v in changelog:
+        old, new = prev.get(k), select(k, v)
+        prev[k] = new
+        if old is not None and old[0] in out:
+            _put(out, old[0], subtract(old[0], old[1], out[old[0]]))
+        if new is not None:
+            _put(out, new[0], add(new[0], new[1], out.get(new[0])))
+    return out
+
+
+def table_group_count(changelog: Iterable[Rec], selector: Callable[[Any, Any], Rec | None]):  # type: ignore[no-untyped-def]
+    return table_group_aggregate(
+        changelog, selector, lambda k, v, a: (a or 0) + 1, lambda k, v, a: a - 1
+    )
+
+
+def table_group_reduce(
+    changelog: Iterable[Rec],
+    selector: Callable[[Any, Any], Rec | None],
+    adder: Callable[[Any, Any], Any],
+    subtractor: Callable[[Any, Any], Any],
+) -> dict[Any, Any]:
+    return table_group_aggregate(
+        changelog,
+        selector,
+        lambda k, v, a: v if a is None else adder(a, v),
+        lambda k, v, a: subtractor(a, v),
+    )
+
+
+def _put(table: dict[Any, Any], key: Any, value: Any) -> None:
+    if value is None:
+        table.pop(key, None)
+    else:
+        table[key] = value
