@@ -291,13 +291,20 @@ def command(
     http_threads: int | None = None,
     standby_replicas: int = 0,
     props: Mapping[str, str] | None = None,
+    jvm_opts: Sequence[str] = (),
 ) -> list[str]:
-    """The command line of one instance (``taskset -c cpus`` first when `cpus` is given)."""
+    """The command line of one instance (``taskset -c cpus`` first when `cpus` is given).
+
+    `props` are extra Kafka Streams settings (``--prop k=v``); `jvm_opts` go to
+    ``java`` before ``-jar``. Under taskset the JVM sees one CPU and picks its
+    collector and thread counts for that by itself.
+    """
     cmd = ["taskset", "-c", cpus] if cpus else []
     cmd += [
         "java",
         f"-Xms{heap}",
         f"-Xmx{heap}",
+        *jvm_opts,
         "-jar",
         str(build()),
         "--bootstrap-servers",
@@ -337,7 +344,7 @@ def start_instance(
     """Start one instance (not waiting for it); its state and log go under `work_dir`.
 
     `options` are :func:`command`'s keywords (heap, stream_threads, http_threads,
-    standby_replicas, props). Reusing a `port` and `work_dir` restarts an
+    standby_replicas, props, jvm_opts). Reusing a `port` and `work_dir` restarts an
     instance on its old state, for restart-to-ready measurements.
     """
     port = port or free_port()

@@ -60,7 +60,7 @@ import org.slf4j.LoggerFactory;
  */
 public final class InteractiveQueries {
   static final String STORE = "kv";
-  /** Marks a forwarded request, so an instance that lost the key meanwhile answers 503, not loops. */
+  /** Marks a forwarded request: an instance that lost the key meanwhile answers 503, no loop. */
   static final String FORWARDED = "X-IQ-Forwarded";
   /** Names the instance whose store answered, so callers can see a forward happened. */
   static final String SERVED_BY = "X-IQ-Served-By";
@@ -282,8 +282,10 @@ public final class InteractiveQueries {
    * IQv2 positions: lets a harness wait until the table holds everything produced.
    */
   private Reply positions(HttpExchange ex) {
+    // any key will do: the answer's position is the store's, not the key's
+    KeyQuery<String, String> probe = KeyQuery.withKey("");
     StateQueryResult<String> result =
-        streams.query(StateQueryRequest.inStore(STORE).withQuery(KeyQuery.<String, String>withKey("")).requireActive());
+        streams.query(StateQueryRequest.inStore(STORE).withQuery(probe).requireActive());
     Map<Integer, Long> applied = new TreeMap<>();
     result
         .getPartitionResults()
