@@ -16,6 +16,7 @@ until every instance is RUNNING and sees all the others, and stops them by pid.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import shutil
@@ -46,12 +47,28 @@ def _sources() -> list[Path]:
     return [APP_DIR / "pom.xml", *sorted((APP_DIR / "src").rglob("*"))]
 
 
+def _fresh() -> bool:
+    if not JAR.exists():
+        return False
+    newest = max(p.stat().st_mtime for p in _sources() if p.is_file())
+    return JAR.stat().st_mtime >= newest
+
+
 def build(force: bool = False) -> Path:
     """The app's fat jar, running ``mvn package`` unless the jar is newer than every source."""
-    if not force and JAR.exists():
-        newest = max(p.stat().st_mtime for p in _sources() if p.is_file())
-        if JAR.stat().st_mtime >= newest:
-            return JAR
+    if not force and _fresh():
+        return JAR
+    # two harnesses or test workers building at once would clobber target/
+    lock_file = APP_DIR / "target" / ".build.lock"
+    lock_file.parent.mkdir(exist_ok=True)
+    with open(lock_file, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not force and _fresh():
+            return JAR  # built by whoever held the lock
+        return _mvn_package()
+
+
+def _mvn_package() -> Path:
     mvn = shutil.which("mvn")
     if mvn is None:
         raise RuntimeError("Maven (mvn) is needed to build bench/peers/kafka-streams-iq")
