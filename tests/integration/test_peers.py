@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 import orjson
@@ -43,6 +44,10 @@ def test_kafka_streams_instances_answer_latest_values_and_forward(
     deleted = {f"k{i}" for i in range(0, KEYS, 50)}
     produce(bootstrap, topic, [(k.encode(), None) for k in sorted(deleted)])
     expected = {f"k{i}": {"v": i, "n": 2} for i in range(KEYS) if f"k{i}" not in deleted}
+    # keys that must survive URL encoding, also on the forwarded hop
+    odd = {"a b/c+d?e": {"odd": 1}, "ünï": {"odd": 2}}
+    produce(bootstrap, topic, [(k.encode(), orjson.dumps(v)) for k, v in odd.items()])
+    expected.update(odd)
 
     with ks.start(bootstrap, topic, n=2, work_dir=tmp_path, application_id=unique) as cluster:
         cluster.wait_caught_up(bootstrap)
@@ -55,7 +60,7 @@ def test_kafka_streams_instances_answer_latest_values_and_forward(
             served_by: Counter[str] = Counter()
             with httpx.Client(base_url=inst.url, timeout=10.0) as client:
                 for key, value in expected.items():
-                    r = client.get(f"/keys/{key}")
+                    r = client.get(f"/keys/{quote(key, safe='')}")
                     assert r.status_code == 200, (inst.url, key, r.text)
                     assert r.json() == {"key": key, "value": value}
                     served_by[r.headers["x-iq-served-by"]] += 1
