@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     _opt(p, "--node-id")
     _opt(p, "--data-dir")
     _opt(p, "--standby-replicas", 0, type=int)
+    _opt(p, "--auth-jwt-secret", help="HS256 secret: every /v1 request needs a bearer JWT")
+    _opt(p, "--auth-jwks", help="a JWKS file of public keys: every /v1 request needs a bearer JWT")
 
     for name, what in (("dev", "everything on one machine"), ("demo", "the stock-price demo")):
         p = sub.add_parser(name, help=what)
@@ -137,6 +139,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from tablecast.cluster.node import NodeConfig
     from tablecast.server import process
+    from tablecast.server.auth import Auth
 
     url = args.advertised_url or f"http://{args.host}:{args.port}"
     node_id = args.node_id or url.split("://", 1)[-1]
@@ -147,8 +150,9 @@ def _serve(args: argparse.Namespace) -> int:
         url=url,
         node_id=node_id,
         data_dir=Path(data_dir),
+        standby_replicas=args.standby_replicas,
     )
-    process.run(config, args.host, args.port)
+    process.run(config, args.host, args.port, Auth(args.auth_jwt_secret, args.auth_jwks))
     return 0
 
 

@@ -1,9 +1,14 @@
-"""Ingestion: one consumer thread per node keeps every replica's store current.
+"""Ingestion: one consumer thread per node keeps the node's replicas current.
 
-It follows the catalog for new tables, reads their partitions in batches
+It follows the catalog for tables, holds exactly the partitions the
+coordinator puts in :attr:`Ingestor.desired` (restoring new ones from their
+store's applied offset, dropping released ones), reads them in batches
 (``consume(n)`` is tens of times faster than one ``poll`` per record), applies
-each partition's slice of a batch to its store in one call, and marks a replica
-caught up when it reaches the end of its partition.
+each partition's slice of a batch to its store in one call, and marks a
+replica caught up when it reaches the end of its partition.
+
+``tables`` and ``replicas`` are replaced, never mutated, so HTTP handlers on
+another thread can iterate them safely.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from tablecast.kafka.catalog import CatalogReader, TableInfo
 from tablecast.store import Write
 
 log = logging.getLogger(__name__)
+
+Slot = tuple[str, int]
 
 BATCH = 10_000
 CATALOG_EVERY_S = 1.0
@@ -40,7 +47,9 @@ class Ingestor:
         self.catalog = CatalogReader(bootstrap_servers, app_id)
         self._new_replica = new_replica
         self.tables: dict[str, TableInfo] = {}
-        self.replicas: dict[tuple[str, int], Replica] = {}
+        self.replicas: dict[Slot, Replica] = {}
+        #: what the coordinator wants held; None until it has decided once
+        self.desired: set[Slot] | None = None
         self._by_topic: dict[str, TableInfo] = {}
         self._consumer = Consumer(
             {
@@ -68,10 +77,6 @@ class Ingestor:
         for replica in self.replicas.values():
             replica.store.close()
 
-    @property
-    def ready(self) -> bool:
-        return self.catalog.loaded and all(r.caught_up for r in self.replicas.values())
-
     def _run(self) -> None:
         next_catalog = next_marks = next_note = 0.0
         while not self._stop.is_set():
@@ -80,10 +85,11 @@ class Ingestor:
                 if now >= next_catalog:
                     self._follow_catalog()
                     next_catalog = now + CATALOG_EVERY_S
+                self._reconcile()
                 if self.replicas:
                     self._ingest_batch()
                 else:
-                    self._stop.wait(0.2)
+                    self._stop.wait(0.1)
                 if now >= next_marks:
                     self._refresh_end_offsets()
                     next_marks = now + WATERMARKS_EVERY_S
@@ -96,42 +102,64 @@ class Ingestor:
 
     def _follow_catalog(self) -> None:
         known = self.catalog.poll(timeout=0.0 if self.catalog.loaded else 1.0)
-        fresh = [t for name, t in known.items() if name not in self.tables]
-        to_assign: list[TopicPartition] = []
-        for info in fresh:
-            self.tables[info.name] = info
-            self._by_topic[info.topic] = info
-            for p in range(info.partitions):
-                lo, hi = self._consumer.get_watermark_offsets(
-                    TopicPartition(info.topic, p), timeout=10, cached=False
-                )
-                replica = self._new_replica(info, p, False)
-                start = replica.store.applied_offset + 1
-                if start > hi:
-                    # the store is ahead of its topic: the topic was recreated
-                    # under it, so what the store holds belongs to another life
-                    log.warning(
-                        "table %r partition %d: store at offset %d but topic ends at %d; "
-                        "rebuilding it",
-                        info.name,
-                        p,
-                        start - 1,
-                        hi,
-                    )
-                    replica.store.close()
-                    replica = self._new_replica(info, p, True)
-                    start = 0
-                replica.end_offset = replica.restore_target = hi
-                replica.position = max(start, lo)
-                self.replicas[(info.name, p)] = replica
-                to_assign.append(
-                    TopicPartition(info.topic, p, start if start > 0 else OFFSET_BEGINNING)
-                )
-            log.info(
-                "serving table %r (%d partitions) from %s", info.name, info.partitions, info.topic
+        if known.keys() != self.tables.keys():
+            for name in known.keys() - self.tables.keys():
+                info = known[name]
+                log.info("table %r (%d partitions) from %s", name, info.partitions, info.topic)
+            self.tables = dict(known)
+            self._by_topic = {t.topic: t for t in known.values()}
+
+    def _reconcile(self) -> None:
+        desired = self.desired
+        if desired is None:
+            return
+        desired = {slot for slot in desired if slot[0] in self.tables}
+        held = self.replicas.keys()
+        if desired == held:
+            return
+        replicas = dict(self.replicas)
+        gone = [replicas.pop(slot) for slot in held - desired]
+        if gone:
+            self._consumer.incremental_unassign(
+                [TopicPartition(r.table.topic, r.partition) for r in gone]
             )
-        if to_assign:
-            self._consumer.incremental_assign(to_assign)
+            for r in gone:
+                r.store.close()
+            log.info("released %d partition(s): %s", len(gone), _slots(gone))
+        fresh = [self._open(slot) for slot in sorted(desired - held)]
+        for replica in fresh:
+            replicas[(replica.table.name, replica.partition)] = replica
+        self.replicas = replicas
+        if fresh:
+            self._consumer.incremental_assign(
+                [
+                    TopicPartition(r.table.topic, r.partition, r.position or OFFSET_BEGINNING)
+                    for r in fresh
+                ]
+            )
+            log.info("restoring %d partition(s): %s", len(fresh), _slots(fresh))
+
+    def _open(self, slot: Slot) -> Replica:
+        info, p = self.tables[slot[0]], slot[1]
+        lo, hi = self._consumer.get_watermark_offsets(TopicPartition(info.topic, p), timeout=10)
+        replica = self._new_replica(info, p, False)
+        start = replica.store.applied_offset + 1
+        if start > hi:
+            # the store is ahead of its topic: the topic was recreated under it,
+            # so what the store holds belongs to another life
+            log.warning(
+                "table %r partition %d: store at offset %d but topic ends at %d; rebuilding it",
+                info.name,
+                p,
+                start - 1,
+                hi,
+            )
+            replica.store.close()
+            replica = self._new_replica(info, p, True)
+            start = 0
+        replica.end_offset = replica.restore_target = hi
+        replica.position = max(start, lo)
+        return replica
 
     def _ingest_batch(self) -> None:
         msgs = self._consumer.consume(BATCH, 0.1)
@@ -153,19 +181,21 @@ class Ingestor:
                 Write(key, m.value(), m.offset(), m.timestamp()[1])
             )
         for (topic, partition), writes in slices.items():
-            info = self._by_topic.get(topic)
-            replica = info and self.replicas.get((info.name, partition))
-            if not replica:
-                continue
+            replica = self._replica(topic, partition)
+            if replica is None:
+                continue  # released while its records were in flight
             replica.store.apply(writes)
             replica.position = writes[-1].offset + 1
             replica.end_offset = max(replica.end_offset, replica.position)
             self.records_applied += len(writes)
 
-    def _reached_end(self, topic: str, partition: int, offset: int) -> None:
+    def _replica(self, topic: str, partition: int) -> Replica | None:
         info = self._by_topic.get(topic)
-        replica = info and self.replicas.get((info.name, partition))
-        if not replica:
+        return self.replicas.get((info.name, partition)) if info else None
+
+    def _reached_end(self, topic: str, partition: int, offset: int) -> None:
+        replica = self._replica(topic, partition)
+        if replica is None:
             return
         replica.position = max(replica.position, offset)
         replica.end_offset = max(replica.end_offset, offset)
@@ -198,3 +228,8 @@ class Ingestor:
             total,
             100.0 * done / max(total, 1),
         )
+
+
+def _slots(replicas: list[Replica]) -> str:
+    shown = ", ".join(f"{r.table.name}/{r.partition}" for r in replicas[:8])
+    return shown + (f" and {len(replicas) - 8} more" if len(replicas) > 8 else "")

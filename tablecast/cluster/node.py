@@ -1,15 +1,25 @@
-"""A serving node's view of the cluster: its identity, its tables and its replicas."""
+"""A serving node's cluster side: its identity, membership, assignment and replicas."""
 
 from __future__ import annotations
 
+import logging
 import shutil
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tablecast.cluster.assignment import Slot
+from tablecast.cluster.coordinator import Coordinator
 from tablecast.cluster.ingest import Ingestor
+from tablecast.cluster.membership import Member, Membership
 from tablecast.cluster.replica import Replica
+from tablecast.cluster.view import ClusterView
 from tablecast.kafka.catalog import TableInfo
 from tablecast.store import open_store
+
+log = logging.getLogger(__name__)
+
+TICK_S = 0.1
 
 
 @dataclass
@@ -19,6 +29,7 @@ class NodeConfig:
     url: str
     node_id: str
     data_dir: Path
+    standby_replicas: int = 0
     max_key_bytes: int = 4096
 
 
@@ -26,10 +37,19 @@ class NodeConfig:
 class Node:
     config: NodeConfig
     ingestor: Ingestor = field(init=False)
+    membership: Membership = field(init=False)
+    coordinator: Coordinator = field(init=False)
 
     def __post_init__(self) -> None:
-        self.ingestor = Ingestor(
-            self.config.bootstrap_servers, self.config.app_id, self.config.node_id, self._replica
+        c = self.config
+        self.ingestor = Ingestor(c.bootstrap_servers, c.app_id, c.node_id, self._replica)
+        self.membership = Membership(c.bootstrap_servers, c.app_id, self._me)
+        self.coordinator = Coordinator(
+            c.node_id, self.membership, self.ingestor, c.standby_replicas
+        )
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._coordinate, name="tablecast-coordinator", daemon=True
         )
 
     def _replica(self, info: TableInfo, partition: int, wipe: bool) -> Replica:
@@ -38,9 +58,24 @@ class Node:
             shutil.rmtree(path, ignore_errors=True)
         return Replica(info, partition, open_store(info.store, path))
 
+    def _me(self) -> Member:
+        replicas = {slot: r.state() for slot, r in self.ingestor.replicas.items()}
+        return Member(self.config.node_id, self.config.url, replicas, self.ready)
+
+    def _coordinate(self) -> None:
+        while not self._stop.wait(TICK_S):
+            try:
+                self.coordinator.tick()
+            except Exception:  # keep coordinating; the next tick starts from fresh facts
+                log.exception("coordinator tick failed")
+
     @property
     def id(self) -> str:
         return self.config.node_id
+
+    @property
+    def view(self) -> ClusterView:
+        return self.coordinator.view
 
     @property
     def tables(self) -> dict[str, TableInfo]:
@@ -49,12 +84,34 @@ class Node:
     def replica(self, table: str, partition: int) -> Replica | None:
         return self.ingestor.replicas.get((table, partition))
 
+    def must_serve(self, slot: Slot) -> bool:
+        """Whether this node is the target active for `slot` (or holds a global table)."""
+        if slot[0] in self.view.global_tables:
+            return True
+        owners = self.view.target.get(slot)
+        return bool(owners) and owners[0] == self.id
+
     @property
     def ready(self) -> bool:
-        return self.ingestor.ready
+        """Catalog read, assignment made, and every partition this node must serve caught up."""
+        if not self.ingestor.catalog.loaded or self.ingestor.desired is None:
+            return False
+        replicas = self.ingestor.replicas
+        for slot in self.ingestor.desired:
+            if self.must_serve(slot):
+                r = replicas.get(slot)
+                if r is None or not r.caught_up:
+                    return False
+        return True
 
     def start(self) -> None:
+        self.membership.start()
+        self.coordinator.tick()
         self.ingestor.start()
+        self._thread.start()
 
     def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.membership.stop()
         self.ingestor.stop()

@@ -25,16 +25,6 @@ class Replica:
     def lag(self) -> int:
         return max(0, self.end_offset - self.position)
 
-    @property
-    def role(self) -> str:
-        # every node holds every partition until assignment arrives (cluster issue)
-        return "active" if self.caught_up else "warming"
-
-    def public(self) -> dict[str, object]:
-        return {
-            "table": self.table.name,
-            "partition": self.partition,
-            "role": self.role,
-            "offset": self.store.applied_offset,
-            "lag": self.lag,
-        }
+    def state(self) -> dict[str, object]:
+        """What heartbeats carry about this replica."""
+        return {"caught_up": self.caught_up, "offset": self.store.applied_offset, "lag": self.lag}

@@ -2,7 +2,7 @@
 
 Every topic an App owns is prefixed by its id: ``<app>.catalog`` lists its
 tables, ``<app>.table.<name>`` is a table's changelog, ``<app>.dlq`` takes bad
-records.
+records, and serving nodes announce themselves on ``<app>.members``.
 """
 
 from __future__ import annotations
@@ -27,6 +27,10 @@ def table_topic(app_id: str, table: str) -> str:
 
 def dlq_topic(app_id: str) -> str:
     return f"{app_id}.dlq"
+
+
+def members_topic(app_id: str) -> str:
+    return f"{app_id}.members"
 
 
 def admin(bootstrap_servers: str) -> AdminClient:

@@ -1,9 +1,10 @@
 """The node's HTTP API (SPEC §3) as an RSGI application, served by granian.
 
 RSGI is granian's native interface and measured fastest here (BENCHMARKS.md),
-so there is no framework: :meth:`HttpApp.__call__` matches the route, calls a
-handler from :mod:`queries` or :mod:`status`, and turns :class:`ApiError` into
-the SPEC's error JSON. No client input reaches the client as a stack trace.
+so there is no framework: :meth:`HttpApp.__call__` checks auth, matches the
+route, calls the :class:`Router` or a status handler, and turns
+:class:`ApiError` into the SPEC's error JSON. No client input reaches the
+client as a stack trace.
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ import orjson
 
 from tablecast.cluster.node import Node
 from tablecast.server import openapi, status
+from tablecast.server.auth import Auth
 from tablecast.server.cursor import Cursors
 from tablecast.server.errors import ApiError
+from tablecast.server.local import Answer
 from tablecast.server.metrics import HttpStats, exposition
-from tablecast.server.queries import Answer, Queries
+from tablecast.server.peers import PeerPool
+from tablecast.server.router import Request, Router
 
 log = logging.getLogger(__name__)
 
@@ -29,13 +33,15 @@ JSON = ("content-type", "application/json")
 PROMETHEUS = ("content-type", "text/plain; version=0.0.4; charset=utf-8")
 MAX_BODY = 1 << 20
 
-Handler = Callable[[dict[str, str], Any], Answer | Awaitable[Answer]]
+Handler = Callable[[Request, Any], Answer | Awaitable[Answer]]
 
 
 class HttpApp:
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, auth: Auth | None = None) -> None:
         self.node = node
-        self.queries = Queries(node, Cursors(node.config.app_id.encode()))
+        self.auth = auth or Auth()
+        self.peers = PeerPool()
+        self.router = Router(node, Cursors(node.config.app_id.encode()), self.peers)
         self.stats = HttpStats()
         self._openapi = orjson.dumps(openapi.document())
 
@@ -45,8 +51,13 @@ class HttpApp:
         started = time.perf_counter()
         route = "unmatched"
         try:
-            route, handler = self.match(scope.method, scope.path)
-            answer = handler(_params(scope.query_string), proto)
+            path = scope.path
+            headers = scope.headers
+            if self.auth.enabled and path.startswith(("/v1/", "/internal/")):
+                self.auth.check(headers.get("authorization"))
+            route, handler = self.match(scope.method, path)
+            query = scope.query_string
+            answer = handler(Request(_params(query), query, headers), proto)
             if not isinstance(answer, tuple):
                 answer = await answer
         except ApiError as e:
@@ -54,13 +65,13 @@ class HttpApp:
         except Exception:  # no client input may produce a stack trace or a hung request
             log.exception("unhandled error on %s %s", scope.method, scope.path)
             answer = (500, ApiError("internal", "internal error").body(), [])
-        code, body, headers = answer
-        proto.response_bytes(code, [PROMETHEUS if route == "metrics" else JSON, *headers], body)
+        code, body, extra = answer
+        proto.response_bytes(code, [PROMETHEUS if route == "metrics" else JSON, *extra], body)
         self.stats.record(route, code, time.perf_counter() - started)
 
     def match(self, method: str, path: str) -> tuple[str, Handler]:
-        """The route's name (for metrics) and its handler(params, proto)."""
-        q = self.queries
+        """The route's name (for metrics) and its handler(request, proto)."""
+        r = self.router
         parts = path.split("/", 5)  # "", "v1", "tables", t, "keys", rest (may hold "/")
         n = len(parts)
         if n > 2 and parts[1] == "v1":
@@ -70,44 +81,50 @@ class HttpApp:
                     _get(method)
                     rest = parts[5]
                     if rest.endswith("/windows"):
-                        return "windows", lambda p, _: q.windows(table, rest[:-8], p)
+                        return "windows", lambda q, _: r.windows(table, rest[:-8], q)
                     if rest.endswith("/metadata"):
-                        return "metadata", lambda p, _: q.metadata(table, rest[:-9])
-                    return "key", lambda p, _: q.get_key(table, rest, p)
+                        return "metadata", lambda q, _: r.metadata(table, rest[:-9])
+                    return "key", lambda q, _: r.get_key(table, rest, q)
                 if n == 5:
                     what = parts[4]
                     if what == "keys:batchGet":
                         if method != "POST":
                             raise ApiError("method_not_allowed", "keys:batchGet takes POST")
-                        return "batch_get", lambda p, proto: self._batch_get(table, p, proto)
+                        return "batch_get", lambda q, proto: self._batch_get(table, q, proto)
                     _get(method)
                     if what == "range":
-                        return "range", lambda p, _: q.range(table, p)
+                        return "range", lambda q, _: r.range(table, q)
                     if what == "count":
-                        return "count", lambda p, _: q.count(table, p)
+                        return "count", lambda q, _: r.count(table, q)
             elif n == 3 and parts[2] == "tables":
                 _get(method)
-                return "tables", lambda p, _: (200, status.tables(self.node), [])
+                return "tables", lambda q, _: (200, status.tables(self.node), [])
             elif n == 3 and parts[2] == "cluster":
                 _get(method)
-                return "cluster", lambda p, _: (200, status.cluster(self.node), [])
+                return "cluster", lambda q, _: (200, status.cluster(self.node), [])
+        elif n == 5 and parts[1] == "internal" and parts[2] == "tables":
+            _get(method)
+            if parts[4] == "scan":
+                return "internal_scan", lambda q, _: r.internal_scan(parts[3], q)
+            if parts[4] == "count":
+                return "internal_count", lambda q, _: r.internal_count(parts[3], q)
         elif n == 2:
             name = parts[1]
             if name == "healthz":
-                return "healthz", lambda p, _: (200, b'{"status":"ok"}', [])
+                return "healthz", lambda q, _: (200, b'{"status":"ok"}', [])
             if name == "readyz":
-                return "readyz", lambda p, _: (*status.readiness(self.node), [])
+                return "readyz", lambda q, _: (*status.readiness(self.node), [])
             if name == "metrics":
-                return "metrics", lambda p, _: (200, exposition(self.node, self.stats), [])
+                return "metrics", lambda q, _: (200, exposition(self.node, self.stats), [])
             if name == "openapi.json":
-                return "openapi", lambda p, _: (200, self._openapi, [])
+                return "openapi", lambda q, _: (200, self._openapi, [])
         raise ApiError("not_found", f"no route for {method} {path}")
 
-    async def _batch_get(self, table: str, params: dict[str, str], proto: Any) -> Answer:
+    async def _batch_get(self, table: str, req: Request, proto: Any) -> Answer:
         body = await proto()
         if len(body) > MAX_BODY:
             raise ApiError("bad_request", f"the body is larger than {MAX_BODY} bytes")
-        return self.queries.batch_get(table, body, params)
+        return await self.router.batch_get(table, body, req)
 
 
 def _get(method: str) -> None:

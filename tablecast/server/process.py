@@ -12,6 +12,7 @@ from granian.server.embed import Server
 
 from tablecast.cluster.node import Node, NodeConfig
 from tablecast.server.app import HttpApp
+from tablecast.server.auth import Auth
 
 log = logging.getLogger(__name__)
 
@@ -31,18 +32,20 @@ async def serve_rsgi(app: Any, host: str, port: int) -> None:
     await server.serve()
 
 
-async def serve(config: NodeConfig, host: str, port: int) -> None:
+async def serve(config: NodeConfig, host: str, port: int, auth: Auth) -> None:
     node = Node(config)
     node.start()
     log.info("node %s serving app %r on http://%s:%d", config.node_id, config.app_id, host, port)
+    app = HttpApp(node, auth)
     try:
-        await serve_rsgi(HttpApp(node), host, port)
+        await serve_rsgi(app, host, port)
     finally:
+        app.peers.close()
         node.stop()
         log.info("node %s stopped", config.node_id)
 
 
-def run(config: NodeConfig, host: str, port: int) -> None:
+def run(config: NodeConfig, host: str, port: int, auth: Auth | None = None) -> None:
     import uvloop
 
-    uvloop.run(serve(config, host, port))
+    uvloop.run(serve(config, host, port, auth or Auth()))

@@ -12,14 +12,29 @@ def tables(node: Node) -> bytes:
 
 
 def cluster(node: Node) -> bytes:
-    """The nodes this node knows and the replicas each holds (only itself, until membership)."""
-    me = {
-        "id": node.id,
-        "url": node.config.url,
-        "state": "ready" if node.ready else "restoring",
-        "replicas": [r.public() for r in node.ingestor.replicas.values()],
-    }
-    return orjson.dumps({"nodes": [me]})
+    """Every live node and the replicas it holds, with the role each plays for routing."""
+    view = node.view
+    nodes = []
+    for member in sorted(view.members.values(), key=lambda m: m.id):
+        replicas = [
+            {
+                "table": t,
+                "partition": p,
+                "role": view.role(member.id, (t, p)),
+                "offset": state.get("offset", -1),
+                "lag": state.get("lag", 0),
+            }
+            for (t, p), state in sorted(member.replicas.items())
+        ]
+        nodes.append(
+            {
+                "id": member.id,
+                "url": member.url,
+                "state": "ready" if member.ready else "restoring",
+                "replicas": replicas,
+            }
+        )
+    return orjson.dumps({"nodes": nodes})
 
 
 def readiness(node: Node) -> tuple[int, bytes]:

@@ -1,0 +1,77 @@
+"""Turning membership into what this node holds, and the view routing reads.
+
+Each tick: compute the target assignment from the live members (only when
+members or tables changed), publish a fresh :class:`ClusterView`, and tell the
+ingestor which partitions to hold: the node's target partitions, every
+partition of a global table, and partitions it no longer owns but still must
+serve until their new active has been caught up for ``RELEASE_GRACE_S``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from tablecast.cluster.assignment import Slot, assign
+from tablecast.cluster.ingest import Ingestor
+from tablecast.cluster.membership import Membership
+from tablecast.cluster.view import ClusterView
+
+log = logging.getLogger(__name__)
+
+RELEASE_GRACE_S = 3.0
+
+
+class Coordinator:
+    def __init__(
+        self, node_id: str, membership: Membership, ingestor: Ingestor, standby_replicas: int
+    ):
+        self.node_id = node_id
+        self.membership = membership
+        self.ingestor = ingestor
+        self.standby_replicas = standby_replicas
+        self.view = ClusterView({}, {})
+        self._assigned_for: tuple[frozenset[str], tuple[Slot, ...]] | None = None
+        self._target: dict[Slot, list[str]] = {}
+        self._handed_over_since: dict[Slot, float] = {}
+
+    def tick(self) -> ClusterView:
+        members = self.membership.alive()
+        tables = list(self.ingestor.tables.values())
+        global_tables = frozenset(t.name for t in tables if t.is_global)
+        slots = tuple(
+            sorted((t.name, p) for t in tables if not t.is_global for p in range(t.partitions))
+        )
+        key = (frozenset(members), slots)
+        if key != self._assigned_for:
+            self._target = assign(members, slots, self.standby_replicas)
+            self._assigned_for = key
+            mine = sum(self.node_id in owners for owners in self._target.values())
+            log.info(
+                "assignment for %d member(s): this node holds %d of %d partition(s)",
+                len(members),
+                mine,
+                len(slots),
+            )
+        view = ClusterView(members, self._target, global_tables)
+        self.view = view
+        self.ingestor.desired = self._desired(view, tables)
+        return view
+
+    def _desired(self, view: ClusterView, tables: list) -> set[Slot]:  # type: ignore[type-arg]
+        want = {slot for slot, owners in view.target.items() if self.node_id in owners}
+        want |= {(t.name, p) for t in tables if t.is_global for p in range(t.partitions)}
+        now = time.monotonic()
+        for slot in list(self.ingestor.replicas):
+            if slot in want or slot not in view.target:
+                self._handed_over_since.pop(slot, None)
+                continue
+            owners = view.target[slot]
+            if owners and view.caught_up(owners[0], slot):
+                since = self._handed_over_since.setdefault(slot, now)
+                if now - since >= RELEASE_GRACE_S:
+                    continue  # the new active has served long enough: let go
+            else:
+                self._handed_over_since.pop(slot, None)
+            want.add(slot)  # still needed: keep serving until the new owner is warm
+        return want

@@ -1,0 +1,137 @@
+"""Reads from this node's own stores: the building blocks the router answers with."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
+from typing import Any
+
+import orjson
+
+from tablecast.cluster.node import Node
+from tablecast.cluster.replica import Replica
+from tablecast.kafka.catalog import TableInfo
+from tablecast.kafka.windowed import split_window_key, window_key
+from tablecast.serde import SerdeError
+from tablecast.server.errors import ApiError
+from tablecast.store import Record
+
+Headers = list[tuple[str, str]]
+Answer = tuple[int, bytes, Headers]
+
+RETRY_AFTER = [("retry-after", "1")]
+MAX_WINDOWS = 10_000
+
+
+class Local:
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.node_header = ("x-tablecast-node", node.id)
+
+    def table(self, name: str) -> TableInfo:
+        info = self.node.tables.get(name)
+        if info is None:
+            raise ApiError("table_not_found", f"no table named {name!r}")
+        return info
+
+    def key_bytes(self, info: TableInfo, text: str) -> bytes:
+        """The serialized key for its text form in a URL."""
+        if len(text) > self.node.config.max_key_bytes:
+            raise ApiError(
+                "bad_request", f"key longer than {self.node.config.max_key_bytes} characters"
+            )
+        serde = info.key_serde
+        try:
+            return serde.text_to_bytes(text)
+        except SerdeError as e:
+            raise ApiError(
+                "bad_request", f"key {text!r} is not a {serde.format} key: {e}"
+            ) from None
+
+    def readable(self, info: TableInfo, partition: int, max_lag: int | None) -> Replica | None:
+        """This node's replica of `partition` if it may answer: caught up, or within `max_lag`."""
+        replica = self.node.replica(info.name, partition)
+        if replica is None:
+            return None
+        if replica.caught_up or (max_lag is not None and replica.lag <= max_lag):
+            return replica
+        return None
+
+    def require(self, info: TableInfo, partition: int, max_lag: int | None) -> Replica:
+        replica = self.readable(info, partition, max_lag)
+        if replica is None:
+            raise unavailable(info, partition)
+        return replica
+
+    def headers(self, replica: Replica) -> Headers:
+        return [self.node_header, ("x-tablecast-lag", str(replica.lag))]
+
+    def read_key(
+        self, info: TableInfo, raw: bytes, partition: int, replica: Replica, key_text: str
+    ) -> Answer:
+        headers = self.headers(replica)
+        record = replica.store.get(raw)
+        if record is None:
+            raise ApiError("key_not_found", f"key {key_text!r} is not in {info.name!r}", headers)
+        body = orjson.dumps(
+            {
+                "key": info.key_serde.to_json(raw),
+                "value": info.value_serde.to_json(record.value),
+                "partition": partition,
+                "offset": record.offset,
+                "timestamp": record.timestamp,
+            }
+        )
+        return 200, body, headers
+
+    def windows(
+        self, info: TableInfo, raw: bytes, replica: Replica, time_from: int, time_to: int
+    ) -> Answer:
+        size = int(info.extra.get("size_ms", 0))
+        entries = replica.store.scan(
+            window_key(raw, time_from), window_key(raw, time_to + 1), MAX_WINDOWS
+        )
+        vj = info.value_serde.to_json
+        items = []
+        for k, rec in entries:
+            if len(k) != len(raw) + 8:
+                continue  # a longer key that shares these bytes, not one of this key's windows
+            _, start = split_window_key(k)
+            items.append({"start": start, "end": start + size, "value": vj(rec.value)})
+        return 200, orjson.dumps({"items": items}), self.headers(replica)
+
+    def scan(
+        self,
+        info: TableInfo,
+        partitions: Iterable[int],
+        start: bytes | None,
+        end: bytes | None,
+        limit: int,
+        max_lag: int | None,
+    ) -> list[tuple[bytes, Record]]:
+        """Up to `limit` entries of these local partitions, merged in key order."""
+        pages = [self.require(info, p, max_lag).store.scan(start, end, limit) for p in partitions]
+        return list(islice(heapq.merge(*pages, key=lambda kv: kv[0]), limit))
+
+    def count(self, info: TableInfo, partitions: Iterable[int], max_lag: int | None) -> int:
+        return sum(len(self.require(info, p, max_lag).store) for p in partitions)
+
+    def multi_get(
+        self, info: TableInfo, partition: int, raws: Sequence[bytes], max_lag: int | None
+    ) -> list[Record | None]:
+        return self.require(info, partition, max_lag).store.multi_get(raws)
+
+
+def unavailable(info: TableInfo, partition: int) -> ApiError:
+    return ApiError(
+        "partition_unavailable",
+        f"partition {partition} of {info.name!r} has no replica ready yet",
+        RETRY_AFTER,
+    )
+
+
+def merge_sorted(
+    pages: Iterable[Iterable[tuple[bytes, Any]]], limit: int
+) -> Iterator[tuple[bytes, Any]]:
+    return islice(heapq.merge(*pages, key=lambda kv: kv[0]), limit)

@@ -1,0 +1,133 @@
+"""Pooled keep-alive HTTP/1.1 connections to the other nodes, for forwarding.
+
+Forwarding sits on the hot path of every query a node does not own, so it
+uses plain asyncio transports and httptools' parser (the one uvicorn uses)
+instead of a general-purpose client: a pooled connection costs one write and
+one parse per request. Peers are tablecast nodes, which always answer with a
+Content-Length, so nothing else needs to be understood.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from urllib.parse import urlsplit
+
+import httptools
+
+Response = tuple[int, list[tuple[bytes, bytes]], bytes]
+
+
+class PeerUnavailable(Exception):
+    """The peer could not be reached or did not answer in time."""
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.waiter: asyncio.Future[Response] | None = None
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body: list[bytes] = []
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as e:
+            self._fail(PeerUnavailable(f"bad response: {e}"))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.lower(), value))
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        waiter, self.waiter = self.waiter, None
+        answer = (self.parser.get_status_code(), self.headers, b"".join(self.body))
+        self.headers, self.body = [], []
+        if not self.parser.should_keep_alive():
+            self.close()
+        if waiter is not None and not waiter.done():
+            waiter.set_result(answer)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._fail(PeerUnavailable("connection closed"))
+
+    def _fail(self, exc: Exception) -> None:
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc)
+        self.close()
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+class PeerPool:
+    """Idle connections per peer, reused across requests (keep-alive)."""
+
+    def __init__(self, max_idle_per_peer: int = 64) -> None:
+        self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        self._max_idle = max_idle_per_peer
+
+    async def request(
+        self,
+        base_url: str,
+        method: str,
+        target: str,
+        headers: list[tuple[str, str]],
+        body: bytes = b"",
+        timeout: float = 2.0,
+    ) -> Response:
+        parts = urlsplit(base_url)
+        host, port = parts.hostname or "127.0.0.1", parts.port or 80
+        lines = [
+            f"{method} {target} HTTP/1.1",
+            f"host: {host}:{port}",
+            f"content-length: {len(body)}",
+        ]
+        lines += [f"{k}: {v}" for k, v in headers]
+        raw = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+        conn: _Connection | None = None
+        try:
+            async with asyncio.timeout(timeout):
+                conn = await self._connection(host, port)
+                waiter = asyncio.get_running_loop().create_future()
+                conn.waiter = waiter
+                assert conn.transport is not None
+                conn.transport.write(raw)
+                answer = await waiter
+        except (OSError, TimeoutError, PeerUnavailable) as e:
+            if conn is not None:
+                conn.close()  # a late answer must never reach the next request
+            raise PeerUnavailable(f"{base_url}: {e or type(e).__name__}") from None
+        if not conn.closed:
+            idle = self._idle.setdefault((host, port), [])
+            if len(idle) < self._max_idle:
+                idle.append(conn)
+            else:
+                conn.close()
+        return answer
+
+    async def _connection(self, host: str, port: int) -> _Connection:
+        idle = self._idle.get((host, port))
+        while idle:
+            conn = idle.pop()
+            if not conn.closed:
+                return conn
+        loop = asyncio.get_running_loop()
+        _, conn = await loop.create_connection(_Connection, host, port)
+        return conn
+
+    def close(self) -> None:
+        for conns in self._idle.values():
+            for conn in conns:
+                conn.close()
+        self._idle.clear()

@@ -1,0 +1,475 @@
+"""Any node answers any key: read locally, or forward to the node that answers for it.
+
+For each partition the router picks, in order: this node if it may answer
+(it is the effective active, the table is global, the request allows a
+standby with ``max_lag``, or it was forwarded here already), else the
+caught-up holders from the cluster view, the effective active first. A peer
+that cannot be reached or answers 503 is skipped for the next one at once, so
+a dead node costs a retry, not a failed query. ``x-tablecast-hop`` marks a
+forwarded request, which is only ever answered locally: no loops.
+Batch gets, range scans and counts fan out per owning node and merge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
+from urllib.parse import quote, urlencode
+
+import orjson
+
+from tablecast.cluster.membership import Member
+from tablecast.cluster.node import Node
+from tablecast.kafka.catalog import TableInfo
+from tablecast.serde import SerdeError
+from tablecast.server.cursor import Cursors
+from tablecast.server.errors import ApiError
+from tablecast.server.local import Answer, Headers, Local, unavailable
+from tablecast.server.peers import PeerPool, PeerUnavailable
+
+HOP = "x-tablecast-hop"
+PASS_HEADERS = (b"x-tablecast-node", b"x-tablecast-lag", b"retry-after")
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 10_000
+MAX_BATCH = 1_000
+MAX_WAIT_MS = 30_000
+FORWARD_TIMEOUT_S = 2.0
+
+ME = "me"
+Choice = str | Member  # ME, or a peer
+T = TypeVar("T")
+
+
+class Request:
+    """What handlers need of an HTTP request."""
+
+    __slots__ = ("headers", "params", "query")
+
+    def __init__(self, params: dict[str, str], query: str, headers: Any) -> None:
+        self.params = params
+        self.query = query
+        self.headers = headers
+
+    @property
+    def forwarded(self) -> bool:
+        return HOP in self.headers
+
+    def onward_headers(self) -> list[tuple[str, str]]:
+        auth = self.headers.get("authorization")
+        return [(HOP, "1"), ("authorization", auth)] if auth else [(HOP, "1")]
+
+
+class Router:
+    def __init__(self, node: Node, cursors: Cursors, peers: PeerPool) -> None:
+        self.node = node
+        self.local = Local(node)
+        self.cursors = cursors
+        self.peers = peers
+
+    # -- who answers -----------------------------------------------------------
+    def choices(
+        self, info: TableInfo, partition: int, req: Request, max_lag: int | None
+    ) -> list[Choice]:
+        here = self.local.readable(info, partition, max_lag) is not None
+        if req.forwarded or info.is_global:
+            return [ME] if here else []
+        slot = (info.name, partition)
+        view = self.node.view
+        if here and (max_lag is not None or view.effective_active(slot) == self.node.id):
+            return [ME]
+        out: list[Choice] = []
+        for member in view.candidates(slot):
+            if member.id == self.node.id:
+                if here:
+                    out.append(ME)
+            else:
+                out.append(member)
+        return out
+
+    async def _ask(
+        self, member: Member, method: str, target: str, req: Request, body: bytes = b""
+    ) -> Answer | None:
+        """A peer's answer, or None if it could not give one (unreachable, or 503)."""
+        try:
+            status, headers, payload = await self.peers.request(
+                member.url, method, target, req.onward_headers(), body, FORWARD_TIMEOUT_S
+            )
+        except PeerUnavailable:
+            return None
+        if status == 503:
+            return None
+        passed = [(k.decode(), v.decode()) for k, v in headers if k in PASS_HEADERS]
+        return status, payload, passed
+
+    # -- point reads -----------------------------------------------------------
+    def get_key(self, table: str, key_text: str, req: Request) -> Answer | Awaitable[Answer]:
+        info = self.local.table(table)
+        if info.kind != "kv":
+            raise ApiError(
+                "bad_request", f"{table!r} is a window table: read /keys/{{key}}/windows"
+            )
+        raw = self.local.key_bytes(info, key_text)
+        partition = info.partition_of(raw)
+        max_lag = int_param(req.params, "max_lag", None) if req.params else None
+        choices = self.choices(info, partition, req, max_lag)
+
+        def here() -> Answer | Awaitable[Answer]:
+            replica = self.local.require(info, partition, max_lag)
+            read = lambda: self.local.read_key(info, raw, partition, replica, key_text)  # noqa: E731
+            if "min_offset" in req.params:
+                return self._after_offset(partition, replica, req.params, read)
+            return read()
+
+        if choices and choices[0] == ME:
+            return here()
+        target = f"/v1/tables/{quote(table, safe='')}/keys/{quote(key_text, safe='')}"
+        return self._elsewhere(info, partition, choices, target, req, here)
+
+    def windows(self, table: str, key_text: str, req: Request) -> Answer | Awaitable[Answer]:
+        info = self.local.table(table)
+        if info.kind != "window":
+            raise ApiError("bad_request", f"{table!r} is not a window table")
+        raw = self.local.key_bytes(info, key_text)
+        time_from = int_param(req.params, "from", 0)
+        time_to = int_param(req.params, "to", 2**62)
+        partition = info.partition_of(raw)
+        max_lag = int_param(req.params, "max_lag", None)
+        choices = self.choices(info, partition, req, max_lag)
+
+        def here() -> Answer:
+            replica = self.local.require(info, partition, max_lag)
+            return self.local.windows(info, raw, replica, time_from, time_to)
+
+        if choices and choices[0] == ME:
+            return here()
+        target = f"/v1/tables/{quote(table, safe='')}/keys/{quote(key_text, safe='')}/windows"
+        return self._elsewhere(info, partition, choices, target, req, here)
+
+    async def _elsewhere(
+        self,
+        info: TableInfo,
+        partition: int,
+        choices: list[Choice],
+        target: str,
+        req: Request,
+        here: Callable[[], Answer | Awaitable[Answer]],
+    ) -> Answer:
+        """Redirect to, or forward to, the first choice that answers."""
+        if req.query:
+            target += "?" + req.query
+        if req.params.get("redirect") == "true":
+            peers = [c for c in choices if isinstance(c, Member)]
+            if not peers:
+                raise unavailable(info, partition)
+            onward = {k: v for k, v in req.params.items() if k != "redirect"}
+            location = (
+                peers[0].url + target.split("?", 1)[0] + ("?" + urlencode(onward) if onward else "")
+            )
+            return 307, b'{"redirect":' + orjson.dumps(location) + b"}", [("location", location)]
+        for choice in choices:
+            if choice == ME:  # the active is gone and this node holds a standby
+                return await _maybe(here())
+            answer = await self._ask(choice, "GET", target, req)  # type: ignore[arg-type]
+            if answer is not None:
+                return answer
+        raise unavailable(info, partition)
+
+    async def _after_offset(
+        self, partition: int, replica: Any, params: dict[str, str], read: Callable[[], Answer]
+    ) -> Answer:
+        """Monotonic reads: wait until the replica applied the offset `min_offset=P:O` names."""
+        text = params["min_offset"]
+        p_text, _, o_text = text.partition(":")
+        try:
+            want_partition, want_offset = int(p_text), int(o_text)
+        except ValueError:
+            raise ApiError(
+                "bad_request", f"min_offset must be PARTITION:OFFSET, not {text!r}"
+            ) from None
+        if want_partition != partition:
+            raise ApiError(
+                "bad_request",
+                f"min_offset names partition {want_partition}; the key is in {partition}",
+            )
+        timeout_ms = int_param(params, "timeout_ms", 1000)
+        if timeout_ms > MAX_WAIT_MS:
+            raise ApiError("bad_request", f"timeout_ms is at most {MAX_WAIT_MS}")
+        deadline = time.monotonic() + timeout_ms / 1000
+        while replica.store.applied_offset < want_offset:
+            if time.monotonic() >= deadline:
+                raise ApiError(
+                    "timeout",
+                    f"offset {want_offset} of partition {want_partition} "
+                    f"not applied within {timeout_ms} ms",
+                )
+            await asyncio.sleep(0.005)
+        return read()
+
+    # -- fan-out ---------------------------------------------------------------
+    async def gather(
+        self,
+        info: TableInfo,
+        partitions: Iterable[int],
+        req: Request,
+        max_lag: int | None,
+        here: Callable[[list[int]], T],
+        there: Callable[[Member, list[int]], Awaitable[T | None]],
+    ) -> list[T]:
+        """One result per group of partitions answered together, each by its first able choice."""
+        pending = {p: self.choices(info, p, req, max_lag) for p in partitions}
+        results: list[T] = []
+        while pending:
+            groups: dict[Choice, list[int]] = {}
+            for p, choices in pending.items():
+                if not choices:
+                    raise unavailable(info, p)
+                groups.setdefault(choices[0] if choices[0] == ME else choices[0].id, []).append(p)  # type: ignore[union-attr]
+            local = groups.pop(ME, [])
+            if local:
+                results.append(here(local))
+                for p in local:
+                    del pending[p]
+            by_id = {c.id: c for cs in pending.values() for c in cs if isinstance(c, Member)}
+            remote = list(groups.items())
+            answers = await asyncio.gather(*(there(by_id[nid], parts) for nid, parts in remote))  # type: ignore[index]
+            for (_, parts), answer in zip(remote, answers, strict=True):
+                for p in parts:
+                    if answer is None:
+                        pending[p] = pending[p][1:]  # that peer failed: the next choice
+                    else:
+                        del pending[p]
+                if answer is not None:
+                    results.append(answer)
+        return results
+
+    async def batch_get(self, table: str, body: bytes, req: Request) -> Answer:
+        info = self.local.table(table)
+        try:
+            request = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise ApiError("bad_request", 'the body must be JSON: {"keys": [...]}') from None
+        keys = request.get("keys") if isinstance(request, dict) else None
+        if not isinstance(keys, list):
+            raise ApiError("bad_request", 'the body must be {"keys": [...]}')
+        if len(keys) > MAX_BATCH:
+            raise ApiError("bad_request", f"at most {MAX_BATCH} keys per batch")
+        serde = info.key_serde
+        raws: list[bytes] = []
+        for key in keys:
+            try:
+                raws.append(serde.serialize(serde.from_json(key)))
+            except SerdeError as e:
+                raise ApiError(
+                    "bad_request", f"key {key!r} is not a {serde.format} key: {e}"
+                ) from None
+        by_partition: dict[int, list[int]] = {}
+        for i, raw in enumerate(raws):
+            by_partition.setdefault(info.partition_of(raw), []).append(i)
+        max_lag = int_param(req.params, "max_lag", None)
+        value_json = info.value_serde.to_json
+        results: list[Any] = [None] * len(keys)
+
+        def here(parts: list[int]) -> None:
+            for p in parts:
+                idx = by_partition[p]
+                for i, rec in zip(
+                    idx, self.local.multi_get(info, p, [raws[i] for i in idx], max_lag), strict=True
+                ):
+                    results[i] = (
+                        {"key": keys[i], "found": False}
+                        if rec is None
+                        else {"key": keys[i], "found": True, "value": value_json(rec.value)}
+                    )
+
+        async def there(member: Member, parts: list[int]) -> bool | None:
+            idx = [i for p in parts for i in by_partition[p]]
+            target = f"/v1/tables/{quote(table, safe='')}/keys:batchGet"
+            answer = await self._ask(
+                member, "POST", target, req, orjson.dumps({"keys": [keys[i] for i in idx]})
+            )
+            if answer is None or answer[0] != 200:
+                return None
+            for i, item in zip(idx, orjson.loads(answer[1])["results"], strict=True):
+                results[i] = item
+            return True
+
+        await self.gather(info, sorted(by_partition), req, max_lag, here, there)
+        return 200, orjson.dumps({"results": results}), [self.local.node_header]
+
+    async def range(self, table: str, req: Request) -> Answer:
+        info = self.local.table(table)
+        if info.kind != "kv":
+            raise ApiError(
+                "bad_request", f"{table!r} is a window table: read /keys/{{key}}/windows"
+            )
+        params = req.params
+        limit = int_param(params, "limit", DEFAULT_LIMIT)
+        if not 1 <= limit <= MAX_LIMIT:
+            raise ApiError("bad_request", f"limit must be between 1 and {MAX_LIMIT}")
+        start = self.local.key_bytes(info, params["from"]) if "from" in params else None
+        end = self.local.key_bytes(info, params["to"]) if "to" in params else None
+        if "prefix" in params:
+            prefix = prefix_bytes(info, params["prefix"])
+            start = prefix if start is None else max(start, prefix)
+            after = prefix_end(prefix)
+            end = after if end is None else (end if after is None else min(end, after))
+        query = [params.get("from"), params.get("to"), params.get("prefix")]
+        if params.get("cursor"):
+            start = self.cursors.decode(params["cursor"], query) + b"\x00"  # the key after the last
+        if start is not None and end is not None and start >= end:
+            return 200, b'{"items":[],"next_cursor":null}', []
+        max_lag = int_param(params, "max_lag", None)
+        vj = info.value_serde.to_json
+
+        def here(parts: list[int]) -> list[tuple[bytes, Any]]:
+            return [
+                (k, vj(rec.value))
+                for k, rec in self.local.scan(info, parts, start, end, limit + 1, max_lag)
+            ]
+
+        async def there(member: Member, parts: list[int]) -> list[tuple[bytes, Any]] | None:
+            q = {"partitions": ",".join(map(str, parts)), "limit": str(limit + 1)}
+            if start is not None:
+                q["start"] = start.hex()
+            if end is not None:
+                q["end"] = end.hex()
+            if max_lag is not None:
+                q["max_lag"] = str(max_lag)
+            answer = await self._ask(
+                member, "GET", f"/internal/tables/{quote(table, safe='')}/scan?{urlencode(q)}", req
+            )
+            if answer is None or answer[0] != 200:
+                return None
+            return [(bytes.fromhex(k), v) for k, v in orjson.loads(answer[1])["items"]]
+
+        pages = await self.gather(info, range(info.partitions), req, max_lag, here, there)
+        merged = sorted((kv for page in pages for kv in page), key=lambda kv: kv[0])[: limit + 1]
+        more = len(merged) > limit
+        merged = merged[:limit]
+        kj = info.key_serde.to_json
+        body = {
+            "items": [{"key": kj(k), "value": v} for k, v in merged],
+            "next_cursor": self.cursors.encode(merged[-1][0], query) if more else None,
+        }
+        return 200, orjson.dumps(body), [self.local.node_header]
+
+    async def count(self, table: str, req: Request) -> Answer:
+        info = self.local.table(table)
+        max_lag = int_param(req.params, "max_lag", None)
+
+        async def there(member: Member, parts: list[int]) -> int | None:
+            q = urlencode(
+                {
+                    "partitions": ",".join(map(str, parts)),
+                    **({"max_lag": str(max_lag)} if max_lag is not None else {}),
+                }
+            )
+            answer = await self._ask(
+                member, "GET", f"/internal/tables/{quote(table, safe='')}/count?{q}", req
+            )
+            return orjson.loads(answer[1])["count"] if answer and answer[0] == 200 else None
+
+        counts = await self.gather(
+            info,
+            range(info.partitions),
+            req,
+            max_lag,
+            lambda parts: self.local.count(info, parts, max_lag),
+            there,
+        )
+        return 200, orjson.dumps({"count": sum(counts)}), [self.local.node_header]
+
+    # -- internal: what a fan-out asks of a peer, answered from local stores only --
+    def internal_scan(self, table: str, req: Request) -> Answer:
+        info = self.local.table(table)
+        params = req.params
+        parts = partitions_param(info, params)
+        try:
+            start = bytes.fromhex(params["start"]) if "start" in params else None
+            end = bytes.fromhex(params["end"]) if "end" in params else None
+        except ValueError:
+            raise ApiError("bad_request", "start and end are hex") from None
+        limit = int_param(params, "limit", DEFAULT_LIMIT)
+        max_lag = int_param(params, "max_lag", None)
+        vj = info.value_serde.to_json
+        rows = self.local.scan(info, parts, start, end, min(limit, MAX_LIMIT + 1), max_lag)
+        return 200, orjson.dumps({"items": [(k.hex(), vj(rec.value)) for k, rec in rows]}), []
+
+    def internal_count(self, table: str, req: Request) -> Answer:
+        info = self.local.table(table)
+        total = self.local.count(
+            info, partitions_param(info, req.params), int_param(req.params, "max_lag", None)
+        )
+        return 200, orjson.dumps({"count": total}), []
+
+    # -- where a key lives -----------------------------------------------------
+    def metadata(self, table: str, key_text: str) -> Answer:
+        info = self.local.table(table)
+        partition = info.partition_of(self.local.key_bytes(info, key_text))
+        slot = (info.name, partition)
+        view = self.node.view
+        active_id = view.effective_active(slot)
+        members = view.members
+        active = (
+            {"node": active_id, "url": members[active_id].url} if active_id in members else None
+        )
+        standbys = []
+        for m in view.candidates(slot):
+            if m.id != active_id:
+                state = m.replicas.get(slot, {})
+                standbys.append({"node": m.id, "url": m.url, "lag": state.get("lag", 0)})
+        body = {"partition": partition, "active": active, "standbys": standbys}
+        return 200, orjson.dumps(body), []
+
+
+async def _maybe(answer: Answer | Awaitable[Answer]) -> Answer:
+    return answer if isinstance(answer, tuple) else await answer
+
+
+def partitions_param(info: TableInfo, params: dict[str, str]) -> list[int]:
+    try:
+        parts = [int(x) for x in params.get("partitions", "").split(",") if x]
+    except ValueError:
+        raise ApiError("bad_request", "partitions is a comma-separated list of integers") from None
+    if any(not 0 <= p < info.partitions for p in parts):
+        raise ApiError("bad_request", f"{info.name!r} has partitions 0..{info.partitions - 1}")
+    return parts
+
+
+def prefix_bytes(info: TableInfo, text: str) -> bytes:
+    """A prefix of serialized keys: the text's UTF-8 bytes (string and compact-JSON keys)."""
+    fmt = info.key_serde.format
+    if fmt in ("string", "json"):
+        return text.encode()
+    if fmt == "bytes":
+        try:
+            return text.encode("latin-1")
+        except UnicodeEncodeError:
+            raise ApiError("bad_request", "a bytes prefix is latin-1 text") from None
+    raise ApiError("bad_request", f"prefix scans need string, json or bytes keys, not {fmt}")
+
+
+def prefix_end(prefix: bytes) -> bytes | None:
+    """The least byte string above every one that starts with `prefix` (None: no bound)."""
+    trimmed = prefix.rstrip(b"\xff")
+    if not trimmed:
+        return None
+    return trimmed[:-1] + bytes([trimmed[-1] + 1])
+
+
+def int_param(params: dict[str, str], name: str, default: int | None) -> Any:
+    text = params.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise ApiError("bad_request", f"{name} must be an integer, not {text!r}") from None
+    if value < 0:
+        raise ApiError("bad_request", f"{name} must not be negative")
+    return value
+
+
+__all__ = ["Headers", "Request", "Router"]
