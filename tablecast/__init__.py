@@ -10,11 +10,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tablecast import serde
+from tablecast.client import Client, QueryError
 
 if TYPE_CHECKING:
     from tablecast.pipeline.app import App
 
-__all__ = ["App", "serde"]
+__all__ = ["App", "Client", "QueryError", "serde"]
 __version__ = "0.1.0"
 
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,14 +18,21 @@ _ids = itertools.count()
 
 
 @pytest.fixture(scope="session")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    """A real single-node KRaft broker on a free port, stopped at the end of the session."""
-    b = Broker(tmp_path_factory.mktemp("kafka"), free_port())
+def broker() -> Iterator[Broker]:
+    """A real single-node KRaft broker on a free port, stopped at the end of the session.
+
+    Its data lives outside pytest's numbered temp dirs: another pytest session
+    on the machine prunes old ones, and a broker whose log dir vanishes halts.
+    """
+    data = Path(tempfile.mkdtemp(prefix="tablecast-test-kafka-"))
+    b = Broker(data, free_port())
     b.start()
     try:
         yield b
     finally:
         b.stop()
+        if not os.environ.get("TABLECAST_KEEP_TEST_BROKER"):
+            shutil.rmtree(data, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

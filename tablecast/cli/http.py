@@ -1,31 +1,35 @@
-"""``tablecast query|tables|cluster``: the HTTP API from the shell."""
+"""``tablecast query|tables|cluster``: the HTTP API from the shell, through ``tablecast.Client``."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from urllib.parse import quote
+from typing import Any
 
-import httpx
 import orjson
+
+from tablecast.client import Client, QueryError
 
 
 def run(args: argparse.Namespace) -> int:
-    base = args.url.rstrip("/")
-    if args.command == "query":
-        path = f"/v1/tables/{quote(args.table, safe='')}/keys/{quote(args.key, safe='')}"
-    elif args.command == "tables":
-        path = "/v1/tables"
-    else:
-        path = "/v1/cluster"
+    urls = [u.strip() for u in args.url.split(",") if u.strip()]
     try:
-        answer = httpx.get(base + path, timeout=10.0)
-    except httpx.HTTPError as e:
-        print(f"cannot reach {base}: {e}", file=sys.stderr)
+        with Client(urls, token=getattr(args, "token", None)) as client:
+            answer: Any
+            if args.command == "query":
+                answer = client.get(args.table, args.key)
+                if answer is None:
+                    print(f"key {args.key!r} not found in {args.table!r}", file=sys.stderr)
+                    return 1
+            elif args.command == "tables":
+                answer = {"tables": client.tables()}
+            else:
+                answer = client.cluster()
+    except QueryError as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    except ConnectionError as e:
+        print(f"cannot reach {args.url}: {e}", file=sys.stderr)
         return 2
-    try:
-        body = orjson.dumps(answer.json(), option=orjson.OPT_INDENT_2).decode()
-    except ValueError:
-        body = answer.text
-    print(body, file=sys.stdout if answer.is_success else sys.stderr)
-    return 0 if answer.is_success else 1
+    print(orjson.dumps(answer, option=orjson.OPT_INDENT_2).decode())
+    return 0

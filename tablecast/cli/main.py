@@ -79,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "query":
             p.add_argument("table")
             p.add_argument("key")
-        _opt(p, "--url", "http://localhost:8080")
+        _opt(p, "--url", "http://localhost:8080", help="a node URL, or several separated by commas")
+        _opt(p, "--token", help="a bearer JWT, when the nodes require auth")
     return parser
 
 

@@ -81,10 +81,20 @@ class Membership:
         self._thread = threading.Thread(target=self._run, name="tablecast-membership", daemon=True)
         self.on_change: Callable[[], None] = lambda: None
 
-    def start(self) -> None:
-        ensure_topic(self._bootstrap, self.topic, 1, COMPACTED | {"segment.ms": "600000"})
+    def start(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
         tp = TopicPartition(self.topic, 0)
-        _, end = self._consumer.get_watermark_offsets(tp, timeout=10)
+        while True:
+            try:
+                ensure_topic(self._bootstrap, self.topic, 1, COMPACTED | {"segment.ms": "600000"})
+                # a topic another node just created may not be in our metadata yet
+                _, end = self._consumer.get_watermark_offsets(tp, timeout=10)
+                break
+            except Exception as e:  # the broker may still be starting: wait for it
+                if time.monotonic() > deadline:
+                    raise
+                log.info("waiting for Kafka at %s: %s", self._bootstrap, e)
+                time.sleep(0.5)
         self._consumer.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
         self._beat()
         self._read_until(end, timeout=5.0)

@@ -24,6 +24,7 @@ from tablecast import jvm
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 9092
+READY_PROBE = "__tablecast_ready"
 START_TIMEOUT_S = 90.0
 
 _LOG4J2 = """\
@@ -176,7 +177,9 @@ class Broker:
         return props
 
     def _format(self, classpath: str, props: Path) -> None:
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = "-"
+        while cluster_id.startswith("-"):  # the tool would read a leading '-' as an option
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         log.info("formatting KRaft log dir %s", self.data_dir / "logs")
         subprocess.run(
             [
@@ -224,8 +227,12 @@ def free_port() -> int:
 
 
 def _wait_ready(port: int, timeout: float, pid: int, log_file: Path) -> None:
-    """Wait until the broker answers a metadata request, showing progress."""
-    from confluent_kafka.admin import AdminClient
+    """Wait until the broker can create a topic, showing progress.
+
+    Answering metadata is not enough: a KRaft broker lists itself while still
+    fenced, and creating a topic then fails with INVALID_REPLICATION_FACTOR.
+    """
+    from confluent_kafka.admin import AdminClient, NewTopic
 
     deadline = time.monotonic() + timeout
     admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}", "log_level": 0})
@@ -235,9 +242,12 @@ def _wait_ready(port: int, timeout: float, pid: int, log_file: Path) -> None:
             raise RuntimeError(f"the Kafka broker exited during start; see {log_file}")
         try:
             md = admin.list_topics(timeout=2)
-            if md.brokers:
+            if READY_PROBE in md.topics:
                 return
-        except Exception:  # not up yet: the client raises while it cannot connect
+            if md.brokers:
+                admin.create_topics([NewTopic(READY_PROBE, 1, 1)])[READY_PROBE].result(5)
+                return
+        except Exception:  # not up yet: the client raises while it cannot connect or is fenced
             pass
         if time.monotonic() > deadline:
             raise TimeoutError(

@@ -14,7 +14,7 @@ from functools import cached_property
 from typing import Any, Literal
 
 import orjson
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 
 from tablecast import serde
 from tablecast.kafka.partitioner import Partitioner
@@ -106,7 +106,10 @@ class CatalogReader:
             md = self._consumer.list_topics(self.topic, timeout=5)
             if self.topic not in md.topics or md.topics[self.topic].error is not None:
                 return self.tables
-            _, self._initial_end = self._consumer.get_watermark_offsets(self._tp, timeout=5)
+            try:
+                _, self._initial_end = self._consumer.get_watermark_offsets(self._tp, timeout=5)
+            except KafkaException:
+                return self.tables  # just created: not in this client's metadata yet
             self._consumer.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
         deadline = time.monotonic() + timeout
         while True:

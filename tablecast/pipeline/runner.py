@@ -172,16 +172,21 @@ class Pipeline:
     def process_all_available(self) -> None:
         """Block until every query has processed all input available now (tests, benchmarks).
 
-        Queries are chained through topics, so upstream ones are drained first
-        and the pass is repeated until no query saw new input.
+        Queries are chained through topics, so passes are repeated until one
+        in which no query ran a batch; within a pass queries are waited on in
+        parallel, since each runs on its own thread in Spark anyway.
         """
-        for _ in range(50):
-            before = {n: (q.lastProgress or {}).get("batchId") for n, q in self.queries.items()}
-            for q in self.queries.values():
-                q.processAllAvailable()
-            after = {n: (q.lastProgress or {}).get("batchId") for n, q in self.queries.items()}
-            if before == after:
-                return
+        from concurrent.futures import ThreadPoolExecutor
+
+        def batch_ids() -> dict[str, Any]:
+            return {n: (q.lastProgress or {}).get("batchId") for n, q in self.queries.items()}
+
+        with ThreadPoolExecutor(max(1, len(self.queries))) as pool:
+            for _ in range(50):
+                before = batch_ids()
+                list(pool.map(lambda q: q.processAllAvailable(), self.queries.values()))
+                if batch_ids() == before:
+                    return
 
     def stop(self) -> None:
         self._stop.set()

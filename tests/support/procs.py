@@ -80,7 +80,7 @@ def start_node(
     if "--data-dir" not in extra:
         extra = (*extra, "--data-dir", str(log_dir / f"node-{port}-data"))
     log_file = log_dir / f"node-{port}.log"
-    with open(log_file, "wb") as out:
+    with open(log_file, "ab") as out:
         proc = subprocess.Popen(
             [
                 sys.executable,

@@ -1,0 +1,215 @@
+"""``tablecast.Client``: asks the node that owns a key, directly.
+
+It reads ``/v1/tables`` and ``/v1/cluster`` once, computes a key's partition
+itself (Kafka's murmur2, as the nodes do) and sends the request to that
+partition's active replica, skipping the forwarding hop. When that node cannot
+be reached it tries the standbys, then any node (every node answers every
+key); when an answer comes from another node than the one asked, or a node
+fails, the map is stale and is read again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import orjson
+
+from tablecast import serde as serdes
+from tablecast.kafka.partitioner import partition_for
+
+REFRESH_MIN_INTERVAL_S = 0.5
+
+
+class QueryError(Exception):
+    """A query the cluster answered with an error (the SPEC's error code and message)."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status, self.code, self.message = status, code, message
+
+
+class Client:
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        token: str | None = None,
+        timeout: float = 5.0,
+        retries: int = 3,
+    ) -> None:
+        self.seeds = [urls] if isinstance(urls, str) else list(urls)
+        if not self.seeds:
+            raise ValueError("give at least one node URL")
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(timeout=timeout, headers=headers)
+        self.retries = retries
+        self._tables: dict[str, dict[str, Any]] = {}
+        #: (table, partition) -> node URLs, the active first
+        self._owners: dict[tuple[str, int], list[str]] = {}
+        self._nodes: list[str] = list(self.seeds)
+        self._refreshed = 0.0
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the cluster map ---------------------------------------------------------
+    def refresh(self) -> None:
+        last: Exception | None = None
+        for url in [*self._nodes, *self.seeds]:
+            try:
+                tables = self._http.get(f"{url}/v1/tables").raise_for_status().json()["tables"]
+                nodes = self._http.get(f"{url}/v1/cluster").raise_for_status().json()["nodes"]
+            except (httpx.HTTPError, ValueError, KeyError) as e:
+                last = e
+                continue
+            self._tables = {t["name"]: t for t in tables}
+            owners: dict[tuple[str, int], list[tuple[int, str]]] = {}
+            rank = {"active": 0, "standby": 1, "warming": 2}
+            for node in nodes:
+                for r in node["replicas"]:
+                    owners.setdefault((r["table"], r["partition"]), []).append(
+                        (rank[r["role"]], node["url"])
+                    )
+            self._owners = {slot: [u for _, u in sorted(us)] for slot, us in owners.items()}
+            self._nodes = [n["url"] for n in nodes] or self._nodes
+            self._refreshed = time.monotonic()
+            return
+        raise ConnectionError(f"no node answered: {last}")
+
+    def _maybe_refresh(self) -> None:
+        if time.monotonic() - self._refreshed >= REFRESH_MIN_INTERVAL_S:
+            # on failure keep the old map: the next failure tries again
+            with contextlib.suppress(ConnectionError):
+                self.refresh()
+
+    def _candidates(self, table: str, key: Any) -> list[str]:
+        if not self._tables:
+            self.refresh()
+        info = self._tables.get(table)
+        urls: list[str] = []
+        if info is not None and info["key_format"] in ("string", "json", "long", "bytes"):
+            raw = serdes.from_spec({"format": info["key_format"]}).serialize(key)
+            urls = list(self._owners.get((table, partition_for(raw, info["partitions"])), []))
+        return urls + [u for u in self._nodes if u not in urls]
+
+    # -- requests ----------------------------------------------------------------
+    def _send(self, urls: list[str], method: str, path: str, **kw: Any) -> httpx.Response:
+        last: Exception | None = None
+        for attempt in range(self.retries):
+            for url in urls:
+                try:
+                    r = self._http.request(method, url + path, **kw)
+                except httpx.HTTPError as e:
+                    last = e
+                    self._maybe_refresh()
+                    continue
+                if r.status_code == 503:
+                    last = QueryError(503, "partition_unavailable", r.text)
+                    continue
+                node = r.headers.get("x-tablecast-node")
+                if node and not url.endswith(node.split("://")[-1]):
+                    self._maybe_refresh()  # answered through a forward: our map is behind
+                return r
+            time.sleep(0.05 * (attempt + 1))
+        if isinstance(last, QueryError):
+            raise last
+        raise ConnectionError(f"{method} {path}: no node answered ({last})")
+
+    @staticmethod
+    def _check(r: httpx.Response) -> Any:
+        body = r.json()
+        if r.status_code >= 400:
+            err = body.get("error", {})
+            raise QueryError(r.status_code, err.get("code", "unknown"), err.get("message", ""))
+        return body
+
+    def get(self, table: str, key: Any, **params: Any) -> dict[str, Any] | None:
+        """The key's record ({"key", "value", "partition", "offset", "timestamp"}), or None."""
+        r = self._send(
+            self._candidates(table, key),
+            "GET",
+            f"/v1/tables/{quote(table, safe='')}/keys/{quote(_text(key), safe='')}",
+            params=params or None,
+        )
+        if r.status_code == 404 and r.json().get("error", {}).get("code") == "key_not_found":
+            return None
+        return self._check(r)
+
+    def batch_get(self, table: str, keys: Sequence[Any]) -> list[dict[str, Any]]:
+        r = self._send(
+            self._nodes,
+            "POST",
+            f"/v1/tables/{quote(table, safe='')}/keys:batchGet",
+            content=orjson.dumps({"keys": list(keys)}),
+        )
+        return self._check(r)["results"]
+
+    def range(
+        self,
+        table: str,
+        from_: Any = None,
+        to: Any = None,
+        prefix: str | None = None,
+        page_size: int = 1000,
+    ) -> Iterator[tuple[Any, Any]]:
+        """Every (key, value) in byte order, following the cursors page by page."""
+        params: dict[str, Any] = {"limit": page_size}
+        if from_ is not None:
+            params["from"] = _text(from_)
+        if to is not None:
+            params["to"] = _text(to)
+        if prefix is not None:
+            params["prefix"] = prefix
+        while True:
+            page = self._check(
+                self._send(
+                    self._nodes, "GET", f"/v1/tables/{quote(table, safe='')}/range", params=params
+                )
+            )
+            for item in page["items"]:
+                yield item["key"], item["value"]
+            if not page["next_cursor"]:
+                return
+            params["cursor"] = page["next_cursor"]
+
+    def windows(
+        self, table: str, key: Any, from_ms: int | None = None, to_ms: int | None = None
+    ) -> list[dict[str, Any]]:
+        params = {k: v for k, v in (("from", from_ms), ("to", to_ms)) if v is not None}
+        r = self._send(
+            self._candidates(table, key),
+            "GET",
+            f"/v1/tables/{quote(table, safe='')}/keys/{quote(_text(key), safe='')}/windows",
+            params=params or None,
+        )
+        return self._check(r)["items"]
+
+    def count(self, table: str) -> int:
+        return self._check(
+            self._send(self._nodes, "GET", f"/v1/tables/{quote(table, safe='')}/count")
+        )["count"]
+
+    def tables(self) -> list[dict[str, Any]]:
+        return self._check(self._send(self._nodes, "GET", "/v1/tables"))["tables"]
+
+    def cluster(self) -> dict[str, Any]:
+        return self._check(self._send(self._nodes, "GET", "/v1/cluster"))
+
+
+def _text(key: Any) -> str:
+    """A key's text form in URLs: strings as they are, numbers as digits, anything else as JSON."""
+    if isinstance(key, str):
+        return key
+    if isinstance(key, bytes):
+        return key.decode("latin-1")
+    return orjson.dumps(key).decode()

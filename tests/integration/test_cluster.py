@@ -1,0 +1,217 @@
+"""Three nodes, 12 partitions, one standby: any node answers any key, and queries keep
+succeeding through kill -9, a node joining, and a rolling restart (issue 4)."""
+
+from __future__ import annotations
+
+import random
+import signal
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+import pytest
+
+import tablecast as tc
+from tablecast import serde
+from tablecast.kafka.broker import free_port
+
+from ..support.procs import NodeProcess, eventually, start_node
+from .tables import TableModel, make_table
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 12
+KEYS = 400
+
+
+class Cluster:
+    def __init__(self, app: str, bootstrap: str, logs: Path) -> None:
+        self.app, self.bootstrap, self.logs = app, bootstrap, logs
+        self.nodes: dict[str, NodeProcess] = {}
+        self.ports: dict[str, int] = {}
+        self.starting: list[NodeProcess] = []  # every process started, for the cleanup
+        self.lock = threading.Lock()
+
+    def start(self, name: str) -> NodeProcess:
+        port = self.ports.setdefault(name, free_port())
+        node = start_node(
+            self.app,
+            self.bootstrap,
+            self.logs,
+            "--standby-replicas",
+            "1",
+            "--data-dir",
+            str(self.logs / f"data-{name}"),
+            port=port,
+        )
+        self.starting.append(node)
+        node.wait_ready()  # clients send to it only once it is ready
+        with self.lock:
+            self.nodes[name] = node
+        return node
+
+    def live_urls(self) -> list[str]:
+        with self.lock:
+            return [n.url for n in self.nodes.values()]
+
+    def take_out(self, name: str) -> NodeProcess:
+        """Stop sending to `name` before it goes away: the test's clients query live nodes."""
+        with self.lock:
+            node = self.nodes.pop(name)
+        time.sleep(0.5)  # let requests already sent to it finish
+        return node
+
+    def settled(self, expect_nodes: int) -> bool:
+        url = self.live_urls()[0]
+        nodes = httpx.get(f"{url}/v1/cluster", timeout=5).json()["nodes"]
+        if len(nodes) != expect_nodes:
+            return False
+        roles = Counter(
+            (r["table"], r["partition"], r["role"]) for n in nodes for r in n["replicas"]
+        )
+        return all(
+            roles[("kv", p, "active")] == 1
+            and roles[("kv", p, "standby")] == 1
+            and roles[("kv", p, "warming")] == 0
+            for p in range(PARTITIONS)
+        )
+
+
+class Load:
+    """Clients querying random keys without pause, counting failures and wrong answers."""
+
+    def __init__(self, cluster: Cluster, model: TableModel) -> None:
+        self.cluster, self.model = cluster, model
+        self.keys = [k.decode() for k in model.rows]
+        self.ok = self.failed = self.wrong = 0
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._smart, daemon=True),
+            threading.Thread(target=self._plain, daemon=True),
+        ]
+
+    def __enter__(self) -> Load:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(30)
+
+    def _check(self, key: str, value: object) -> None:
+        if value == self.model.rows[key.encode()]:
+            self.ok += 1
+        else:
+            self.wrong += 1
+            self.errors.append(f"wrong answer for {key}: {value!r}")
+
+    def _smart(self) -> None:
+        """tablecast.Client: asks owners directly, fails over itself."""
+        rng = random.Random(1)
+        with tc.Client(self.cluster.live_urls()) as client:
+            while not self._stop.is_set():
+                key = rng.choice(self.keys)
+                try:
+                    record = client.get("kv", key)
+                    self._check(key, record and record["value"])
+                except Exception as e:
+                    self.failed += 1
+                    self.errors.append(f"client: {key}: {e!r}")
+
+    def _plain(self) -> None:
+        """A plain HTTP client on whichever live node: the nodes forward and fail over."""
+        rng = random.Random(2)
+        with httpx.Client(timeout=10) as http:
+            while not self._stop.is_set():
+                key = rng.choice(self.keys)
+                url = rng.choice(self.cluster.live_urls())
+                try:
+                    r = http.get(f"{url}/v1/tables/kv/keys/{quote(key, safe='')}")
+                    if r.status_code != 200:
+                        self.failed += 1
+                        self.errors.append(f"plain: {url} {key}: {r.status_code} {r.text}")
+                    else:
+                        self._check(key, r.json()["value"])
+                except Exception as e:
+                    self.failed += 1
+                    self.errors.append(f"plain: {url} {key}: {e!r}")
+
+    def assert_clean(self) -> None:
+        assert self.failed == 0 and self.wrong == 0, self.errors[:10]
+        assert self.ok > 100
+
+
+@pytest.fixture
+def cluster(bootstrap: str, unique: str, logs: Path):  # type: ignore[no-untyped-def]
+    model = make_table(bootstrap, unique, "kv", PARTITIONS, serde.string(), serde.json())
+    rng = random.Random(5)
+    model.write(bootstrap, [(f"key-{i}", {"i": i, "r": rng.randrange(10**6)}) for i in range(KEYS)])
+    c = Cluster(unique, bootstrap, logs)
+    try:
+        for name in ("a", "b", "c"):
+            c.start(name)
+        eventually(lambda: c.settled(3), timeout=60)
+        yield c, model
+    finally:
+        for node in c.starting:
+            node.stop()
+
+
+def test_every_node_answers_every_key_identically(cluster) -> None:  # type: ignore[no-untyped-def]
+    c, model = cluster
+    served_by: Counter[str] = Counter()
+    for raw, value in model.rows.items():
+        answers = []
+        for node in c.nodes.values():
+            r = node.get(f"/v1/tables/kv/keys/{quote(raw.decode(), safe='')}")
+            assert r.status_code == 200, r.text
+            served_by[r.headers["x-tablecast-node"]] += 1
+            answers.append(r.json())
+        assert all(a == answers[0] for a in answers) and answers[0]["value"] == value
+    assert len(served_by) == 3  # the work is spread: each node is active for some keys
+    # fan-out queries merge every partition, wherever it lives
+    node = next(iter(c.nodes.values()))
+    assert node.get("/v1/tables/kv/count").json() == {"count": KEYS}
+    keys = [
+        item["key"]
+        for item in node.get("/v1/tables/kv/range", params={"limit": 10000}).json()["items"]
+    ]
+    assert keys == sorted(k.decode() for k in model.rows)
+    probe = ["key-3", "nope", "key-399", "key-17"]
+    got = httpx.post(f"{node.url}/v1/tables/kv/keys:batchGet", json={"keys": probe}).json()[
+        "results"
+    ]
+    assert [g["found"] for g in got] == [True, False, True, True]
+    meta = node.get("/v1/tables/kv/keys/key-3/metadata").json()
+    assert meta["active"] and len(meta["standbys"]) == 1
+    r = httpx.get(f"{node.url}/v1/tables/kv/keys/key-3?redirect=true")
+    assert r.status_code in (200, 307)
+    if r.status_code == 307:
+        assert r.headers["location"].startswith(meta["active"]["url"])
+
+
+def test_kill_9_join_and_rolling_restart_lose_no_query(cluster) -> None:  # type: ignore[no-untyped-def]
+    c, model = cluster
+    with Load(c, model) as load:
+        time.sleep(2)
+        # kill -9 of a node: the others take over at once
+        c.take_out("b").stop(signal.SIGKILL)
+        eventually(lambda: c.settled(2), timeout=60)
+        c.start("b")
+        eventually(lambda: c.settled(3), timeout=60)
+        # a fourth node joins: it warms up before it answers
+        c.start("d")
+        eventually(lambda: c.settled(4), timeout=90)
+        # a rolling restart of every node
+        for name in ("a", "b", "c", "d"):
+            c.take_out(name).stop()
+            c.start(name)
+            eventually(lambda: c.settled(4), timeout=90)
+        time.sleep(1)
+    load.assert_clean()
