@@ -190,6 +190,16 @@ def test_every_node_answers_every_key_identically(cluster) -> None:  # type: ign
     assert [g["found"] for g in got] == [True, False, True, True]
     meta = node.get("/v1/tables/kv/keys/key-3/metadata").json()
     assert meta["active"] and len(meta["standbys"]) == 1
+    # a standby answers itself when the caller accepts its lag, and honours min_offset
+    standby = meta["standbys"][0]
+    r = httpx.get(f"{standby['url']}/v1/tables/kv/keys/key-3", params={"max_lag": 1000})
+    assert r.status_code == 200 and r.headers["x-tablecast-node"] == standby["node"]
+    record = r.json()
+    r = httpx.get(
+        f"{standby['url']}/v1/tables/kv/keys/key-3",
+        params={"min_offset": f"{record['partition']}:{record['offset']}"},
+    )
+    assert r.status_code == 200 and r.headers["x-tablecast-node"] == meta["active"]["node"]
     r = httpx.get(f"{node.url}/v1/tables/kv/keys/key-3?redirect=true")
     assert r.status_code in (200, 307)
     if r.status_code == 307:
