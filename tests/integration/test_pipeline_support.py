@@ -3,6 +3,7 @@ and read a table topic back as the latest value per key."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
@@ -35,8 +36,11 @@ def read_topic(bootstrap: str, topic: str) -> list[Any]:
     try:
         todo = {p for p, end in ends.items() if end > 0}
         c.assign([TopicPartition(topic, p, 0) for p in todo])
+        deadline = time.monotonic() + 60
         while todo:
-            for m in c.consume(1000, 5.0):
+            assert time.monotonic() < deadline, f"{topic}: partitions {todo} not read to the end"
+            # consume() waits for its whole batch or the timeout: keep the timeout short
+            for m in c.consume(1000, 0.1):
                 if m.error() is not None:
                     if m.error().code() == -191:  # _PARTITION_EOF
                         todo.discard(m.partition())
