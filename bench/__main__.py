@@ -6,7 +6,7 @@ import importlib
 import logging
 import sys
 
-BENCHES = {"serving": "bench.serving"}
+BENCHES = {"serving": "bench.serving", "cluster": "bench.cluster"}
 
 
 def main() -> None:

@@ -143,3 +143,12 @@ def facts_line(m: dict[str, Any]) -> str:
     return (
         f"{m['date']}; {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; Python {m['python']}"
     )
+
+
+def median(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The middle run by req/s (of alternating runs, to damp this machine's noise)."""
+    return sorted(runs, key=lambda r: r["rps"])[len(runs) // 2]
+
+
+def verdict(met: bool) -> str:
+    return "met" if met else "**missed**"

@@ -15,8 +15,10 @@ from bench.common import (
     command,
     facts_line,
     machine,
+    median,
     random_key_script,
     save,
+    verdict,
     wait_http,
     write_section,
     wrk,
@@ -57,17 +59,13 @@ def point_get(stack: Stack, seconds: int, keys: int, rounds: int = 3) -> dict[st
         log.info("GET %.0f req/s, constant %.0f req/s", gets[-1]["rps"], constants[-1]["rps"])
     stack.stop(proc)
     stack.stop(base_proc)
-    get, constant = _median(gets), _median(constants)
+    get, constant = median(gets), median(constants)
     return {
         "get": get,
         "constant": constant,
         "ratio": get["rps"] / constant["rps"],
         "rounds": {"get": [g["rps"] for g in gets], "constant": [c["rps"] for c in constants]},
     }
-
-
-def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    return sorted(runs, key=lambda r: r["rps"])[len(runs) // 2]
 
 
 def ingest(stack: Stack, rows: int) -> dict[str, Any]:
@@ -142,7 +140,6 @@ def render(r: dict[str, Any], args: argparse.Namespace) -> str:
         f"| {name} | {x['rps']:,.0f} | {x['p50_us'] / 1000:.2f} | {x['p99_us'] / 1000:.2f} |"
         for name, x in s.items()
     )
-    verdict = lambda ok: "met" if ok else "**missed**"  # noqa: E731
     return f"""## Serving node (issue 3)
 
 `{r["command"]}` — {facts_line(r["machine"])}. Server pinned to core 0, wrk

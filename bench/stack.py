@@ -91,7 +91,9 @@ class Stack:
         log.info("produced %d rows in %.1fs", rows, time.monotonic() - started)
         return info.topic
 
-    def node(self, data_dir: Path, port: int | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    def node(
+        self, data_dir: Path, port: int | None = None, *extra: str
+    ) -> tuple[subprocess.Popen[bytes], str]:
         port = port or free_port()
         log_file = open(self.dir / f"node-{port}.log", "ab")  # noqa: SIM115 - lives as long as the node
         proc = subprocess.Popen(
@@ -110,6 +112,7 @@ class Stack:
                     str(port),
                     "--data-dir",
                     str(data_dir),
+                    *extra,
                 ],
             ),
             stdout=log_file,

@@ -20,6 +20,7 @@ class ClusterView:
     members: dict[str, Member]
     target: dict[Slot, list[str]]
     global_tables: frozenset[str] = field(default_factory=frozenset)
+    _memo: dict[Slot, list[Member]] = field(default_factory=dict, compare=False, repr=False)
 
     def caught_up(self, node: str, slot: Slot) -> bool:
         member = self.members.get(node)
@@ -28,6 +29,14 @@ class ClusterView:
 
     def candidates(self, slot: Slot) -> list[Member]:
         """Caught-up holders of `slot`, the effective active first, then the standbys."""
+        # a view lives for one coordinator tick; routing asks this once per request
+        memo = self._memo
+        found = memo.get(slot)
+        if found is None:
+            found = memo[slot] = self._candidates(slot)
+        return found
+
+    def _candidates(self, slot: Slot) -> list[Member]:
         ordered = [n for n in self.target.get(slot, ()) if self.caught_up(n, slot)]
         others = sorted(
             n
@@ -37,11 +46,8 @@ class ClusterView:
         return [self.members[n] for n in (*ordered, *others)]
 
     def effective_active(self, slot: Slot) -> str | None:
-        for n in self.target.get(slot, ()):
-            if self.caught_up(n, slot):
-                return n
-        others = sorted(n for n in self.members if self.caught_up(n, slot))
-        return others[0] if others else None
+        found = self.candidates(slot)
+        return found[0].id if found else None
 
     def role(self, node: str, slot: Slot) -> str:
         if not self.caught_up(node, slot):

@@ -75,6 +75,7 @@ class PeerPool:
 
     def __init__(self, max_idle_per_peer: int = 64) -> None:
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        self._peers: dict[str, tuple[str, int]] = {}
         self._max_idle = max_idle_per_peer
 
     async def request(
@@ -86,30 +87,35 @@ class PeerPool:
         body: bytes = b"",
         timeout: float = 2.0,
     ) -> Response:
-        parts = urlsplit(base_url)
-        host, port = parts.hostname or "127.0.0.1", parts.port or 80
-        lines = [
-            f"{method} {target} HTTP/1.1",
-            f"host: {host}:{port}",
-            f"content-length: {len(body)}",
-        ]
-        lines += [f"{k}: {v}" for k, v in headers]
-        raw = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+        peer = self._peers.get(base_url)
+        if peer is None:
+            parts = urlsplit(base_url)
+            peer = self._peers[base_url] = (parts.hostname or "127.0.0.1", parts.port or 80)
+        host, port = peer
+        head = (
+            f"{method} {target} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-length: {len(body)}\r\n"
+        )
+        head += "".join(f"{k}: {v}\r\n" for k, v in headers)
+        raw = (head + "\r\n").encode("latin-1") + body
+        loop = asyncio.get_running_loop()
         conn: _Connection | None = None
+        waiter = loop.create_future()
+        # a timer, not asyncio.timeout(): this runs once per forwarded request
+        timer = loop.call_later(timeout, _expire, waiter)
         try:
-            async with asyncio.timeout(timeout):
-                conn = await self._connection(host, port)
-                waiter = asyncio.get_running_loop().create_future()
-                conn.waiter = waiter
-                assert conn.transport is not None
-                conn.transport.write(raw)
-                answer = await waiter
+            conn = await self._connection(host, port)
+            conn.waiter = waiter
+            assert conn.transport is not None
+            conn.transport.write(raw)
+            answer = await waiter
         except (OSError, TimeoutError, PeerUnavailable) as e:
             if conn is not None:
                 conn.close()  # a late answer must never reach the next request
             raise PeerUnavailable(f"{base_url}: {e or type(e).__name__}") from None
+        finally:
+            timer.cancel()
         if not conn.closed:
-            idle = self._idle.setdefault((host, port), [])
+            idle = self._idle.setdefault(peer, [])
             if len(idle) < self._max_idle:
                 idle.append(conn)
             else:
@@ -131,3 +137,8 @@ class PeerPool:
             for conn in conns:
                 conn.close()
         self._idle.clear()
+
+
+def _expire(waiter: asyncio.Future[Response]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError("no answer in time"))
