@@ -8,7 +8,6 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tablecast.cluster.assignment import Slot
 from tablecast.cluster.coordinator import Coordinator
 from tablecast.cluster.ingest import Ingestor
 from tablecast.cluster.membership import Member, Membership
@@ -84,23 +83,24 @@ class Node:
     def replica(self, table: str, partition: int) -> Replica | None:
         return self.ingestor.replicas.get((table, partition))
 
-    def must_serve(self, slot: Slot) -> bool:
-        """Whether this node is the target active for `slot` (or holds a global table)."""
-        if slot[0] in self.view.global_tables:
-            return True
-        owners = self.view.target.get(slot)
-        return bool(owners) and owners[0] == self.id
-
     @property
     def ready(self) -> bool:
-        """Catalog read, assignment made, and every partition this node must serve caught up."""
-        if not self.ingestor.catalog.loaded or self.ingestor.desired is None:
+        """Catalog read, every table assigned, and each partition this node must serve caught up."""
+        if not self.ingestor.catalog.loaded:
             return False
+        target = self.view.target
         replicas = self.ingestor.replicas
-        for slot in self.ingestor.desired:
-            if self.must_serve(slot):
-                r = replicas.get(slot)
-                if r is None or not r.caught_up:
+        for info in list(self.ingestor.tables.values()):
+            for p in range(info.partitions):
+                slot = (info.name, p)
+                if not info.is_global:
+                    owners = target.get(slot)
+                    if owners is None:
+                        return False  # the table is newer than the last assignment
+                    if not owners or owners[0] != self.id:
+                        continue
+                replica = replicas.get(slot)
+                if replica is None or not replica.caught_up:
                     return False
         return True
 

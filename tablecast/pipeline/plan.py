@@ -169,6 +169,9 @@ class Aggregate(Node):
     def value_serde(self) -> Serde:
         if self.agg == "count":
             return serdes.long()
+        if self.agg == "aggregate":
+            # an aggregate is rarely of the values' type: JSON unless told otherwise
+            return self.value or serdes.json()
         return self.value or super().value_serde()
 
     def describe(self) -> str:

@@ -32,6 +32,11 @@ class Local:
     def table(self, name: str) -> TableInfo:
         info = self.node.tables.get(name)
         if info is None:
+            if not self.node.ingestor.catalog.loaded:
+                # a node still reading the catalog cannot tell: ask again, or another node
+                raise ApiError(
+                    "partition_unavailable", "this node is still loading the catalog", RETRY_AFTER
+                )
             raise ApiError("table_not_found", f"no table named {name!r}")
         return info
 

@@ -77,8 +77,17 @@ class Router:
             return [ME] if here else []
         slot = (info.name, partition)
         view = self.node.view
-        if here and (max_lag is not None or view.effective_active(slot) == self.node.id):
-            return [ME]
+        if here:
+            # the view is up to a tick old: a replica that just caught up may not be
+            # in it yet, so no known answerer, or being the target active, is enough
+            active = view.effective_active(slot)
+            owners = view.target.get(slot)
+            if (
+                max_lag is not None
+                or active in (self.node.id, None)
+                or (owners and owners[0] == self.node.id)
+            ):
+                return [ME]
         out: list[Choice] = []
         for member in view.candidates(slot):
             if member.id == self.node.id:
