@@ -17,7 +17,9 @@ from .tables import make_table
 pytestmark = pytest.mark.integration
 
 
-def test_no_5xx_for_generated_requests(bootstrap: str, unique: str, logs: Path) -> None:
+def test_no_5xx_for_generated_requests(
+    bootstrap: str, unique: str, logs: Path, tmp_path: Path
+) -> None:
     model = make_table(bootstrap, unique, "kv", 3, serde.string(), serde.json(), store="memory")
     model.write(bootstrap, [(f"k{i}", {"i": i}) for i in range(30)])
     node = start_node(unique, bootstrap, logs)
@@ -42,6 +44,7 @@ def test_no_5xx_for_generated_requests(bootstrap: str, unique: str, logs: Path) 
             capture_output=True,
             text=True,
             timeout=300,
+            cwd=tmp_path,  # it keeps a cache folder in its working directory
         )
         assert done.returncode == 0, done.stdout[-4000:]
         assert "passed" in done.stdout
