@@ -61,6 +61,10 @@ def run(args: argparse.Namespace) -> int:
                     str(port),
                     "--data-dir",
                     node_dir,
+                    # with several nodes, every partition gets a standby: a node
+                    # stopped during development costs no failed query
+                    "--standby-replicas",
+                    str(min(1, args.nodes - 1)),
                 ],
             )
         _wait_ready(sup, urls)
