@@ -56,7 +56,7 @@ class Local:
 
     def readable(self, info: TableInfo, partition: int, max_lag: int | None) -> Replica | None:
         """This node's replica of `partition` if it may answer: caught up, or within `max_lag`."""
-        replica = self.node.replica(info.name, partition)
+        replica = self.node.ingestor.replicas.get((info.name, partition))
         if replica is None:
             return None
         if replica.caught_up or (max_lag is not None and replica.lag <= max_lag):

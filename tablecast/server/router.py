@@ -73,29 +73,33 @@ class Router:
         self, info: TableInfo, partition: int, req: Request, max_lag: int | None
     ) -> list[Choice]:
         here = self.local.readable(info, partition, max_lag) is not None
+        if here and self.answers_here(info, partition, req, max_lag):
+            return [ME]
         if req.forwarded or info.is_global:
-            return [ME] if here else []
-        slot = (info.name, partition)
-        view = self.node.view
-        if here:
-            # the view is up to a tick old: a replica that just caught up may not be
-            # in it yet, so no known answerer, or being the target active, is enough
-            active = view.effective_active(slot)
-            owners = view.target.get(slot)
-            if (
-                max_lag is not None
-                or active in (self.node.id, None)
-                or (owners and owners[0] == self.node.id)
-            ):
-                return [ME]
+            return []
         out: list[Choice] = []
-        for member in view.candidates(slot):
+        for member in self.node.view.candidates((info.name, partition)):
             if member.id == self.node.id:
                 if here:
                     out.append(ME)
             else:
                 out.append(member)
         return out
+
+    def answers_here(
+        self, info: TableInfo, partition: int, req: Request, max_lag: int | None
+    ) -> bool:
+        """Whether this node, holding a readable replica of `partition`, answers for it itself."""
+        if max_lag is not None or req.forwarded or info.is_global:
+            return True
+        slot = (info.name, partition)
+        view = self.node.view
+        owners = view.target.get(slot)
+        if owners and owners[0] == self.node.id:
+            return True
+        # the view is up to a tick old: a replica that just caught up may not be in it
+        # yet, so when nobody is known to answer, the holder does
+        return view.effective_active(slot) in (self.node.id, None)
 
     async def _ask(
         self, member: Member, method: str, target: str, req: Request, body: bytes = b""
@@ -121,7 +125,19 @@ class Router:
             )
         raw = self.local.key_bytes(info, key_text)
         partition = info.partition_of(raw)
-        max_lag = int_param(req.params, "max_lag", None) if req.params else None
+        params = req.params
+        max_lag = int_param(params, "max_lag", None) if params else None
+        replica = self.local.readable(info, partition, max_lag)
+        if replica is not None and self.answers_here(info, partition, req, max_lag):
+            # the hot path: one replica lookup, no choice list
+            if params and "min_offset" in params:
+                return self._after_offset(
+                    partition,
+                    replica,
+                    params,
+                    lambda: self.local.read_key(info, raw, partition, replica, key_text),
+                )
+            return self.local.read_key(info, raw, partition, replica, key_text)
         choices = self.choices(info, partition, req, max_lag)
 
         def here() -> Answer | Awaitable[Answer]:
