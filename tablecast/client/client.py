@@ -182,6 +182,22 @@ class Client:
                 return
             params["cursor"] = page["next_cursor"]
 
+    def owned(self, node_url: str, table: str, page_size: int = 1000) -> Iterator[tuple[Any, Any]]:
+        """Every (key, value) of the partitions `node_url` answers for as active.
+
+        Run a job beside each node over ``owned(that_node, table)`` and every key
+        is handled exactly once across the cluster, however many nodes there are.
+        """
+        params: dict[str, Any] = {"limit": page_size, "owned": "true"}
+        path = f"/v1/tables/{quote(table, safe='')}/range"
+        while True:
+            page = self._check(self._http.get(node_url.rstrip("/") + path, params=params))
+            for item in page["items"]:
+                yield item["key"], item["value"]
+            if not page["next_cursor"]:
+                return
+            params["cursor"] = page["next_cursor"]
+
     def windows(
         self, table: str, key: Any, from_ms: int | None = None, to_ms: int | None = None
     ) -> list[dict[str, Any]]:

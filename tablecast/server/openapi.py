@@ -175,6 +175,12 @@ def document() -> dict[str, Any]:
                     ),
                     _param("cursor", "query", "next_cursor of the previous page"),
                     MAX_LAG,
+                    _param(
+                        "owned",
+                        "query",
+                        "true: only the partitions this node is active for",
+                        {"enum": ["true", "false"]},
+                    ),
                 ],
                 "responses": {
                     "200": _json(

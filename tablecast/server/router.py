@@ -340,7 +340,7 @@ class Router:
             start = prefix if start is None else max(start, prefix)
             after = prefix_end(prefix)
             end = after if end is None else (end if after is None else min(end, after))
-        query = [params.get("from"), params.get("to"), params.get("prefix")]
+        query = [params.get("from"), params.get("to"), params.get("prefix"), params.get("owned")]
         if params.get("cursor"):
             start = self.cursors.decode(params["cursor"], query) + b"\x00"  # the key after the last
         if start is not None and end is not None and start >= end:
@@ -369,7 +369,18 @@ class Router:
                 return None
             return [(bytes.fromhex(k), v) for k, v in orjson.loads(answer[1])["items"]]
 
-        pages = await self.gather(info, range(info.partitions), req, max_lag, here, there)
+        if params.get("owned") == "true":
+            # only what this node answers for as active: a job run beside every node
+            # then sees each key exactly once across the cluster
+            view = self.node.view
+            mine = [
+                p
+                for p in range(info.partitions)
+                if view.effective_active((info.name, p)) == self.node.id
+            ]
+            pages = [here(mine)] if mine else []
+        else:
+            pages = await self.gather(info, range(info.partitions), req, max_lag, here, there)
         merged = sorted((kv for page in pages for kv in page), key=lambda kv: kv[0])[: limit + 1]
         more = len(merged) > limit
         merged = merged[:limit]
