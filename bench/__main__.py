@@ -1,20 +1,65 @@
-"""``python -m bench NAME [options]``: run a benchmark, save bench/results/NAME.json, update BENCHMARKS.md."""
+"""``python -m bench NAME [options]``: run a benchmark, save bench/results/NAME.json, update BENCHMARKS.md.
+
+``python -m bench all [--quick]`` runs every benchmark in turn, in one process;
+``--quick`` runs each small, in a few minutes, and writes to bench/results/quick/
+instead of BENCHMARKS.md and bench/plots/ (a test of the harness, not figures).
+"""
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import sys
+import time
 
-BENCHES = {"serving": "bench.serving", "cluster": "bench.cluster"}
+BENCHES = {"serving": "bench.serving", "cluster": "bench.cluster", "anchors": "bench.anchors"}
+# the pipeline benchmark is written by another change; run it once its module exists
+if importlib.util.find_spec("bench.pipeline") is not None:
+    BENCHES["pipeline"] = "bench.pipeline"
+
+# small options for `all --quick`; a module's own QUICK_ARGS wins, else it gets --quick
+QUICK = {
+    "serving": ["--seconds", "2", "--keys", "20000", "--ingest", "100000", "--restart", "100000"],
+    "cluster": ["--seconds", "2", "--keys", "20000"],
+}
+
+log = logging.getLogger("bench")
+
+
+def run_all(argv: list[str]) -> None:
+    quick = "--quick" in argv
+    if quick:
+        from bench import common
+
+        common.use_scratch_output()
+    failed = []
+    for name, module_name in BENCHES.items():
+        module = importlib.import_module(module_name)
+        args = getattr(module, "QUICK_ARGS", QUICK.get(name, ["--quick"])) if quick else []
+        log.info("=== bench %s %s", name, " ".join(args))
+        started = time.monotonic()
+        try:
+            module.main(args)
+        except Exception:
+            # one broken benchmark must not cost the others' figures
+            log.exception("bench %s failed", name)
+            failed.append(name)
+        log.info("=== bench %s done in %.0f s", name, time.monotonic() - started)
+    if failed:
+        raise SystemExit(f"failed: {', '.join(failed)}")
 
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    if len(sys.argv) < 2 or sys.argv[1] not in BENCHES:
-        raise SystemExit(f"usage: python -m bench {{{'|'.join(BENCHES)}}} [options]")
-    importlib.import_module(BENCHES[sys.argv[1]]).main(sys.argv[2:])
+    names = [*BENCHES, "all"]
+    if len(sys.argv) < 2 or sys.argv[1] not in names:
+        raise SystemExit(f"usage: python -m bench {{{'|'.join(names)}}} [options]")
+    if sys.argv[1] == "all":
+        run_all(sys.argv[2:])
+    else:
+        importlib.import_module(BENCHES[sys.argv[1]]).main(sys.argv[2:])
 
 
 if __name__ == "__main__":

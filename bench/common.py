@@ -24,6 +24,8 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 BENCHMARKS = ROOT / "BENCHMARKS.md"
+PLOTS = ROOT / "bench" / "plots"
+OUT = RESULTS  # where save() writes raw results
 SERVER_CPU = "0"
 LOAD_CPU = "1"
 
@@ -52,9 +54,18 @@ def pinned(cpus: str | None, argv: list[str]) -> list[str]:
 
 
 def wrk(
-    url: str, script: str | None, seconds: int, connections: int = 64, rate_note: str = ""
+    url: str,
+    script: str | None,
+    seconds: int,
+    connections: int = 64,
+    rate_note: str = "",
+    threads: int = 1,
 ) -> dict[str, Any]:
-    """Run wrk on the load core; return req/s and latency percentiles (µs)."""
+    """Run wrk on the load core; return req/s and latency percentiles (µs).
+
+    More `threads` only help when the script's ``setup`` points each thread at
+    another server (``thread.addr``): they all share the load core.
+    """
     lua = _WRK_REPORT + (script or "")
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
         f.write(lua)
@@ -62,7 +73,16 @@ def wrk(
         done = subprocess.run(
             pinned(
                 LOAD_CPU,
-                ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", f.name, url],
+                [
+                    "wrk",
+                    f"-t{threads}",
+                    f"-c{connections}",
+                    f"-d{seconds}s",
+                    "--latency",
+                    "-s",
+                    f.name,
+                    url,
+                ],
             ),
             capture_output=True,
             text=True,
@@ -89,12 +109,13 @@ end
 """
 
 
-def random_key_script(path_prefix: str, keys: int, width: int = 7) -> str:
-    """A wrk request function asking for uniformly random keys k0000000..k{keys-1}."""
+def random_key_script(path_prefix: str, keys: int, width: int = 7, key_prefix: str = "k") -> str:
+    """A wrk request function asking for uniformly random keys k0000000..k{keys-1}
+    (or ``key:000000000000``.. with ``width=12, key_prefix="key:"``, Redis' names)."""
     return f"""
 math.randomseed(os.time())
 request = function()
-  return wrk.format("GET", "{path_prefix}k" .. string.format("%0{width}d", math.random(0, {keys - 1})))
+  return wrk.format("GET", "{path_prefix}{key_prefix}" .. string.format("%0{width}d", math.random(0, {keys - 1})))
 end
 """
 
@@ -114,9 +135,33 @@ def wait_http(url: str, timeout: float = 120.0, proc: subprocess.Popen | None = 
     raise TimeoutError(url)
 
 
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a process, from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def use_scratch_output() -> None:
+    """Send BENCHMARKS.md sections and plots of this run to bench/results/quick/.
+
+    Quick runs test the harness; they must not overwrite the committed figures.
+    """
+    global BENCHMARKS, PLOTS, OUT
+    scratch = RESULTS / "quick"
+    if scratch == OUT:
+        return  # already (bench all --quick, then each bench's own --quick)
+    scratch.mkdir(parents=True, exist_ok=True)
+    # a copy of the real file, so the quick sections land among the others as they would
+    if BENCHMARKS.exists():
+        (scratch / "BENCHMARKS.md").write_text(BENCHMARKS.read_text())
+    BENCHMARKS, PLOTS, OUT = scratch / "BENCHMARKS.md", scratch / "plots", scratch
+
+
 def save(name: str, result: dict[str, Any]) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+    OUT.mkdir(parents=True, exist_ok=True)
+    path = OUT / f"{name}.json"
     path.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
     return path
 

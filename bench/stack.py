@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -20,11 +21,16 @@ from tablecast import serde
 from tablecast.kafka import catalog
 from tablecast.kafka.broker import Broker, free_port
 from tablecast.kafka.partitioner import PRODUCER_CONFIG
-from tablecast.kafka.topics import COMPACTED, ensure_topic, table_topic
+from tablecast.kafka.topics import COMPACTED, catalog_topic, ensure_topic, table_topic
 
 log = logging.getLogger("bench")
 
 APP = "bench"
+
+
+def short_key(i: int) -> bytes:
+    """The i-th key of the serving and cluster benchmarks: ``k0000012``."""
+    return b"k%07d" % i
 
 
 def value_of(i: int) -> bytes:
@@ -53,19 +59,51 @@ class Stack:
     def bootstrap(self) -> str:
         return self.broker.bootstrap_servers
 
-    def table(self, name: str, rows: int, partitions: int = 12, store: str = "rocksdb") -> str:
-        """A table topic with keys k0000000.. and 100-byte JSON values, in the catalog."""
+    def table(
+        self,
+        name: str,
+        rows: int,
+        partitions: int = 12,
+        store: str = "rocksdb",
+        *,
+        app: str = APP,
+        key_of: Callable[[int], bytes] = short_key,
+    ) -> str:
+        """A table topic of `app` with keys ``key_of(i)`` and 100-byte JSON values, in the catalog.
+
+        Another `app` id keeps the table away from nodes of other apps (a node
+        loads every table of its app's catalog), e.g. for memory per key.
+        """
         info = catalog.TableInfo(
             name=name,
-            topic=table_topic(APP, name),
+            topic=table_topic(app, name),
             partitions=partitions,
             key=serde.string().spec(),
             value=serde.json().spec(),
             store=store,  # type: ignore[arg-type]
         )
-        ensure_topic(self.bootstrap, info.topic, partitions, COMPACTED)
-        catalog.publish(self.bootstrap, APP, [info])
-        p = Producer(
+        self.topic(info.topic, partitions, COMPACTED)
+        # created here first: publish's own create can find the new topic not yet in the
+        # broker's metadata (ensure_topic asserts then); an existing topic is just looked up
+        self.topic(catalog_topic(app), 1, COMPACTED)
+        catalog.publish(self.bootstrap, app, [info])
+        self.fill(info.topic, rows, key_of)
+        return info.topic
+
+    def topic(self, name: str, partitions: int, config: dict[str, str] | None = None) -> None:
+        """Create a topic, waiting out the moment after creation when metadata does not list it."""
+        for attempt in range(20):
+            try:
+                ensure_topic(self.bootstrap, name, partitions, config)
+                return
+            except AssertionError:
+                if attempt == 19:
+                    raise
+                time.sleep(0.25)
+
+    def producer(self, **config: object) -> Producer:
+        """A producer partitioning like Java's, batching for bulk loads unless `config` says otherwise."""
+        return Producer(
             {
                 "bootstrap.servers": self.bootstrap,
                 "linger.ms": 50,
@@ -73,26 +111,30 @@ class Stack:
                 "queue.buffering.max.messages": 2_000_000,
                 "compression.type": "lz4",
                 **PRODUCER_CONFIG,
+                **config,
             }
         )
+
+    def fill(self, topic: str, rows: int, key_of: Callable[[int], bytes] = short_key) -> None:
+        """Produce rows ``key_of(i)`` -> ``value_of(i)`` for i < `rows` and wait until acknowledged."""
+        p = self.producer()
         started = time.monotonic()
         for i in range(rows):
             while True:
                 try:
-                    p.produce(info.topic, key=b"k%07d" % i, value=value_of(i))
+                    p.produce(topic, key=key_of(i), value=value_of(i))
                     break
                 except BufferError:
                     p.poll(0.05)
             if i % 100_000 == 0:
                 p.poll(0)
                 if i:
-                    log.info("produced %d of %d rows to %s", i, rows, info.topic)
+                    log.info("produced %d of %d rows to %s", i, rows, topic)
         assert p.flush(120) == 0
-        log.info("produced %d rows in %.1fs", rows, time.monotonic() - started)
-        return info.topic
+        log.info("produced %d rows to %s in %.1fs", rows, topic, time.monotonic() - started)
 
     def node(
-        self, data_dir: Path, port: int | None = None, *extra: str
+        self, data_dir: Path, port: int | None = None, *extra: str, app: str = APP
     ) -> tuple[subprocess.Popen[bytes], str]:
         port = port or free_port()
         log_file = open(self.dir / f"node-{port}.log", "ab")  # noqa: SIM115 - lives as long as the node
@@ -105,7 +147,7 @@ class Stack:
                     "tablecast.cli.main",
                     "serve",
                     "--app",
-                    APP,
+                    app,
                     "--bootstrap-servers",
                     self.bootstrap,
                     "--port",

@@ -442,8 +442,12 @@ public final class InteractiveQueries {
           get.apply("state-dir", "state"),
           get.apply("application-server", bind + ":" + port),
           Integer.parseInt(get.apply("stream-threads", "1")),
-          // request threads block on store reads and on forwards, so more than cores
-          Integer.parseInt(get.apply("http-threads", String.valueOf(Math.max(8, 4 * cores)))),
+          // request threads block on store reads and on forwards. With few of them,
+          // instances whose threads all wait on forwards to each other stall until
+          // the forward timeout (3 instances, 17 connections each, 8 threads: ~4
+          // req/s). 200 is Jetty's default maximum, which the Confluent
+          // interactive-queries examples run on; idle threads cost nothing.
+          Integer.parseInt(get.apply("http-threads", String.valueOf(Math.max(200, 4 * cores)))),
           Integer.parseInt(get.apply("standby-replicas", "0")),
           extra);
     }
