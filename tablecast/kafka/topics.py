@@ -8,6 +8,7 @@ records, and serving nodes announce themselves on ``<app>.members``.
 from __future__ import annotations
 
 import logging
+import time
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -68,6 +69,10 @@ def ensure_topic(
         # another process may have created it between the check and the create
         if "TOPIC_ALREADY_EXISTS" not in str(e):
             raise
-    count = partition_count(bootstrap_servers, topic)
-    assert count is not None
+    # a new topic reaches the broker's metadata a moment after it is created
+    deadline = time.monotonic() + timeout
+    while (count := partition_count(bootstrap_servers, topic)) is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"topic {topic} was created but does not show in the metadata")
+        time.sleep(0.1)
     return count

@@ -7,8 +7,9 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -21,8 +22,12 @@ class NodeProcess:
     url: str
     log_file: Path
 
-    def get(self, path: str, **kw: object) -> httpx.Response:
-        return httpx.get(self.url + path, timeout=10.0, **kw)  # type: ignore[arg-type]
+    #: sent with every request of the test's own (e.g. a bearer token when auth is on)
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def get(self, path: str, **kw: Any) -> httpx.Response:
+        headers = {**self.headers, **kw.pop("headers", {})}
+        return httpx.get(self.url + path, timeout=10.0, headers=headers, **kw)
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
@@ -38,13 +43,19 @@ class NodeProcess:
         raise TimeoutError(f"node {self.url} not ready; log:\n{self.log_file.read_text()[-3000:]}")
 
     def applied(self) -> dict[tuple[str, int], int]:
-        """(table, partition) -> applied offset, from /v1/cluster."""
+        """(table, partition) -> the lowest applied offset among the replicas that answer
+        for it (active or standby) on any node of the cluster, from /v1/cluster."""
         nodes = self.get("/v1/cluster").json()["nodes"]
-        me = next(n for n in nodes if n["url"] == self.url)
-        return {(r["table"], r["partition"]): r["offset"] for r in me["replicas"]}
+        lowest: dict[tuple[str, int], int] = {}
+        for n in nodes:
+            for r in n["replicas"]:
+                if r["role"] in ("active", "standby"):
+                    slot = (r["table"], r["partition"])
+                    lowest[slot] = min(lowest.get(slot, r["offset"]), r["offset"])
+        return lowest
 
     def wait_caught_up(self, bootstrap: str, table: str, topic: str, timeout: float = 60.0) -> None:
-        """Wait until this node has applied everything `topic` holds right now."""
+        """Wait until the cluster this node sees has applied everything `topic` holds now."""
         from confluent_kafka import Consumer, TopicPartition
 
         c = Consumer({"bootstrap.servers": bootstrap, "group.id": "tablecast-tests-ends"})
