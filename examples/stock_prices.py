@@ -1,7 +1,8 @@
-"""Stock prices: the latest tick per symbol, queryable from any node.
+"""Stock prices: per symbol, the latest price on every exchange, queryable from any node.
 
 `asset-prices` has 30 partitions keyed by symbol; each tick says which
-exchange quoted which price when. Run it with
+exchange quoted which price when. The table `prices` maps a symbol to
+{exchange: {"price", "time"}}. Run it with
 
     tablecast dev examples/stock_prices.py --generate     (or: tablecast demo)
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import random
 import time
+from typing import Any
 
 import tablecast as tc
 
@@ -41,9 +43,20 @@ SYMBOLS = [
 ]
 EXCHANGES = ["NASDAQ", "NYSE", "LSE", "XETRA", "EURONEXT"]
 
-app = tc.App("stocks")
-ticks = app.table(TOPIC, key=tc.serde.string(), value=tc.serde.json())
-prices = ticks.materialize("prices", store="memory")
+
+def quote_board(symbol: str, tick: dict[str, Any], board: dict[str, Any]) -> dict[str, Any]:
+    """The symbol's board gets this exchange's latest price and time."""
+    return {**board, tick["exchange"]: {"price": tick["price"], "time": tick["time"]}}
+
+
+def build(app_id: str = "stocks", topic: str = TOPIC) -> tc.App:
+    app = tc.App(app_id)
+    ticks = app.stream(topic, key=tc.serde.string(), value=tc.serde.json())
+    ticks.group_by_key().aggregate(dict, quote_board).materialize("prices", store="memory")
+    return app
+
+
+app = build()
 
 
 def generate(bootstrap_servers: str, rate_per_s: float = 200.0) -> None:

@@ -179,3 +179,29 @@ def test_avro_activity_across_two_nodes_with_auth(bootstrap: str, unique: str, r
         served_by |= {a.headers["x-tablecast-node"] for a in answers}
     assert len(served_by) == 2  # some answers were forwarded, the token with them
     assert httpx.get(f"{nodes[0].url}/v1/tables/activity/keys/u01").status_code == 401
+
+
+def test_stock_prices_board_from_any_node(bootstrap: str, unique: str, run_of: Any) -> None:
+    ex = example("stock_prices")
+    topic = f"{unique}-prices"
+    ensure_topic(bootstrap, topic, ex.PARTITIONS)
+    rng = random.Random(6)
+    boards: dict[str, dict[str, Any]] = {}
+    records = []
+    for i in range(600):
+        symbol, exchange = rng.choice(ex.SYMBOLS), rng.choice(ex.EXCHANGES)
+        tick = {
+            "symbol": symbol,
+            "exchange": exchange,
+            "price": round(rng.uniform(1, 999), 2),
+            "time": 1_700_000_000_000 + i,
+        }
+        boards.setdefault(symbol, {})[exchange] = {"price": tick["price"], "time": tick["time"]}
+        records.append((symbol.encode(), orjson.dumps(tick)))
+    run = run_of(ex.build(unique, topic))
+    produce(bootstrap, topic, records)
+    nodes = [run.node("--standby-replicas", "1") for _ in range(2)]
+    run.settle("prices")
+    for symbol, board in boards.items():  # many readers, any node: the same board
+        for node in nodes:
+            assert node.get(f"/v1/tables/prices/keys/{symbol}").json()["value"] == board
