@@ -45,9 +45,11 @@ class Flow:
         if self.decoded:
             return self
         kc, vc = Codec(self.key), Codec(self.value)
-        raw_k, raw_v = F.col("key"), F.col("value")
-        df = self.df.withColumns({"key": kc.decode(raw_k), "value": vc.decode(raw_v)})
-        flow = self.with_df(df.withColumns({"_tc_bk": raw_k, "_tc_bv": raw_v}), decoded=True)
+        # keep the bytes aside first: validity is judged on them after decoding
+        df = self.df.withColumns({"_tc_bk": F.col("key"), "_tc_bv": F.col("value")})
+        raw_k, raw_v = F.col("_tc_bk"), F.col("_tc_bv")
+        df = df.withColumns({"key": kc.decode(raw_k), "value": vc.decode(raw_v)})
+        flow = self.with_df(df, decoded=True)
         flow = flow.fail_where(~kc.valid(F.col("_tc_bk"), F.col("key")), f"key is not {kc.fmt}")
         flow = flow.fail_where(~vc.valid(F.col("_tc_bv"), F.col("value")), f"value is not {vc.fmt}")
         return flow.with_df(flow.df.drop("_tc_bk", "_tc_bv"))

@@ -26,7 +26,13 @@ from tablecast.pipeline import envelope as env
 from tablecast.pipeline.aggregation import Aggregator
 from tablecast.pipeline.flow import Flow
 from tablecast.pipeline.planner import Step
-from tablecast.pipeline.wire import RID_SIZE, record_id, split_ids, unpack_pair
+from tablecast.pipeline.wire import (
+    RID_SIZE,
+    record_id,
+    split_ids,
+    unpack_pair,
+    unpack_record_id,
+)
 from tablecast.serde import Serde
 
 # positions in a row of env.COLUMNS (+ OLD, BATCH, RID where present)
@@ -185,7 +191,9 @@ def table_aggregate(agg: Aggregator, key: Serde, value: Serde, result: Serde) ->
                 current = agg.table_change(k, old, new, current)
                 last = row
             except Exception as e:  # the user's function failed: dead-letter this change
-                out.append(_bad(row, f"{agg.agg}: {type(e).__name__}: {e}", width))
+                part, off, _, _ = unpack_record_id(rid)
+                why = f"{agg.agg}: {type(e).__name__}: {e} (source partition {part} offset {off})"
+                out.append(_bad(row, why, width))
         blob = b"".join(sorted(seen))
         assert len(blob) % RID_SIZE == 0
         if last is not None:

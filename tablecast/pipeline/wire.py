@@ -33,6 +33,11 @@ def record_id(partition: int, offset: int, seq: int, slot: int) -> bytes:
     return _RID.pack(partition, offset, seq, slot)
 
 
+def unpack_record_id(rid: bytes) -> tuple[int, int, int, int]:
+    """(partition, offset, seq, slot) of the source record a change came from."""
+    return _RID.unpack(rid)
+
+
 def split_ids(blob: bytes) -> set[bytes]:
     return {blob[i : i + RID_SIZE] for i in range(0, len(blob), RID_SIZE)}
 

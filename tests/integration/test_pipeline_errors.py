@@ -1,0 +1,99 @@
+"""Bad records never stop the pipeline: they land in <app>.dlq while good ones flow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+from pyspark.sql import functions as F
+
+import tablecast as tc
+from tablecast.kafka.topics import dlq_topic, ensure_topic
+
+from .kafka_io import produce
+from .test_pipeline_support import read_table, read_topic
+
+pytestmark = pytest.mark.integration
+
+LONG, STR, JSON = tc.serde.long(), tc.serde.string(), tc.serde.json()
+
+
+def checked_add(a: int, b: int) -> int:
+    if b == 7:
+        raise ValueError("seven is not allowed")
+    return a + b
+
+
+def test_poison_records_go_to_the_dlq_and_good_ones_flow(
+    bootstrap: str,
+    spark,  # type: ignore[no-untyped-def]
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    topic = f"{unique}-rows"
+    ensure_topic(bootstrap, topic, 3)
+    app = tc.App(unique, state_dir=tmp_path / "state", trigger="200 milliseconds")
+    rows = app.table(topic, key=STR, value=JSON)
+    rows.map_values(lambda k, v: 100 // v["x"], LONG).materialize("ratio")
+    # a Column whose result does not fit the declared serde: that row is bad, not a delete
+    rows.map_values(F.variant_get("value", "$.s", "string"), LONG).materialize("s_long")
+    rows.group_by(lambda k, v: ("all", v["x"]), value=LONG).aggregate(
+        lambda: 0, lambda k, v, a: checked_add(a, v), lambda k, v, a: a - v, LONG
+    ).materialize("total")
+    pipeline = app.start(bootstrap_servers=bootstrap, spark=spark)
+    try:
+        good = [(f"r{i}", {"x": i + 1, "s": str(i)}) for i in range(5)]
+        produce(
+            bootstrap,
+            topic,
+            [
+                *((k.encode(), orjson.dumps(v)) for k, v in good),
+                (b"bad-json", b"{not json"),
+                (None, orjson.dumps({"x": 1, "s": "1"})),
+                (b"zero", orjson.dumps({"x": 0, "s": "0"})),
+                (b"word", orjson.dumps({"x": 2, "s": "two"})),
+                (b"seven", orjson.dumps({"x": 7, "s": "7"})),
+                (b"r9", orjson.dumps({"x": 9, "s": "9"})),
+            ],
+        )
+        pipeline.process_all_available()
+
+        ratio = read_table(bootstrap, f"{app.id}.table.ratio", STR, LONG)
+        assert ratio == {
+            k: 100 // v["x"]
+            for k, v in [*good, ("word", {"x": 2}), ("seven", {"x": 7}), ("r9", {"x": 9})]
+        }
+        s_long = read_table(bootstrap, f"{app.id}.table.s_long", STR, LONG)
+        assert s_long == {**{k: int(v["s"]) for k, v in good}, "zero": 0, "seven": 7, "r9": 9}
+        # the record whose adder raised contributes nothing; every other one does
+        total = read_table(bootstrap, f"{app.id}.table.total", STR, LONG)
+        assert total == {"all": sum(v["x"] for _, v in good) + 0 + 2 + 9}
+
+        dead = read_topic(bootstrap, dlq_topic(app.id))
+        reasons: dict[bytes | None, set[str]] = {}
+        for m in dead:
+            h = {k: v.decode() for k, v in m.headers()}
+            assert h["tablecast.source.partition"].isdigit()
+            assert h["tablecast.source.offset"].isdigit()
+            reasons.setdefault(m.key(), set()).add(h["tablecast.error"].split(":")[0])
+            if m.key() == b"bad-json":
+                assert m.value() == b"{not json" and h["tablecast.source.topic"] == topic
+        assert reasons[b"bad-json"] == {"value is not json"}
+        assert reasons[None] == {"null key"}
+        assert reasons[b"zero"] == {"map_values"}
+        assert reasons[b"word"] == {"value does not fit serde.long()"}
+        # an aggregation's bad change is the repartition record (keyed by group);
+        # its reason names the source record's partition and offset
+        assert reasons[b"all"] == {"aggregate"}
+        seven = next(m for m in dead if m.key() == b"all")
+        assert (
+            "seven is not allowed (source partition"
+            in dict(seven.headers())["tablecast.error"].decode()
+        )
+        # counted: bad-json and the null key once per query that reads the source,
+        # the three failing records once each
+        pipeline.process_all_available()
+        assert pipeline.dead_letters.total() == len(dead) == 2 * 3 + 3
+    finally:
+        pipeline.stop()
