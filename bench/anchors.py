@@ -37,6 +37,7 @@ from bench.common import (
     LOAD_CPU,
     SERVER_CPU,
     command,
+    ensure_tools,
     facts_line,
     machine,
     median,
@@ -681,11 +682,9 @@ def main(argv: list[str]) -> None:
         args.sizes, args.freshness, args.failover_seconds = "50000,100000", 40, 6.0
     sizes = [int(x) for x in args.sizes.split(",")]
     rp.ensure_installed()
-    for tool in ("hey", "h2load", "wrk", PY_SPY):
-        if shutil.which(tool) is None:
-            raise SystemExit(
-                f"{tool} is needed (apt-get install -y hey nghttp2-client wrk; py-spy is in the dev extra)"
-            )
+    ensure_tools({"hey": "hey", "h2load": "nghttp2-client", "wrk": "wrk"})
+    if shutil.which(PY_SPY) is None:
+        raise SystemExit("py-spy is needed: pip install -e '.[dev]'")
     ks.build()
     r: dict[str, Any] = {"machine": machine(), "command": command(), "args": vars(args)}
     with Stack() as stack, on_load_core():
@@ -829,7 +828,7 @@ def plot(r: dict[str, Any]) -> list[str]:
             label=pct[:3],
             color=color,
         )
-    a.set_xticks(range(len(labels)), [f"{k}\n{hp[k]['rps']:,.0f} req/s" for k in labels])
+    a.set_xticks(range(len(labels)), [f"{PRETTY[k]}\n{hp[k]['rps']:,.0f} req/s" for k in labels])
     a.axhline(TARGETS["p99_half_peak_ms"], color="red", ls="--", lw=1, label="target p99")
     a.set_ylabel("ms")
     a.set_title("At half of peak load (hey, one key)")
@@ -849,7 +848,7 @@ def plot(r: dict[str, Any]) -> list[str]:
         label="p99",
         color="#1f4e79",
     )
-    b.set_xticks(range(len(labels)), labels)
+    b.set_xticks(range(len(labels)), [PRETTY[k] for k in labels])
     b.set_ylabel("ms from produce to answered")
     b.set_title("Produce-to-queryable freshness")
     b.legend()
@@ -861,10 +860,8 @@ def plot(r: dict[str, Any]) -> list[str]:
         f"tablecast memory {r['memory_store']['rows'] / 1e6:g}M",
         f"Kafka Streams {ksl['rows'] / 1e6:g}M",
     ]
-    values = [x["rps_applying"] for x in loads] + [
-        r["memory_store"]["rps_applying"],
-        ksl["rps_wall"],
-    ]
+    # Kafka Streams reports no applying phase of its own: only its start-to-caught-up bar
+    values = [x["rps_applying"] for x in loads] + [r["memory_store"]["rps_applying"], 0]
     walls = [x["rps_wall"] for x in loads] + [r["memory_store"]["rps_wall"], ksl["rps_wall"]]
     a.barh(
         [i - 0.2 for i in range(len(names))],
@@ -931,7 +928,20 @@ def plot(r: dict[str, Any]) -> list[str]:
     return files
 
 
+PRETTY = {"tablecast": "tablecast", "kafka_streams": "Kafka Streams", "constant": "constant body"}
+
+
 def _save(fig: Any, name: str) -> str:
+    from matplotlib.ticker import FuncFormatter
+
+    for ax in fig.axes:
+        # 150k rather than 150000 on req/s and records/s axes
+        for axis in (ax.xaxis, ax.yaxis):
+            if (
+                axis.get_scale() == "linear"
+                and max(abs(x) for x in axis.get_view_interval()) >= 10_000
+            ):
+                axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1000:,.0f}k"))
     fig.tight_layout()
     fig.savefig(common.PLOTS / name, dpi=110)
     __import__("matplotlib.pyplot").pyplot.close(fig)
@@ -974,6 +984,97 @@ def _frames(profile: dict[str, Any]) -> str:
     return f"{profile['samples']:,} samples. Own time: {own}. Including callees: {total}."
 
 
+def targets(r: dict[str, Any], fwd: float) -> list[tuple[str, str, bool, str]]:
+    """(target, measured, met, why it is missed) for each of the issue's targets."""
+    pg, hp = r["point_get"], r["half_peak"]
+    ratio, loads, fo = pg["ratio"], r["loads"], r["failover"]
+    us = {k: 1e6 / pg[k]["rps"] for k in ("tablecast", "kafka_streams", "redis", "constant")}
+    p99 = hp["tablecast"]["p99_us"] / 1e3
+    floor = hp["constant"]["p99_us"] / 1e3
+    ingest, biggest = loads[0]["rps_applying"], loads[-1]
+    hot_path = (
+        f"per request, tablecast's core spends {us['tablecast']:.1f} µs, of which its HTTP stack "
+        f"alone (constant body) needs {us['constant']:.1f} µs and the Python hot path (route, "
+        f"partition, store get, JSON) the other {us['tablecast'] - us['constant']:.1f} µs; "
+    )
+    return [
+        (
+            f"point GET ≥ {TARGETS['vs_kafka_streams']}× Kafka Streams",
+            f"{ratio['vs_kafka_streams']:.2f}× (h2load: {ratio['vs_kafka_streams_h2load']:.2f}×)",
+            ratio["vs_kafka_streams"] >= TARGETS["vs_kafka_streams"],
+            hot_path + f"Kafka Streams' JIT-compiled path {us['kafka_streams']:.1f} µs in all. "
+            "Profile of the hot path below.",
+        ),
+        (
+            f"point GET ≥ {TARGETS['vs_redis']}× Redis per core",
+            f"{ratio['vs_redis']:.2f}×",
+            ratio["vs_redis"] >= TARGETS["vs_redis"],
+            hot_path + f"Redis answers a GET in {us['redis']:.1f} µs of its core, so even the "
+            f"constant body reaches only {us['redis'] / us['constant']:.2f}× Redis: HTTP and "
+            "Python per request, not the store, set the gap.",
+        ),
+        (
+            f"p99 ≤ {TARGETS['p99_half_peak_ms']:g} ms at half of peak",
+            f"{p99:.2f} ms at {hp['tablecast']['rps']:,.0f} req/s",
+            p99 <= TARGETS["p99_half_peak_ms"],
+            f"hey against the constant body at the same rate sees p99 {floor:.2f} ms: "
+            + (
+                "the load generator and this shared 2-core machine alone exceed the target; "
+                if floor > TARGETS["p99_half_peak_ms"]
+                else ""
+            )
+            + "a one-core server stalls whenever the scheduler runs another process on core 0 "
+            "(the broker, other engineers' tests and Spark run on this machine), and the node's "
+            "ingest thread shares the core and the GIL with its event loop.",
+        ),
+        (
+            f"forwarded ≥ {TARGETS['forwarded']}× local",
+            f"{fwd:.2f}× (derived from the 3-node run)",
+            fwd >= TARGETS["forwarded"],
+            "a forwarded request costs the node that takes it an outbound request and a "
+            "response parse in Python (`PeerPool.request` in the three-node profile) and the "
+            "owner a full local GET, all on the same core here.",
+        ),
+        (
+            f"ingest ≥ {TARGETS['ingest_rps']:,} records/s",
+            f"{ingest:,.0f}/s ({loads[0]['rows']:,} keys, RocksDB)",
+            ingest >= TARGETS["ingest_rps"],
+            "see the ingest profile below: decoding each record from librdkafka into Python "
+            "objects and the store's write batches are per-record Python work on one core.",
+        ),
+        (
+            f"restart ≤ {TARGETS['restart_s']:g} s for 5M keys",
+            f"{biggest['restart']['ready_s']:.2f} s for {biggest['rows']:,} keys",
+            biggest["restart"]["ready_s"] <= TARGETS["restart_s"] and biggest["rows"] >= 5_000_000,
+            (
+                f"measured only up to {biggest['rows']:,} keys in this run (--sizes)."
+                if biggest["rows"] < 5_000_000
+                else f"{biggest['restart']['replayed']:.0f} records replayed; the rest is "
+                "opening 12 RocksDB stores and the membership round before /readyz."
+            ),
+        ),
+        (
+            "failover: 0 failed queries with a standby",
+            f"{fo[0]['failed']} failed of {fo[0]['queries']:,}",
+            fo[0]["failed"] == 0,
+            "queries failed while the killed node's partitions moved to their standbys; see "
+            "the cluster section.",
+        ),
+    ]
+
+
+def freshness_note(fr: dict[str, Any]) -> str:
+    if fr["tablecast"]["p50_us"] < 20_000:
+        return ""
+    # read in tablecast/cluster/ingest.py when this was written: consume(BATCH, 0.1)
+    return (
+        "Why tablecast is slower here: its ingest loop asks librdkafka for a full batch with a "
+        "100 ms timeout (`consume(BATCH, 0.1)` in `tablecast/cluster/ingest.py`), so a lone "
+        "record waits for that timeout before it is applied; Kafka Streams processes each "
+        "record as its poll returns it."
+    )
+
+
 def render(r: dict[str, Any]) -> str:
     a, pg, tn, hp, fr = r["args"], r["point_get"], r["three_nodes"], r["half_peak"], r["freshness"]
     tc = pg["tablecast"]
@@ -982,41 +1083,12 @@ def render(r: dict[str, Any]) -> str:
     fwd = forwarded_share(tn["tablecast"]["rps"], tc["rps"])
     fwd_ks = forwarded_share(tn["kafka_streams"]["rps"], pg["kafka_streams"]["rps"])
     loads, ms, ksl = r["loads"], r["memory_store"], r["kafka_streams_load"]
-    biggest = loads[-1]
-    ingest = loads[0]["rps_applying"]
     fo = r["failover"]
     mem = memory_rows(r)
-    checks = {
-        f"point GET ≥ {TARGETS['vs_kafka_streams']}× Kafka Streams": (
-            f"{ratio['vs_kafka_streams']:.2f}×",
-            ratio["vs_kafka_streams"] >= TARGETS["vs_kafka_streams"],
-        ),
-        f"point GET ≥ {TARGETS['vs_redis']}× Redis per core": (
-            f"{ratio['vs_redis']:.2f}×",
-            ratio["vs_redis"] >= TARGETS["vs_redis"],
-        ),
-        f"p99 ≤ {TARGETS['p99_half_peak_ms']:g} ms at half of peak": (
-            f"{_ms(hp['tablecast']['p99_us'])} ms at {hp['tablecast']['rps']:,.0f} req/s",
-            hp["tablecast"]["p99_us"] / 1e3 <= TARGETS["p99_half_peak_ms"],
-        ),
-        f"forwarded ≥ {TARGETS['forwarded']}× local": (
-            f"{fwd:.2f}× (derived from the 3-node run)",
-            fwd >= TARGETS["forwarded"],
-        ),
-        f"ingest ≥ {TARGETS['ingest_rps']:,} records/s": (
-            f"{ingest:,.0f}/s",
-            ingest >= TARGETS["ingest_rps"],
-        ),
-        f"restart ≤ {TARGETS['restart_s']:g} s for 5M keys": (
-            f"{biggest['restart']['ready_s']:.2f} s for {biggest['rows']:,} keys",
-            biggest["restart"]["ready_s"] <= TARGETS["restart_s"] and biggest["rows"] >= 5_000_000,
-        ),
-        "failover: 0 failed queries with a standby": (
-            f"{fo[0]['failed']} failed of {fo[0]['queries']:,}",
-            fo[0]["failed"] == 0,
-        ),
-    }
-    summary = "\n".join(f"| {t} | {m} | {verdict(ok)} |" for t, (m, ok) in checks.items())
+    checks = targets(r, fwd)
+    summary = "\n".join(f"| {label} | {m} | {verdict(ok)} |" for label, m, ok, _ in checks)
+    missed = "\n".join(f"- **{label}**: {why}" for label, _, ok, why in checks if not ok)
+    missed = missed or "- none."
     rounds = "; ".join(f"{k} {', '.join(f'{x:,.0f}' for x in v)}" for k, v in pg["rounds"].items())
     loads_rows = "\n".join(
         f"| {x['rows']:,} | RocksDB | {x['rps_applying']:,.0f} | {x['rps_wall']:,.0f} | {x['wall_s']:.1f} | {x['rss'] / MIB:,.0f} | {x['disk'] / MIB:,.0f} | {x['restart']['ready_s']:.2f} ({x['restart']['replayed']:.0f} replayed) |"
@@ -1111,6 +1183,7 @@ server answers it; {fr["tablecast"]["samples"]} samples each, one at a time.
 | tablecast node (table topic → store) | {_ms(fr["tablecast"]["p50_us"])} | {_ms(fr["tablecast"]["p99_us"])} | {_ms(fr["tablecast"]["max_us"])} |
 | Kafka Streams IQ (input topic → store) | {_ms(fr["kafka_streams"]["p50_us"])} | {_ms(fr["kafka_streams"]["p99_us"])} | {_ms(fr["kafka_streams"]["max_us"])} |
 
+tablecast ÷ Kafka Streams (p50): {fr["tablecast"]["p50_us"] / fr["kafka_streams"]["p50_us"]:.2f}. {freshness_note(fr)}
 The pipeline's share (input topic → Spark → table topic) is not measured here: no
 `bench/pipeline.py` existed when this ran; `python -m bench all` runs it once it does.
 
@@ -1152,6 +1225,10 @@ the two survivors, the third killed a third of the way through):
 | target | measured | |
 |---|---|---|
 {summary}
+
+Why each missed target is missed:
+
+{missed}
 
 Profiles (py-spy, 200 Hz, of the node process during an extra, untimed run; % of samples):
 

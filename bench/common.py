@@ -11,6 +11,7 @@ import datetime as dt
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -133,6 +134,21 @@ def wait_http(url: str, timeout: float = 120.0, proc: subprocess.Popen | None = 
             pass
         time.sleep(0.05)
     raise TimeoutError(url)
+
+
+def ensure_tools(packages: dict[str, str]) -> None:
+    """Install the Debian package of each missing tool (``{"hey": "hey"}``), as root with apt-get;
+    otherwise fail saying what to install, so that one command runs on a fresh machine."""
+    missing = sorted({pkg for tool, pkg in packages.items() if shutil.which(tool) is None})
+    if not missing:
+        return
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        raise SystemExit(f"missing tools; run: apt-get install -y {' '.join(missing)}")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-q"], check=True, capture_output=True, env=env)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-q", *missing], check=True, capture_output=True, env=env
+    )
 
 
 def rss_bytes(pid: int) -> int:
