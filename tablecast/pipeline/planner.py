@@ -88,12 +88,21 @@ class Query:
         return self.output.role == "repartition"
 
 
-def plan_output(app_id: str, out: plan.Materialize | plan.To) -> list[Query]:
-    """The queries that compute `out`, in the order data flows through them."""
+def plan_output(
+    app_id: str,
+    out: plan.Materialize | plan.To,
+    materialized: list[plan.Materialize] | None = None,
+) -> list[Query]:
+    """The queries that compute `out`, in the order data flows through them.
+
+    A node on the way that is itself `materialized` (a table handle used both
+    for materialize() and for more operators) is read from its table topic.
+    """
     chain = out.lineage()
-    start = max(
-        i for i, n in enumerate(chain[:-1]) if isinstance(n, plan.Source | plan.Materialize)
-    )
+    at = {id(m.parent): m for m in materialized or () if m is not out}
+    chain = [at.get(id(n), n) if i < len(chain) - 1 else n for i, n in enumerate(chain)]
+    starts = plan.Source | plan.Materialize
+    start = max(i for i, n in enumerate(chain[:-1]) if isinstance(n, starts))
     first = chain[start]
     base = out.name if isinstance(out, plan.Materialize) else f"to-{out.topic}"
     if isinstance(first, plan.Source):
@@ -157,11 +166,12 @@ def explain(
     partitions: Callable[[str], int | None] | None = None,
 ) -> str:
     lines = [f"App {app_id!r}: {len(outputs)} output(s); trigger processingTime={trigger!r}"]
+    mats = [o for o in outputs if isinstance(o, plan.Materialize)]
     for out in outputs:
         what = f"table {out.name!r}" if isinstance(out, plan.Materialize) else f"to {out.topic!r}"
         lines.append(f"  {what}")
         lines.append("    operators: " + " -> ".join(n.describe() for n in out.lineage()))
-        for q in plan_output(app_id, out):
+        for q in plan_output(app_id, out, mats):
             state = "stateful, RocksDB state store" if q.stateful else "stateless"
             writer = "foreachBatch -> Kafka" if q.writes_batches else "Kafka sink"
             lines.append(f"    query {q.name!r} ({state}; {writer}; update mode)")

@@ -107,7 +107,7 @@ class Pipeline:
         infos, chains = [], []
         for out in outputs:
             count = partitions[plan.source_of(out).topic]
-            queries = planner.plan_output(app.id, out)
+            queries = planner.plan_output(app.id, out, list(app.materialized.values()))
             for q in queries:
                 config = COMPACTED if q.output.role in ("table", "changelog") else None
                 _ensure_topic(bootstrap_servers, q.output.topic, count, config)

@@ -1,0 +1,202 @@
+"""The pipeline's pure-Python parts: planner cuts, explain, fused Python operators,
+private wire formats and aggregation semantics (no Spark needed)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tablecast as tc
+from tablecast.pipeline import planner
+from tablecast.pipeline.aggregation import Aggregator
+from tablecast.pipeline.pyworker import FANOUT, Run, Step, record_fn
+from tablecast.pipeline.wire import PairSerde, pack_pair, record_id, split_ids, unpack_pair
+from tests import reference_model as ref
+
+STR, LONG, JSON = tc.serde.string(), tc.serde.long(), tc.serde.json()
+
+
+def plan(app: tc.App, name: str) -> list[planner.Query]:
+    return planner.plan_output(app.id, app.materialized[name], list(app.materialized.values()))
+
+
+def test_table_group_by_is_two_queries_through_a_repartition_topic() -> None:
+    app = tc.App("shop")
+    rows = app.table("rows")
+    rows.filter(lambda k, v: True).group_by(lambda k, v: (v["g"], 1), value=LONG).count().filter(
+        lambda k, c: c > 1
+    ).materialize("counts")
+    first, second = plan(app, "counts")
+    assert first.input.topic == "rows" and first.input.external
+    assert [s.what for s in first.steps] == ["op", "select_group", "retract"]
+    assert first.output.topic == "shop.repartition.counts-0" and first.writes_batches
+    assert second.input == first.output
+    assert [s.what for s in second.steps] == ["table_aggregate", "op"]
+    assert second.output.topic == "shop.table.counts" and second.output.value == LONG
+    assert (first.name, second.name) == ("shop.counts.0", "shop.counts")
+
+
+def test_stream_aggregation_is_one_query_and_a_second_aggregation_cuts() -> None:
+    app = tc.App("a")
+    counts = app.stream("ev").group_by(lambda k, v: v["g"]).count()
+    counts.materialize("per_group")
+    counts.group_by(lambda g, c: (str(c), g), value=STR).count().materialize("histogram")
+    (only,) = plan(app, "per_group")
+    assert [s.what for s in only.steps] == ["op", "stream_aggregate"] and only.stateful
+    # the histogram starts from the materialized per_group table: nothing is computed twice
+    queries = plan(app, "histogram")
+    assert queries[0].input.topic == "a.table.per_group" and queries[0].input.role == "table"
+    assert [q.output.role for q in queries] == ["repartition", "table"]
+
+
+def test_second_stateful_step_goes_through_a_changelog_topic() -> None:
+    app = tc.App("a")
+    counts = app.stream("ev").group_by_key().count()
+    counts.group_by(lambda k, c: (str(c), k), value=STR).count().materialize("h")
+    roles = [q.output.role for q in plan(app, "h")]
+    assert roles == ["changelog", "repartition", "table"]
+
+
+def test_explain_names_operators_queries_topics_and_trigger() -> None:
+    app = tc.App("shop", trigger="1 second")
+    app.table("rows").group_by(lambda k, v: (k, v)).count().materialize("c")
+    app.stream("ev").map_values(lambda k, v: v).to("out")
+    text = app.explain()
+    for part in (
+        "trigger processingTime='1 second'",
+        "query 'shop.c.0'",
+        "reads  rows [source]",
+        "writes shop.repartition.c-0 [repartition]",
+        "applyInPandasWithState",
+        "writes shop.table.c [table]",
+        "to 'out'",
+        "bad records -> shop.dlq",
+    ):
+        assert part in text, part
+
+
+def test_dsl_rejects_what_cannot_run() -> None:
+    app = tc.App("a")
+    s = app.stream("ev")
+    with pytest.raises(TypeError):
+        s.filter(42)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        s.group_by_key().reduce("sum")  # type: ignore[arg-type]
+    s.to_table().materialize("t")
+    with pytest.raises(ValueError):
+        s.to_table().materialize("t")
+
+
+def run_of(ops: list[tuple[str, Any, str]], key_out: Any = STR, value_out: Any = JSON) -> Run:
+    steps = tuple(Step(op, record_fn(op, fn, kind)) for op, fn, kind in ops)
+    return Run(steps, STR, JSON, key_out, value_out)
+
+
+def test_fused_python_operators_number_sub_records_and_keep_bad_rows() -> None:
+    run = run_of(
+        [
+            ("filter", lambda k, v: v["x"] > 0, "stream"),
+            ("flat_map", lambda k, v: [(k + "a", v["x"]), (k + "b", 1 // (v["x"] - 2))], "stream"),
+        ],
+        value_out=LONG,
+    )
+    keys = [b"k1", b"k2", b"k3", b"k4", b"k5"]
+    values = [b'{"x": 1}', b'{"x": -1}', b'{"x": 2}', b"{bad", b'{"x": 3}']
+    idx, seq, k, v, err = run.apply(keys, values, [None, None, None, None, "earlier"], [0] * 5)
+    assert idx == [0, 0, 2, 3, 4]  # k2 filtered out; k3, k4 and k5 each one bad row
+    assert seq == [0, FANOUT * 0 + 1, 0, 0, 0]
+    assert k[:2] == [b"k1a", b"k1b"] and v[0] == LONG.serialize(1)
+    assert err[2] is not None and err[2].startswith("flat_map: ZeroDivisionError")
+    assert err[3] is not None and err[3].startswith("decode: ") and v[3] == b"{bad"
+    assert err[4] == "earlier" and k[4] == b"k5" and v[4] == b'{"x": 3}'
+
+
+def test_table_operators_pass_deletes_and_turn_non_matches_into_deletes() -> None:
+    run = run_of(
+        [
+            ("filter", lambda k, v: v["x"] % 2 == 0, "table"),
+            ("map_values", lambda k, v: {"y": v["x"] * 10}, "table"),
+        ]
+    )
+    _, _, k, v, err = run.apply(
+        [b"a", b"b", b"c"], [b'{"x": 2}', b'{"x": 3}', None], [None] * 3, [0] * 3
+    )
+    assert k == [b"a", b"b", b"c"] and err == [None] * 3
+    assert v == [b'{"y":20}', None, None]
+
+
+def test_group_selection_packs_key_and_value() -> None:
+    pair = PairSerde(STR, LONG)
+    run = Run(
+        (Step("select_group", record_fn("select_group", lambda k, v: (v["g"], v["n"]), "table")),),
+        STR,
+        JSON,
+        STR,
+        pair,
+    )
+    _, _, _, v, _ = run.apply([b"r", b"s"], [b'{"g": "a", "n": 5}', None], [None, None], [0, 0])
+    assert v[1] is None and pair.deserialize(v[0]) == ("a", 5)
+    assert unpack_pair(v[0]) == (b"a", LONG.serialize(5))
+
+
+@given(st.binary(), st.binary())
+def test_pairs_round_trip(k: bytes, v: bytes) -> None:
+    assert unpack_pair(pack_pair(k, v)) == (k, v)
+
+
+def test_record_ids_are_fixed_size_and_split_back() -> None:
+    ids = {
+        record_id(p, o, s, slot)
+        for p in (0, 2)
+        for o in (0, 2**40)
+        for s in (0, 5)
+        for slot in (0, 1)
+    }
+    assert split_ids(b"".join(sorted(ids))) == ids
+
+
+CHANGES = st.lists(
+    st.tuples(
+        st.sampled_from(["r1", "r2", "r3"]),
+        st.one_of(st.none(), st.tuples(st.sampled_from("ab"), st.integers(0, 5))),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=200)
+@given(CHANGES)
+def test_table_aggregation_semantics_match_the_reference(changes: list[tuple[str, Any]]) -> None:
+    """Retract/add per change, as the two stateful steps do, against the reference model."""
+
+    def add(k: str, v: int, a: int | None) -> int | None:
+        return None if v == 4 else (a or 0) + v  # None from the adder deletes the group
+
+    def sub(k: str, v: int, a: int) -> int | None:
+        return None if a - v == 0 else a - v
+
+    agg = Aggregator("aggregate", lambda: 0, lambda k, v, a: add(k, v, a), sub)
+    prev: dict[str, Any] = {}
+    got: dict[str, int] = {}
+
+    def apply(group: str, old: int | None, new: int | None) -> None:
+        result = agg.table_change(group, old, new, got.get(group))
+        if result is None:
+            got.pop(group, None)
+        else:
+            got[group] = result
+
+    for key, sel in changes:
+        old, prev[key] = prev.get(key), sel
+        if old is not None and sel is not None and old[0] == sel[0]:
+            apply(old[0], old[1], sel[1])
+            continue
+        if old is not None:
+            apply(old[0], old[1], None)
+        if sel is not None:
+            apply(sel[0], None, sel[1])
+    want = ref.table_group_aggregate(changes, lambda k, v: v, add, sub)
+    assert got == want
