@@ -192,7 +192,9 @@ def test_every_node_answers_every_key_identically(cluster) -> None:  # type: ign
     assert meta["active"] and len(meta["standbys"]) == 1
     # a job beside every node over what it owns sees every key exactly once
     with tc.Client(c.live_urls()) as client:
-        seen = Counter(k for n in c.nodes.values() for k, _ in client.owned(n.url, "kv", page_size=37))
+        seen = Counter(
+            k for n in c.nodes.values() for k, _ in client.owned(n.url, "kv", page_size=37)
+        )
     assert seen == Counter(k.decode() for k in model.rows)
     # a standby answers itself when the caller accepts its lag, and honours min_offset
     standby = meta["standbys"][0]
