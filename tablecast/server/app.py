@@ -55,9 +55,14 @@ class HttpApp:
             headers = scope.headers
             if self.auth.enabled and path.startswith(("/v1/", "/internal/")):
                 self.auth.check(headers.get("authorization"))
-            route, handler = self.match(scope.method, path)
             query = scope.query_string
-            answer = handler(Request(_params(query), query, headers), proto)
+            key = _plain_key_read(scope.method, path, query)
+            if key is not None:  # the hot path: GET one key, no query string
+                route = "key"
+                answer = self.router.get_key(key[0], key[1], Request(NO_PARAMS, "", headers))
+            else:
+                route, handler = self.match(scope.method, path)
+                answer = handler(Request(_params(query), query, headers), proto)
             if not isinstance(answer, tuple):
                 answer = await answer
         except ApiError as e:
@@ -125,6 +130,22 @@ class HttpApp:
         if len(body) > MAX_BODY:
             raise ApiError("bad_request", f"the body is larger than {MAX_BODY} bytes")
         return await self.router.batch_get(table, body, req)
+
+
+NO_PARAMS: dict[str, str] = {}
+
+
+def _plain_key_read(method: str, path: str, query: str) -> tuple[str, str] | None:
+    """(table, key text) when the request is a plain GET /v1/tables/{t}/keys/{key}."""
+    if method != "GET" or query or not path.startswith("/v1/tables/"):
+        return None
+    parts = path.split("/", 5)
+    if len(parts) != 6 or parts[4] != "keys":
+        return None
+    rest = parts[5]
+    if rest.endswith(("/windows", "/metadata")):
+        return None
+    return parts[3], rest
 
 
 def _get(method: str) -> None:

@@ -64,6 +64,7 @@ class Request:
 class Router:
     def __init__(self, node: Node, cursors: Cursors, peers: PeerPool) -> None:
         self.node = node
+        self.me = node.id  # read on every request: a plain attribute, not a property chain
         self.local = Local(node)
         self.cursors = cursors
         self.peers = peers
@@ -95,11 +96,11 @@ class Router:
         slot = (info.name, partition)
         view = self.node.view
         owners = view.target.get(slot)
-        if owners and owners[0] == self.node.id:
+        if owners and owners[0] == self.me:
             return True
         # the view is up to a tick old: a replica that just caught up may not be in it
         # yet, so when nobody is known to answer, the holder does
-        return view.effective_active(slot) in (self.node.id, None)
+        return view.effective_active(slot) in (self.me, None)
 
     async def _ask(
         self, member: Member, method: str, target: str, req: Request, body: bytes = b""
