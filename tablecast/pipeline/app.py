@@ -43,6 +43,14 @@ class App:
         self.trigger = trigger
         self.materialized: dict[str, plan.Materialize] = {}
         self.sinks: list[plan.To] = []
+        # Column expressions (F.col, F.variant_get, ...) can only be built while a
+        # SparkContext is active, and App files build them at import: start Spark
+        # now (TABLECAST_MASTER picks the master; TABLECAST_NO_SPARK=1 skips it for
+        # processes that only read the App's id and never use Columns)
+        if not os.environ.get("TABLECAST_NO_SPARK"):
+            from tablecast.pipeline.spark import ensure_active
+
+            ensure_active()
 
     # -- sources ----------------------------------------------------------
     def stream(

@@ -24,6 +24,10 @@ def ok() -> Column:
     return F.col(env.ERR).isNull()
 
 
+#: where decode() keeps the bytes it decoded
+BYTES = {"key": "_tc_bk", "value": "_tc_bv"}
+
+
 @dataclass(frozen=True)
 class Flow:
     df: DataFrame
@@ -31,6 +35,9 @@ class Flow:
     value: Serde
     kind: Kind
     decoded: bool = False
+    #: which of key/value a Column operator changed since decode(); the others are
+    #: written back as the bytes they were read as (no re-encoding, byte-identical)
+    changed: frozenset[str] = frozenset()
 
     def with_df(self, df: DataFrame, **changes: object) -> Flow:
         return replace(self, df=df, **changes)  # type: ignore[arg-type]
@@ -52,7 +59,7 @@ class Flow:
         flow = self.with_df(df, decoded=True)
         flow = flow.fail_where(~kc.valid(F.col("_tc_bk"), F.col("key")), f"key is not {kc.fmt}")
         flow = flow.fail_where(~vc.valid(F.col("_tc_bv"), F.col("value")), f"value is not {vc.fmt}")
-        return flow.with_df(flow.df.drop("_tc_bk", "_tc_bv"))
+        return flow.with_df(flow.df, changed=frozenset())
 
     def validate(self) -> Flow:
         """Mark rows whose bytes do not decode as bad, keeping the bytes."""
@@ -70,23 +77,21 @@ class Flow:
             return self
         schema = self.df.schema
         kt, vt = schema["key"].dataType, schema["value"].dataType
-        df = self.df.withColumns(
-            {
-                "_tc_ek": Codec(self.key).encode(F.col("key"), kt),
-                "_tc_ev": Codec(self.value).encode(F.col("value"), vt),
-            }
-        )
-        flow = self.with_df(df)
-        # a value that was there but has no bytes in this serde is a bad record, not a delete
-        flow = flow.fail_where(
-            F.col("key").isNotNull() & F.col("_tc_ek").isNull(), f"key does not fit {self.key!r}"
-        )
-        flow = flow.fail_where(
-            F.col("value").isNotNull() & F.col("_tc_ev").isNull(),
-            f"value does not fit {self.value!r}",
-        )
-        df = flow.df.withColumns({"key": F.col("_tc_ek"), "value": F.col("_tc_ev")})
-        return flow.with_df(df.drop("_tc_ek", "_tc_ev"), decoded=False)
+        flow = self
+        encoded = {}
+        for col, sd, dtype in (("key", self.key, kt), ("value", self.value, vt)):
+            if col not in self.changed:
+                encoded[col] = F.col(BYTES[col])
+                continue
+            tmp = f"_tc_e{col}"
+            flow = flow.with_df(flow.df.withColumn(tmp, Codec(sd).encode(F.col(col), dtype)))
+            # a value that was there but has no bytes in this serde is a bad record, not a delete
+            flow = flow.fail_where(
+                F.col(col).isNotNull() & F.col(tmp).isNull(), f"{col} does not fit {sd!r}"
+            )
+            encoded[col] = F.col(tmp)
+        df = flow.df.withColumns(encoded).drop("_tc_ekey", "_tc_evalue", *BYTES.values())
+        return flow.with_df(df, decoded=False, changed=frozenset())
 
     def envelope(self, *extra: str) -> Flow:
         """Encoded, with exactly the envelope's columns in order (what Python steps take)."""

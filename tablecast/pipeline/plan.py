@@ -211,7 +211,7 @@ class To(Node):
 
 def fn_name(fn: Any) -> str:
     if isinstance(fn, Column):
-        return f"Column<{fn}>"
+        return str(fn)
     if isinstance(fn, tuple):
         return "(" + ", ".join(fn_name(f) for f in fn) + ")"
     return getattr(fn, "__qualname__", repr(fn))

@@ -103,6 +103,7 @@ class Pipeline:
             spark = spark_setup.session(
                 f"tablecast-{app.id}", master, shuffle_partitions=max(partitions.values())
             )
+            spark_setup.check_master(spark, master)
         _ensure_topic(bootstrap_servers, dlq_topic(app.id), 1)
         infos, chains = [], []
         for out in outputs:

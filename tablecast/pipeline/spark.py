@@ -58,3 +58,22 @@ def session(
     # session (tests) gets the value of the App that starts last
     spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))
     return spark
+
+
+def ensure_active(master: str | None = None) -> None:
+    """Start a tablecast SparkSession unless one is active already."""
+    from pyspark import SparkContext
+
+    if SparkContext._active_spark_context is None:
+        session("tablecast", master)
+
+
+def check_master(spark: SparkSession, master: str | None) -> None:
+    """Warn when a requested master differs from the running session's."""
+    if master and spark.sparkContext.master != master:
+        log.warning(
+            "Spark is already running on %s, not %s: set TABLECAST_MASTER before the App "
+            "is defined (defining an App starts Spark)",
+            spark.sparkContext.master,
+            master,
+        )

@@ -7,13 +7,15 @@ Python callables are fused into one ``mapInArrow`` over encoded rows (see
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from tablecast.pipeline import envelope as env
 from tablecast.pipeline import plan
 from tablecast.pipeline.codecs import Codec
-from tablecast.pipeline.flow import Flow, ok
+from tablecast.pipeline.flow import BYTES, Flow, ok
 from tablecast.pipeline.planner import Step
 from tablecast.pipeline.pyworker import FANOUT, Run, record_fn
 from tablecast.pipeline.pyworker import Step as PyStep
@@ -57,14 +59,18 @@ def apply_column(flow: Flow, step: Step) -> Flow:
     if step.what == "select_group":
         return _select_group(flow.decode(), step)
     if not isinstance(node, plan.Op):  # to_table / to_stream: only the meaning changes
-        return Flow(flow.df, flow.key, flow.value, step.kind, flow.decoded)
+        return replace(flow, kind=step.kind)
     flow = flow.decode()
     fn = node.fn
     df = flow.df
     on_table = node.parent is not None and node.parent.kind == "table"
     if on_table and node.name == "filter":
         drop = ok() & F.col("value").isNotNull() & ~F.coalesce(_col(fn), F.lit(False))
-        df = df.withColumn("value", F.when(drop, F.lit(None)).otherwise(F.col("value")))
+        # the bytes kept by decode() are deleted too, so an unchanged value stays unchanged
+        deleted = {
+            c: F.when(drop, F.lit(None)).otherwise(F.col(c)) for c in ("value", BYTES["value"])
+        }
+        df = df.withColumns(deleted)
     elif on_table and node.name == "map_values":
         df = df.withColumn("value", F.when(ok() & F.col("value").isNotNull(), _col(fn)))
     elif node.name == "filter":
@@ -92,7 +98,18 @@ def apply_column(flow: Flow, step: Step) -> Flow:
         df = df.withColumn(env.SEQ, seq).drop("_tc_arr", "_tc_pos", "_tc_x")
     else:
         raise TypeError(f"{node.name}: a Column cannot be used here; pass a Python callable")
-    return Flow(df, step.key, step.value, step.kind, decoded=True)
+    changed = flow.changed | CHANGES.get(node.name, frozenset())
+    return Flow(df, step.key, step.value, step.kind, decoded=True, changed=changed)
+
+
+#: what each Column operator changes (a filter changes nothing it keeps)
+CHANGES = {
+    "map_values": frozenset({"value"}),
+    "flat_map_values": frozenset({"value"}),
+    "select_key": frozenset({"key"}),
+    "map": frozenset({"key", "value"}),
+    "flat_map": frozenset({"key", "value"}),
+}
 
 
 def _select_group(flow: Flow, step: Step) -> Flow:
@@ -105,8 +122,11 @@ def _select_group(flow: Flow, step: Step) -> Flow:
     gvb = Codec(step.value.value).encode(F.col("_tc_gv"), types["_tc_gv"].dataType)
     length = F.unhex(F.lpad(F.hex(F.length(gkb)), 8, "0"))
     packed = F.when(ok() & F.col("value").isNotNull(), F.concat(length, gkb, gvb))
-    kb = Codec(flow.key).encode(F.col("key"), types["key"].dataType)
-    df = df.withColumns({"key": kb, "value": packed}).drop("_tc_gk", "_tc_gv")
+    if "key" in flow.changed:
+        kb = Codec(flow.key).encode(F.col("key"), types["key"].dataType)
+    else:
+        kb = F.col(BYTES["key"])
+    df = df.withColumns({"key": kb, "value": packed}).drop("_tc_gk", "_tc_gv", *BYTES.values())
     return Flow(df, flow.key, step.value, "table", decoded=False)
 
 
