@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import runpy
 import signal
 from pathlib import Path
@@ -21,6 +22,23 @@ def load_app(path: str | Path) -> App:
     if len(apps) != 1:
         raise SystemExit(f"{path}: expected exactly one tablecast.App, found {len(apps)}")
     return apps[0]
+
+
+def peek_app(path: str | Path) -> App:
+    """The App of a file, for its id and tables only: without starting Spark when the
+    file builds no Column at import (defining an App otherwise starts Spark)."""
+    before = os.environ.get("TABLECAST_NO_SPARK")
+    os.environ["TABLECAST_NO_SPARK"] = "1"
+    try:
+        return load_app(path)
+    except Exception:  # it needs Spark to build its Columns: pay for it once
+        os.environ.pop("TABLECAST_NO_SPARK", None)
+        return load_app(path)
+    finally:
+        if before is None:
+            os.environ.pop("TABLECAST_NO_SPARK", None)
+        else:
+            os.environ["TABLECAST_NO_SPARK"] = before
 
 
 def stop_on_sigterm() -> None:

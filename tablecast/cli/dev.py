@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from tablecast.cli.appfile import load_app
+from tablecast.cli.appfile import peek_app
 from tablecast.cli.supervisor import Supervisor
 from tablecast.kafka.broker import Broker
 
@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     demo = args.command == "demo"
     app_file = str(EXAMPLES / "stock_prices.py") if demo else args.app_file
     generate = demo or args.generate
-    app = load_app(app_file)
+    app = peek_app(app_file)
     data_dir = Path(args.data_dir)
     sup = Supervisor(data_dir / "logs")
     broker = None
