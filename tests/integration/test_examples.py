@@ -20,7 +20,7 @@ from tablecast.cli.appfile import load_module
 from tablecast.kafka.topics import COMPACTED, ensure_topic, table_topic
 
 from ..support.procs import NodeProcess, start_node
-from .kafka_io import produce
+from .kafka_io import produce, read_all
 
 pytestmark = pytest.mark.integration
 
@@ -205,3 +205,55 @@ def test_stock_prices_board_from_any_node(bootstrap: str, unique: str, run_of: A
     for symbol, board in boards.items():  # many readers, any node: the same board
         for node in nodes:
             assert node.get(f"/v1/tables/prices/keys/{symbol}").json()["value"] == board
+
+
+def test_point_of_sale(bootstrap: str, unique: str, run_of: Any) -> None:
+    ex = example("point_of_sale")
+    topic = f"{unique}-pos"
+    ensure_topic(bootstrap, topic, ex.PARTITIONS)
+    ensure_topic(bootstrap, f"{unique}-rewards-by-card", ex.BY_CARD_PARTITIONS)
+    rng = random.Random(7)
+    invoices = [ex.invoice(i, rng) for i in range(200)]
+    rewards: dict[str, dict[str, int]] = {}
+    for _, inv in invoices:
+        if inv["customer_type"] == "PRIME":
+            r = rewards.setdefault(inv["card"], {"points": 0, "invoices": 0})
+            r["points"] += int(inv["total"])
+            r["invoices"] += 1
+    run = run_of(ex.build(unique, topic))
+    produce(bootstrap, topic, [(s.encode(), orjson.dumps(inv)) for s, inv in invoices])
+    node = run.node()
+    for _ in range(3):  # the rewards query reads what the re-keying query wrote
+        run.pipeline.process_all_available()
+    run.settle("rewards")
+    with tc.Client(node.url) as client:
+        assert dict(client.range("rewards")) == rewards
+    # one card's points went through one partition of the re-keyed topic: the custom one
+    for m in read_all(
+        bootstrap, f"{unique}-rewards-by-card", sum(r["invoices"] for r in rewards.values())
+    ):
+        assert m.partition() == ex.card_partition(m.key().decode(), None, ex.BY_CARD_PARTITIONS)
+    shipped = {
+        orjson.loads(m.value())["invoice"]
+        for m in read_all(
+            bootstrap,
+            f"{unique}-shipments",
+            sum(i["delivery"] == "HOME-DELIVERY" for _, i in invoices),
+        )
+    }
+    assert shipped == {i["id"] for _, i in invoices if i["delivery"] == "HOME-DELIVERY"}
+    lines = [
+        orjson.loads(m.value())
+        for m in read_all(
+            bootstrap, f"{unique}-hadoop-sink", sum(len(i["lines"]) for _, i in invoices)
+        )
+    ]
+    assert len({(x["invoice"], x["item"], x["qty"]) for x in lines}) <= len(lines)
+    assert all(x["card"].startswith("*" * 12) for x in lines)
+    # the latest notification of each card carries its final points
+    notes = read_all(bootstrap, f"{unique}-notifications", len(rewards))
+    last = {
+        m.key().decode(): orjson.loads(m.value())["points"]
+        for m in sorted(notes, key=lambda m: m.offset())
+    }
+    assert last == {card: r["points"] for card, r in rewards.items()}
