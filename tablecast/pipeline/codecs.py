@@ -95,40 +95,32 @@ def json_text(col: Column, dtype: DataType) -> Column:
     return F.to_json(col.cast("variant"))
 
 
-def _avro_to_json(sd: Serde) -> Any:
+def _per_value(return_type: str, fn: Any) -> Any:
+    """A pandas UDF applying `fn` to each non-null value; a value it fails on becomes
+    null, which the caller turns into a bad row."""
     from pyspark.sql.functions import pandas_udf
 
-    @pandas_udf("string")  # type: ignore[call-overload]
-    def avro_to_json(raw):  # type: ignore[no-untyped-def]
-        def one(b: bytes | None) -> str | None:
-            if b is None:
-                return None
-            try:
-                return orjson.dumps(sd.deserialize(b)).decode()
-            except Exception:  # undecodable: null marks the row bad
-                return None
+    def one(x: Any) -> Any:
+        if x is None:
+            return None
+        try:
+            return fn(x)
+        except Exception:  # undecodable / does not fit the schema: null marks the row bad
+            return None
 
-        return raw.map(one)
+    @pandas_udf(return_type)  # type: ignore[call-overload]
+    def per_value(col):  # type: ignore[no-untyped-def]
+        return col.map(one)
 
-    return avro_to_json
+    return per_value
+
+
+def _avro_to_json(sd: Serde) -> Any:
+    return _per_value("string", lambda b: orjson.dumps(sd.deserialize(b)).decode())
 
 
 def _json_to_avro(sd: Serde) -> Any:
-    from pyspark.sql.functions import pandas_udf
-
-    @pandas_udf("binary")  # type: ignore[call-overload]
-    def json_to_avro(text):  # type: ignore[no-untyped-def]
-        def one(t: str | None) -> bytes | None:
-            if t is None:
-                return None
-            try:
-                return sd.serialize(orjson.loads(t))
-            except Exception:  # does not fit the schema: null marks the row bad
-                return None
-
-        return text.map(one)
-
-    return json_to_avro
+    return _per_value("binary", lambda t: sd.serialize(orjson.loads(t)))
 
 
 _AVRO_PRIMITIVES = {

@@ -31,7 +31,8 @@ class Target:
     bootstrap_servers: str
     checkpoints: Path
     trigger: str
-    partitions: int
+    partitions: int  # of the App's topics (state buckets scale with it)
+    sink_partitions: int  # of the topic this query writes (a to() topic may differ)
 
 
 def read(spark: SparkSession, q: Query, t: Target) -> tuple[Flow, tuple[str, ...]]:
@@ -73,13 +74,13 @@ def read(spark: SparkSession, q: Query, t: Target) -> tuple[Flow, tuple[str, ...
 
 
 def transform(
-    flow: Flow, steps: list[Step], extra: tuple[str, ...]
+    flow: Flow, steps: list[Step], extra: tuple[str, ...], partitions: int
 ) -> tuple[Flow, tuple[str, ...]]:
     i = 0
     while i < len(steps):
         step = steps[i]
         if step.stateful:
-            flow = stateful.apply(flow, step, extra)
+            flow = stateful.apply(flow, step, partitions, extra)
             extra = (env.OLD, env.RID) if step.what == "retract" else ()
             i += 1
         elif stateless.is_python(step):
@@ -97,7 +98,7 @@ def transform(
 def writer(spark: SparkSession, q: Query, t: Target) -> DataStreamWriter:
     """The query's DataStreamWriter, ready to start()."""
     flow, extra = read(spark, q, t)
-    flow, extra = transform(flow, q.steps, extra)
+    flow, extra = transform(flow, q.steps, extra, t.partitions)
     flow = flow.envelope(*extra)
     dlq = dlq_topic(t.app_id)
     common: dict[str, Any] = {"kafka.bootstrap.servers": t.bootstrap_servers}
@@ -113,7 +114,7 @@ def writer(spark: SparkSession, q: Query, t: Target) -> DataStreamWriter:
     else:
         partition = None
         if q.partitioner is not None:
-            flow, partition = partitioning.assign(flow, q.partitioner, t.partitions)
+            flow, partition = partitioning.assign(flow, q.partitioner, t.sink_partitions)
         flow = flow.with_df(sinks.observe(flow.df, q.name))
         out = sinks.route(flow, q, dlq, partition=partition)
         w = out.writeStream.format("kafka").options(**common)

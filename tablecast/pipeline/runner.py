@@ -64,13 +64,12 @@ class DeadLetterCounter:
 
 def _ensure_topic(
     bootstrap_servers: str, topic: str, partitions: int, config: dict[str, str] | None = None
-) -> None:
+) -> int:
     # a just-created topic can be missing from metadata for a moment; creating
     # it again is a no-op, so retry until the broker lists it
     for attempt in range(20):
         try:
-            ensure_topic(bootstrap_servers, topic, partitions, config)
-            return
+            return ensure_topic(bootstrap_servers, topic, partitions, config)
         except AssertionError:
             time.sleep(0.2 * (attempt + 1))
     raise RuntimeError(f"topic {topic} was created but the broker does not list it")
@@ -109,10 +108,12 @@ class Pipeline:
         for out in outputs:
             count = partitions[plan.source_of(out).topic]
             queries = planner.plan_output(app.id, out, list(app.materialized.values()))
+            sink_partitions = count
             for q in queries:
                 config = COMPACTED if q.output.role in ("table", "changelog") else None
-                _ensure_topic(bootstrap_servers, q.output.topic, count, config)
-            chains.append((count, queries))
+                # a to(topic) of the user's may exist already, with its own partition count
+                sink_partitions = _ensure_topic(bootstrap_servers, q.output.topic, count, config)
+            chains.append((count, sink_partitions, queries))
             if isinstance(out, plan.Materialize):
                 infos.append(
                     catalog.TableInfo(
@@ -132,13 +133,14 @@ class Pipeline:
         started: dict[str, StreamingQuery] = {}
         pipeline = cls(app, spark, started, owns, counter, listener)
         try:
-            for count, queries in chains:
+            for count, sink_partitions, queries in chains:
                 for q in queries:
                     if q.name in started:
                         continue
                     # stateful steps shuffle into as many partitions as the topics have
                     spark.conf.set("spark.sql.shuffle.partitions", str(count))
-                    target = Target(app.id, bootstrap_servers, checkpoints, app.trigger, count)
+                    out = sink_partitions if q is queries[-1] else count
+                    target = Target(app.id, bootstrap_servers, checkpoints, app.trigger, count, out)
                     started[q.name] = writer(spark, q, target).start()
                     log.info("query %s: %s -> %s started", q.name, q.input.topic, q.output.topic)
         except BaseException:

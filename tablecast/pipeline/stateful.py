@@ -15,10 +15,18 @@ promise input order within a group, Kafka Streams' answers depend on it.
 
 Bad rows pass through; a function that raises sends its record to the
 dead-letter topic and leaves the state as it was.
+
+applyInPandasWithState costs ~1-3 ms per group and call on this hardware,
+whatever the group's size, so one group per key would cap a table with many
+keys at a few hundred keys per second. Keys are hashed into a fixed number of
+buckets instead (BUCKETS_PER_PARTITION per topic partition); a bucket's state
+is the dict of its keys' states, and each key's rows go to the per-key step
+with a :class:`KeyState` over that dict.
 """
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -39,6 +47,54 @@ from tablecast.serde import Serde
 K, V, ERR, RK, RV, TOPIC, PART, OFF, SEQ, X1, X2, X3 = range(12)
 
 StateFn = Callable[[tuple[Any, ...], Iterator[Any], Any], Iterator[Any]]
+Core = Callable[[Any, list[tuple[Any, ...]], "KeyState"], list[Any]]
+BUCKETS_PER_PARTITION = 16
+BUCKET = "_tc_bucket"
+
+
+class KeyState:
+    """One key's state inside its bucket's dict (the part of GroupState the steps use)."""
+
+    __slots__ = ("key", "store")
+
+    def __init__(self, store: dict[Any, tuple[Any, ...]], key: Any) -> None:
+        self.store = store
+        self.key = key
+
+    @property
+    def exists(self) -> bool:
+        return self.key in self.store
+
+    @property
+    def get(self) -> tuple[Any, ...]:
+        return self.store[self.key]
+
+    def update(self, value: tuple[Any, ...]) -> None:
+        self.store[self.key] = tuple(value)
+
+    def remove(self) -> None:
+        self.store.pop(self.key, None)
+
+
+def bucketed(core: Core, columns: list[str]) -> StateFn:
+    """The applyInPandasWithState function of a bucket: each key's rows, in order, to `core`."""
+
+    def fn(bucket: tuple[Any, ...], pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
+        store = pickle.loads(state.get[0]) if state.exists else {}
+        by_key: dict[Any, list[tuple[Any, ...]]] = {}
+        for row in _rows(pdfs):
+            by_key.setdefault(row[K], []).append(row[:-1])  # without the bucket column
+        out: list[tuple[Any, ...]] = []
+        for kb, rows in by_key.items():
+            out.extend(core(kb, rows, KeyState(store, kb)))
+        if store:
+            state.update((pickle.dumps(store, protocol=5),))
+        elif state.exists:
+            state.remove()
+        if out:
+            yield _frame(out, columns)
+
+    return fn
 
 
 def _rows(pdfs: Iterator[Any]) -> list[tuple[Any, ...]]:
@@ -75,13 +131,12 @@ def _out(row: tuple[Any, ...], key: bytes, value: bytes | None, width: int) -> t
 def stream_aggregate(agg: Aggregator, key: Serde, value: Serde, result: Serde) -> StateFn:
     cols = env.COLUMNS
 
-    def fn(group: tuple[Any, ...], pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
-        kb = group[0]
+    def core(kb: bytes | None, rows: list[tuple[Any, ...]], state: KeyState) -> list[Any]:
         current = result.deserialize(state.get[0]) if state.exists else None
         k = None if kb is None else key.deserialize(kb)
         out: list[tuple[Any, ...]] = []
         last = None
-        for row in _rows(pdfs):
+        for row in rows:
             if row[ERR] is not None:
                 out.append(row)
                 continue
@@ -93,12 +148,11 @@ def stream_aggregate(agg: Aggregator, key: Serde, value: Serde, result: Serde) -
                 last = row
             except Exception as e:  # the user's function failed: dead-letter this record
                 out.append(_bad(row, f"{agg.agg}: {type(e).__name__}: {e}", len(cols)))
-        if last is not None:
+        if last is not None and kb is not None:
             _store(state, out, last, kb, current, result, len(cols), lambda enc: (enc,))
-        if out:
-            yield _frame(out, cols)
+        return out
 
-    return fn
+    return core
 
 
 def _store(
@@ -110,13 +164,16 @@ def _store(
     result: Serde,
     width: int,
     pack: Callable[[bytes | None], tuple[Any, ...]],
+    keep_empty: bool = False,
 ) -> None:
+    """Store the new aggregate (or forget the key when it is gone, unless `keep_empty`:
+    a table aggregation keeps its dedup ids) and emit it as the key's new value."""
     try:
         enc = None if current is None else result.serialize(current)
     except Exception as e:  # an aggregate its serde cannot write: keep the old state
         out.append(_bad(last, f"encode aggregate: {type(e).__name__}: {e}", width))
         return
-    if enc is None and pack(None) == (None,):
+    if enc is None and not keep_empty:
         state.remove()
     else:
         state.update(pack(enc))
@@ -127,12 +184,11 @@ def retract() -> StateFn:
     cols = [*env.COLUMNS, env.OLD, env.RID]
     width = len(cols)
 
-    def fn(group: tuple[Any, ...], pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
-        kb = group[0]
+    def core(kb: bytes | None, rows: list[tuple[Any, ...]], state: KeyState) -> list[Any]:
         prev = state.get[0] if state.exists else None
         out: list[tuple[Any, ...]] = []
         changed = False
-        for row in _rows(pdfs):
+        for row in rows:
             if row[ERR] is not None:
                 out.append((*row, None, None))
                 continue
@@ -158,28 +214,26 @@ def retract() -> StateFn:
                 state.remove()
             else:
                 state.update((prev,))
-        if out:
-            yield _frame(out, cols)
+        return out
 
-    return fn
+    return core
 
 
 def table_aggregate(agg: Aggregator, key: Serde, value: Serde, result: Serde) -> StateFn:
     cols = env.COLUMNS
     width = len(cols)
 
-    def fn(group: tuple[Any, ...], pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
-        kb = group[0]
+    def core(kb: bytes | None, rows: list[tuple[Any, ...]], state: KeyState) -> list[Any]:
         if state.exists:
             agg_b, last_batch, ids = state.get
         else:
             agg_b, last_batch, ids = None, -1, b""
         seen = split_ids(ids or b"")
         current = None if agg_b is None else result.deserialize(agg_b)
-        k = key.deserialize(kb)
+        k = None if kb is None else key.deserialize(kb)
         out: list[tuple[Any, ...]] = []
         last = None
-        for row in _rows(pdfs):
+        for row in rows:
             if row[ERR] is not None:
                 out.append(row[:width])
                 continue
@@ -203,17 +257,18 @@ def table_aggregate(agg: Aggregator, key: Serde, value: Serde, result: Serde) ->
         blob = b"".join(sorted(seen))
         assert len(blob) % RID_SIZE == 0
         if last is not None:
-            _store(state, out, last, kb, current, result, width, lambda e: (e, last_batch, blob))
+            pack = lambda e: (e, last_batch, blob)  # noqa: E731
+            _store(state, out, last, kb, current, result, width, pack, keep_empty=True)
         elif state.exists or seen:
             state.update((agg_b, last_batch, blob))
-        if out:
-            yield _frame(out, cols)
+        return out
 
-    return fn
+    return core
 
 
-def apply(flow: Flow, step: Step, extra: tuple[str, ...] = ()) -> Flow:
-    """Run `step` on `flow` grouped by key bytes; returns encoded rows."""
+def apply(flow: Flow, step: Step, partitions: int, extra: tuple[str, ...] = ()) -> Flow:
+    """Run `step` on `flow`, keys hashed into buckets; returns encoded rows."""
+    from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
 
     from tablecast.pipeline import plan
@@ -221,20 +276,22 @@ def apply(flow: Flow, step: Step, extra: tuple[str, ...] = ()) -> Flow:
     flow = flow.envelope(*extra)
     out_extra: tuple[str, ...] = ()
     if step.what == "retract":
-        fn = retract()
-        state = "prev binary"
+        core = retract()
         out_extra = (env.OLD, env.RID)
     else:
         node = step.node
         assert isinstance(node, plan.Aggregate)
         agg = Aggregator.of(node)
-        if step.what == "stream_aggregate":
-            fn = stream_aggregate(agg, flow.key, flow.value, step.value)
-            state = "agg binary"
-        else:
-            fn = table_aggregate(agg, flow.key, flow.value, step.value)
-            state = "agg binary, batch bigint, ids binary"
-    df = flow.df.groupBy("key").applyInPandasWithState(
-        fn, env.schema(*out_extra), state, "update", GroupStateTimeout.NoTimeout
+        make = stream_aggregate if step.what == "stream_aggregate" else table_aggregate
+        core = make(agg, flow.key, flow.value, step.value)
+    buckets = BUCKETS_PER_PARTITION * partitions
+    df = flow.df.withColumn(BUCKET, F.pmod(F.xxhash64(F.col("key")), F.lit(buckets)))
+    schema = env.schema(*out_extra)
+    df = df.groupBy(BUCKET).applyInPandasWithState(
+        bucketed(core, schema.fieldNames()),
+        schema,
+        "store binary",
+        "update",
+        GroupStateTimeout.NoTimeout,
     )
     return Flow(df, step.key, step.value, step.kind)

@@ -3,22 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
 import tablecast as tc
-from tablecast.kafka.topics import ensure_topic
-from tablecast.pipeline.runner import Pipeline
 from tests import reference_model as ref
 
-from .kafka_io import produce
-from .test_pipeline_support import read_table
+from .test_pipeline_support import CUMULATIVE, Running, running_app
 
 pytestmark = pytest.mark.integration
 
@@ -39,33 +34,20 @@ def count_until_zero(k: str, v: dict[str, int], agg: int) -> int | None:
     return None if v["x"] == 0 else agg + 1  # None deletes the key; the next record restarts
 
 
-@dataclass
-class Running:
-    app: tc.App
-    topic: str
-    pipeline: Pipeline
-    history: list[Rec] = field(default_factory=list)
-
-
 @pytest.fixture(scope="module")
 def running(bootstrap: str, spark, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:  # type: ignore[no-untyped-def]
-    app_id = f"grouped{tmp_path_factory.mktemp('x').name[-6:]}".replace("-", "")
-    topic = f"{app_id}-events"
-    ensure_topic(bootstrap, topic, PARTITIONS)
-    app = tc.App(app_id, state_dir=tmp_path_factory.mktemp("state"), trigger="200 milliseconds")
-    ev = app.stream(topic, key=STR, value=JSON)
-    ev.group_by_key().count().materialize("key_count")
-    ev.group_by(F.variant_get("value", "$.g", "string")).count().materialize("g_count_col")
-    ev.group_by(group_of).aggregate(lambda: 0, lambda k, v, a: a + v["x"], LONG).materialize(
-        "g_sum_py"
-    )
-    ev.group_by_key().reduce(higher).materialize("key_max")
-    ev.group_by_key().aggregate(lambda: 0, count_until_zero, LONG).materialize("key_until_zero")
-    pipeline = app.start(bootstrap_servers=bootstrap, spark=spark)
-    try:
-        yield Running(app, topic, pipeline)
-    finally:
-        pipeline.stop()
+    def build(app: tc.App, topic: str) -> None:
+        ev = app.stream(topic, key=STR, value=JSON)
+        ev.group_by_key().count().materialize("key_count")
+        ev.group_by(F.variant_get("value", "$.g", "string")).count().materialize("g_count_col")
+        ev.group_by(group_of).aggregate(lambda: 0, lambda k, v, a: a + v["x"], LONG).materialize(
+            "g_sum_py"
+        )
+        ev.group_by_key().reduce(higher).materialize("key_max")
+        ev.group_by_key().aggregate(lambda: 0, count_until_zero, LONG).materialize("key_until_zero")
+
+    with running_app(bootstrap, spark, tmp_path_factory, "grouped", build) as r:
+        yield r
 
 
 def expected(h: list[Rec]) -> dict[str, tuple[dict[Any, Any], tc.serde.Serde]]:
@@ -92,26 +74,10 @@ RECORDS = st.lists(
 )
 
 
-@settings(
-    max_examples=3,
-    deadline=None,
-    database=None,
-    # examples build on each other's records: a shrunk example means nothing
-    phases=[Phase.generate],
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@CUMULATIVE
 @given(records=RECORDS)
 def test_grouped_stream_aggregations_match_kafka_streams(
     running: Running, bootstrap: str, records: list[Rec]
 ) -> None:
-    produce(
-        bootstrap,
-        running.topic,
-        [(k.encode(), None if v is None else orjson.dumps(v)) for k, v in records],
-    )
-    running.history.extend(records)
-    running.pipeline.process_all_available()
-    app = running.app.id
-    for name, (table, value) in expected(running.history).items():
-        assert read_table(bootstrap, f"{app}.table.{name}", STR, value) == table, name
-    assert running.pipeline.dead_letters.total() == 0
+    running.feed(bootstrap, records)
+    running.check(bootstrap, expected(running.history))

@@ -8,22 +8,17 @@ topic) with the reference model's answer for everything produced so far.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
 import tablecast as tc
-from tablecast.kafka.topics import ensure_topic
-from tablecast.pipeline.runner import Pipeline
 from tests import reference_model as ref
 
-from .kafka_io import produce
-from .test_pipeline_support import read_table, read_topic
+from .test_pipeline_support import CUMULATIVE, Running, read_topic, running_app
 
 pytestmark = pytest.mark.integration
 
@@ -31,20 +26,13 @@ PARTITIONS = 3
 LONG, STR, JSON = tc.serde.long(), tc.serde.string(), tc.serde.json()
 
 
-@dataclass
-class Running:
-    app: tc.App
-    topic: str
-    pipeline: Pipeline
-    history: list[tuple[str, dict[str, int]]] = field(default_factory=list)
-
-
 @pytest.fixture(scope="module")
 def running(bootstrap: str, spark, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:  # type: ignore[no-untyped-def]
-    app_id = f"stream{tmp_path_factory.mktemp('x').name[-6:]}".replace("-", "")
-    topic = f"{app_id}-events"
-    ensure_topic(bootstrap, topic, PARTITIONS)
-    app = tc.App(app_id, state_dir=tmp_path_factory.mktemp("state"), trigger="200 milliseconds")
+    with running_app(bootstrap, spark, tmp_path_factory, "stream", build) as r:
+        yield r
+
+
+def build(app: tc.App, topic: str) -> None:
     ev = app.stream(topic, key=STR, value=JSON)
     X = F.variant_get("value", "$.x", "int")
     G = F.variant_get("value", "$.g", "int")
@@ -88,13 +76,8 @@ def running(bootstrap: str, spark, tmp_path_factory: pytest.TempPathFactory) -> 
         .to_table()
         .materialize("mixed")
     )
-    ev.map_values(lambda k, v: v["x"], value=LONG).to(f"{app_id}-out")
-    ev.to(f"{app_id}-p0", partitioner=lambda k, v, n: n - 1)
-    pipeline = app.start(bootstrap_servers=bootstrap, spark=spark)
-    try:
-        yield Running(app, topic, pipeline)
-    finally:
-        pipeline.stop()
+    ev.map_values(lambda k, v: v["x"], value=LONG).to(f"{app.id}-out")
+    ev.to(f"{app.id}-p0", partitioner=lambda k, v, n: n - 1)
 
 
 def expected(history: list[tuple[str, dict[str, int]]]) -> dict[str, dict[Any, Any]]:
@@ -129,33 +112,18 @@ RECORDS = st.lists(
 )
 
 
-@settings(
-    max_examples=3,
-    deadline=None,
-    database=None,
-    # examples build on each other's records: a shrunk example means nothing
-    phases=[Phase.generate],
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@CUMULATIVE
 @given(records=RECORDS)
 def test_stateless_stream_operators_match_kafka_streams(
     running: Running, bootstrap: str, records: list[tuple[str, dict[str, int]]]
 ) -> None:
-    produce(bootstrap, running.topic, [(k.encode(), orjson.dumps(v)) for k, v in records])
-    running.history.extend(records)
-    import time
-
-    t0 = time.time()
-    running.pipeline.process_all_available()
-    print("PAA", time.time() - t0, flush=True)
-    app = running.app.id
-    for name, table in expected(running.history).items():
-        assert read_table(bootstrap, f"{app}.table.{name}", STR, LONG) == table, name
+    running.feed(bootstrap, records)
+    running.check(bootstrap, {name: (t, LONG) for name, t in expected(running.history).items()})
 
     # to(topic): every record, in the source's partitioning (no crash: exactly once here)
+    app = running.app.id
     out = read_topic(bootstrap, f"{app}-out")
     got = sorted((m.key().decode(), LONG.deserialize(m.value())) for m in out)
     assert got == sorted((k, v["x"]) for k, v in running.history)
     parts = {m.partition() for m in read_topic(bootstrap, f"{app}-p0")}
     assert parts == {PARTITIONS - 1}
-    assert running.pipeline.dead_letters.total() == 0

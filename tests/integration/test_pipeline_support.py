@@ -4,12 +4,25 @@ and read a table topic back as the latest value per key."""
 from __future__ import annotations
 
 import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from confluent_kafka import Consumer, TopicPartition
+from hypothesis import HealthCheck, Phase, settings
 
+import tablecast as tc
 from tablecast.kafka.partitioner import partition_for
+from tablecast.kafka.topics import ensure_topic
+from tablecast.pipeline.runner import Pipeline
 from tablecast.serde import Serde
+
+from .kafka_io import produce
+
+STR = tc.serde.string()
 
 
 def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
@@ -67,3 +80,63 @@ def read_table(bootstrap: str, topic: str, key: Serde, value: Serde) -> dict[Any
         else:
             table[k] = value.deserialize(m.value())
     return table
+
+
+# -- one App per module, fed by hypothesis examples that build on each other ----
+
+#: few examples (Spark is slow here), and no shrinking: an example's records are
+#: added to everything earlier examples produced, so a shrunk one means nothing
+CUMULATIVE = settings(
+    max_examples=3,
+    deadline=None,
+    database=None,
+    phases=[Phase.generate],
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+
+@dataclass
+class Running:
+    app: tc.App
+    topic: str
+    pipeline: Pipeline
+    history: list[tuple[Any, Any]] = field(default_factory=list)
+
+    def feed(self, bootstrap: str, records: list[tuple[str, Any]]) -> None:
+        """Produce JSON records (None: a null value), remember them, wait for the pipeline."""
+        produce(
+            bootstrap,
+            self.topic,
+            [(k.encode(), None if v is None else orjson.dumps(v)) for k, v in records],
+        )
+        self.history.extend(records)
+        self.pipeline.process_all_available()
+
+    def check(self, bootstrap: str, expected: dict[str, tuple[dict[Any, Any], Serde]]) -> None:
+        """Every table equals the reference model's answer; nothing went to the DLQ."""
+        for name, (table, value) in expected.items():
+            got = read_table(bootstrap, f"{self.app.id}.table.{name}", STR, value)
+            assert got == table, name
+        assert self.pipeline.dead_letters.total() == 0
+
+
+@contextmanager
+def running_app(
+    bootstrap: str,
+    spark: Any,
+    tmp_path_factory: Any,
+    kind: str,
+    build: Callable[[tc.App, str], None],
+    partitions: int = 3,
+) -> Iterator[Running]:
+    """An App on a fresh input topic: `build(app, topic)` defines it; started, then stopped."""
+    app_id = f"{kind}{uuid.uuid4().hex[:8]}"
+    topic = f"{app_id}-input"
+    ensure_topic(bootstrap, topic, partitions)
+    app = tc.App(app_id, state_dir=tmp_path_factory.mktemp("state"), trigger="200 milliseconds")
+    build(app, topic)
+    pipeline = app.start(bootstrap_servers=bootstrap, spark=spark)
+    try:
+        yield Running(app, topic, pipeline)
+    finally:
+        pipeline.stop()

@@ -10,22 +10,17 @@ deleted, and deletion of a group whose adder/subtractor returns None.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
 import tablecast as tc
-from tablecast.kafka.topics import ensure_topic
-from tablecast.pipeline.runner import Pipeline
 from tests import reference_model as ref
 
-from .kafka_io import produce
-from .test_pipeline_support import read_table
+from .test_pipeline_support import CUMULATIVE, Running, read_table, running_app
 
 pytestmark = pytest.mark.integration
 
@@ -54,20 +49,13 @@ def agg_sub(k: str, n: int, agg: dict[str, int]) -> dict[str, int] | None:
     return None if rows <= 0 else {"rows": rows, "sum": agg["sum"] - n}
 
 
-@dataclass
-class Running:
-    app: tc.App
-    topic: str
-    pipeline: Pipeline
-    history: list[Row] = field(default_factory=list)
-
-
 @pytest.fixture(scope="module")
 def running(bootstrap: str, spark, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:  # type: ignore[no-untyped-def]
-    app_id = f"table{tmp_path_factory.mktemp('x').name[-6:]}".replace("-", "")
-    topic = f"{app_id}-rows"
-    ensure_topic(bootstrap, topic, PARTITIONS)
-    app = tc.App(app_id, state_dir=tmp_path_factory.mktemp("state"), trigger="200 milliseconds")
+    with running_app(bootstrap, spark, tmp_path_factory, "table", build) as r:
+        yield r
+
+
+def build(app: tc.App, topic: str) -> None:
     rows = app.table(topic, key=STR, value=JSON)
     n = F.variant_get("value", "$.n", "long")
     g = F.variant_get("value", "$.g", "string")
@@ -104,11 +92,6 @@ def running(bootstrap: str, spark, tmp_path_factory: pytest.TempPathFactory) -> 
         .count()
         .materialize("count_of_counts")
     )
-    pipeline = app.start(bootstrap_servers=bootstrap, spark=spark)
-    try:
-        yield Running(app, topic, pipeline)
-    finally:
-        pipeline.stop()
 
 
 def expected(h: list[Row]) -> dict[str, tuple[dict[Any, Any], tc.serde.Serde]]:
@@ -168,33 +151,17 @@ ROWS = st.lists(
 )
 
 
-@settings(
-    max_examples=3,
-    deadline=None,
-    database=None,
-    # examples build on each other's records: a shrunk example means nothing
-    phases=[Phase.generate],
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@CUMULATIVE
 @given(rows=ROWS)
 def test_table_operators_and_aggregations_match_kafka_streams(
     running: Running, bootstrap: str, rows: list[Row]
 ) -> None:
-    produce(
-        bootstrap,
-        running.topic,
-        [(k.encode(), None if v is None else orjson.dumps(v)) for k, v in rows],
-    )
-    running.history.extend(rows)
-    running.pipeline.process_all_available()
-    app = running.app.id
-    for name, (table, value) in expected(running.history).items():
-        got = read_table(bootstrap, f"{app}.table.{name}", STR, value)
-        if name == "count_of_counts":
-            # which intermediate counts the first aggregation emits depends on batching
-            # (in Kafka Streams on its record cache), so a second-level group may or
-            # may not have existed and dropped to 0; the non-zero ones are exact
-            got = {k: c for k, c in got.items() if c}
-            table = {k: c for k, c in table.items() if c}
-        assert got == table, name
-    assert running.pipeline.dead_letters.total() == 0
+    running.feed(bootstrap, rows)
+    want = expected(running.history)
+    # which intermediate counts the first aggregation emits depends on batching (in
+    # Kafka Streams on its record cache), so a second-level group may or may not
+    # have existed and dropped to 0: compare the non-zero ones, which are exact
+    table, value = want.pop("count_of_counts")
+    got = read_table(bootstrap, f"{running.app.id}.table.count_of_counts", STR, value)
+    assert {k: c for k, c in got.items() if c} == {k: c for k, c in table.items() if c}
+    running.check(bootstrap, want)
