@@ -448,15 +448,30 @@ def point_gets(
     out: dict[str, Any] = {k: median(v) for k, v in runs.items()}
     out["rounds"] = {k: [r["rps"] for r in v] for k, v in runs.items()}
     out["kafka_streams_warm_up"] = ks_warm
-    tc = out["tablecast"]["rps"]
+    rr = out["rounds"]
     out["ratio"] = {
-        "vs_kafka_streams": tc / out["kafka_streams"]["rps"],
-        "vs_redis": tc / out["redis"]["rps"],
-        "vs_constant": tc / out["constant"]["rps"],
-        "vs_kafka_streams_h2load": out["tablecast_h2load"]["rps"]
-        / out["kafka_streams_h2load"]["rps"],
+        "vs_kafka_streams": round_ratio(rr["tablecast"], rr["kafka_streams"]),
+        "vs_redis": round_ratio(rr["tablecast"], rr["redis"]),
+        "vs_constant": round_ratio(rr["tablecast"], rr["constant"]),
+        "vs_kafka_streams_h2load": round_ratio(rr["tablecast_h2load"], rr["kafka_streams_h2load"]),
     }
     return out
+
+
+def round_ratio(ours: list[float], theirs: list[float]) -> float:
+    """The median over rounds of ours ÷ theirs within each round.
+
+    A round's runs follow one another within a minute, so the slow drifts of
+    this shared machine's load (minutes long, up to 3×) cancel in each round's
+    ratio, which a ratio of the two medians would not do.
+    """
+    ratios = sorted(a / b for a, b in zip(ours, theirs, strict=True))
+    return ratios[len(ratios) // 2]
+
+
+def spread(rates: list[float]) -> float:
+    """Fastest ÷ slowest run of one server: how much the machine moved during the rounds."""
+    return max(rates) / min(rates)
 
 
 def half_peak(
@@ -579,10 +594,14 @@ def three_nodes(
         stack.stop(proc)
     out: dict[str, Any] = {k: median(v) for k, v in runs.items()}
     out.update(
-        ratio=out["tablecast"]["rps"] / out["kafka_streams"]["rps"],
+        ratio=round_ratio(
+            [r["rps"] for r in runs["tablecast"]], [r["rps"] for r in runs["kafka_streams"]]
+        ),
         vs_local={
-            "tablecast": out["tablecast"]["rps"] / out["tablecast_local"]["rps"],
-            "kafka_streams": out["kafka_streams"]["rps"] / out["kafka_streams_local"]["rps"],
+            name: round_ratio(
+                [r["rps"] for r in runs[name]], [r["rps"] for r in runs[name + "_local"]]
+            )
+            for name in ("tablecast", "kafka_streams")
         },
         checked_keys=checked,
         connections=conns,
@@ -593,12 +612,12 @@ def three_nodes(
     return out
 
 
-def forwarded_share(mixed: float, local: float) -> float:
-    """From a run where 2/3 of the requests are forwarded, forwarded-only req/s relative to local.
+def forwarded_share(mixed_vs_local: float) -> float:
+    """From req/s with 2/3 of requests forwarded ÷ req/s all local: forwarded-only ÷ local.
 
     On one core the time per request adds up: 1/mixed = 1/3 · 1/local + 2/3 · 1/forwarded.
     """
-    per_forward = (3 * local / mixed - 1) / 2
+    per_forward = (3 / mixed_vs_local - 1) / 2
     return 1 / per_forward if per_forward > 0 else float("inf")
 
 
@@ -711,8 +730,9 @@ def main(argv: list[str]) -> None:
         help="everything small, in a few minutes; "
         "writes to bench/results/quick/, not BENCHMARKS.md",
     )
-    p.add_argument("--seconds", type=int, default=10)
-    p.add_argument("--rounds", type=int, default=3)
+    # more, shorter rounds: each round's ratio cancels the machine's slow drift
+    p.add_argument("--seconds", type=int, default=6)
+    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--keys", type=int, default=100_000)
     p.add_argument("--sizes", default="1000000,5000000", help="restart-to-ready sizes (keys)")
     p.add_argument("--freshness", type=int, default=300, help="produce-to-queryable samples")
@@ -1144,6 +1164,24 @@ def freshness_note(fr: dict[str, Any]) -> str:
     )
 
 
+def noise_note(pg: dict[str, Any]) -> str:
+    spreads = {k: spread(v) for k, v in pg["rounds"].items()}
+    worst = max(spreads, key=spreads.__getitem__)
+    text = (
+        "Ratios are medians of each round's own ratio (a round's runs follow one another "
+        "within a minute). Fastest ÷ slowest round per server: "
+        + ", ".join(f"{k} {v:.1f}×" for k, v in spreads.items())
+        + "."
+    )
+    if spreads[worst] > 1.5:
+        text += (
+            f" **This run was disturbed**: {worst} varied {spreads[worst]:.1f}× between rounds "
+            "while other work loaded the machine, so single figures here say little; the ratios "
+            "within rounds say more, and a run on a quiet machine would say most."
+        )
+    return text
+
+
 def three_rows(tn: dict[str, Any]) -> str:
     rows = []
     for name, label in (
@@ -1153,9 +1191,9 @@ def three_rows(tn: dict[str, Any]) -> str:
         ("kafka_streams_local", "Kafka Streams IQ, 3 instances, own keys"),
     ):
         x = tn[name]
-        local = tn[name.removesuffix("_local") + "_local"]["rps"]
+        vs_local = tn["vs_local"].get(name, 1.0)  # the median of the rounds' own ratios
         rows.append(
-            f"| {label} | {x['rps']:,.0f} | {_ms(x['p50_us'])} | {_ms(x['p99_us'])} | {x['rps'] / local:.2f} |"
+            f"| {label} | {x['rps']:,.0f} | {_ms(x['p50_us'])} | {_ms(x['p99_us'])} | {vs_local:.2f} |"
         )
     return "\n".join(rows)
 
@@ -1165,8 +1203,8 @@ def render(r: dict[str, Any]) -> str:
     tc = pg["tablecast"]
     keys = a["keys"]
     ratio = pg["ratio"]
-    fwd = forwarded_share(tn["tablecast"]["rps"], tn["tablecast_local"]["rps"])
-    fwd_ks = forwarded_share(tn["kafka_streams"]["rps"], tn["kafka_streams_local"]["rps"])
+    fwd = forwarded_share(tn["vs_local"]["tablecast"])
+    fwd_ks = forwarded_share(tn["vs_local"]["kafka_streams"])
     loads, ms, ksl = r["loads"], r["memory_store"], r["kafka_streams_load"]
     fo = r["failover"]
     mem = memory_rows(r)
@@ -1199,7 +1237,9 @@ def render(r: dict[str, Any]) -> str:
 `{r["command"]}` — {facts_line(r["machine"])}. Raw results: `bench/results/anchors.json`.
 
 Every server is pinned to core 0 and every load generator to core 1; figures are medians of
-{a["rounds"]} alternating runs of {a["seconds"]} s after warm-ups, and each is compared with its
+{a["rounds"]} rounds of alternating {
+            a["seconds"]
+        } s runs after warm-ups, and each is compared with its
 anchor measured in the same run. Same data everywhere: {keys:,} keys named as redis-benchmark
 names them (`key:000000012345`) with 100-byte JSON values; Kafka Streams reads them from a
 12-partition input topic into its RocksDB store, tablecast from the same records in its table
@@ -1235,6 +1275,8 @@ generator drives through tablecast's HTTP stack when no lookup is done{
             if pg["constant"]["rps"] > tc["rps"] * 1.1
             else " (in this run not clearly above tablecast: the machine's noise decided the medians)"
         }. All rounds (req/s): {rounds}.
+
+{noise_note(pg)}
 
 **Three nodes vs three instances**, all on core 0, wrk's three threads each connected to one
 server ({tn["connections"]} connections): random keys, so about 2/3 of the requests are forwarded to
