@@ -128,7 +128,7 @@ def _out(row: tuple[Any, ...], key: bytes, value: bytes | None, width: int) -> t
     return out + (None,) * (width - len(out))
 
 
-def stream_aggregate(agg: Aggregator, key: Serde, value: Serde, result: Serde) -> StateFn:
+def stream_aggregate(agg: Aggregator, key: Serde, value: Serde, result: Serde) -> Core:
     cols = env.COLUMNS
 
     def core(kb: bytes | None, rows: list[tuple[Any, ...]], state: KeyState) -> list[Any]:
@@ -180,7 +180,7 @@ def _store(
     out.append(_out(last, kb, enc, width))
 
 
-def retract() -> StateFn:
+def retract() -> Core:
     cols = [*env.COLUMNS, env.OLD, env.RID]
     width = len(cols)
 
@@ -219,7 +219,7 @@ def retract() -> StateFn:
     return core
 
 
-def table_aggregate(agg: Aggregator, key: Serde, value: Serde, result: Serde) -> StateFn:
+def table_aggregate(agg: Aggregator, key: Serde, value: Serde, result: Serde) -> Core:
     cols = env.COLUMNS
     width = len(cols)
 

@@ -206,3 +206,56 @@ def test_table_aggregation_semantics_match_the_reference(changes: list[tuple[str
             apply(sel[0], None, sel[1])
     want = ref.table_group_aggregate(changes, lambda k, v: v, add, sub)
     assert got == want
+
+
+def change_row(
+    group: bytes, old: int | None, new: int | None, batch: int, offset: int
+) -> tuple[Any, ...]:
+    """A repartition record as the aggregating step reads it (envelope + old, batch, rid)."""
+    enc = LONG.serialize
+    rid = record_id(0, offset, 0, 1)
+    old_b = None if old is None else enc(old)
+    new_b = None if new is None else enc(new)
+    return (group, new_b, None, group, new_b, "t", 0, offset, 0, old_b, batch, rid)
+
+
+def test_table_aggregate_applies_a_replayed_change_once() -> None:
+    from tablecast.pipeline.stateful import KeyState, table_aggregate
+
+    core = table_aggregate(
+        Aggregator("reduce", None, lambda a, b: a + b, lambda a, b: a - b), STR, LONG, LONG
+    )
+    store: dict[Any, Any] = {}
+    state = KeyState(store, b"g")
+    first = [change_row(b"g", None, 5, batch=1, offset=0), change_row(b"g", None, 7, 1, 1)]
+    out = core(b"g", first, state)
+    assert [LONG.deserialize(r[1]) for r in out] == [12]
+    # the upstream batch 1 written again (a restart), then batch 2: only batch 2 counts
+    again = [*first, change_row(b"g", 5, 6, batch=2, offset=0)]
+    out = core(b"g", again, state)
+    assert [LONG.deserialize(r[1]) for r in out] == [13]
+    # a copy of batch 1 arriving after batch 2 is dropped too
+    assert core(b"g", first, state) == [] and store[b"g"][1] == 2
+
+
+def test_retract_emits_one_change_per_group_touched() -> None:
+    from tablecast.pipeline.stateful import KeyState, retract
+
+    core = retract()
+    state = KeyState({}, b"r1")
+
+    def row(gk: bytes | None, gv: int, offset: int) -> tuple[Any, ...]:
+        v = None if gk is None else pack_pair(gk, LONG.serialize(gv))
+        return (b"r1", v, None, b"r1", b"raw", "t", 0, offset, 0)
+
+    out = core(b"r1", [row(b"a", 1, 0), row(b"a", 2, 1), row(b"b", 3, 2), row(None, 0, 3)], state)
+    changes = [(r[0], r[9], r[1]) for r in out]  # (group, retracted, added)
+    enc = LONG.serialize
+    assert changes == [
+        (b"a", None, enc(1)),
+        (b"a", enc(1), enc(2)),  # same group: one record, subtract then add
+        (b"a", enc(2), None),  # moved: retracted from a ...
+        (b"b", None, enc(3)),  # ... added to b
+        (b"b", enc(3), None),  # deleted
+    ]
+    assert not state.exists
