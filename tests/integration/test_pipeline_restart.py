@@ -106,9 +106,19 @@ def test_kill_9_of_the_driver_leaves_every_table_exact(
         sums = f"{unique}.table.sums"
         eventually(lambda: sum(end_offsets(bootstrap, sums).values()) > 0, 180)
         # large batches, and kills at different moments while the queries work on them
-        for delay in (2.5, 6.0):
+        repartition = f"{unique}.repartition.sums-0"
+        # 1. while the group-by's first query is writing a batch to the repartition
+        #    topic (its restart writes those records again); 2. at some other moment
+        for moment in ("mid-write", "later"):
+            written = sum(end_offsets(bootstrap, repartition).values())
             send(batch(rng, 40000))
-            time.sleep(delay)
+            if moment == "mid-write":
+                deadline = time.monotonic() + 120
+                while sum(end_offsets(bootstrap, repartition).values()) == written:
+                    assert time.monotonic() < deadline, "the batch never reached the topic"
+                    time.sleep(0.02)
+            else:
+                time.sleep(4.0)
             kill_group(proc, signal.SIGKILL)
             proc = start(app_file, bootstrap, state, log)
         send(batch(rng, 3000))
