@@ -118,6 +118,9 @@ def _kafka(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from tablecast.cli.appfile import load_app, stop_on_sigterm
 
+    if args.master:
+        # defining the App starts Spark: the master must be known before the file loads
+        os.environ["TABLECAST_MASTER"] = args.master
     app = load_app(args.app_file)
     if args.state_dir:
         from pathlib import Path
