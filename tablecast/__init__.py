@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tablecast import serde
+from tablecast import serde, windows
 from tablecast.client import Client, QueryError
 
 if TYPE_CHECKING:
     from tablecast.pipeline.app import App
 
-__all__ = ["App", "Client", "QueryError", "serde"]
+__all__ = ["App", "Client", "QueryError", "serde", "windows"]
 __version__ = "0.1.0"
 
 

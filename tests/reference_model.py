@@ -142,3 +142,52 @@ def _put(table: dict[Any, Any], key: Any, value: Any) -> None:
         table.pop(key, None)
     else:
         table[key] = value
+
+
+# -- windowed streams (TimeWindows + KStreamWindowAggregate) ------------------
+TimedRec = tuple[Any, Any, int, int]  # (task, key, value, timestamp ms)
+
+
+def window_starts(ts: int, size: int, advance: int) -> list[int]:
+    """Starts of the windows [s, s + size), s a multiple of `advance`, that contain ts."""
+    s = ts - ts % advance
+    out = []
+    while s >= 0 and s > ts - size:
+        out.append(s)
+        s -= advance
+    return sorted(out)
+
+
+def window_aggregate(
+    records: Iterable[TimedRec],
+    size: int,
+    advance: int,
+    grace: int,
+    init: Callable[[], Any],
+    f: Callable[[Any, Any, Any], Any],
+) -> tuple[dict[tuple[Any, int], Any], list[TimedRec]]:
+    """The window table {(key, start): aggregate} and the records dropped as late.
+
+    Records are in each task's processing order; stream time is per task (the
+    highest timestamp it has seen), a window takes a record while stream time <
+    its end + grace; null keys and values are skipped."""
+    table: dict[tuple[Any, int], Any] = {}
+    stream_time: dict[Any, int] = {}
+    late: list[TimedRec] = []
+    for rec in records:
+        task, k, v, ts = rec
+        if k is None or v is None:
+            continue
+        now = stream_time[task] = max(stream_time.get(task, ts), ts)
+        open_ = [s for s in window_starts(ts, size, advance) if s + size + grace > now]
+        if not open_:
+            late.append(rec)
+        for s in open_:
+            _put(table, (k, s), f(k, v, table[(k, s)] if (k, s) in table else init()))
+    return table, late
+
+
+def window_count(
+    records: Iterable[TimedRec], size: int, advance: int, grace: int
+) -> tuple[dict[tuple[Any, int], int], list[TimedRec]]:
+    return window_aggregate(records, size, advance, grace, lambda: 0, lambda k, v, a: a + 1)

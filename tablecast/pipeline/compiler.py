@@ -20,7 +20,7 @@ from pyspark.sql.streaming import DataStreamWriter
 
 from tablecast.kafka.topics import dlq_topic
 from tablecast.pipeline import envelope as env
-from tablecast.pipeline import partitioning, sinks, stateful, stateless
+from tablecast.pipeline import partitioning, sinks, stateful, stateless, windowing
 from tablecast.pipeline.flow import Flow
 from tablecast.pipeline.planner import Query, Step
 
@@ -58,6 +58,7 @@ def read(spark: SparkSession, q: Query, t: Target) -> tuple[Flow, tuple[str, ...
         F.col("offset").alias(env.OFF),
         F.lit(0).cast("bigint").alias(env.SEQ),
         *(["headers"] if q.input.role == "repartition" else []),
+        *([F.unix_millis(F.col("timestamp")).alias(env.TS)] if q.windowed else []),
     )
     ref = q.input
     flow = Flow(df, ref.key, ref.value, ref.kind)
@@ -70,7 +71,7 @@ def read(spark: SparkSession, q: Query, t: Target) -> tuple[Flow, tuple[str, ...
         first = q.steps[0] if q.steps else None
         column_first = first is not None and not stateless.is_python(first)
         flow = flow.decode() if column_first else flow.validate()
-    return flow, ()
+    return flow, (env.TS,) if q.windowed else ()
 
 
 def transform(
@@ -79,7 +80,11 @@ def transform(
     i = 0
     while i < len(steps):
         step = steps[i]
-        if step.stateful:
+        if step.what == "window_aggregate":
+            flow = windowing.apply(flow, step, partitions, extra)
+            extra = ()
+            i += 1
+        elif step.stateful:
             flow = stateful.apply(flow, step, partitions, extra)
             extra = (env.OLD, env.RID) if step.what == "retract" else ()
             i += 1
@@ -87,7 +92,7 @@ def transform(
             run = [step]
             while i + len(run) < len(steps) and stateless.is_python(steps[i + len(run)]):
                 run.append(steps[i + len(run)])
-            flow = stateless.apply_python(flow, run)
+            flow = stateless.apply_python(flow, run, extra)
             i += len(run)
         else:
             flow = stateless.apply_column(flow, step)
@@ -115,6 +120,8 @@ def writer(spark: SparkSession, q: Query, t: Target) -> DataStreamWriter:
         partition = None
         if q.partitioner is not None:
             flow, partition = partitioning.assign(flow, q.partitioner, t.sink_partitions)
+        elif q.windowed:
+            partition = windowing.partition_column()
         flow = flow.with_df(sinks.observe(flow.df, q.name))
         out = sinks.route(flow, q, dlq, partition=partition)
         w = out.writeStream.format("kafka").options(**common)

@@ -11,10 +11,12 @@ changed key or value is written; by default the input's serde is kept.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
 from tablecast.pipeline import plan
 from tablecast.serde import Serde
+from tablecast.windows import Windows, to_ms
 
 if TYPE_CHECKING:
     from tablecast.pipeline.app import App
@@ -94,6 +96,19 @@ class Stream(_Handle):
 
 
 class GroupedStream(_Handle):
+    def windowed_by(
+        self, windows: Windows, grace: timedelta | str = timedelta(0)
+    ) -> WindowedGroupedStream:
+        """Aggregate per (key, window) on the records' Kafka timestamps (tc.windows.tumbling
+        or hopping). A window takes records while stream time (the highest timestamp seen in
+        its key's partition) is before its end + `grace`; later records go to the DLQ."""
+        if not isinstance(windows, Windows):
+            raise TypeError("windowed_by: expected tc.windows.tumbling(...) or hopping(...)")
+        grace_ms = to_ms(grace)
+        if grace_ms < 0:
+            raise ValueError("windowed_by: grace must not be negative")
+        return WindowedGroupedStream(self._app, plan.WindowedBy(self._node, windows, grace_ms))
+
     def count(self) -> Table:
         return Table(self._app, plan.Aggregate(self._node, "count"))
 
@@ -112,6 +127,47 @@ class GroupedStream(_Handle):
         _check_callable("aggregate", initializer, aggregator)
         node = plan.Aggregate(self._node, "aggregate", initializer, aggregator, value=value)
         return Table(self._app, node)
+
+
+class WindowedGroupedStream(_Handle):
+    """A grouped stream cut into time windows: its aggregations are window tables."""
+
+    def count(self) -> WindowedTable:
+        return WindowedTable(self._app, plan.Aggregate(self._node, "count"))
+
+    def reduce(
+        self, reducer: Callable[[Any, Any], Any], value: Serde | None = None
+    ) -> WindowedTable:
+        """reducer(aggregate, value) -> new aggregate; a window's first value starts it."""
+        _check_callable("reduce", reducer)
+        node = plan.Aggregate(self._node, "reduce", None, reducer, value=value)
+        return WindowedTable(self._app, node)
+
+    def aggregate(
+        self,
+        initializer: Callable[[], Any],
+        aggregator: Callable[[Any, Any, Any], Any],
+        value: Serde | None = None,
+    ) -> WindowedTable:
+        """aggregator(key, value, aggregate) -> new aggregate, each window from initializer()."""
+        _check_callable("aggregate", initializer, aggregator)
+        node = plan.Aggregate(self._node, "aggregate", initializer, aggregator, value=value)
+        return WindowedTable(self._app, node)
+
+
+class WindowedTable(_Handle):
+    """A table keyed by (key, window start): its records' keys are the key's bytes and the
+    window start as 8 bytes big-endian (Kafka Streams' windowed key format)."""
+
+    def materialize(
+        self, name: str, store: Literal["rocksdb", "memory"] = "rocksdb"
+    ) -> WindowedTable:
+        """Make this window table queryable under `name` (GET .../keys/{key}/windows)."""
+        if store not in ("rocksdb", "memory"):
+            raise ValueError(f"store must be 'rocksdb' or 'memory', not {store!r}")
+        node = plan.Materialize(self._node, name, store)
+        self._app._register(node)
+        return WindowedTable(self._app, node)
 
 
 class Table(_Handle):

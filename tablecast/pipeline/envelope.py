@@ -24,11 +24,13 @@ OFF = "_tc_off"
 OLD = "_tc_old"
 BATCH = "_tc_batch"
 RID = "_tc_rid"
+# read by a windowed aggregation: the record's Kafka timestamp in epoch ms
+TS = "_tc_ts"
 
 COLUMNS = ["key", "value", ERR, RAW_KEY, RAW_VALUE, TOPIC, PART, OFF, SEQ]
 ORDER = [PART, OFF, SEQ]
 
-__all__ = ["BATCH", "COLUMNS", "ERR", "OFF", "OLD", "ORDER", "PART", "RID", "SEQ", "TOPIC"]
+__all__ = ["BATCH", "COLUMNS", "ERR", "OFF", "OLD", "ORDER", "PART", "RID", "SEQ", "TOPIC", "TS"]
 
 
 def schema(*extra: str) -> StructType:
@@ -55,5 +57,6 @@ def schema(*extra: str) -> StructType:
         OLD: BinaryType(),
         BATCH: LongType(),
         RID: BinaryType(),
+        TS: LongType(),
     }
     return StructType([StructField(c, types[c], True) for c in [*COLUMNS, *extra]])

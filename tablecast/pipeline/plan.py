@@ -16,6 +16,7 @@ from pyspark.sql import Column
 
 from tablecast import serde as serdes
 from tablecast.serde import Serde
+from tablecast.windows import Windows
 
 #: what operators accept: a Column over `key`/`value` (a pair of Columns, or a
 #: struct with fields key/value, where an operator returns a record), or a
@@ -144,6 +145,17 @@ class GroupBy(Node):
 
 
 @dataclass(frozen=True, eq=False)
+class WindowedBy(Node):
+    """grouped_stream.windowed_by(windows, grace): the aggregate is kept per (key, window)."""
+
+    windows: Windows = None  # type: ignore[assignment]
+    grace_ms: int = 0
+
+    def describe(self) -> str:
+        return f"windowed_by({self.windows.describe()}, grace {self.grace_ms} ms)"
+
+
+@dataclass(frozen=True, eq=False)
 class Aggregate(Node):
     """count / reduce / aggregate of a grouped stream or grouped table: a table."""
 
@@ -159,8 +171,13 @@ class Aggregate(Node):
 
     @property
     def grouped(self) -> GroupBy:
-        assert isinstance(self.parent, GroupBy)
-        return self.parent
+        parent = self.parent.parent if isinstance(self.parent, WindowedBy) else self.parent
+        assert isinstance(parent, GroupBy)
+        return parent
+
+    @property
+    def window(self) -> WindowedBy | None:
+        return self.parent if isinstance(self.parent, WindowedBy) else None
 
     @property
     def of_table(self) -> bool:
@@ -221,6 +238,14 @@ def is_column(fn: Any) -> bool:
     return isinstance(fn, Column) or (
         isinstance(fn, tuple) and all(isinstance(f, Column) for f in fn)
     )
+
+
+def window_of(node: Node) -> WindowedBy | None:
+    """The windowing of the aggregation whose table `node` is (None: not a window table)."""
+    for n in reversed(node.lineage()):
+        if isinstance(n, Aggregate):
+            return n.window
+    return None
 
 
 def source_of(node: Node) -> Source:

@@ -28,7 +28,10 @@ from tablecast.pipeline import plan
 from tablecast.pipeline.wire import PairSerde
 from tablecast.serde import Serde
 
-StepKind = Literal["op", "select_group", "retract", "stream_aggregate", "table_aggregate"]
+StepKind = Literal[
+    "op", "select_group", "retract", "stream_aggregate", "table_aggregate", "window_aggregate"
+]
+STATEFUL = ("retract", "stream_aggregate", "table_aggregate", "window_aggregate")
 Role = Literal["source", "table", "repartition", "changelog", "sink"]
 
 
@@ -56,7 +59,7 @@ class Step:
 
     @property
     def stateful(self) -> bool:
-        return self.what in ("retract", "stream_aggregate", "table_aggregate")
+        return self.what in STATEFUL
 
     def describe(self) -> str:
         if self.what == "op":
@@ -67,6 +70,10 @@ class Step:
             return "retract [applyInPandasWithState by source key: last selection per row]"
         if self.what == "stream_aggregate":
             return f"{self.node.describe()} [applyInPandasWithState by key]"
+        if self.what == "window_aggregate":
+            assert isinstance(self.node, plan.Aggregate) and self.node.window is not None
+            w = self.node.window.describe()
+            return f"{w} {self.node.describe()} [applyInPandasWithState by key's partition]"
         return f"{self.node.describe()} [applyInPandasWithState by group key, adds and retracts]"
 
 
@@ -81,6 +88,11 @@ class Query:
     @property
     def stateful(self) -> bool:
         return any(s.stateful for s in self.steps)
+
+    @property
+    def windowed(self) -> bool:
+        """Reads record timestamps; writes each window to its inner key's partition."""
+        return any(s.what == "window_aggregate" for s in self.steps)
 
     @property
     def writes_batches(self) -> bool:
@@ -125,7 +137,7 @@ def plan_output(
 
     def add(what: StepKind, node: plan.Node, k: Serde, v: Serde, kd: plan.Kind) -> None:
         nonlocal key, value, kind
-        if what in ("retract", "stream_aggregate", "table_aggregate") and current.stateful:
+        if what in STATEFUL and current.stateful:
             cut("changelog")
         key, value, kind = k, v, kd
         current.steps.append(Step(what, node, k, v, kd))
@@ -145,8 +157,9 @@ def plan_output(
                 if grouped.fn is not None:
                     rekey = plan.Op(grouped.parent, grouped.fn, grouped.key, None, "select_key")
                     add("op", rekey, rekey.key_serde(), value, "stream")
-                add("stream_aggregate", node, node.key_serde(), node.value_serde(), "table")
-        elif isinstance(node, plan.GroupBy | plan.Materialize | plan.To):
+                what: StepKind = "window_aggregate" if node.window else "stream_aggregate"
+                add(what, node, node.key_serde(), node.value_serde(), "table")
+        elif isinstance(node, plan.GroupBy | plan.WindowedBy | plan.Materialize | plan.To):
             pass  # a GroupBy is compiled with its Aggregate; the sinks end the chain
         else:
             raise NotImplementedError(f"{node.describe()} is not supported by the planner yet")

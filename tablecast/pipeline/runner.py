@@ -115,6 +115,7 @@ class Pipeline:
                 sink_partitions = _ensure_topic(bootstrap_servers, q.output.topic, count, config)
             chains.append((count, sink_partitions, queries))
             if isinstance(out, plan.Materialize):
+                window = plan.window_of(out)
                 infos.append(
                     catalog.TableInfo(
                         name=out.name,
@@ -123,6 +124,8 @@ class Pipeline:
                         key=out.key_serde().spec(),
                         value=out.value_serde().spec(),
                         store=out.store,
+                        kind="window" if window else "kv",
+                        extra={"size_ms": window.windows.size_ms} if window else {},
                     )
                 )
         catalog.publish(bootstrap_servers, app.id, infos)

@@ -36,9 +36,10 @@ def op_name(step: Step) -> str:
     return node.name if isinstance(node, plan.Op) else "identity"
 
 
-def apply_python(flow: Flow, steps: list[Step]) -> Flow:
-    """Fused callables over Arrow batches: one decode and one encode per record."""
-    flow = flow.envelope()
+def apply_python(flow: Flow, steps: list[Step], extra: tuple[str, ...] = ()) -> Flow:
+    """Fused callables over Arrow batches: one decode and one encode per record
+    (`extra` columns are carried along, each output row with its input row's)."""
+    flow = flow.envelope(*extra)
     fns = []
     for s in steps:
         fn = getattr(s.node, "fn", None)

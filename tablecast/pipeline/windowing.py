@@ -1,0 +1,152 @@
+"""Windowed aggregation of a grouped stream, with Kafka Streams' semantics.
+
+A record belongs to every window [start, start + size) that contains its Kafka
+timestamp (one for a tumbling window, size / advance for a hopping one). Each
+task — here: the partition of the key, murmur2(key bytes) mod partitions, as
+Kafka Streams' repartition topic and the window table have it — keeps its
+*stream time*, the highest timestamp it has seen. A window takes records while
+stream time < window end + grace; a record whose windows are all closed goes to
+the dead-letter topic as a "late record" (Kafka Streams drops it).
+
+One ``applyInPandasWithState`` group per task: its rows are processed in
+(partition, offset, seq) order, so stream time advances as Kafka Streams'
+would. The state is (stream time, {(key bytes, window start): aggregate
+bytes}); windows that closed are forgotten. Each window whose aggregate changed
+in a micro-batch is written once, keyed by the key bytes + the start as 8 bytes
+big-endian, to the partition of its key (the output row's partition column).
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator
+from typing import Any
+
+from tablecast.kafka.windowed import window_key
+from tablecast.pipeline import envelope as env
+from tablecast.pipeline.aggregation import Aggregator
+from tablecast.pipeline.flow import Flow
+from tablecast.pipeline.planner import Step
+from tablecast.pipeline.stateful import ERR, OFF, TOPIC, X1, K, StateFn, V, _bad, _frame, _rows
+from tablecast.serde import Serde
+from tablecast.windows import Windows
+
+TASK = "_tc_task"
+TS = X1  # the timestamp column follows the envelope's
+
+
+def window_core(
+    windows: Windows, grace_ms: int, agg: Aggregator, key: Serde, value: Serde, result: Serde
+) -> StateFn:
+    cols = env.COLUMNS
+    width = len(cols)
+    size = windows.size_ms
+
+    def fn(group: tuple[Any, ...], pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
+        task = int(group[0])
+        stream_time: int | None
+        if state.exists:
+            stream_time, store = pickle.loads(state.get[0])
+        else:
+            stream_time, store = None, {}
+        live: dict[tuple[bytes, int], Any] = {}  # decoded aggregates of windows touched
+        last: dict[tuple[bytes, int], tuple[Any, ...]] = {}  # the last row that changed each
+        out: list[tuple[Any, ...]] = []
+        for row in _rows(pdfs):
+            row = row[:-1]  # without the task column
+            if row[ERR] is not None:
+                out.append(row[:width])
+                continue
+            kb = row[K]
+            if kb is None or row[V] is None:
+                continue  # Kafka Streams skips records without key or value
+            ts = int(row[TS])
+            stream_time = ts if stream_time is None else max(stream_time, ts)
+            starts = [s for s in windows.starts(ts) if s + size + grace_ms > stream_time]
+            if not starts:
+                why = (
+                    f"late record: timestamp {ts}, stream time {stream_time}, "
+                    f"window size {size} ms, grace {grace_ms} ms"
+                )
+                out.append(_bad(row, why, width))
+                continue
+            try:
+                k, v = key.deserialize(kb), value.deserialize(row[V])
+                new = {}
+                for s in starts:
+                    wk = (kb, s)
+                    if wk not in live:
+                        live[wk] = result.deserialize(store[wk]) if wk in store else None
+                    new[wk] = agg.stream_add(k, v, live[wk])
+            except Exception as e:  # the user's function failed: dead-letter this record
+                out.append(_bad(row, f"{agg.agg}: {type(e).__name__}: {e}", width))
+                continue
+            live.update(new)
+            for wk in new:
+                last[wk] = row
+        for wk, row in last.items():
+            current = live[wk]
+            try:
+                enc = None if current is None else result.serialize(current)
+            except Exception as e:  # an aggregate its serde cannot write: keep the old one
+                out.append(_bad(row, f"encode aggregate: {type(e).__name__}: {e}", width))
+                continue
+            if enc is None:
+                store.pop(wk, None)
+            else:
+                store[wk] = enc
+            wkey = window_key(wk[0], wk[1])
+            out.append((wkey, enc, None, None, None, row[TOPIC], task, row[OFF], 0))
+        if stream_time is not None:
+            # a window closed for good takes no more records: forget it
+            closed = [wk for wk in store if wk[1] + size + grace_ms <= stream_time]
+            for wk in closed:
+                del store[wk]
+            state.update((pickle.dumps((stream_time, store), protocol=5),))
+        if out:
+            yield _frame(out, cols)
+
+    return fn
+
+
+def partition_column() -> Any:
+    """The Kafka sink's partition of an output row: its key's task (see window_core)."""
+    from pyspark.sql import functions as F
+
+    return F.col(env.PART)
+
+
+def _task_udf(partitions: int) -> Any:
+    from pyspark.sql.functions import pandas_udf
+
+    from tablecast.kafka.partitioner import Partitioner
+
+    @pandas_udf("int")  # type: ignore[call-overload]
+    def task(keys):  # type: ignore[no-untyped-def]
+        import pandas as pd
+
+        part = Partitioner(partitions)
+        return pd.Series([0 if k is None else part(bytes(k)) for k in keys], dtype="int32")
+
+    return task
+
+
+def apply(flow: Flow, step: Step, partitions: int, extra: tuple[str, ...]) -> Flow:
+    """Run the windowed aggregation `step` on `flow` (whose extra columns hold the timestamp)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    from tablecast.pipeline import plan
+
+    node = step.node
+    assert isinstance(node, plan.Aggregate) and node.window is not None
+    assert extra == (env.TS,), f"a windowed aggregation needs the record timestamps, has {extra}"
+    flow = flow.envelope(*extra)
+    w = node.window
+    core = window_core(w.windows, w.grace_ms, Aggregator.of(node), flow.key, flow.value, step.value)
+    df = flow.df.withColumn(TASK, _task_udf(partitions)(F.col("key")))
+    schema = env.schema()
+    df = df.groupBy(TASK).applyInPandasWithState(
+        core, schema, "store binary", "update", GroupStateTimeout.NoTimeout
+    )
+    return Flow(df, step.key, step.value, step.kind)

@@ -1,0 +1,104 @@
+"""Time windows for ``grouped_stream.windowed_by(...)`` (SPEC §1), as in Kafka Streams.
+
+``tumbling(size)``: back-to-back windows [n*size, (n+1)*size).
+``hopping(size, advance)``: windows of `size` starting every `advance`, so a
+record belongs to every window [start, start + size) that contains its
+timestamp (size / advance of them). Sizes are ``datetime.timedelta`` or Spark
+interval strings ("1 minute", "30 seconds", "1 hour 30 minutes").
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+
+__all__ = ["Windows", "hopping", "to_ms", "tumbling"]
+
+_UNITS = {
+    "ms": 1,
+    "millisecond": 1,
+    "milliseconds": 1,
+    "s": 1000,
+    "sec": 1000,
+    "secs": 1000,
+    "second": 1000,
+    "seconds": 1000,
+    "m": 60_000,
+    "min": 60_000,
+    "mins": 60_000,
+    "minute": 60_000,
+    "minutes": 60_000,
+    "h": 3_600_000,
+    "hour": 3_600_000,
+    "hours": 3_600_000,
+    "d": 86_400_000,
+    "day": 86_400_000,
+    "days": 86_400_000,
+    "w": 604_800_000,
+    "week": 604_800_000,
+    "weeks": 604_800_000,
+}
+_PART = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*")
+
+
+def to_ms(duration: timedelta | str) -> int:
+    """A timedelta or a Spark interval string as whole milliseconds."""
+    if isinstance(duration, timedelta):
+        return int(duration / timedelta(milliseconds=1))
+    if not isinstance(duration, str):
+        raise TypeError(
+            f"expected a timedelta or an interval string, not {type(duration).__name__}"
+        )
+    text = duration.strip().lower()
+    text = text.removeprefix("interval").strip()
+    pos, total = 0, 0.0
+    while pos < len(text):
+        m = _PART.match(text, pos)
+        if m is None or m.group(2) not in _UNITS:
+            raise ValueError(f"not an interval: {duration!r} (e.g. '1 minute', '30 seconds')")
+        total += float(m.group(1)) * _UNITS[m.group(2)]
+        pos = m.end()
+    if pos == 0:
+        raise ValueError(f"not an interval: {duration!r}")
+    return int(total)
+
+
+@dataclass(frozen=True)
+class Windows:
+    size_ms: int
+    advance_ms: int
+
+    def __post_init__(self) -> None:
+        if self.size_ms <= 0:
+            raise ValueError("a window's size must be positive")
+        if not 0 < self.advance_ms <= self.size_ms:
+            raise ValueError("a hopping window's advance must be positive and at most its size")
+
+    @property
+    def tumbling(self) -> bool:
+        return self.advance_ms == self.size_ms
+
+    def starts(self, ts: int) -> list[int]:
+        """The start of every window containing `ts` (Kafka Streams' TimeWindows.windowsFor)."""
+        first = max(0, ts - self.size_ms + self.advance_ms)
+        start = first - first % self.advance_ms
+        out = []
+        while start <= ts:
+            out.append(start)
+            start += self.advance_ms
+        return out
+
+    def describe(self) -> str:
+        if self.tumbling:
+            return f"tumbling({self.size_ms} ms)"
+        return f"hopping({self.size_ms} ms, advance {self.advance_ms} ms)"
+
+
+def tumbling(size: timedelta | str) -> Windows:
+    ms = to_ms(size)
+    return Windows(ms, ms)
+
+
+def hopping(size: timedelta | str, advance: timedelta | str) -> Windows:
+    return Windows(to_ms(size), to_ms(advance))
