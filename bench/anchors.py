@@ -849,12 +849,14 @@ def plot(r: dict[str, Any]) -> list[str]:
     colors = ["#bbbbbb", "#1f77b4", "#ff7f0e", "#d62728", "#1f77b4", "#ff7f0e"]
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.2))
     bars = a.barh(names, [x["rps"] for x in runs], color=colors)
-    for bar, x in zip(bars, runs, strict=True):
-        ratio = pg["tablecast"]["rps"] / x["rps"]
+    # the section's ratios: medians of each round's own ratio, tablecast over this bar
+    pr = pg["ratio"]
+    ratios = [pr["vs_constant"], None, pr["vs_kafka_streams"], pr["vs_redis"], None, tn["ratio"]]
+    for bar, x, ratio in zip(bars, runs, ratios, strict=True):
         a.text(
             bar.get_width(),
             bar.get_y() + bar.get_height() / 2,
-            f" {x['rps']:,.0f}  (tc ÷ = {ratio:.2f})",
+            f" {x['rps']:,.0f}" + (f"  (tablecast ÷ this {ratio:.2f})" if ratio else ""),
             va="center",
             fontsize=8,
         )
@@ -1182,6 +1184,34 @@ def noise_note(pg: dict[str, Any]) -> str:
     return text
 
 
+def pipeline_note() -> str:
+    if (common.ROOT / "bench" / "pipeline.py").exists():
+        return (
+            "The pipeline's part (input topic → Spark → table topic → node) is measured by "
+            "`python -m bench pipeline`: see its section."
+        )
+    return "The pipeline's part (input topic → Spark → table topic) is not measured here."
+
+
+def three_noise_note(tn: dict[str, Any]) -> str:
+    """Say so when a server's three-instance runs stalled: their median is then no steady rate."""
+    notes = []
+    for name, whose in (("tablecast", "tablecast's"), ("kafka_streams", "Kafka Streams'")):
+        runs = tn["rounds"][name] + tn["rounds"][name + "_local"]
+        errors = sum(tn[k]["errors"] + tn[k]["non2xx"] for k in (name, name + "_local"))
+        if spread(runs) > 3 or errors:
+            notes.append(
+                f"**{whose} three-instance runs stalled in this run** ({errors} socket errors "
+                f"or non-2xx answers in the median runs; rounds "
+                + ", ".join(f"{x:,.0f}" for x in tn["rounds"][name])
+                + " req/s random, "
+                + ", ".join(f"{x:,.0f}" for x in tn["rounds"][name + "_local"])
+                + " own keys): requests waited seconds while the machine's load peaked, so "
+                "these medians, and the ratios built on them, are not steady rates."
+            )
+    return "\n\n".join(notes)
+
+
 def three_rows(tn: dict[str, Any]) -> str:
     rows = []
     for name, label in (
@@ -1293,6 +1323,8 @@ measures tablecast's directly. Kafka Streams' forward is a blocking `java.net.ht
 request thread; its JVMs needed {len(tn["kafka_streams_warm_up"])} warm-up runs
 ({", ".join(f"{x:,.0f}" for x in tn["kafka_streams_warm_up"])} req/s) before the timed ones.
 
+{three_noise_note(tn)}
+
 ![latency](bench/plots/anchors-latency.png)
 
 **p99 at half of peak load**: `hey` with 50 workers, each rate-limited to 1/50 of half the
@@ -1323,8 +1355,7 @@ server answers it; {fr["tablecast"]["samples"]} samples each, one at a time.
 | Kafka Streams IQ (input topic → store) | {_ms(fr["kafka_streams"]["p50_us"])} | {_ms(fr["kafka_streams"]["p99_us"])} | {_ms(fr["kafka_streams"]["max_us"])} |
 
 tablecast ÷ Kafka Streams (p50): {fr["tablecast"]["p50_us"] / fr["kafka_streams"]["p50_us"]:.2f}. {freshness_note(fr)}
-The pipeline's share (input topic → Spark → table topic) is not measured here: no
-`bench/pipeline.py` existed when this ran; `python -m bench all` runs it once it does.
+{pipeline_note()}
 
 ![ingest and restart](bench/plots/anchors-load.png)
 
