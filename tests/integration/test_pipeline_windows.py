@@ -36,6 +36,19 @@ def plus(k: str, v: dict[str, int], agg: int) -> int:
     return agg + v["x"]
 
 
+def parity(k: str, v: dict[str, int]) -> str:
+    return "even" if v["x"] % 2 == 0 else "odd"
+
+
+def higher(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    # ties broken by id: a re-keyed task's order across source partitions is Spark's
+    return b if (b["x"], b["id"]) >= (a["x"], a["id"]) else a
+
+
+def reduce_higher(k: str, v: dict[str, int], a: dict[str, int] | None) -> dict[str, int]:
+    return v if a is None else higher(a, v)
+
+
 @pytest.fixture(scope="module")
 def running(bootstrap: str, spark, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:  # type: ignore[no-untyped-def]
     def build(app: tc.App, topic: str) -> None:
@@ -47,6 +60,11 @@ def running(bootstrap: str, spark, tmp_path_factory: pytest.TempPathFactory) -> 
         grouped.windowed_by(hopping, grace=timedelta(seconds=30)).aggregate(
             lambda: 0, plus, LONG
         ).materialize("sum_2m", store="memory")
+        # re-keyed by a Python function (the timestamps travel through the Python worker)
+        by_parity = app.stream(topic, key=STR, value=JSON).group_by(parity)
+        by_parity.windowed_by(tc.windows.tumbling("1 minute"), grace="1 hour").reduce(
+            higher
+        ).materialize("max_by_parity")
 
     with running_app(bootstrap, spark, tmp_path_factory, "windows", build, PARTITIONS) as r:
         yield r
@@ -94,6 +112,13 @@ def check(bootstrap: str, running: Running) -> dict[tuple[str, int], int]:
     app_id = running.app.id
     assert window_table(bootstrap, f"{app_id}.table.per_minute", LONG) == counts
     assert window_table(bootstrap, f"{app_id}.table.sum_2m", LONG) == sums
+    # nothing is late within an hour's grace, so each task's order does not matter here
+    rekeyed = [(0, parity(k, v), v, ts) for _, k, v, ts in h]
+    maxes, none_late = ref.window_aggregate(
+        rekeyed, MIN, MIN, 3_600_000, lambda: None, reduce_higher
+    )
+    assert not none_late
+    assert window_table(bootstrap, f"{app_id}.table.max_by_parity", JSON) == maxes
     late = Counter((k, v["id"]) for _, k, v, _ in late_t + late_h)
     assert late_in_dlq(bootstrap, app_id) == late
     return counts
