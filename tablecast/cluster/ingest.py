@@ -162,9 +162,14 @@ class Ingestor:
         return replica
 
     def _ingest_batch(self) -> None:
-        msgs = self._consumer.consume(BATCH, 0.1)
+        # consume(n, timeout) waits for a full batch or the timeout, which would
+        # hold a lone record back: take what is here, else wait for one record only
+        msgs = self._consumer.consume(BATCH, 0)
         if not msgs:
-            return
+            msgs = self._consumer.consume(1, 0.1)
+            if not msgs:
+                return
+            msgs += self._consumer.consume(BATCH - 1, 0)
         slices: dict[tuple[str, int], list[Write]] = defaultdict(list)
         for m in msgs:
             err = m.error()
