@@ -80,9 +80,6 @@ class Node:
     def tables(self) -> dict[str, TableInfo]:
         return self.ingestor.tables
 
-    def replica(self, table: str, partition: int) -> Replica | None:
-        return self.ingestor.replicas.get((table, partition))
-
     @property
     def ready(self) -> bool:
         """Catalog read, every table assigned, and each partition this node must serve caught up."""
