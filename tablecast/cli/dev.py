@@ -7,8 +7,10 @@ import logging
 import sys
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
+import orjson
 
 from tablecast.cli.appfile import peek_app
 from tablecast.cli.supervisor import Supervisor
@@ -68,7 +70,10 @@ def run(args: argparse.Namespace) -> int:
                 ],
             )
         _wait_ready(sup, urls)
-        _print_welcome(app.id, urls, list(app.materialized), demo, bootstrap)
+        sample = None
+        if generate and app.materialized:
+            sample = _wait_for_data(sup, urls[0], next(iter(app.materialized)))
+        _print_welcome(app.id, urls, list(app.materialized), sample, bootstrap)
         while (dead := sup.failed()) is None:
             time.sleep(0.5)
         log.error("%s exited; see %s. Stopping everything.", dead, sup.log_dir / f"{dead}.log")
@@ -107,12 +112,39 @@ def _wait_ready(sup: Supervisor, urls: list[str]) -> None:
             time.sleep(0.5)
 
 
+def _wait_for_data(sup: Supervisor, url: str, table: str, timeout: float = 180.0) -> str | None:
+    """With a generator running, wait until its first records are queryable, so the
+    URLs printed next answer at once (Spark's first micro-batches take a few seconds)."""
+    deadline = time.monotonic() + timeout
+    last_note = 0.0
+    with httpx.Client(timeout=2.0) as http:
+        while time.monotonic() < deadline:
+            try:
+                r = http.get(f"{url}/v1/tables/{table}/range", params={"limit": 1})
+                items = r.json()["items"] if r.status_code == 200 else []
+                if items:  # a key that exists, for the curl line printed next
+                    key = items[0]["key"]
+                    return key if isinstance(key, str) else orjson.dumps(key).decode()
+            except (httpx.HTTPError, ValueError, KeyError):
+                pass
+            if (dead := sup.failed()) is not None:
+                raise SystemExit(f"{dead} exited; see {sup.log_dir / (dead + '.log')}")
+            if time.monotonic() - last_note > 5:
+                log.info(
+                    "waiting for the first records to flow through the pipeline into %r ...", table
+                )
+                last_note = time.monotonic()
+            time.sleep(0.5)
+    log.warning("no records in %r after %.0fs; see %s", table, timeout, sup.log_dir)
+    return None
+
+
 def _print_welcome(
-    app_id: str, urls: list[str], tables: list[str], demo: bool, bootstrap: str
+    app_id: str, urls: list[str], tables: list[str], sample: str | None, bootstrap: str
 ) -> None:
     first = urls[0]
     table = tables[0] if tables else "TABLE"
-    key = "AAPL" if demo else "KEY"
+    key = quote(sample, safe="") if sample is not None else "KEY"
     print(
         f"\ntablecast app {app_id!r} is up: Kafka at {bootstrap}, nodes at {', '.join(urls)}\n"
         f"Try:\n"
