@@ -25,7 +25,6 @@ import io
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -33,6 +32,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+
+from bench.peers.kafka_streams import stop_pid
 
 log = logging.getLogger(__name__)
 
@@ -141,14 +142,7 @@ class RedisServer:
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM (redis exits at once without persistence), SIGKILL after `timeout`."""
-        if self.proc.poll() is not None:
-            return
-        os.kill(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        stop_pid(self.proc, timeout)
 
     def __enter__(self) -> RedisServer:
         return self

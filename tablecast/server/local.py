@@ -117,7 +117,7 @@ class Local:
     ) -> list[tuple[bytes, Record]]:
         """Up to `limit` entries of these local partitions, merged in key order."""
         pages = [self.require(info, p, max_lag).store.scan(start, end, limit) for p in partitions]
-        return list(islice(heapq.merge(*pages, key=lambda kv: kv[0]), limit))
+        return list(merge_sorted(pages, limit))
 
     def count(self, info: TableInfo, partitions: Iterable[int], max_lag: int | None) -> int:
         return sum(len(self.require(info, p, max_lag).store) for p in partitions)
@@ -139,4 +139,5 @@ def unavailable(info: TableInfo, partition: int) -> ApiError:
 def merge_sorted(
     pages: Iterable[Iterable[tuple[bytes, Any]]], limit: int
 ) -> Iterator[tuple[bytes, Any]]:
+    """The first `limit` entries of pages each sorted by key, in key order."""
     return islice(heapq.merge(*pages, key=lambda kv: kv[0]), limit)

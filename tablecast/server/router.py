@@ -26,7 +26,7 @@ from tablecast.kafka.catalog import TableInfo
 from tablecast.serde import SerdeError
 from tablecast.server.cursor import Cursors
 from tablecast.server.errors import ApiError
-from tablecast.server.local import Answer, Headers, Local, unavailable
+from tablecast.server.local import Answer, Headers, Local, merge_sorted, unavailable
 from tablecast.server.peers import PeerPool, PeerUnavailable
 
 HOP = "x-tablecast-hop"
@@ -382,7 +382,7 @@ class Router:
             pages = [here(mine)] if mine else []
         else:
             pages = await self.gather(info, range(info.partitions), req, max_lag, here, there)
-        merged = sorted((kv for page in pages for kv in page), key=lambda kv: kv[0])[: limit + 1]
+        merged = list(merge_sorted(pages, limit + 1))  # every page is in key order
         more = len(merged) > limit
         merged = merged[:limit]
         kj = info.key_serde.to_json
