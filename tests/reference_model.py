@@ -1,7 +1,8 @@
 """Kafka Streams' answers, computed in plain Python for the tests to compare with.
 
 Written from Kafka Streams' documented semantics (KStream/KTable operators,
-KStreamAggregate, KTableRepartitionMap + KTableAggregate/KTableReduce),
+KStreamAggregate, KTableRepartitionMap + KTableAggregate/KTableReduce,
+KStreamTransformValues with a key-value store, KStream.repartition),
 independently of tablecast's planner and compiler. A stream is a list of
 (key, value) records in order; a table's changelog is a list of upserts, a
 None value deleting; ``latest`` is what a materialized table holds at the end.
@@ -9,6 +10,7 @@ None value deleting; ``latest`` is what a materialized table holds at the end.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -38,6 +40,56 @@ def flat_map(records: Iterable[Rec], f: Callable[[Any, Any], Iterable[Rec]]) -> 
 
 def select_key(records: Iterable[Rec], f: Callable[[Any, Any], Any]) -> list[Rec]:
     return [(f(k, v), v) for k, v in records]
+
+
+class KeyStore:
+    """One key's entry of a key-value store, as a transformValues function sees it."""
+
+    def __init__(self, stored: Any) -> None:
+        self.stored = stored
+
+    def get(self, default: Any = None) -> Any:
+        # a store hands out a deserialized copy: mutating it changes nothing stored
+        return default if self.stored is None else copy.deepcopy(self.stored)
+
+    def set(self, value: Any) -> None:
+        self.stored = copy.deepcopy(value)  # None deletes the entry
+
+
+def transform_values(
+    records: Iterable[Rec], f: Callable[[Any, Any, KeyStore], Any]
+) -> tuple[list[Rec], list[Rec]]:
+    """KStream.transformValues with a key-value store per key: (records out, records that
+    failed). A record's state changes count only if f returns; a None result is a record
+    with a None value; records without a key have no store entry and fail."""
+    store: dict[Any, Any] = {}
+    out: list[Rec] = []
+    failed: list[Rec] = []
+    for k, v in records:
+        if k is None:
+            failed.append((k, v))
+            continue
+        entry = KeyStore(store.get(k))
+        try:
+            new = f(k, v, entry)
+        except Exception:
+            failed.append((k, v))
+            continue
+        _put(store, k, entry.stored)
+        out.append((k, new))
+    return out, failed
+
+
+def repartition(
+    records: Iterable[Rec], partitions: int, partitioner: Callable[[Any, Any, int], int]
+) -> dict[int, list[Rec]]:
+    """KStream.repartition: each keyed record appended to the partition the partitioner
+    picks (records without a key are dropped); the stream continues from these."""
+    out: dict[int, list[Rec]] = {}
+    for k, v in records:
+        if k is not None:
+            out.setdefault(partitioner(k, v, partitions), []).append((k, v))
+    return out
 
 
 def latest(changelog: Iterable[Rec]) -> dict[Any, Any]:

@@ -20,6 +20,7 @@ from tablecast.windows import Windows, to_ms
 
 if TYPE_CHECKING:
     from tablecast.pipeline.app import App
+    from tablecast.pipeline.transforming import ValueState
 
 
 class _Handle:
@@ -81,6 +82,32 @@ class Stream(_Handle):
         if partitioner is not None:
             _check_fn("to", partitioner)
         self._app._register_sink(plan.To(self._node, topic, key, value, partitioner))
+
+    def transform_values(
+        self, fn: Callable[[Any, Any, ValueState], Any], value: Serde | None = None
+    ) -> Stream:
+        """fn(key, value, state) -> the new value (None: a record with a None value).
+
+        `state.get(default=None)` / `state.set(v)` read and write the key's own state,
+        kept in Spark's state store across micro-batches and restarts. States are
+        stored as JSON, so they must be JSON-able; `state.set(None)` forgets the key's
+        state. A record whose fn raises goes to the dead-letter topic and leaves the
+        state as it was; a record without a key has no state and goes there too."""
+        _check_callable("transform_values", fn)
+        return Stream(self._app, plan.TransformValues(self._node, fn, value))
+
+    def repartition(
+        self, partitions: int | None = None, partitioner: plan.Fn | None = None
+    ) -> Stream:
+        """Send the stream through the internal topic `<app>.repartition.<output>-<i>`,
+        keyed by its current key, with `partitions` partitions (default: the source's).
+        `partitioner(key, value, partitions)` places each record, as in to(); by default
+        murmur2 of the key. Operators after it read the topic back (at-least-once)."""
+        if partitions is not None and (not isinstance(partitions, int) or partitions < 1):
+            raise ValueError(f"repartition: partitions must be a positive int, not {partitions!r}")
+        if partitioner is not None:
+            _check_fn("repartition", partitioner)
+        return Stream(self._app, plan.Repartition(self._node, partitions, partitioner))
 
     def group_by_key(self) -> GroupedStream:
         return GroupedStream(self._app, plan.GroupBy(self._node))

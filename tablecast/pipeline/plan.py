@@ -106,6 +106,42 @@ class Op(Node):
 
 
 @dataclass(frozen=True, eq=False)
+class TransformValues(Node):
+    """stream.transform_values(f): f(key, value, state) with the key's own persistent state."""
+
+    fn: Callable[..., Any] = None  # type: ignore[assignment]
+    value: Serde | None = None
+
+    @property
+    def kind(self) -> Kind:
+        return "stream"
+
+    def value_serde(self) -> Serde:
+        return self.value or super().value_serde()
+
+    def describe(self) -> str:
+        return f"transform_values({fn_name(self.fn)})"
+
+
+@dataclass(frozen=True, eq=False)
+class Repartition(Node):
+    """stream.repartition(partitions, partitioner): the stream crosses an internal topic."""
+
+    partitions: int | None = None
+    partitioner: Fn | None = None
+
+    @property
+    def kind(self) -> Kind:
+        return "stream"
+
+    def describe(self) -> str:
+        args = [f"partitions={self.partitions}"] if self.partitions else []
+        if self.partitioner is not None:
+            args.append(f"partitioner={fn_name(self.partitioner)}")
+        return f"repartition({', '.join(args)})"
+
+
+@dataclass(frozen=True, eq=False)
 class ToTable(Node):
     @property
     def kind(self) -> Kind:

@@ -11,7 +11,10 @@ stateless operators and at most one stateful step; the planner cuts the chain:
   and an addition of the new one to ``<app>.repartition.<name>-<i>``, keyed by
   group key; the next query aggregates per group key;
 - before a second stateful step: the first one's changelog goes through
-  ``<app>.changelog.<name>-<i>``.
+  ``<app>.changelog.<name>-<i>`` (compacted if it is a table's);
+- at a stream's ``repartition()``: the stream goes through
+  ``<app>.repartition.<name>-<i>``, keyed by its key and placed by its
+  partitioner (Kafka Streams' ``through``); the next query reads it back.
 
 Grouped *stream* aggregations need no topic: Spark's shuffle re-keys them.
 The planner is pure Python, so ``tablecast explain`` needs no Spark.
@@ -29,10 +32,24 @@ from tablecast.pipeline.wire import PairSerde
 from tablecast.serde import Serde
 
 StepKind = Literal[
-    "op", "select_group", "retract", "stream_aggregate", "table_aggregate", "window_aggregate"
+    "op",
+    "select_group",
+    "retract",
+    "stream_aggregate",
+    "table_aggregate",
+    "window_aggregate",
+    "transform_values",
 ]
-STATEFUL = ("retract", "stream_aggregate", "table_aggregate", "window_aggregate")
-Role = Literal["source", "table", "repartition", "changelog", "sink"]
+STATEFUL = (
+    "retract",
+    "stream_aggregate",
+    "table_aggregate",
+    "window_aggregate",
+    "transform_values",
+)
+#: "through": a stream's repartition() topic (plain records, unlike a table
+#: group_by's "repartition" topic whose records carry ids for deduplication)
+Role = Literal["source", "table", "repartition", "through", "changelog", "sink"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +87,8 @@ class Step:
             return "retract [applyInPandasWithState by source key: last selection per row]"
         if self.what == "stream_aggregate":
             return f"{self.node.describe()} [applyInPandasWithState by key]"
+        if self.what == "transform_values":
+            return f"{self.node.describe()} [applyInPandasWithState by key: the key's state]"
         if self.what == "window_aggregate":
             assert isinstance(self.node, plan.Aggregate) and self.node.window is not None
             w = self.node.window.describe()
@@ -84,6 +103,8 @@ class Query:
     output: TopicRef
     steps: list[Step] = field(default_factory=list)
     partitioner: plan.Fn | None = None
+    #: partitions of the output topic when it is created (None: the source's count)
+    partitions: int | None = None
 
     @property
     def stateful(self) -> bool:
@@ -130,7 +151,8 @@ def plan_output(
     def cut(role: Role) -> None:
         nonlocal current
         current.name = f"{app_id}.{base}.{len(queries)}"
-        topic = f"{app_id}.{role}.{base}-{len(queries)}"
+        prefix = "repartition" if role == "through" else role
+        topic = f"{app_id}.{prefix}.{base}-{len(queries)}"
         current.output = TopicRef(topic, key, value, kind, role)
         queries.append(current)
         current = Query(f"{app_id}.{base}", current.output, current.output)
@@ -159,6 +181,11 @@ def plan_output(
                     add("op", rekey, rekey.key_serde(), value, "stream")
                 what: StepKind = "window_aggregate" if node.window else "stream_aggregate"
                 add(what, node, node.key_serde(), node.value_serde(), "table")
+        elif isinstance(node, plan.TransformValues):
+            add("transform_values", node, key, node.value_serde(), "stream")
+        elif isinstance(node, plan.Repartition):
+            current.partitioner, current.partitions = node.partitioner, node.partitions
+            cut("through")
         elif isinstance(node, plan.GroupBy | plan.WindowedBy | plan.Materialize | plan.To):
             pass  # a GroupBy is compiled with its Aggregate; the sinks end the chain
         else:
@@ -192,6 +219,8 @@ def explain(
             parts = f", {count} partitions" if count else ""
             lines.append(f"      reads  {q.input.topic} [{q.input.role}{parts}]")
             lines.extend(f"      step   {s.describe()}" for s in q.steps)
-            lines.append(f"      writes {q.output.topic} [{q.output.role}]")
+            placed = f", partitioner {plan.fn_name(q.partitioner)}" if q.partitioner else ""
+            wanted = f", {q.partitions} partitions" if q.partitions else ""
+            lines.append(f"      writes {q.output.topic} [{q.output.role}{wanted}{placed}]")
             lines.append(f"      bad records -> {app_id}.dlq")
     return "\n".join(lines)

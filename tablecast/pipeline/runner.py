@@ -75,6 +75,23 @@ def _ensure_topic(
     raise RuntimeError(f"topic {topic} was created but the broker does not list it")
 
 
+def _ensure_outputs(bootstrap_servers: str, queries: list[planner.Query], count: int) -> list[int]:
+    """Create each query's output topic; returns their partition counts.
+
+    Topics get the source's partition count, or what a repartition() asked for,
+    which the topics after it keep (as Kafka Streams' tasks downstream of it)."""
+    sizes = []
+    for q in queries:
+        table_like = q.output.kind == "table" and q.output.role in ("table", "changelog")
+        config = COMPACTED if table_like else None
+        # a to(topic) of the user's may exist already, with its own partition count
+        size = _ensure_topic(bootstrap_servers, q.output.topic, q.partitions or count, config)
+        if q.output.role == "through":
+            count = size
+        sizes.append(size)
+    return sizes
+
+
 @dataclass
 class Pipeline:
     app: App
@@ -108,19 +125,15 @@ class Pipeline:
         for out in outputs:
             count = partitions[plan.source_of(out).topic]
             queries = planner.plan_output(app.id, out, list(app.materialized.values()))
-            sink_partitions = count
-            for q in queries:
-                config = COMPACTED if q.output.role in ("table", "changelog") else None
-                # a to(topic) of the user's may exist already, with its own partition count
-                sink_partitions = _ensure_topic(bootstrap_servers, q.output.topic, count, config)
-            chains.append((count, sink_partitions, queries))
+            sizes = _ensure_outputs(bootstrap_servers, queries, count)
+            chains.append((count, sizes, queries))
             if isinstance(out, plan.Materialize):
                 window = plan.window_of(out)
                 infos.append(
                     catalog.TableInfo(
                         name=out.name,
                         topic=queries[-1].output.topic,
-                        partitions=count,
+                        partitions=sizes[-1],
                         key=out.key_serde().spec(),
                         value=out.value_serde().spec(),
                         store=out.store,
@@ -136,13 +149,12 @@ class Pipeline:
         started: dict[str, StreamingQuery] = {}
         pipeline = cls(app, spark, started, owns, counter, listener)
         try:
-            for count, sink_partitions, queries in chains:
-                for q in queries:
+            for count, sizes, queries in chains:
+                for q, out in zip(queries, sizes, strict=True):
                     if q.name in started:
                         continue
                     # stateful steps shuffle into as many partitions as the topics have
                     spark.conf.set("spark.sql.shuffle.partitions", str(count))
-                    out = sink_partitions if q is queries[-1] else count
                     target = Target(app.id, bootstrap_servers, checkpoints, app.trigger, count, out)
                     started[q.name] = writer(spark, q, target).start()
                     log.info("query %s: %s -> %s started", q.name, q.input.topic, q.output.topic)

@@ -1,6 +1,6 @@
 """Stateful steps: ``applyInPandasWithState`` per key, state in Spark's RocksDB store.
 
-Three steps, each a function of (key, that key's rows in this micro-batch,
+Four steps, each a function of (key, that key's rows in this micro-batch,
 its state). Rows are ordered by (partition, offset, seq) first: Spark does not
 promise input order within a group, Kafka Streams' answers depend on it.
 
@@ -12,6 +12,8 @@ promise input order within a group, Kafka Streams' answers depend on it.
 - ``table_aggregate`` (second query): per group key, state = the aggregate and
   the ids of changes applied from the latest upstream batch, so the copies a
   restarted upstream query writes again are applied once.
+- ``transform_values``: per stream key, state = the user's JSON state (see
+  :mod:`tablecast.pipeline.transforming`).
 
 Bad rows pass through; a function that raises sends its record to the
 dead-letter topic and leaves the state as it was.
@@ -278,6 +280,11 @@ def apply(flow: Flow, step: Step, partitions: int, extra: tuple[str, ...] = ()) 
     if step.what == "retract":
         core = retract()
         out_extra = (env.OLD, env.RID)
+    elif step.what == "transform_values":
+        from tablecast.pipeline.transforming import transform_values
+
+        assert isinstance(step.node, plan.TransformValues)
+        core = transform_values(step.node.fn, flow.key, flow.value, step.value)
     else:
         node = step.node
         assert isinstance(node, plan.Aggregate)
