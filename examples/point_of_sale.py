@@ -3,10 +3,11 @@
 `pos` carries invoices keyed by store id. From it:
 - HOME-DELIVERY invoices become shipment records on `shipments`;
 - PRIME customers' invoices earn loyalty points. They are re-keyed by card number
-  and written through `<app>-rewards-by-card` with a custom partitioner (the
-  card's last four digits), so one card's points are summed in one place, into
-  the queryable `rewards` table; each new total is also announced on
-  `notifications`;
+  and repartitioned through `<app>.repartition.rewards-0` with a custom
+  partitioner (the card's last four digits), so one card's points are kept in
+  one place: `transform_values` keeps each card's running points in its
+  persistent state, and the running totals make the queryable `rewards` table;
+  each new total is also announced on `notifications`;
 - every invoice, its card number masked, is flattened into one record per line
   on `hadoop-sink`.
 
@@ -52,12 +53,12 @@ def points_of(card: str, invoice: dict[str, Any]) -> int:
     return int(invoice["total"])  # a point per whole unit spent
 
 
-def start() -> dict[str, int]:
-    return {"points": 0, "invoices": 0}
-
-
-def earn(card: str, points: int, rewards: dict[str, int]) -> dict[str, int]:
-    return {"points": rewards["points"] + points, "invoices": rewards["invoices"] + 1}
+def earn(card: str, points: int, state: Any) -> dict[str, int]:
+    """The card's running rewards, kept in its own state across invoices and restarts."""
+    rewards = state.get({"points": 0, "invoices": 0})
+    rewards = {"points": rewards["points"] + points, "invoices": rewards["invoices"] + 1}
+    state.set(rewards)
+    return rewards
 
 
 def notification(card: str, rewards: dict[str, int] | None) -> dict[str, Any] | None:
@@ -76,14 +77,13 @@ def build(app_id: str = "pos", topic: str = TOPIC) -> tc.App:
     app = tc.App(app_id)
     invoices = app.stream(topic, key=tc.serde.string(), value=tc.serde.json())
     invoices.filter(home_delivery).map_values(shipment).to(f"{app_id}-shipments")
-    by_card = f"{app_id}-rewards-by-card"
-    invoices.filter(prime).select_key(card_of).map_values(points_of).to(
-        by_card, value=tc.serde.json(), partitioner=card_partition
-    )
     rewards = (
-        app.stream(by_card, key=tc.serde.string(), value=tc.serde.json())
-        .group_by_key()
-        .aggregate(start, earn)
+        invoices.filter(prime)
+        .select_key(card_of)
+        .map_values(points_of)
+        .repartition(partitions=BY_CARD_PARTITIONS, partitioner=card_partition)
+        .transform_values(earn)
+        .to_table()
         .materialize("rewards")
     )
     rewards.to_stream().map_values(notification).to(f"{app_id}-notifications")
@@ -127,7 +127,6 @@ def generate(bootstrap_servers: str, rate_per_s: float = 20.0) -> None:
     from tablecast.kafka.topics import ensure_topic
 
     ensure_topic(bootstrap_servers, TOPIC, PARTITIONS)
-    ensure_topic(bootstrap_servers, "pos-rewards-by-card", BY_CARD_PARTITIONS)
     producer = Producer({"bootstrap.servers": bootstrap_servers, **PRODUCER_CONFIG})
     rng = random.Random()
     i = 0
