@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     _opt(p, "--node-id")
     _opt(p, "--data-dir")
     _opt(p, "--standby-replicas", 0, type=int)
+    _opt(p, "--cache-mb", 64, type=int, help="read cache per table in front of RocksDB (0: none)")
     _opt(p, "--auth-jwt-secret", help="HS256 secret: every /v1 request needs a bearer JWT")
     _opt(p, "--auth-jwks", help="a JWKS file of public keys: every /v1 request needs a bearer JWT")
 
@@ -155,6 +156,7 @@ def _serve(args: argparse.Namespace) -> int:
         node_id=node_id,
         data_dir=Path(data_dir),
         standby_replicas=args.standby_replicas,
+        cache_bytes=args.cache_mb * 1024 * 1024,
     )
     process.run(config, args.host, args.port, Auth(args.auth_jwt_secret, args.auth_jwks))
     return 0

@@ -30,6 +30,8 @@ class NodeConfig:
     data_dir: Path
     standby_replicas: int = 0
     max_key_bytes: int = 4096
+    #: read cache in front of RocksDB stores, per table (0: none)
+    cache_bytes: int = 64 * 1024 * 1024
 
 
 @dataclass
@@ -55,7 +57,9 @@ class Node:
         path = self.config.data_dir / "stores" / info.name / str(partition)
         if wipe:
             shutil.rmtree(path, ignore_errors=True)
-        return Replica(info, partition, open_store(info.store, path))
+        # the cache budget is per table: split over its partitions, whichever this node holds
+        cache = self.config.cache_bytes // max(1, info.partitions)
+        return Replica(info, partition, open_store(info.store, path, cache))
 
     def _me(self) -> Member:
         replicas = {slot: r.state() for slot, r in self.ingestor.replicas.items()}

@@ -10,8 +10,8 @@ client as a stack trace.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable, Callable
+from time import perf_counter
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -40,6 +40,7 @@ class HttpApp:
     def __init__(self, node: Node, auth: Auth | None = None) -> None:
         self.node = node
         self.auth = auth or Auth()
+        self._auth_on = self.auth.enabled
         self.peers = PeerPool()
         self.router = Router(node, Cursors(node.config.app_id.encode()), self.peers)
         self.stats = HttpStats()
@@ -48,15 +49,15 @@ class HttpApp:
     async def __call__(self, scope: Any, proto: Any) -> None:
         if scope.proto != "http":
             return
-        started = time.perf_counter()
+        started = perf_counter()
         route = "unmatched"
         try:
             path = scope.path
             headers = scope.headers
-            if self.auth.enabled and path.startswith(("/v1/", "/internal/")):
+            if self._auth_on and path.startswith(("/v1/", "/internal/")):
                 self.auth.check(headers.get("authorization"))
             query = scope.query_string
-            key = _plain_key_read(scope.method, path, query)
+            key = None if query else _plain_key_read(scope.method, path)
             if key is not None:  # the hot path: GET one key, no query string
                 route = "key"
                 answer = self.router.get_key(key[0], key[1], Request(NO_PARAMS, "", headers))
@@ -72,7 +73,7 @@ class HttpApp:
             answer = (500, ApiError("internal", "internal error").body(), [])
         code, body, extra = answer
         proto.response_bytes(code, [PROMETHEUS if route == "metrics" else JSON, *extra], body)
-        self.stats.record(route, code, time.perf_counter() - started)
+        self.stats.record(route, code, perf_counter() - started)
 
     def match(self, method: str, path: str) -> tuple[str, Handler]:
         """The route's name (for metrics) and its handler(request, proto)."""
@@ -135,9 +136,9 @@ class HttpApp:
 NO_PARAMS: dict[str, str] = {}
 
 
-def _plain_key_read(method: str, path: str, query: str) -> tuple[str, str] | None:
-    """(table, key text) when the request is a plain GET /v1/tables/{t}/keys/{key}."""
-    if method != "GET" or query or not path.startswith("/v1/tables/"):
+def _plain_key_read(method: str, path: str) -> tuple[str, str] | None:
+    """(table, key text) when the request is a GET /v1/tables/{t}/keys/{key}."""
+    if method != "GET" or not path.startswith("/v1/tables/"):
         return None
     parts = path.split("/", 5)
     if len(parts) != 6 or parts[4] != "keys":

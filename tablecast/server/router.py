@@ -91,12 +91,12 @@ class Router:
         self, info: TableInfo, partition: int, req: Request, max_lag: int | None
     ) -> bool:
         """Whether this node, holding a readable replica of `partition`, answers for it itself."""
-        if max_lag is not None or req.forwarded or info.is_global:
-            return True
         slot = (info.name, partition)
         view = self.node.view
         owners = view.target.get(slot)
-        if owners and owners[0] == self.me:
+        if owners and owners[0] == self.me:  # the common case first: it is ours
+            return True
+        if max_lag is not None or req.forwarded or info.is_global:
             return True
         # the view is up to a tick old: a replica that just caught up may not be in it
         # yet, so when nobody is known to answer, the holder does

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,13 +21,19 @@ batches = st.lists(
 )
 
 
-@pytest.fixture(params=["memory", "rocksdb"])
+#: (backend, read-cache bytes): a cache big enough for every key, and one so small
+#: that it keeps starting over
+BACKENDS = [("memory", 0), ("rocksdb", 0), ("rocksdb", 1 << 20), ("rocksdb", 600)]
+
+
+@pytest.fixture(params=BACKENDS, ids=["memory", "rocksdb", "rocksdb-cached", "rocksdb-tiny-cache"])
 def make(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
     made: list[PartitionStore] = []
     counter = iter(range(10**6))
+    kind, cache_bytes = request.param
 
     def factory() -> PartitionStore:
-        store = open_store(request.param, tmp_path / f"s{next(counter)}")
+        store = open_store(kind, tmp_path / f"s{next(counter)}", cache_bytes)
         made.append(store)
         return store
 
@@ -47,6 +55,9 @@ def apply_all(store: PartitionStore, batches: list) -> dict[bytes, Record]:  # t
                 model[key] = Record(value, offset, 1000 + offset)
             offset += 1
         store.apply(writes)
+        # read between batches too, so a read cache is filled and must be refreshed by the next
+        for key, _ in batch:
+            assert store.get(key) == model.get(key)
     return model
 
 
@@ -86,3 +97,44 @@ def test_rocksdb_resumes_from_its_offset(tmp_path: Path) -> None:
     assert again.get(b"b") == Record(b"2", 1, 11)
     assert [k for k, _ in again.scan(None, None, 10)] == [b"b", b"c"]
     again.close()
+
+
+def test_cached_reads_never_lag_the_applied_offset(tmp_path: Path) -> None:
+    """A reader racing the applying thread never gets a value older than the applied offset.
+
+    That is what ``min_offset`` promises: once offset O is applied, a read
+    returns the value of O or later, never an older one held in the cache.
+    """
+    store = open_store("rocksdb", tmp_path / "p0", 1 << 20)
+    hot = [b"k%d" % i for i in range(8)]
+    rounds = 10_000
+    done = threading.Event()
+
+    def write() -> None:
+        for n in range(rounds):
+            store.apply([Write(k, b"%d" % n, n * len(hot) + i, n) for i, k in enumerate(hot)])
+        done.set()
+
+    writer = threading.Thread(target=write)
+    # switch threads as often as CPython allows, so that the reader is often
+    # interrupted between reading RocksDB and filling the cache
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    writer.start()
+    stale = []
+    try:
+        while not done.is_set():
+            for i, k in enumerate(hot):
+                applied = store.applied_offset
+                record = store.get(k)
+                if applied >= i:  # the last write of k at or before `applied`
+                    newest = applied - (applied - i) % len(hot)
+                    if record is None or record.offset < newest:
+                        stale.append((k, applied, record))
+    finally:
+        writer.join()
+        sys.setswitchinterval(interval)
+    assert not stale, stale[:5]
+    for i, k in enumerate(hot):
+        assert store.get(k) == Record(b"%d" % (rounds - 1), (rounds - 1) * len(hot) + i, rounds - 1)
+    store.close()

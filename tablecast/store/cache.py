@@ -1,0 +1,87 @@
+"""A read cache in front of a durable store, as Kafka Streams puts one in front of RocksDB.
+
+Point reads of hot keys are answered from a dict of decoded records instead of
+a RocksDB lookup (about 0.7 µs saved per read, a sixth of a GET's handler).
+The cache is bounded by an estimate of its bytes; when full it starts over
+rather than tracking recency, which keeps a hit to one dict lookup.
+
+Readers run on the HTTP thread while the ingestion thread applies batches, so
+a reader must never put a record in the cache that a newer write has already
+replaced. Each apply bumps a generation before writing and drops the written
+keys after; a reader that filled the cache re-checks the generation and takes
+its entry back out if an apply started meanwhile. The applied offset moves only
+after the dropped keys are gone, so a reader that waits for an offset
+(``min_offset``) never reads an older value from the cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tablecast.store.base import PartitionStore, Record, Write
+
+#: dict slot, key and Record object overhead per entry, beyond the bytes themselves
+ENTRY_OVERHEAD = 200
+
+
+class CachedStore:
+    def __init__(self, inner: PartitionStore, max_bytes: int) -> None:
+        self.inner = inner
+        self.max_bytes = max_bytes
+        self._records: dict[bytes, Record] = {}
+        self._bytes = 0
+        self._generation = 0
+        self._applied = inner.applied_offset
+
+    @property
+    def applied_offset(self) -> int:
+        return self._applied
+
+    def get(self, key: bytes) -> Record | None:
+        record = self._records.get(key)
+        if record is not None:
+            return record
+        generation = self._generation
+        record = self.inner.get(key)
+        if record is not None:
+            self._remember(key, record, generation)
+        return record
+
+    def _remember(self, key: bytes, record: Record, generation: int) -> None:
+        size = len(key) + len(record.value) + ENTRY_OVERHEAD
+        if self._bytes + size > self.max_bytes:
+            if size > self.max_bytes:
+                return
+            self._records = {}
+            self._bytes = 0
+        self._records[key] = record
+        self._bytes += size
+        if self._generation != generation:  # an apply ran meanwhile: this may be stale
+            self._records.pop(key, None)
+
+    def multi_get(self, keys: Sequence[bytes]) -> list[Record | None]:
+        return self.inner.multi_get(keys)
+
+    def scan(
+        self, start: bytes | None, end: bytes | None, limit: int
+    ) -> list[tuple[bytes, Record]]:
+        return self.inner.scan(start, end, limit)
+
+    def apply(self, writes: Sequence[Write]) -> None:
+        if not writes:
+            return
+        self._generation += 1
+        self.inner.apply(writes)
+        records = self._records
+        for w in writes:
+            gone = records.pop(w.key, None)
+            if gone is not None:
+                self._bytes -= len(w.key) + len(gone.value) + ENTRY_OVERHEAD
+        self._applied = self.inner.applied_offset
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def close(self) -> None:
+        self._records = {}
+        self.inner.close()
