@@ -76,3 +76,20 @@ def ensure_topic(
             raise TimeoutError(f"topic {topic} was created but does not show in the metadata")
         time.sleep(0.1)
     return count
+
+
+def end_offsets(bootstrap_servers: str, topic: str, timeout: float = 10.0) -> dict[int, int]:
+    """The next offset to be written, per partition of `topic` (empty if it does not exist)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "tablecast-end-offsets"})
+    try:
+        info = c.list_topics(topic, timeout=timeout).topics.get(topic)
+        if info is None or info.error is not None:
+            return {}
+        return {
+            p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[1]
+            for p in info.partitions
+        }
+    finally:
+        c.close()

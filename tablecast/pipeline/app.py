@@ -35,6 +35,7 @@ class App:
         state_dir: str | os.PathLike[str] | None = None,
         trigger: str = "500 milliseconds",
     ) -> None:
+        # trigger: a micro-batch interval, or "realtime" (see pipeline/trigger.py)
         if not _APP_ID.match(app_id):
             raise ValueError(f"app id {app_id!r}: use letters, digits, '-' and '_'")
         self.id = app_id

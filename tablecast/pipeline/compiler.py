@@ -23,6 +23,7 @@ from tablecast.pipeline import envelope as env
 from tablecast.pipeline import partitioning, sinks, stateful, stateless, windowing
 from tablecast.pipeline.flow import Flow
 from tablecast.pipeline.planner import Query, Step
+from tablecast.pipeline.trigger import Trigger
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class Target:
     app_id: str
     bootstrap_servers: str
     checkpoints: Path
-    trigger: str
+    trigger: Trigger
     partitions: int  # of the App's topics (state buckets scale with it)
     sink_partitions: int  # of the topic this query writes (a to() topic may differ)
 
@@ -125,9 +126,9 @@ def writer(spark: SparkSession, q: Query, t: Target) -> DataStreamWriter:
         flow = flow.with_df(sinks.observe(flow.df, q.name))
         out = sinks.route(flow, q, dlq, partition=partition)
         w = out.writeStream.format("kafka").options(**common)
-    return (
+    w = (
         w.queryName(q.name)
         .option("checkpointLocation", str(t.checkpoints / q.name))
         .outputMode("update")
-        .trigger(processingTime=t.trigger)
     )
+    return t.trigger.apply(w)

@@ -28,6 +28,7 @@ from typing import Literal
 
 from tablecast.kafka.topics import table_topic
 from tablecast.pipeline import plan
+from tablecast.pipeline import trigger as triggers
 from tablecast.pipeline.wire import PairSerde
 from tablecast.serde import Serde
 
@@ -204,8 +205,11 @@ def explain(
     outputs: list[plan.Materialize | plan.To],
     trigger: str,
     partitions: Callable[[str], int | None] | None = None,
+    chosen: dict[str, triggers.Trigger] | None = None,
 ) -> str:
-    lines = [f"App {app_id!r}: {len(outputs)} output(s); trigger processingTime={trigger!r}"]
+    """The plan in words; each query's trigger is `chosen`'s (a running pipeline's
+    decision) or else what its plan allows."""
+    lines = [f"App {app_id!r}: {len(outputs)} output(s); trigger {trigger!r}"]
     mats = [o for o in outputs if isinstance(o, plan.Materialize)]
     for out in outputs:
         what = f"table {out.name!r}" if isinstance(out, plan.Materialize) else f"to {out.topic!r}"
@@ -222,5 +226,7 @@ def explain(
             placed = f", partitioner {plan.fn_name(q.partitioner)}" if q.partitioner else ""
             wanted = f", {q.partitions} partitions" if q.partitions else ""
             lines.append(f"      writes {q.output.topic} [{q.output.role}{wanted}{placed}]")
+            trig = (chosen or {}).get(q.name) or triggers.decide(trigger, q)
+            lines.append(f"      trigger: {trig.describe()}")
             lines.append(f"      bad records -> {app_id}.dlq")
     return "\n".join(lines)

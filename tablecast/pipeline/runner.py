@@ -10,9 +10,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tablecast.kafka import catalog
-from tablecast.kafka.topics import COMPACTED, dlq_topic, ensure_topic
+from tablecast.kafka.topics import (
+    COMPACTED,
+    dlq_topic,
+    end_offsets,
+    ensure_topic,
+    partition_count,
+)
 from tablecast.pipeline import plan, planner
 from tablecast.pipeline import spark as spark_setup
+from tablecast.pipeline.trigger import Trigger, assign
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -23,6 +30,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PROGRESS_EVERY_S = 10.0
+
+#: task slots held by the real-time queries this process started, by query name
+_REALTIME_SLOTS: dict[str, int] = {}
 
 
 class DeadLetterCounter:
@@ -99,7 +109,14 @@ class Pipeline:
     queries: dict[str, StreamingQuery]
     owns_spark: bool
     dead_letters: DeadLetterCounter
+    #: the trigger each query runs with (Real-time Mode or micro-batch, and why)
+    triggers: dict[str, Trigger] = field(default_factory=dict)
+    bootstrap_servers: str = ""
+    #: each query's input topic
+    inputs: dict[str, str] = field(default_factory=dict)
     _listener: Any = None
+    #: input end offsets each real-time query has processed all of
+    _synced: dict[str, dict[int, int]] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
 
     @classmethod
@@ -147,7 +164,12 @@ class Pipeline:
         spark.streams.addListener(listener)
         checkpoints = app.resolve_state_dir() / "checkpoints"
         started: dict[str, StreamingQuery] = {}
-        pipeline = cls(app, spark, started, owns, counter, listener)
+        every = [q for _, _, qs in chains for q in qs]
+        chosen, needs = _choose_triggers(spark, bootstrap_servers, app.trigger, every)
+        inputs = {q.name: q.input.topic for q in every}
+        pipeline = cls(
+            app, spark, started, owns, counter, chosen, bootstrap_servers, inputs, listener
+        )
         try:
             for count, sizes, queries in chains:
                 for q, out in zip(queries, sizes, strict=True):
@@ -155,14 +177,29 @@ class Pipeline:
                         continue
                     # stateful steps shuffle into as many partitions as the topics have
                     spark.conf.set("spark.sql.shuffle.partitions", str(count))
-                    target = Target(app.id, bootstrap_servers, checkpoints, app.trigger, count, out)
+                    trig = chosen[q.name]
+                    target = Target(app.id, bootstrap_servers, checkpoints, trig, count, out)
                     started[q.name] = writer(spark, q, target).start()
-                    log.info("query %s: %s -> %s started", q.name, q.input.topic, q.output.topic)
+                    if trig.realtime:
+                        _REALTIME_SLOTS[q.name] = needs[q.name]
+                    log.info(
+                        "query %s: %s -> %s started, trigger: %s",
+                        q.name,
+                        q.input.topic,
+                        q.output.topic,
+                        trig.describe(),
+                    )
         except BaseException:
             pipeline.stop()
             raise
         threading.Thread(target=pipeline._report, name="tablecast-progress", daemon=True).start()
         return pipeline
+
+    def explain(self) -> str:
+        """The App's plan with the triggers its queries actually run with."""
+        return planner.explain(
+            self.app.id, self.app.outputs(), self.app.trigger, chosen=self.triggers
+        )
 
     def _report(self) -> None:
         last: dict[str, int] = {}
@@ -191,19 +228,38 @@ class Pipeline:
         """Block until every query has processed all input available now (tests, benchmarks).
 
         Queries are chained through topics, so passes are repeated until one
-        in which no query ran a batch; within a pass queries are waited on in
-        parallel, since each runs on its own thread in Spark anyway.
+        in which nothing moved; within a pass queries are waited on in
+        parallel, since each runs on its own thread in Spark anyway. A
+        real-time query ends a batch every checkpoint interval, input or not,
+        and processAllAvailable waits for up to two of them: it is waited on
+        only when its input topic grew since it was last, and "moved" means
+        its input grew.
         """
         from concurrent.futures import ThreadPoolExecutor
 
-        def batch_ids() -> dict[str, Any]:
-            return {n: (q.lastProgress or {}).get("batchId") for n, q in self.queries.items()}
+        def inputs(name: str) -> dict[int, int]:
+            return end_offsets(self.bootstrap_servers, self.inputs[name])
+
+        def moved() -> dict[str, Any]:
+            return {
+                n: inputs(n) if self.triggers[n].realtime else (q.lastProgress or {}).get("batchId")
+                for n, q in self.queries.items()
+            }
+
+        def wait(name: str) -> None:
+            if not self.triggers[name].realtime:
+                self.queries[name].processAllAvailable()
+                return
+            ends = inputs(name)
+            if self._synced.get(name) != ends:
+                self.queries[name].processAllAvailable()
+                self._synced[name] = ends
 
         with ThreadPoolExecutor(max(1, len(self.queries))) as pool:
             for _ in range(50):
-                before = batch_ids()
-                list(pool.map(lambda q: q.processAllAvailable(), self.queries.values()))
-                if batch_ids() == before:
+                before = moved()
+                list(pool.map(wait, list(self.queries)))
+                if moved() == before:
                     return
 
     def stop(self) -> None:
@@ -213,8 +269,24 @@ class Pipeline:
                 q.stop()
             except Exception as e:  # a query that already died must not block stopping the rest
                 log.warning("stopping query %s: %s", q.name, e)
+            _REALTIME_SLOTS.pop(q.name, None)
         if self._listener is not None:
             self.spark.streams.removeListener(self._listener)
             self._listener = None
         if self.owns_spark:
             self.spark.stop()
+
+
+def _choose_triggers(
+    spark: SparkSession, bootstrap_servers: str, trigger: str, queries: list[planner.Query]
+) -> tuple[dict[str, Trigger], dict[str, int]]:
+    """Each query's trigger, given the task slots real-time queries already hold,
+    and the slots each query needs (its input topic's partitions)."""
+    unique = {q.name: q for q in queries}
+    needs = {n: partition_count(bootstrap_servers, q.input.topic) or 1 for n, q in unique.items()}
+    active = {q.name for q in spark.streams.active}
+    held = sum(n for name, n in _REALTIME_SLOTS.items() if name in active)
+    slots = spark.sparkContext.defaultParallelism - held
+    others = any(name not in _REALTIME_SLOTS for name in active)
+    chosen = assign(trigger, [(q, needs[n]) for n, q in unique.items()], slots, others)
+    return dict(zip(unique, chosen, strict=True)), needs

@@ -16,22 +16,13 @@ from hypothesis import HealthCheck, Phase, settings
 
 import tablecast as tc
 from tablecast.kafka.partitioner import partition_for
-from tablecast.kafka.topics import ensure_topic
+from tablecast.kafka.topics import end_offsets, ensure_topic
 from tablecast.pipeline.runner import Pipeline
 from tablecast.serde import Serde
 
 from .kafka_io import produce
 
 STR = tc.serde.string()
-
-
-def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "tc-tests-ends"})
-    try:
-        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
-        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts}
-    finally:
-        c.close()
 
 
 def read_topic(bootstrap: str, topic: str) -> list[Any]:
@@ -128,12 +119,13 @@ def running_app(
     kind: str,
     build: Callable[[tc.App, str], None],
     partitions: int = 3,
+    trigger: str = "200 milliseconds",
 ) -> Iterator[Running]:
     """An App on a fresh input topic: `build(app, topic)` defines it; started, then stopped."""
     app_id = f"{kind}{uuid.uuid4().hex[:8]}"
     topic = f"{app_id}-input"
     ensure_topic(bootstrap, topic, partitions)
-    app = tc.App(app_id, state_dir=tmp_path_factory.mktemp("state"), trigger="200 milliseconds")
+    app = tc.App(app_id, state_dir=tmp_path_factory.mktemp("state"), trigger=trigger)
     build(app, topic)
     pipeline = app.start(bootstrap_servers=bootstrap, spark=spark)
     try:

@@ -72,7 +72,8 @@ def test_explain_names_operators_queries_topics_and_trigger() -> None:
     app.stream("ev").map_values(lambda k, v: v).to("out")
     text = app.explain()
     for part in (
-        "trigger processingTime='1 second'",
+        "trigger '1 second'",
+        "trigger: micro-batch 1 s",
         "query 'shop.c.0'",
         "reads  rows [source]",
         "writes shop.repartition.c-0 [repartition]",

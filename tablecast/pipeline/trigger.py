@@ -1,0 +1,154 @@
+"""Which trigger each query runs with: Real-time Mode where Spark runs its plan, else micro-batch.
+
+``App(trigger="realtime")`` asks for Spark's Real-time Mode (records stream
+through long-running tasks instead of waiting for the next micro-batch). Spark
+4.3 runs it only for plans whose every physical operator and sink is on its
+allowlist (``RealTimeModeAllowlist``): projections, filters, generators and
+observed metrics, into a Kafka sink. A query of ours falls back to micro-batch
+when it needs anything else — each reason below names the Spark operator that
+is not on the list — or when the session has too few task slots: a real-time
+batch holds one task per source partition for its whole duration.
+
+``realtime`` takes an optional checkpoint interval (``"realtime 10 seconds"``,
+at least ``spark.sql.streaming.realTimeMode.minBatchDuration``, 5 s): Spark
+ends each long-running batch and checkpoints its offsets that often. It bounds
+how much is replayed after a crash, not the latency.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tablecast.pipeline import plan
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming import DataStreamWriter
+
+    from tablecast.pipeline.planner import Query
+
+REALTIME = "realtime"
+#: micro-batch interval of a query that cannot run in Real-time Mode
+FALLBACK_INTERVAL = "500 milliseconds"
+#: Real-time Mode checkpoint interval unless the App names one
+CHECKPOINT_INTERVAL = "5 seconds"
+
+_UNITS = {"millisecond": "ms", "second": "s", "minute": "min", "hour": "h"}
+
+
+@dataclass(frozen=True)
+class Trigger:
+    realtime: bool
+    interval: str  # the micro-batch interval, or the real-time checkpoint interval
+    fallback: str | None = None  # why a query asked to run in real time does not
+
+    def describe(self) -> str:
+        if self.realtime:
+            return f"realtime (checkpoint every {short(self.interval)})"
+        why = f" (fallback: {self.fallback})" if self.fallback else ""
+        return f"micro-batch {short(self.interval)}{why}"
+
+    def apply(self, w: DataStreamWriter) -> DataStreamWriter:
+        if self.realtime:
+            return w.trigger(realTime=self.interval)
+        return w.trigger(processingTime=self.interval)
+
+
+def short(interval: str) -> str:
+    """'500 milliseconds' -> '500 ms' (explain output)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([a-z]+?)s?\s*", interval)
+    if m and m.group(2) in _UNITS:
+        return f"{m.group(1)} {_UNITS[m.group(2)]}"
+    return interval
+
+
+def requested(trigger: str) -> tuple[bool, str]:
+    """(real time asked for?, interval) of an App's trigger string."""
+    word, _, rest = trigger.strip().partition(" ")
+    if word.lower() == REALTIME:
+        return True, rest.strip() or CHECKPOINT_INTERVAL
+    return False, trigger
+
+
+def blockers(q: Query) -> list[str]:
+    """Why Spark cannot run `q` in Real-time Mode, from its plan alone (empty: it can).
+
+    Each reason names the Spark operator that is not on the allowlist, as
+    Spark's own error (STREAMING_REAL_TIME_MODE.OPERATOR_OR_SINK_NOT_IN_ALLOWLIST)
+    names it when such a query is started in Real-time Mode anyway.
+    """
+    from tablecast.pipeline.stateless import is_python
+
+    reasons = []
+    if q.writes_batches:
+        reasons.append("foreachBatch sink (ForeachBatchSink)")
+    for s in q.steps:
+        what = "retract" if s.what == "retract" else s.node.describe()
+        if s.stateful:
+            reasons.append(f"stateful {what} (FlatMapGroupsInPandasWithStateExec)")
+        elif is_python(s):
+            reasons.append(f"Python callable {what} (MapInArrowExec)")
+    if q.partitioner is not None and not plan.is_column(q.partitioner):
+        part = plan.fn_name(q.partitioner)
+        reasons.append(f"Python partitioner {part} (ArrowEvalPythonExec)")
+    serdes = [q.input.key, q.input.value, q.output.key, q.output.value]
+    serdes += [sd for s in q.steps for sd in (s.key, s.value)]
+    if any(sd.format == "avro" for sd in serdes):
+        reasons.append("Avro serde, translated in Python (ArrowEvalPythonExec)")
+    return reasons
+
+
+def decide(
+    trigger: str, q: Query, partitions: int | None = None, free_slots: int | None = None
+) -> Trigger:
+    """The trigger `q` runs with under the App's `trigger`.
+
+    `partitions` (of the query's input topic) and `free_slots` (task slots it
+    may hold) are checked when both are known: the runner knows them, ``explain``
+    without a running Spark does not.
+    """
+    realtime, interval = requested(trigger)
+    if not realtime:
+        return Trigger(False, interval)
+    reasons = blockers(q)
+    if reasons:
+        why = "not in Spark's Real-time Mode allowlist: " + "; ".join(reasons)
+        return Trigger(False, FALLBACK_INTERVAL, why)
+    if partitions is not None and free_slots is not None and partitions > free_slots:
+        why = (
+            f"needs {partitions} task slots at once (one per source partition), "
+            f"{max(free_slots, 0)} free"
+        )
+        return Trigger(False, FALLBACK_INTERVAL, why)
+    return Trigger(True, interval)
+
+
+def assign(
+    trigger: str, queries: list[tuple[Query, int]], slots: int, others_micro_batch: bool = False
+) -> list[Trigger]:
+    """Triggers for a pipeline's queries (each with its input's partition count).
+
+    Real-time queries hold their slots for whole checkpoint intervals, so
+    together they get at most `slots` (the session's task slots not held by
+    real-time queries already running), less one kept for micro-batch queries
+    when there are any (here or, per `others_micro_batch`, elsewhere in the
+    session): without it those would wait for a real-time batch to end.
+    """
+    planned = [decide(trigger, q) for q, _ in queries]
+
+    def fit(reserve: int) -> list[Trigger]:
+        free = slots - reserve
+        out = []
+        for (q, n), t in zip(queries, planned, strict=True):
+            if t.realtime:
+                t = decide(trigger, q, n, free)
+                free -= n if t.realtime else 0
+            out.append(t)
+        return out
+
+    micro = others_micro_batch or not all(t.realtime for t in planned)
+    out = fit(1 if micro else 0)
+    if not micro and not all(t.realtime for t in out):
+        out = fit(1)  # a query that did not fit runs micro-batch: it needs its slot too
+    return out

@@ -1,0 +1,104 @@
+"""``App(trigger="realtime")``: stateless JVM queries run in Spark's Real-time Mode,
+the rest fall back to micro-batch, and both produce the reference model's tables.
+
+The topic has one partition: the session is local[2], a real-time query holds a
+task slot per source partition, and the App's micro-batch queries keep one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pyspark.sql import functions as F
+
+import tablecast as tc
+from tablecast.kafka.topics import dlq_topic
+from tests import reference_model as ref
+
+from .kafka_io import produce
+from .test_pipeline_support import Running, read_topic, running_app
+
+pytestmark = pytest.mark.integration
+
+LONG, STR, JSON = tc.serde.long(), tc.serde.string(), tc.serde.json()
+
+
+def build(app: tc.App, topic: str) -> None:
+    ev = app.stream(topic, key=STR, value=JSON)
+    X = F.variant_get("value", "$.x", "int")
+    ev.filter(X % 2 == 0).map_values(X * 10, value=LONG).to_table().materialize("fresh")
+    # eligible too, but the one free slot is taken: the fallback says so
+    ev.select_key(F.upper("key")).map_values(X, value=LONG).to_table().materialize("upper")
+    ev.group_by_key().count().materialize("counts")
+
+
+@pytest.fixture(scope="module")
+def running(bootstrap: str, spark, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:  # type: ignore[no-untyped-def]
+    with running_app(
+        bootstrap, spark, tmp_path_factory, "rt", build, partitions=1, trigger="realtime"
+    ) as r:
+        yield r
+
+
+def test_realtime_for_stateless_tables_and_micro_batch_with_a_reason_otherwise(
+    running: Running,
+) -> None:
+    app = running.app.id
+    triggers = running.pipeline.triggers
+    assert triggers[f"{app}.fresh"].realtime
+    assert triggers[f"{app}.fresh"].interval == "5 seconds"
+    upper, counts = triggers[f"{app}.upper"], triggers[f"{app}.counts"]
+    assert not upper.realtime and not counts.realtime
+    assert upper.fallback == "needs 1 task slots at once (one per source partition), 0 free"
+    assert "stateful count() (FlatMapGroupsInPandasWithStateExec)" in (counts.fallback or "")
+    # what Spark itself runs them with
+    spark_triggers = {
+        n: q._jsq.streamingQuery().trigger().getClass().getSimpleName()
+        for n, q in running.pipeline.queries.items()
+    }
+    assert spark_triggers == {
+        f"{app}.fresh": "RealTimeTrigger",
+        f"{app}.upper": "ProcessingTimeTrigger",
+        f"{app}.counts": "ProcessingTimeTrigger",
+    }
+    text = running.pipeline.explain()
+    assert "trigger: realtime (checkpoint every 5 s)" in text
+    assert "trigger: micro-batch 500 ms (fallback: needs 1 task slots" in text
+    assert "trigger: micro-batch 500 ms (fallback: not in Spark's Real-time Mode allowlist" in text
+
+
+def test_realtime_and_fallback_queries_match_the_reference_model(
+    running: Running, bootstrap: str
+) -> None:
+    records: list[tuple[str, Any]] = [
+        (f"k{i % 5}", {"x": x, "g": i % 3}) for i, x in enumerate([4, -7, 12, 0, 3, 8, 9, 2, 6, 1])
+    ]
+    for batch in (records[:6], records[6:]):
+        running.feed(bootstrap, batch)
+        history = running.history
+        fresh = ref.map_values(
+            ref.filter_(history, lambda k, v: v["x"] % 2 == 0), lambda k, v: v["x"] * 10
+        )
+        upper = ref.map_values(ref.select_key(history, lambda k, v: k.upper()), lambda k, v: v["x"])
+        running.check(
+            bootstrap,
+            {
+                "fresh": (ref.latest(fresh), LONG),
+                "upper": (ref.latest(upper), LONG),
+                "counts": (ref.stream_count(history), LONG),
+            },
+        )
+
+
+def test_bad_records_of_a_realtime_query_go_to_the_dlq(running: Running, bootstrap: str) -> None:
+    before = len(read_topic(bootstrap, dlq_topic(running.app.id)))
+    produce(bootstrap, running.topic, [(b"bad", b"{not json")])
+    running.pipeline.process_all_available()
+    bad = read_topic(bootstrap, dlq_topic(running.app.id))[before:]
+    # one per query: each reads the source and checks its records itself
+    assert sorted(m.value() for m in bad) == [b"{not json"] * 3
+    assert all(m.key() == b"bad" for m in bad)
+    fresh = {m.key().decode() for m in read_topic(bootstrap, f"{running.app.id}.table.fresh")}
+    assert "bad" not in fresh

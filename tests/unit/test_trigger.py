@@ -1,0 +1,153 @@
+"""Which queries run in Real-time Mode and why the others fall back (no Spark needed).
+
+Plans here use Python callables only (Column expressions need a running
+Spark); the integration test covers Column operators in Real-time Mode.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import tablecast as tc
+from tablecast.pipeline import planner
+from tablecast.pipeline.trigger import (
+    FALLBACK_INTERVAL,
+    Trigger,
+    assign,
+    blockers,
+    decide,
+    requested,
+    short,
+)
+
+STR, LONG = tc.serde.string(), tc.serde.long()
+
+
+@pytest.fixture(autouse=True)
+def _no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TABLECAST_NO_SPARK", "1")
+
+
+def x_of(k: str, v: dict[str, int]) -> int:
+    return v["x"]
+
+
+def first_partition(k: str, v: object, n: int) -> int:
+    return 0
+
+
+def by_g(k: str, v: dict[str, int]) -> tuple[int, int]:
+    return v["g"], 1
+
+
+def queries(app: tc.App) -> dict[str, planner.Query]:
+    mats = list(app.materialized.values())
+    return {q.name: q for out in app.outputs() for q in planner.plan_output(app.id, out, mats)}
+
+
+def shop(trigger: str = "realtime") -> tuple[tc.App, dict[str, planner.Query]]:
+    app = tc.App("shop", trigger=trigger)
+    ev = app.stream("ev")
+    ev.to_table().materialize("latest")  # stateless, all in the JVM
+    ev.to("copy")
+    ev.map_values(x_of, value=LONG).to_table().materialize("py")
+    ev.group_by_key().count().materialize("counts")
+    ev.to("spread", partitioner=first_partition)
+    app.stream("av", value=tc.serde.avro({"type": "string"})).to("av-copy")
+    return app, queries(app)
+
+
+def test_trigger_strings() -> None:
+    assert requested("realtime") == (True, "5 seconds")
+    assert requested("realtime 30 seconds") == (True, "30 seconds")
+    assert requested("500 milliseconds") == (False, "500 milliseconds")
+    assert (short("500 milliseconds"), short("1 second"), short("2 minutes")) == (
+        "500 ms",
+        "1 s",
+        "2 min",
+    )
+    assert Trigger(True, "5 seconds").describe() == "realtime (checkpoint every 5 s)"
+    assert Trigger(False, "500 milliseconds", "x").describe() == "micro-batch 500 ms (fallback: x)"
+
+
+def test_stateless_jvm_queries_run_in_real_time_and_the_rest_say_why_not() -> None:
+    _, qs = shop()
+    assert decide("realtime", qs["shop.latest"]) == Trigger(True, "5 seconds")
+    assert decide("realtime 1 second", qs["shop.to-copy"]) == Trigger(True, "1 second")
+    why = {
+        "shop.py": "Python callable map_values(x_of) (MapInArrowExec)",
+        "shop.counts": "stateful count() (FlatMapGroupsInPandasWithStateExec)",
+        "shop.to-spread": "Python partitioner first_partition (ArrowEvalPythonExec)",
+        "shop.to-av-copy": "Avro serde, translated in Python (ArrowEvalPythonExec)",
+    }
+    for name, reason in why.items():
+        assert blockers(qs[name]) == [reason], name
+        t = decide("realtime", qs[name])
+        assert not t.realtime and t.interval == FALLBACK_INTERVAL, name
+        assert reason in (t.fallback or ""), name
+    # without "realtime" nothing is a fallback
+    assert decide("1 second", qs["shop.latest"]) == Trigger(False, "1 second")
+
+
+def test_table_group_by_names_every_blocker_of_its_repartition_writer() -> None:
+    app = tc.App("a", trigger="realtime")
+    app.table("rows").group_by(by_g, value=LONG).count().materialize("c")
+    first = queries(app)["a.c.0"]
+    assert blockers(first) == [
+        "foreachBatch sink (ForeachBatchSink)",
+        "Python callable group_by(by_g) (MapInArrowExec)",
+        "stateful retract (FlatMapGroupsInPandasWithStateExec)",
+    ]
+
+
+def remember(k: str, v: object, state: object) -> object:
+    return v
+
+
+def test_repartition_and_transform_values() -> None:
+    app = tc.App("a", trigger="realtime")
+    ev = app.stream("ev")
+    ev.repartition(4, partitioner=first_partition).to_table().materialize("placed")
+    ev.repartition(4).transform_values(remember).to("seen")
+    qs = queries(app)
+    # the writer into the repartition topic places records in Python; the reader is free
+    assert blockers(qs["a.placed.0"]) == [
+        "Python partitioner first_partition (ArrowEvalPythonExec)"
+    ]
+    assert decide("realtime", qs["a.placed"]).realtime
+    assert decide("realtime", qs["a.to-seen.0"]).realtime
+    assert blockers(qs["a.to-seen"]) == [
+        "stateful transform_values(remember) (FlatMapGroupsInPandasWithStateExec)"
+    ]
+
+
+def test_real_time_queries_share_the_task_slots() -> None:
+    _, qs = shop()
+    latest, copy, counts = qs["shop.latest"], qs["shop.to-copy"], qs["shop.counts"]
+    # alone in the session: both fit into 2 slots with 1 partition each
+    assert [t.realtime for t in assign("realtime", [(latest, 1), (copy, 1)], 2)] == [True, True]
+    # a micro-batch query keeps one slot for itself
+    got = assign("realtime", [(latest, 1), (copy, 1), (counts, 1)], 2)
+    assert [t.realtime for t in got] == [True, False, False]
+    assert got[1].fallback == "needs 1 task slots at once (one per source partition), 0 free"
+    # one query that does not fit becomes micro-batch, so the others leave it a slot
+    got = assign("realtime", [(latest, 2), (copy, 1)], 2)
+    assert [t.realtime for t in got] == [False, True]
+    assert "needs 2 task slots" in (got[0].fallback or "")
+    # micro-batch queries elsewhere in the session count too
+    assert not assign("realtime", [(latest, 2)], 2, others_micro_batch=True)[0].realtime
+    assert assign("realtime", [(latest, 2)], 2)[0].realtime
+    assert assign("1 second", [(latest, 1)], 2) == [Trigger(False, "1 second")]
+
+
+def test_explain_prints_each_querys_trigger() -> None:
+    app, _ = shop()
+    text = app.explain()
+    assert "App 'shop': 6 output(s); trigger 'realtime'" in text
+    assert text.count("trigger: realtime (checkpoint every 5 s)") == 2
+    assert (
+        "trigger: micro-batch 500 ms (fallback: not in Spark's Real-time Mode allowlist: "
+        "stateful count() (FlatMapGroupsInPandasWithStateExec))"
+    ) in text
+    plain, _ = shop("1 second")
+    assert "trigger: micro-batch 1 s\n" in plain.explain()
