@@ -13,7 +13,12 @@ import logging
 import sys
 import time
 
-BENCHES = {"serving": "bench.serving", "cluster": "bench.cluster", "anchors": "bench.anchors"}
+BENCHES = {
+    "serving": "bench.serving",
+    "stores": "bench.stores",
+    "cluster": "bench.cluster",
+    "anchors": "bench.anchors",
+}
 # the pipeline benchmark is written by another change; run it once its module exists
 if importlib.util.find_spec("bench.pipeline") is not None:
     BENCHES["pipeline"] = "bench.pipeline"
@@ -22,6 +27,7 @@ if importlib.util.find_spec("bench.pipeline") is not None:
 QUICK = {
     "serving": ["--seconds", "2", "--keys", "20000", "--ingest", "100000", "--restart", "100000"],
     "cluster": ["--seconds", "2", "--keys", "20000"],
+    "stores": ["--keys", "20000", "--reads", "50000"],
 }
 
 log = logging.getLogger("bench")
