@@ -45,7 +45,7 @@ def read(spark: SparkSession, q: Query, t: Target) -> tuple[Flow, tuple[str, ...
         .option("startingOffsets", "earliest")
         # compaction removes records a restarted query may still point at
         .option("failOnDataLoss", "false")
-        .option("includeHeaders", str(q.input.role == "repartition").lower())
+        .option("includeHeaders", str(q.reads_batches).lower())
         .load()
     )
     df: DataFrame = raw.select(
@@ -58,12 +58,12 @@ def read(spark: SparkSession, q: Query, t: Target) -> tuple[Flow, tuple[str, ...
         F.col("partition").alias(env.PART),
         F.col("offset").alias(env.OFF),
         F.lit(0).cast("bigint").alias(env.SEQ),
-        *(["headers"] if q.input.role == "repartition" else []),
+        *(["headers"] if q.reads_batches else []),
         *([F.unix_millis(F.col("timestamp")).alias(env.TS)] if q.windowed else []),
     )
     ref = q.input
     flow = Flow(df, ref.key, ref.value, ref.kind)
-    if ref.role == "repartition":
+    if q.reads_batches:
         flow = flow.with_df(sinks.read_repartition_headers(df).drop("headers"))
         return flow, (env.OLD, env.BATCH, env.RID)
     if ref.external:
@@ -108,21 +108,24 @@ def writer(spark: SparkSession, q: Query, t: Target) -> DataStreamWriter:
     flow = flow.envelope(*extra)
     dlq = dlq_topic(t.app_id)
     common: dict[str, Any] = {"kafka.bootstrap.servers": t.bootstrap_servers}
+    partition = None
+    if q.partitioner is not None:
+        flow, partition = partitioning.assign(flow, q.partitioner, t.sink_partitions)
+    elif q.windowed:
+        partition = windowing.partition_column()
+    if q.output.role == "through":
+        flow = sinks.with_record_ids(flow, extra)
     if q.writes_batches:
         df = sinks.observe(flow.df, q.name)
 
         def write_batch(batch: DataFrame, batch_id: int) -> None:
-            # the batch id lets the aggregating query drop what a replay writes again
-            out = sinks.route(flow.with_df(batch), q, dlq, sinks.repartition_headers(batch_id))
+            # the batch id lets the reading query drop what a replay writes again
+            headers = sinks.repartition_headers(batch_id)
+            out = sinks.route(flow.with_df(batch), q, dlq, headers, partition)
             out.write.format("kafka").options(**common).save()
 
         w = df.writeStream.foreachBatch(write_batch)
     else:
-        partition = None
-        if q.partitioner is not None:
-            flow, partition = partitioning.assign(flow, q.partitioner, t.sink_partitions)
-        elif q.windowed:
-            partition = windowing.partition_column()
         flow = flow.with_df(sinks.observe(flow.df, q.name))
         out = sinks.route(flow, q, dlq, partition=partition)
         w = out.writeStream.format("kafka").options(**common)

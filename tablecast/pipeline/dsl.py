@@ -102,7 +102,8 @@ class Stream(_Handle):
         """Send the stream through the internal topic `<app>.repartition.<output>-<i>`,
         keyed by its current key, with `partitions` partitions (default: the source's).
         `partitioner(key, value, partitions)` places each record, as in to(); by default
-        murmur2 of the key. Operators after it read the topic back (at-least-once)."""
+        murmur2 of the key. Operators after it read the topic back; its records carry ids, so
+        a per-key step after it drops the copies a restarted query wrote again."""
         if partitions is not None and (not isinstance(partitions, int) or partitions < 1):
             raise ValueError(f"repartition: partitions must be a positive int, not {partitions!r}")
         if partitioner is not None:

@@ -119,7 +119,14 @@ class Query:
     @property
     def writes_batches(self) -> bool:
         """Repartition writers stamp each record with the batch id (foreachBatch)."""
-        return self.output.role == "repartition"
+        return self.output.role in ("repartition", "through")
+
+    @property
+    def reads_batches(self) -> bool:
+        """Records read carry batch and record ids, to drop copies a restart wrote again.
+        (Not for a windowed aggregation: it has no deduplication yet.)"""
+        role = self.input.role
+        return role == "repartition" or (role == "through" and not self.windowed)
 
 
 def plan_output(

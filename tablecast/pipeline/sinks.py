@@ -78,6 +78,21 @@ def repartition_headers(batch_id: int) -> Column:
     return F.filter(all_, lambda h: h.getField("value").isNotNull())
 
 
+def with_record_ids(flow: Flow, extra: tuple[str, ...]) -> Flow:
+    """Record ids for a stream's repartition topic: the (partition, offset, seq) of the
+    record read, or, read from such a topic itself, that record's id and seq. A
+    restarted query computes the same ids, so the reader can drop the copies."""
+    seq = Codec.long_bytes(F.col(env.SEQ))
+    if env.RID in extra:
+        rid = F.concat(F.col(env.RID), seq)
+    else:
+        rid = F.concat(Codec.long_bytes(F.col(env.PART)), Codec.long_bytes(F.col(env.OFF)), seq)
+    df = flow.df.withColumn(env.RID, rid)
+    if env.OLD not in df.columns:
+        df = df.withColumn(env.OLD, F.lit(None).cast("binary"))
+    return flow.with_df(df)
+
+
 def read_repartition_headers(df: DataFrame) -> DataFrame:
     def get(name: str) -> Column:
         found = F.filter("headers", lambda h: h.getField("key") == F.lit(name))

@@ -15,6 +15,10 @@ promise input order within a group, Kafka Streams' answers depend on it.
 - ``transform_values``: per stream key, state = the user's JSON state (see
   :mod:`tablecast.pipeline.transforming`).
 
+After a stream's ``repartition()`` topic, the per-key steps drop the copies a
+restarted upstream query wrote again, as ``table_aggregate`` does (see
+:func:`deduplicated`).
+
 Bad rows pass through; a function that raises sends its record to the
 dead-letter topic and leaves the state as it was.
 
@@ -52,6 +56,8 @@ StateFn = Callable[[tuple[Any, ...], Iterator[Any], Any], Iterator[Any]]
 Core = Callable[[Any, list[tuple[Any, ...]], "KeyState"], list[Any]]
 BUCKETS_PER_PARTITION = 16
 BUCKET = "_tc_bucket"
+#: beside key k in a bucket's dict, (SEEN, k) holds what deduplicated() applied
+SEEN = "_tc_seen"
 
 
 class KeyState:
@@ -230,7 +236,7 @@ def table_aggregate(agg: Aggregator, key: Serde, value: Serde, result: Serde) ->
             agg_b, last_batch, ids = state.get
         else:
             agg_b, last_batch, ids = None, -1, b""
-        seen = split_ids(ids or b"")
+        rows, last_batch, seen = drop_copies(rows, last_batch, split_ids(ids or b""), _rid)
         current = None if agg_b is None else result.deserialize(agg_b)
         k = None if kb is None else key.deserialize(kb)
         out: list[tuple[Any, ...]] = []
@@ -239,14 +245,7 @@ def table_aggregate(agg: Aggregator, key: Serde, value: Serde, result: Serde) ->
             if row[ERR] is not None:
                 out.append(row[:width])
                 continue
-            batch, rid = int(row[X2]), row[X3]
-            if batch < last_batch:
-                continue  # a copy from an upstream batch that was fully applied
-            if batch > last_batch:
-                last_batch, seen = batch, set()
-            if rid in seen:
-                continue
-            seen.add(rid)
+            rid = row[X3]
             try:
                 old = None if row[X1] is None else value.deserialize(row[X1])
                 new = None if row[V] is None else value.deserialize(row[V])
@@ -268,6 +267,60 @@ def table_aggregate(agg: Aggregator, key: Serde, value: Serde, result: Serde) ->
     return core
 
 
+def drop_copies(
+    rows: list[tuple[Any, ...]],
+    last_batch: int,
+    seen: set[bytes],
+    ident: Callable[[tuple[Any, ...]], bytes],
+) -> tuple[list[tuple[Any, ...]], int, set[bytes]]:
+    """A key's rows from an internal topic without the copies a restarted upstream query
+    wrote again (same upstream batch id, same record id): returns the fresh rows and
+    the latest upstream batch with the ids applied from it. Upstream batches are written
+    one after the other, so a batch older than the latest one applied is done."""
+    fresh = []
+    # stable: (partition, offset) order within a batch stays
+    for row in sorted(rows, key=lambda r: -1 if r[X2] is None else int(r[X2])):
+        if row[X2] is None:  # no batch id: not from a deduplicated topic
+            fresh.append(row)
+            continue
+        batch = int(row[X2])
+        if batch < last_batch:
+            continue
+        if batch > last_batch:
+            last_batch, seen = batch, set()
+        i = ident(row)
+        if i in seen:
+            continue
+        seen.add(i)
+        fresh.append(row)
+    return fresh, last_batch, seen
+
+
+def _rid(row: tuple[Any, ...]) -> bytes:
+    return bytes(row[X3])
+
+
+def _through_id(row: tuple[Any, ...]) -> bytes:
+    # a step between the topic and here may have made several rows of one record
+    return bytes(row[X3]) + int(row[SEQ]).to_bytes(8, "big", signed=True)
+
+
+def deduplicated(core: Core) -> Core:
+    """`core` on rows read from a stream's repartition topic (envelope + old, batch, rid),
+    each record once; what was applied is kept beside the key's state in its bucket."""
+    width = len(env.COLUMNS)
+
+    def wrapped(kb: bytes | None, rows: list[tuple[Any, ...]], state: KeyState) -> list[Any]:
+        mark = (SEEN, kb)
+        last_batch, seen = state.store.get(mark, (-1, set()))
+        rows, last_batch, seen = drop_copies(rows, last_batch, seen, _through_id)
+        if last_batch >= 0:
+            state.store[mark] = (last_batch, seen)
+        return core(kb, [r[:width] for r in rows], state)
+
+    return wrapped
+
+
 def apply(flow: Flow, step: Step, partitions: int, extra: tuple[str, ...] = ()) -> Flow:
     """Run `step` on `flow`, keys hashed into buckets; returns encoded rows."""
     from pyspark.sql import functions as F
@@ -275,6 +328,11 @@ def apply(flow: Flow, step: Step, partitions: int, extra: tuple[str, ...] = ()) 
 
     from tablecast.pipeline import plan
 
+    # rows read from a stream's repartition topic carry (old, batch, rid): copies are
+    # dropped before a per-key step (a table aggregation drops them itself)
+    through = env.BATCH in extra and step.what in ("stream_aggregate", "transform_values")
+    if step.what != "table_aggregate" and not through:
+        extra = ()
     flow = flow.envelope(*extra)
     out_extra: tuple[str, ...] = ()
     if step.what == "retract":
@@ -291,6 +349,8 @@ def apply(flow: Flow, step: Step, partitions: int, extra: tuple[str, ...] = ()) 
         agg = Aggregator.of(node)
         make = stream_aggregate if step.what == "stream_aggregate" else table_aggregate
         core = make(agg, flow.key, flow.value, step.value)
+    if through:
+        core = deduplicated(core)
     buckets = BUCKETS_PER_PARTITION * partitions
     df = flow.df.withColumn(BUCKET, F.pmod(F.xxhash64(F.col("key")), F.lit(buckets)))
     schema = env.schema(*out_extra)

@@ -175,6 +175,12 @@ import tablecast as tc
 app = tc.App({app!r}, trigger="300 milliseconds")
 ev = app.stream({topic!r}, key=tc.serde.string(), value=tc.serde.json())
 ev.transform_values(running_total).to_table().materialize("totals")
+(
+    ev.repartition(partitions=2, partitioner=lambda k, v, n: int(k[1:]) % n)
+    .transform_values(running_total)
+    .to_table()
+    .materialize("placed")
+)
 """
 
 
@@ -213,9 +219,17 @@ def test_transform_values_state_survives_kill_9_of_the_driver(
         send(2000)
         want = ref.latest(ref.transform_values(history, running_total)[0])
         eventually(lambda: read_table(bootstrap, table, STR, JSON) == want, 240, 2.0)
+        # through the repartition topic too: the copies a restart wrote are applied once
+        # (a key's records stay in one partition, so it sees them in the same order)
+        placed = f"{unique}.table.placed"
+        eventually(lambda: read_table(bootstrap, placed, STR, JSON) == want, 240, 2.0)
         assert proc.poll() is None, log.read_text()[-3000:]
     finally:
         kill_group(proc, signal.SIGTERM)
-    # informational: how many table records the restarted query wrote again
+    # informational: how many records the restarted queries wrote again
     outputs = len(ref.transform_values(history, running_total)[0])
-    print(f"table records: {len(read_topic(bootstrap, table))}, transform outputs: {outputs}")
+    through = read_topic(bootstrap, f"{unique}.repartition.placed-0")
+    print(
+        f"table records: {len(read_topic(bootstrap, table))}, transform outputs: {outputs}; "
+        f"repartition records: {len(through)}, input records: {len(history)}"
+    )

@@ -45,7 +45,8 @@ def cut_at(name: str, fn: Any = running_total) -> tuple[tc.App, list[planner.Que
 def test_repartition_cuts_the_query_at_an_internal_topic() -> None:
     app, (first, second) = cut_at("points")
     assert first.output.topic == "pos.repartition.points-0" and first.output.role == "through"
-    assert first.partitions == 8 and first.partitioner is not None and not first.writes_batches
+    assert first.partitions == 8 and first.partitioner is not None and first.writes_batches
+    assert second.reads_batches  # records carry batch and record ids: copies are dropped
     assert first.output.key == STR and first.output.value == LONG
     assert second.input == first.output and not second.input.external
     assert [s.what for s in second.steps] == ["transform_values", "op"] and second.stateful
@@ -128,3 +129,31 @@ def test_transform_step_dead_letters_unencodable_states_and_null_keys() -> None:
     assert ValueState(store[b"a"][0]).get() == 3
     (null,) = core(None, rows_of([(None, 1)]), KeyState(store, None))
     assert null[2] == "transform_values: null key"
+
+
+def test_copies_a_restarted_upstream_query_wrote_again_are_transformed_once() -> None:
+    from tablecast.pipeline.stateful import deduplicated
+
+    core = deduplicated(transform_values(running_total, STR, LONG, JSON))
+    store: dict[Any, Any] = {}
+
+    def through(values: list[int], batch: int, first_offset: int) -> list[tuple[Any, ...]]:
+        # as read from a repartition topic: envelope + (old, batch, rid); rid names the source
+        rows = rows_of([("a", v) for v in values])
+        return [
+            (*row[:7], first_offset + i, 0, None, batch, b"src-%d" % v)
+            for i, (v, row) in enumerate(zip(values, rows, strict=True))
+        ]
+
+    def totals(rows: list[tuple[Any, ...]]) -> list[int]:
+        out = core(b"a", rows, KeyState(store, b"a"))
+        return [JSON.deserialize(r[1])["total"] for r in out]
+
+    assert totals(through([1, 2], batch=4, first_offset=0)) == [1, 3]
+    # the restarted upstream batch 4 written again (new offsets), then batch 5
+    again = [*through([1, 2], 4, 2), *through([3], 5, 4)]
+    assert totals(again) == [6]
+    # a late copy of batch 4 changes nothing; one record made two rows (seq 0, 1): both count
+    split = through([4, 4], 6, 5)
+    split[1] = (*split[1][:8], 1, *split[1][9:])
+    assert totals([*through([1], 4, 7), *split]) == [10, 14]
