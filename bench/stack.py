@@ -18,6 +18,7 @@ from confluent_kafka import Producer
 
 from bench.common import SERVER_CPU, pinned, wait_http
 from tablecast import serde
+from tablecast.cli.supervisor import stop_process
 from tablecast.kafka import catalog
 from tablecast.kafka.broker import Broker, free_port
 from tablecast.kafka.partitioner import PRODUCER_CONFIG
@@ -178,13 +179,7 @@ class Stack:
 
     @staticmethod
     def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
-        if proc.poll() is None:
-            proc.send_signal(sig)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc, sig, 20)
 
 
 def applied(url: str) -> float:

@@ -32,6 +32,8 @@ from types import TracebackType
 
 import httpx
 
+from tablecast.cli.supervisor import reap, stop_process
+
 log = logging.getLogger(__name__)
 
 APP_DIR = Path(__file__).resolve().parent / "kafka-streams-iq"
@@ -93,15 +95,7 @@ def free_port() -> int:
 
 def stop_pid(proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
     """Stop a process we started: SIGTERM (a clean Kafka Streams close), SIGKILL after `timeout`."""
-    if proc.poll() is not None:
-        return
-    os.kill(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        log.warning("pid %d ignored SIGTERM for %.0fs; killing it", proc.pid, timeout)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+    stop_process(proc, signal.SIGTERM, timeout)
 
 
 @dataclass
@@ -269,7 +263,7 @@ class Cluster:
             if inst.alive():
                 os.kill(inst.pid, signal.SIGTERM)
         for inst in self.instances:
-            stop_pid(inst.proc, timeout)
+            reap(inst.proc, timeout)
 
     def __enter__(self) -> Cluster:
         return self

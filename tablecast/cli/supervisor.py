@@ -13,6 +13,25 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 
+def stop_process(
+    proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 30.0
+) -> None:
+    """Stop a child we started, by its pid: `sig`, then SIGKILL if it outlives `timeout`."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    reap(proc, timeout)
+
+
+def reap(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """Wait for a signalled child; SIGKILL it if it is still running after `timeout`."""
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        log.warning("pid %d did not stop in %.0f s; killing it", proc.pid, timeout)
+        proc.kill()
+        proc.wait()
+
+
 @dataclass
 class Supervisor:
     log_dir: Path
@@ -51,11 +70,6 @@ class Supervisor:
                 log.info("stopping %s (pid %d)", name, proc.pid)
                 proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        for name, proc in reversed(self.children):
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                log.warning("%s did not stop in time; killing pid %d", name, proc.pid)
-                proc.kill()
-                proc.wait()
+        for _, proc in reversed(self.children):
+            reap(proc, max(0.1, deadline - time.monotonic()))
         self.children.clear()

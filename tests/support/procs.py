@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from tablecast.cli.supervisor import stop_process
 from tablecast.kafka.broker import free_port
 
 
@@ -74,13 +74,7 @@ class NodeProcess:
         eventually(caught_up, timeout)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, sig)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, sig, 30)
 
 
 def start_node(
