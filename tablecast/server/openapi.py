@@ -38,6 +38,37 @@ def _errors(*codes: int) -> dict[str, Any]:
     return {str(c): _json(ERROR, meaning[c]) for c in codes}
 
 
+INT = {"type": "integer"}
+STR = {"type": "string"}
+ANY: dict[str, Any] = {}  # a table value: whatever JSON its value serde renders
+
+
+def _object(*required: str, **properties: dict[str, Any]) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "object", "properties": properties}
+    if required:
+        schema["required"] = list(required)
+    return schema
+
+
+def _array(items: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    return {"type": "array", **({"items": items} if items is not None else {}), **extra}
+
+
+def _get(
+    summary: str,
+    parameters: list[dict[str, Any]],
+    ok: dict[str, Any],
+    ok_description: str,
+    errors: tuple[int, ...] = (400, 404, 405, 503),
+) -> dict[str, Any]:
+    """A GET operation answering `ok` JSON with 200, or the SPEC's error JSON."""
+    operation: dict[str, Any] = {"summary": summary}
+    if parameters:
+        operation["parameters"] = parameters
+    operation["responses"] = {"200": _json(ok, ok_description), **_errors(*errors)}
+    return {"get": operation}
+
+
 TABLE = _param("table", "path", "table name")
 KEY = _param(
     "key",
@@ -57,68 +88,47 @@ TIMEOUT = _param(
     "how long min_offset may wait",
     {"type": "integer", "minimum": 0, "maximum": 30000},
 )
-ANY = {}  # a table value: whatever JSON its value serde renders
 
 
 def document() -> dict[str, Any]:
-    record = {
-        "type": "object",
-        "required": ["key", "value", "partition", "offset", "timestamp"],
-        "properties": {
-            "key": ANY,
-            "value": ANY,
-            "partition": {"type": "integer"},
-            "offset": {"type": "integer"},
-            "timestamp": {"type": "integer"},
-        },
-    }
-    table = {
-        "type": "object",
-        "properties": {
-            "name": {"type": "string"},
-            "topic": {"type": "string"},
-            "partitions": {"type": "integer"},
-            "kind": {"enum": ["kv", "window"]},
-            "global": {"type": "boolean"},
-            "key_format": {"type": "string"},
-            "value_format": {"type": "string"},
-        },
-    }
-    replica = {
-        "type": "object",
-        "properties": {
-            "table": {"type": "string"},
-            "partition": {"type": "integer"},
-            "role": {"enum": ["active", "standby", "warming"]},
-            "offset": {"type": "integer"},
-            "lag": {"type": "integer"},
-        },
-    }
+    record = _object(
+        "key",
+        "value",
+        "partition",
+        "offset",
+        "timestamp",
+        key=ANY,
+        value=ANY,
+        partition=INT,
+        offset=INT,
+        timestamp=INT,
+    )
+    table = _object(
+        name=STR,
+        topic=STR,
+        partitions=INT,
+        kind={"enum": ["kv", "window"]},
+        key_format=STR,
+        value_format=STR,
+        **{"global": {"type": "boolean"}},
+    )
+    replica = _object(
+        table=STR,
+        partition=INT,
+        role={"enum": ["active", "standby", "warming"]},
+        offset=INT,
+        lag=INT,
+    )
+    epoch_ms = {"type": "integer", "minimum": 0}
     paths: dict[str, Any] = {
-        "/v1/tables": {
-            "get": {
-                "summary": "list tables",
-                "responses": {
-                    "200": _json(
-                        {
-                            "type": "object",
-                            "properties": {"tables": {"type": "array", "items": table}},
-                        },
-                        "tables",
-                    )
-                },
-            }
-        },
-        "/v1/tables/{table}/keys/{key}": {
-            "get": {
-                "summary": "read one key",
-                "parameters": [TABLE, KEY, MAX_LAG, MIN_OFFSET, TIMEOUT],
-                "responses": {
-                    "200": _json(record, "the key's latest value"),
-                    **_errors(400, 404, 405, 503, 504),
-                },
-            }
-        },
+        "/v1/tables": _get("list tables", [], _object(tables=_array(table)), "tables", ()),
+        "/v1/tables/{table}/keys/{key}": _get(
+            "read one key",
+            [TABLE, KEY, MAX_LAG, MIN_OFFSET, TIMEOUT],
+            record,
+            "the key's latest value",
+            (400, 404, 405, 503, 504),
+        ),
         "/v1/tables/{table}/keys:batchGet": {
             "post": {
                 "summary": "read many keys, answers in request order",
@@ -126,186 +136,72 @@ def document() -> dict[str, Any]:
                 "requestBody": {
                     "required": True,
                     "content": {
-                        "application/json": {
-                            "schema": {
-                                "type": "object",
-                                "required": ["keys"],
-                                "properties": {"keys": {"type": "array", "maxItems": 1000}},
-                            }
-                        }
+                        "application/json": {"schema": _object("keys", keys=_array(maxItems=1000))}
                     },
                 },
                 "responses": {
                     "200": _json(
-                        {
-                            "type": "object",
-                            "properties": {
-                                "results": {
-                                    "type": "array",
-                                    "items": {
-                                        "type": "object",
-                                        "properties": {
-                                            "key": ANY,
-                                            "found": {"type": "boolean"},
-                                            "value": ANY,
-                                        },
-                                    },
-                                }
-                            },
-                        },
+                        _object(
+                            results=_array(_object(key=ANY, found={"type": "boolean"}, value=ANY))
+                        ),
                         "results",
                     ),
                     **_errors(400, 404, 405, 503),
                 },
             }
         },
-        "/v1/tables/{table}/range": {
-            "get": {
-                "summary": "keys in serialized-byte order across all partitions",
-                "parameters": [
-                    TABLE,
-                    _param("from", "query", "first key (inclusive)"),
-                    _param("to", "query", "end key (exclusive)"),
-                    _param("prefix", "query", "keys starting with these bytes"),
-                    _param(
-                        "limit",
-                        "query",
-                        "page size",
-                        {"type": "integer", "minimum": 1, "maximum": 10000},
-                    ),
-                    _param("cursor", "query", "next_cursor of the previous page"),
-                    MAX_LAG,
-                    _param(
-                        "owned",
-                        "query",
-                        "true: only the partitions this node is active for",
-                        {"enum": ["true", "false"]},
-                    ),
-                ],
-                "responses": {
-                    "200": _json(
-                        {
-                            "type": "object",
-                            "properties": {
-                                "items": {
-                                    "type": "array",
-                                    "items": {
-                                        "type": "object",
-                                        "properties": {"key": ANY, "value": ANY},
-                                    },
-                                },
-                                "next_cursor": {"type": ["string", "null"]},
-                            },
-                        },
-                        "a page",
-                    ),
-                    **_errors(400, 404, 405, 503),
-                },
-            }
-        },
-        "/v1/tables/{table}/keys/{key}/windows": {
-            "get": {
-                "summary": "a window table's windows for a key, by start time",
-                "parameters": [
-                    TABLE,
-                    KEY,
-                    _param(
-                        "from",
-                        "query",
-                        "earliest window start, epoch ms",
-                        {"type": "integer", "minimum": 0},
-                    ),
-                    _param(
-                        "to",
-                        "query",
-                        "latest window start, epoch ms",
-                        {"type": "integer", "minimum": 0},
-                    ),
-                    MAX_LAG,
-                ],
-                "responses": {
-                    "200": _json(
-                        {
-                            "type": "object",
-                            "properties": {
-                                "items": {
-                                    "type": "array",
-                                    "items": {
-                                        "type": "object",
-                                        "properties": {
-                                            "start": {"type": "integer"},
-                                            "end": {"type": "integer"},
-                                            "value": ANY,
-                                        },
-                                    },
-                                }
-                            },
-                        },
-                        "windows",
-                    ),
-                    **_errors(400, 404, 405, 503),
-                },
-            }
-        },
-        "/v1/tables/{table}/count": {
-            "get": {
-                "summary": "number of keys",
-                "parameters": [TABLE, MAX_LAG],
-                "responses": {
-                    "200": _json(
-                        {"type": "object", "properties": {"count": {"type": "integer"}}}, "count"
-                    ),
-                    **_errors(400, 404, 405, 503),
-                },
-            }
-        },
-        "/v1/tables/{table}/keys/{key}/metadata": {
-            "get": {
-                "summary": "where a key lives",
-                "parameters": [TABLE, KEY],
-                "responses": {
-                    "200": _json(
-                        {
-                            "type": "object",
-                            "properties": {
-                                "partition": {"type": "integer"},
-                                "active": {"type": ["object", "null"]},
-                                "standbys": {"type": "array"},
-                            },
-                        },
-                        "owners",
-                    ),
-                    **_errors(400, 404, 405),
-                },
-            }
-        },
-        "/v1/cluster": {
-            "get": {
-                "summary": "nodes and their replicas",
-                "responses": {
-                    "200": _json(
-                        {
-                            "type": "object",
-                            "properties": {
-                                "nodes": {
-                                    "type": "array",
-                                    "items": {
-                                        "type": "object",
-                                        "properties": {
-                                            "id": {"type": "string"},
-                                            "url": {"type": "string"},
-                                            "state": {"type": "string"},
-                                            "replicas": {"type": "array", "items": replica},
-                                        },
-                                    },
-                                }
-                            },
-                        },
-                        "the cluster",
-                    )
-                },
-            }
-        },
+        "/v1/tables/{table}/range": _get(
+            "keys in serialized-byte order across all partitions",
+            [
+                TABLE,
+                _param("from", "query", "first key (inclusive)"),
+                _param("to", "query", "end key (exclusive)"),
+                _param("prefix", "query", "keys starting with these bytes"),
+                _param("limit", "query", "page size", {**INT, "minimum": 1, "maximum": 10000}),
+                _param("cursor", "query", "next_cursor of the previous page"),
+                MAX_LAG,
+                _param(
+                    "owned",
+                    "query",
+                    "true: only the partitions this node is active for",
+                    {"enum": ["true", "false"]},
+                ),
+            ],
+            _object(
+                items=_array(_object(key=ANY, value=ANY)),
+                next_cursor={"type": ["string", "null"]},
+            ),
+            "a page",
+        ),
+        "/v1/tables/{table}/keys/{key}/windows": _get(
+            "a window table's windows for a key, by start time",
+            [
+                TABLE,
+                KEY,
+                _param("from", "query", "earliest window start, epoch ms", epoch_ms),
+                _param("to", "query", "latest window start, epoch ms", epoch_ms),
+                MAX_LAG,
+            ],
+            _object(items=_array(_object(start=INT, end=INT, value=ANY))),
+            "windows",
+        ),
+        "/v1/tables/{table}/count": _get(
+            "number of keys", [TABLE, MAX_LAG], _object(count=INT), "count"
+        ),
+        "/v1/tables/{table}/keys/{key}/metadata": _get(
+            "where a key lives",
+            [TABLE, KEY],
+            _object(partition=INT, active={"type": ["object", "null"]}, standbys={"type": "array"}),
+            "owners",
+            (400, 404, 405),
+        ),
+        "/v1/cluster": _get(
+            "nodes and their replicas",
+            [],
+            _object(nodes=_array(_object(id=STR, url=STR, state=STR, replicas=_array(replica)))),
+            "the cluster",
+            (),
+        ),
         "/healthz": {
             "get": {"summary": "liveness", "responses": {"200": {"description": "alive"}}}
         },
@@ -319,10 +215,7 @@ def document() -> dict[str, Any]:
             "get": {
                 "summary": "Prometheus text",
                 "responses": {
-                    "200": {
-                        "description": "metrics",
-                        "content": {"text/plain": {"schema": {"type": "string"}}},
-                    }
+                    "200": {"description": "metrics", "content": {"text/plain": {"schema": STR}}}
                 },
             }
         },
@@ -343,32 +236,27 @@ def document() -> dict[str, Any]:
         "paths": paths,
         "components": {
             "schemas": {
-                "Error": {
-                    "type": "object",
-                    "required": ["error"],
-                    "properties": {
-                        "error": {
-                            "type": "object",
-                            "required": ["code", "message"],
-                            "properties": {
-                                "code": {
-                                    "enum": [
-                                        "table_not_found",
-                                        "key_not_found",
-                                        "not_found",
-                                        "bad_request",
-                                        "unauthorized",
-                                        "forbidden",
-                                        "method_not_allowed",
-                                        "partition_unavailable",
-                                        "timeout",
-                                    ]
-                                },
-                                "message": {"type": "string"},
-                            },
-                        }
-                    },
-                }
+                "Error": _object(
+                    "error",
+                    error=_object(
+                        "code",
+                        "message",
+                        code={
+                            "enum": [
+                                "table_not_found",
+                                "key_not_found",
+                                "not_found",
+                                "bad_request",
+                                "unauthorized",
+                                "forbidden",
+                                "method_not_allowed",
+                                "partition_unavailable",
+                                "timeout",
+                            ]
+                        },
+                        message=STR,
+                    ),
+                )
             }
         },
     }
