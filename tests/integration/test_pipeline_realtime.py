@@ -37,7 +37,7 @@ def build(app: tc.App, topic: str) -> None:
 @pytest.fixture(scope="module")
 def running(bootstrap: str, spark, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:  # type: ignore[no-untyped-def]
     with running_app(
-        bootstrap, spark, tmp_path_factory, "rt", build, partitions=1, trigger="realtime"
+        bootstrap, spark, tmp_path_factory, "rt", build, partitions=1, trigger="realtime 5 seconds"
     ) as r:
         yield r
 

@@ -58,7 +58,7 @@ def shop(trigger: str = "realtime") -> tuple[tc.App, dict[str, planner.Query]]:
 
 
 def test_trigger_strings() -> None:
-    assert requested("realtime") == (True, "5 seconds")
+    assert requested("realtime") == (True, "30 seconds")
     assert requested("realtime 30 seconds") == (True, "30 seconds")
     assert requested("500 milliseconds") == (False, "500 milliseconds")
     assert (short("500 milliseconds"), short("1 second"), short("2 minutes")) == (
@@ -72,7 +72,7 @@ def test_trigger_strings() -> None:
 
 def test_stateless_jvm_queries_run_in_real_time_and_the_rest_say_why_not() -> None:
     _, qs = shop()
-    assert decide("realtime", qs["shop.latest"]) == Trigger(True, "5 seconds")
+    assert decide("realtime", qs["shop.latest"]) == Trigger(True, "30 seconds")
     assert decide("realtime 1 second", qs["shop.to-copy"]) == Trigger(True, "1 second")
     why = {
         "shop.py": "Python callable map_values(x_of) (MapInArrowExec)",
@@ -144,7 +144,7 @@ def test_explain_prints_each_querys_trigger() -> None:
     app, _ = shop()
     text = app.explain()
     assert "App 'shop': 6 output(s); trigger 'realtime'" in text
-    assert text.count("trigger: realtime (checkpoint every 5 s)") == 2
+    assert text.count("trigger: realtime (checkpoint every 30 s)") == 2
     assert (
         "trigger: micro-batch 500 ms (fallback: not in Spark's Real-time Mode allowlist: "
         "stateful count() (FlatMapGroupsInPandasWithStateExec))"
