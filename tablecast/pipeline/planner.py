@@ -233,7 +233,12 @@ def explain(
             placed = f", partitioner {plan.fn_name(q.partitioner)}" if q.partitioner else ""
             wanted = f", {q.partitions} partitions" if q.partitions else ""
             lines.append(f"      writes {q.output.topic} [{q.output.role}{wanted}{placed}]")
-            trig = (chosen or {}).get(q.name) or triggers.decide(trigger, q)
-            lines.append(f"      trigger: {trig.describe()}")
+            trig = (chosen or {}).get(q.name)
+            if trig is None:  # not running: the slots it will find are not known yet
+                trig = triggers.decide(trigger, q)
+                slots = ", given a free task slot per input partition" if trig.realtime else ""
+            else:
+                slots = ""
+            lines.append(f"      trigger: {trig.describe()}{slots}")
             lines.append(f"      bad records -> {app_id}.dlq")
     return "\n".join(lines)
