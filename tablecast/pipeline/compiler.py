@@ -113,7 +113,7 @@ def writer(spark: SparkSession, q: Query, t: Target) -> DataStreamWriter:
         flow, partition = partitioning.assign(flow, q.partitioner, t.sink_partitions)
     elif q.windowed:
         partition = windowing.partition_column()
-    if q.output.role == "through":
+    if q.output.ids:
         flow = sinks.with_record_ids(flow, extra)
     if q.writes_batches:
         df = sinks.observe(flow.df, q.name)

@@ -23,7 +23,8 @@ The planner is pure Python, so ``tablecast explain`` needs no Spark.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from itertools import pairwise
 from typing import Literal
 
 from tablecast.kafka.topics import table_topic
@@ -60,6 +61,9 @@ class TopicRef:
     value: Serde
     kind: plan.Kind
     role: Role
+    #: a "through" topic whose records carry batch and record ids: its reader keeps
+    #: per-key state and drops the copies a restarted writer wrote again
+    ids: bool = False
 
     @property
     def external(self) -> bool:
@@ -119,14 +123,12 @@ class Query:
     @property
     def writes_batches(self) -> bool:
         """Repartition writers stamp each record with the batch id (foreachBatch)."""
-        return self.output.role in ("repartition", "through")
+        return self.output.role == "repartition" or self.output.ids
 
     @property
     def reads_batches(self) -> bool:
-        """Records read carry batch and record ids, to drop copies a restart wrote again.
-        (Not for a windowed aggregation: it has no deduplication yet.)"""
-        role = self.input.role
-        return role == "repartition" or (role == "through" and not self.windowed)
+        """Records read carry batch and record ids, to drop copies a restart wrote again."""
+        return self.input.role == "repartition" or self.input.ids
 
 
 def plan_output(
@@ -204,6 +206,16 @@ def plan_output(
         current.output = TopicRef(out.topic, out.key_serde(), out.value_serde(), kind, "sink")
         current.partitioner = out.partitioner
     queries.append(current)
+    return _with_ids(queries)
+
+
+def _with_ids(queries: list[Query]) -> list[Query]:
+    """A through topic carries record ids when the query reading it keeps per-key state
+    (a windowed aggregation does not deduplicate yet); otherwise it is written by a
+    plain Kafka sink, which Real-time Mode can run."""
+    for q, nxt in pairwise(queries):
+        if q.output.role == "through" and nxt.stateful and not nxt.windowed:
+            q.output = nxt.input = replace(q.output, ids=True)
     return queries
 
 

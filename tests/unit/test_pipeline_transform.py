@@ -54,6 +54,11 @@ def test_repartition_cuts_the_query_at_an_internal_topic() -> None:
     text = app.explain()
     assert "writes pos.repartition.points-0 [through, 8 partitions, partitioner" in text
     assert "transform_values(running_total) [applyInPandasWithState by key" in text
+    # without a per-key step after it, the topic is a plain Kafka sink's
+    app.stream("ev").repartition().to_table().materialize("plain")
+    plain = app.materialized["plain"]
+    plain_first, plain_second = planner.plan_output(app.id, plain, [plain])
+    assert not plain_first.writes_batches and not plain_second.reads_batches
 
 
 def test_a_stateful_step_after_transform_values_goes_through_a_stream_changelog() -> None:
