@@ -207,12 +207,14 @@ def test_transform_values_state_survives_kill_9_of_the_driver(
     try:
         send(2000)
         eventually(lambda: sum(end_offsets(bootstrap, table).values()) > 0, 180)
-        for _ in range(2):  # kill while the table topic is being written, restart
-            written = sum(end_offsets(bootstrap, table).values())
+        # kill while a batch is being written: to the repartition topic (its restart
+        # writes copies there), then to the table topic; restart each time
+        for topic_written in (f"{unique}.repartition.placed-0", table):
+            written = sum(end_offsets(bootstrap, topic_written).values())
             send(20000)
             deadline = time.monotonic() + 120
-            while sum(end_offsets(bootstrap, table).values()) == written:
-                assert time.monotonic() < deadline, "the batch never reached the table topic"
+            while sum(end_offsets(bootstrap, topic_written).values()) == written:
+                assert time.monotonic() < deadline, f"the batch never reached {topic_written}"
                 time.sleep(0.02)
             kill_group(proc, signal.SIGKILL)
             proc = start(app_file, bootstrap, state, log)
