@@ -243,3 +243,52 @@ def window_count(
     records: Iterable[TimedRec], size: int, advance: int, grace: int
 ) -> tuple[dict[tuple[Any, int], int], list[TimedRec]]:
     return window_aggregate(records, size, advance, grace, lambda: 0, lambda k, v, a: a + 1)
+
+
+# -- joins (KStreamKTableJoin, KStreamGlobalKTableJoin, KTableKTableInnerJoin) -----
+Event = tuple[str, Any, Any]  # (side, key, value) in the order the join task takes them
+
+
+def stream_table_join(
+    events: Iterable[Event],
+    joiner: Callable[[Any, Any], Any],
+    how: str = "inner",
+    key: Callable[[Any, Any], Any] | None = None,
+) -> list[Rec]:
+    """Events are ("stream" | "table", key, value). A table event upserts (None deletes);
+    a stream record meets the table's value for key(k, v) (default k) at that moment.
+    Stream records with a None value are ignored; without a match an inner join drops
+    the record and a left join calls joiner(value, None), a None join key included."""
+    table: dict[Any, Any] = {}
+    out: list[Rec] = []
+    for side, k, v in events:
+        if side == "table":
+            if k is not None:
+                _put(table, k, v)
+            continue
+        if v is None:
+            continue
+        jk = k if key is None else key(k, v)
+        tv = None if jk is None else table.get(jk)
+        if tv is None and how == "inner":
+            continue
+        out.append((k, joiner(v, tv)))
+    return out
+
+
+def table_table_join(events: Iterable[Event], joiner: Callable[[Any, Any], Any]) -> list[Rec]:
+    """Events are ("left" | "right", key, value) upserts; the result's changelog:
+    joiner(left, right) whenever a key is in both after a change, a delete when it was
+    in both and one side went away."""
+    sides: dict[str, dict[Any, Any]] = {"left": {}, "right": {}}
+    out: list[Rec] = []
+    for side, k, v in events:
+        if k is None:
+            continue
+        both_before = k in sides["left"] and k in sides["right"]
+        _put(sides[side], k, v)
+        if k in sides["left"] and k in sides["right"]:
+            out.append((k, joiner(sides["left"][k], sides["right"][k])))
+        elif both_before:
+            out.append((k, None))
+    return out

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from tablecast import serde as serdes
 from tablecast.pipeline import plan
-from tablecast.pipeline.dsl import Stream, Table
+from tablecast.pipeline.dsl import GlobalTable, Stream, Table
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -64,10 +64,24 @@ class App:
     ) -> Table:
         return Table(self, self._source(topic, key, value, "table"))
 
+    def global_table(
+        self, topic: str, key: serdes.Serde | None = None, value: serdes.Serde | None = None
+    ) -> GlobalTable:
+        """A table whole on every node: streams join it by any key (``key=`` of
+        Stream.join) without co-partitioning; ``.materialize(name)`` serves it."""
+        return GlobalTable(self, self._source(topic, key, value, "table", is_global=True))
+
     def _source(
-        self, topic: str, key: serdes.Serde | None, value: serdes.Serde | None, kind: plan.Kind
+        self,
+        topic: str,
+        key: serdes.Serde | None,
+        value: serdes.Serde | None,
+        kind: plan.Kind,
+        is_global: bool = False,
     ) -> plan.Source:
-        return plan.Source(None, topic, key or serdes.string(), value or serdes.json(), kind)
+        return plan.Source(
+            None, topic, key or serdes.string(), value or serdes.json(), kind, is_global
+        )
 
     def _register(self, node: plan.Materialize) -> None:
         if not _TABLE_NAME.match(node.name):

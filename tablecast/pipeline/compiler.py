@@ -10,6 +10,7 @@ topic and bad ones to the dead-letter topic through one Kafka sink.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,9 @@ from pyspark.sql.streaming import DataStreamWriter
 
 from tablecast.kafka.topics import dlq_topic
 from tablecast.pipeline import envelope as env
-from tablecast.pipeline import partitioning, sinks, stateful, stateless, windowing
+from tablecast.pipeline import joins, partitioning, sinks, stateful, stateless, windowing
 from tablecast.pipeline.flow import Flow
-from tablecast.pipeline.planner import Query, Step
+from tablecast.pipeline.planner import Query, Step, TopicRef
 from tablecast.pipeline.trigger import Trigger
 
 
@@ -36,19 +37,21 @@ class Target:
     sink_partitions: int  # of the topic this query writes (a to() topic may differ)
 
 
-def read(spark: SparkSession, q: Query, t: Target) -> tuple[Flow, tuple[str, ...]]:
-    """The input topic as an envelope flow (plus the columns a repartition topic adds)."""
+def _load(
+    spark: SparkSession, ref: TopicRef, t: Target, timed: bool, headers: bool = False
+) -> DataFrame:
+    """A topic as the envelope's columns (plus its headers and record timestamps if asked)."""
     raw = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", t.bootstrap_servers)
-        .option("subscribe", q.input.topic)
+        .option("subscribe", ref.topic)
         .option("startingOffsets", "earliest")
         # compaction removes records a restarted query may still point at
         .option("failOnDataLoss", "false")
-        .option("includeHeaders", str(q.reads_batches).lower())
+        .option("includeHeaders", str(headers).lower())
         .load()
     )
-    df: DataFrame = raw.select(
+    return raw.select(
         "key",
         "value",
         F.lit(None).cast("string").alias(env.ERR),
@@ -58,9 +61,14 @@ def read(spark: SparkSession, q: Query, t: Target) -> tuple[Flow, tuple[str, ...
         F.col("partition").alias(env.PART),
         F.col("offset").alias(env.OFF),
         F.lit(0).cast("bigint").alias(env.SEQ),
-        *(["headers"] if q.reads_batches else []),
-        *([F.unix_millis(F.col("timestamp")).alias(env.TS)] if q.windowed else []),
+        *(["headers"] if headers else []),
+        *([F.unix_millis(F.col("timestamp")).alias(env.TS)] if timed else []),
     )
+
+
+def read(spark: SparkSession, q: Query, t: Target) -> tuple[Flow, tuple[str, ...]]:
+    """The input topic as an envelope flow (plus the columns a repartition topic adds)."""
+    df = _load(spark, q.input, t, q.timed, q.reads_batches)
     ref = q.input
     flow = Flow(df, ref.key, ref.value, ref.kind)
     if q.reads_batches:
@@ -72,16 +80,32 @@ def read(spark: SparkSession, q: Query, t: Target) -> tuple[Flow, tuple[str, ...
         first = q.steps[0] if q.steps else None
         column_first = first is not None and not stateless.is_python(first)
         flow = flow.decode() if column_first else flow.validate()
-    return flow, (env.TS,) if q.windowed else ()
+    return flow, (env.TS,) if q.timed else ()
+
+
+def read_side(spark: SparkSession, ref: TopicRef, t: Target) -> Flow:
+    """A join's other table, checked like any input and with its records' timestamps."""
+    flow = Flow(_load(spark, ref, t, timed=True), ref.key, ref.value, "table")
+    flow = flow.fail_where(F.col("key").isNull(), "null key")
+    return flow.validate() if ref.external else flow
 
 
 def transform(
-    flow: Flow, steps: list[Step], extra: tuple[str, ...], partitions: int
+    flow: Flow,
+    steps: list[Step],
+    extra: tuple[str, ...],
+    partitions: int,
+    side: Callable[[TopicRef], Flow] | None = None,
 ) -> tuple[Flow, tuple[str, ...]]:
     i = 0
     while i < len(steps):
         step = steps[i]
-        if step.what == "window_aggregate":
+        if step.what == "join":
+            assert side is not None and step.side is not None
+            flow = joins.apply(flow, side(step.side), step, partitions, extra)
+            extra = ()
+            i += 1
+        elif step.what == "window_aggregate":
             flow = windowing.apply(flow, step, partitions, extra)
             extra = ()
             i += 1
@@ -104,7 +128,7 @@ def transform(
 def writer(spark: SparkSession, q: Query, t: Target) -> DataStreamWriter:
     """The query's DataStreamWriter, ready to start()."""
     flow, extra = read(spark, q, t)
-    flow, extra = transform(flow, q.steps, extra, t.partitions)
+    flow, extra = transform(flow, q.steps, extra, t.partitions, lambda r: read_side(spark, r, t))
     flow = flow.envelope(*extra)
     dlq = dlq_topic(t.app_id)
     common: dict[str, Any] = {"kafka.bootstrap.servers": t.bootstrap_servers}
@@ -115,12 +139,14 @@ def writer(spark: SparkSession, q: Query, t: Target) -> DataStreamWriter:
         partition = windowing.partition_column()
     if q.output.ids:
         flow = sinks.with_record_ids(flow, extra)
-    if q.writes_batches:
+    if q.writes_batches or q.reorders:
         df = sinks.observe(flow.df, q.name)
 
         def write_batch(batch: DataFrame, batch_id: int) -> None:
             # the batch id lets the reading query drop what a replay writes again
-            headers = sinks.repartition_headers(batch_id)
+            headers = sinks.repartition_headers(batch_id) if q.writes_batches else None
+            if q.reorders:
+                batch = joins.in_source_order(batch)
             out = sinks.route(flow.with_df(batch), q, dlq, headers, partition)
             out.write.format("kafka").options(**common).save()
 

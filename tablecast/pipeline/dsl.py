@@ -110,6 +110,29 @@ class Stream(_Handle):
             _check_fn("repartition", partitioner)
         return Stream(self._app, plan.Repartition(self._node, partitions, partitioner))
 
+    def join(
+        self,
+        table: Table | GlobalTable,
+        joiner: Callable[[Any, Any], Any],
+        key: plan.Fn | None = None,
+        how: Literal["inner", "left"] = "inner",
+        value: Serde | None = None,
+    ) -> Stream:
+        """Each record meets the table's latest value for its key at processing time:
+        `joiner(stream_value, table_value)` is the new value (JSON unless `value=`).
+        `key(k, v)` picks the table key (default: the record's key). An inner join drops
+        records without a match; a left join calls joiner(value, None) for them. Records
+        with a None value are ignored, as in Kafka Streams."""
+        if not isinstance(table, Table | GlobalTable):
+            raise TypeError("Stream.join: expected a Table or a GlobalTable")
+        if how not in ("inner", "left"):
+            raise ValueError(f"Stream.join: how must be 'inner' or 'left', not {how!r}")
+        _check_callable("join", joiner)
+        if key is not None:
+            _check_fn("join", key)
+        node = plan.Join(self._node, table.node, joiner, key, how, value)
+        return Stream(self._app, node)
+
     def group_by_key(self) -> GroupedStream:
         return GroupedStream(self._app, plan.GroupBy(self._node))
 
@@ -215,6 +238,21 @@ class Table(_Handle):
         _check_fn("group_by", fn)
         return GroupedTable(self._app, plan.GroupBy(self._node, fn, key, value))
 
+    def join(
+        self, other: Table, joiner: Callable[[Any, Any], Any], value: Serde | None = None
+    ) -> Table:
+        """Inner join on the key: joiner(left, right) for keys in both tables (JSON unless
+        `value=`); an update on either side re-emits, a delete on either side deletes."""
+        if not isinstance(other, Table):
+            raise TypeError("Table.join: expected a Table (a global table joins streams only)")
+        if other.node.key_serde().spec() != self._node.key_serde().spec():
+            raise TypeError(
+                "Table.join: both tables need the same key serde "
+                f"({self._node.key_serde()!r} vs {other.node.key_serde()!r})"
+            )
+        _check_callable("join", joiner)
+        return Table(self._app, plan.Join(self._node, other.node, joiner, value=value))
+
     def to_stream(self) -> Stream:
         return Stream(self._app, plan.ToStream(self._node))
 
@@ -225,6 +263,21 @@ class Table(_Handle):
         node = plan.Materialize(self._node, name, store)
         self._app._register(node)
         return Table(self._app, node)
+
+
+class GlobalTable(_Handle):
+    """A table every serving node holds whole, joined by streams without co-partitioning
+    (Kafka Streams' GlobalKTable). It has no operators; ``materialize(name)`` makes it
+    queryable, with every node answering every key locally."""
+
+    def materialize(
+        self, name: str, store: Literal["rocksdb", "memory"] = "rocksdb"
+    ) -> GlobalTable:
+        if store not in ("rocksdb", "memory"):
+            raise ValueError(f"store must be 'rocksdb' or 'memory', not {store!r}")
+        node = plan.Materialize(self._node, name, store)
+        self._app._register(node)
+        return GlobalTable(self._app, node)
 
 
 class GroupedTable(_Handle):

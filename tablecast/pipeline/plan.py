@@ -262,6 +262,34 @@ class To(Node):
         return f"to({self.topic!r}{part})"
 
 
+@dataclass(frozen=True, eq=False)
+class Join(Node):
+    """stream.join(table | global table) or table.join(table): the parent is the left
+    input, `other` the table whose latest value per key each left record meets."""
+
+    other: Node = None  # type: ignore[assignment]
+    joiner: Callable[[Any, Any], Any] = None  # type: ignore[assignment]
+    #: stream joins: f(key, value) -> the table key (None: the stream's key)
+    key_fn: Fn | None = None
+    how: Literal["inner", "left"] = "inner"
+    value: Serde | None = None
+
+    @property
+    def is_global(self) -> bool:
+        return source_of(self.other).is_global
+
+    def value_serde(self) -> Serde:
+        # a joined value is rarely of either input's type: JSON unless told otherwise
+        return self.value or serdes.json()
+
+    def describe(self) -> str:
+        side = "global_table" if self.is_global else "table"
+        other = " -> ".join(n.describe() for n in self.other.lineage())
+        key = f", key={fn_name(self.key_fn)}" if self.key_fn is not None else ""
+        how = f", how={self.how!r}" if self.parent and self.parent.kind == "stream" else ""
+        return f"join({side}[{other}], {fn_name(self.joiner)}{key}{how})"
+
+
 def fn_name(fn: Any) -> str:
     if isinstance(fn, Column):
         return str(fn)
@@ -289,6 +317,17 @@ def source_of(node: Node) -> Source:
     if not isinstance(first, Source):
         raise TypeError(f"plan does not start at a source: {first!r}")
     return first
+
+
+def sources(node: Node) -> list[Source]:
+    """Every source `node` reads, through joins' other inputs too."""
+    out: list[Source] = []
+    for n in node.lineage():
+        if isinstance(n, Source):
+            out.append(n)
+        elif isinstance(n, Join):
+            out.extend(sources(n.other))
+    return out
 
 
 def value_serde(node: Node) -> Serde:

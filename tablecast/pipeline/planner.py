@@ -17,6 +17,10 @@ stateless operators and at most one stateful step; the planner cuts the chain:
   partitioner (Kafka Streams' ``through``); the next query reads it back.
 
 Grouped *stream* aggregations need no topic: Spark's shuffle re-keys them.
+Joins neither: a join query reads its left input and, beside it, the other
+table's topic (its source topic, its table topic if materialized, or a
+changelog topic computed for it), and Spark's shuffle brings both sides of a
+join key together (see :mod:`tablecast.pipeline.joins`).
 The planner is pure Python, so ``tablecast explain`` needs no Spark.
 """
 
@@ -41,6 +45,7 @@ StepKind = Literal[
     "table_aggregate",
     "window_aggregate",
     "transform_values",
+    "join",
 ]
 STATEFUL = (
     "retract",
@@ -48,6 +53,7 @@ STATEFUL = (
     "table_aggregate",
     "window_aggregate",
     "transform_values",
+    "join",
 )
 #: "through": a stream's repartition() topic (plain records, unlike a table
 #: group_by's "repartition" topic whose records carry ids for deduplication)
@@ -78,6 +84,8 @@ class Step:
     key: Serde  # serdes and kind of the rows after this step
     value: Serde
     kind: plan.Kind
+    #: a join's other input, read beside the query's own
+    side: TopicRef | None = None
 
     @property
     def stateful(self) -> bool:
@@ -98,6 +106,8 @@ class Step:
             assert isinstance(self.node, plan.Aggregate) and self.node.window is not None
             w = self.node.window.describe()
             return f"{w} {self.node.describe()} [applyInPandasWithState by key's partition]"
+        if self.what == "join":
+            return f"{self.node.describe()} [applyInPandasWithState by join key, tables in state]"
         return f"{self.node.describe()} [applyInPandasWithState by group key, adds and retracts]"
 
 
@@ -121,9 +131,20 @@ class Query:
         return any(s.what == "window_aggregate" for s in self.steps)
 
     @property
+    def timed(self) -> bool:
+        """Reads record timestamps: windows, and joins (which order both sides by them)."""
+        return any(s.what in ("window_aggregate", "join") for s in self.steps)
+
+    @property
     def writes_batches(self) -> bool:
         """Repartition writers stamp each record with the batch id (foreachBatch)."""
         return self.output.role == "repartition" or self.output.ids
+
+    @property
+    def reorders(self) -> bool:
+        """A join by a key extractor spreads one key's records over several join keys:
+        its output is put back in source order per key before it is written (foreachBatch)."""
+        return any(isinstance(s.node, plan.Join) and s.node.key_fn is not None for s in self.steps)
 
     @property
     def reads_batches(self) -> bool:
@@ -155,6 +176,7 @@ def plan_output(
         topic = table_topic(app_id, first.name)
         ref = TopicRef(topic, first.key_serde(), first.value_serde(), "table", "table")
     queries: list[Query] = []
+    sides: list[Query] = []  # what joins' other inputs need computed first
     current = Query(f"{app_id}.{base}", ref, ref)
     key, value, kind = ref.key, ref.value, ref.kind
 
@@ -167,12 +189,19 @@ def plan_output(
         queries.append(current)
         current = Query(f"{app_id}.{base}", current.output, current.output)
 
-    def add(what: StepKind, node: plan.Node, k: Serde, v: Serde, kd: plan.Kind) -> None:
+    def add(
+        what: StepKind,
+        node: plan.Node,
+        k: Serde,
+        v: Serde,
+        kd: plan.Kind,
+        side: TopicRef | None = None,
+    ) -> None:
         nonlocal key, value, kind
         if what in STATEFUL and current.stateful:
             cut("changelog")
         key, value, kind = k, v, kd
-        current.steps.append(Step(what, node, k, v, kd))
+        current.steps.append(Step(what, node, k, v, kd, side))
 
     for node in chain[start + 1 :]:
         if isinstance(node, plan.Op | plan.ToTable | plan.ToStream):
@@ -196,6 +225,11 @@ def plan_output(
         elif isinstance(node, plan.Repartition):
             current.partitioner, current.partitions = node.partitioner, node.partitions
             cut("through")
+        elif isinstance(node, plan.Join):
+            name = f"{base}-join{len(sides)}"
+            side_queries, side = _join_side(app_id, node, name, materialized or [])
+            sides.extend(side_queries)
+            add("join", node, node.key_serde(), node.value_serde(), node.kind, side)
         elif isinstance(node, plan.GroupBy | plan.WindowedBy | plan.Materialize | plan.To):
             pass  # a GroupBy is compiled with its Aggregate; the sinks end the chain
         else:
@@ -206,17 +240,38 @@ def plan_output(
         current.output = TopicRef(out.topic, out.key_serde(), out.value_serde(), kind, "sink")
         current.partitioner = out.partitioner
     queries.append(current)
-    return _with_ids(queries)
+    return sides + _with_ids(queries)
 
 
 def _with_ids(queries: list[Query]) -> list[Query]:
     """A through topic carries record ids when the query reading it keeps per-key state
-    (a windowed aggregation does not deduplicate yet); otherwise it is written by a
+    (a windowed aggregation or a join does not deduplicate yet); otherwise it is written by a
     plain Kafka sink, which Real-time Mode can run."""
     for q, nxt in pairwise(queries):
-        if q.output.role == "through" and nxt.stateful and not nxt.windowed:
+        if q.output.role == "through" and nxt.stateful and not nxt.timed:
             q.output = nxt.input = replace(q.output, ids=True)
     return queries
+
+
+def _join_side(
+    app_id: str, join: plan.Join, name: str, materialized: list[plan.Materialize]
+) -> tuple[list[Query], TopicRef]:
+    """The topic holding a join's other table, and the queries that compute it if any."""
+    other = join.other
+    for m in materialized:
+        if m.parent is other:  # a handle that was also materialized: its table topic
+            other = m
+    if isinstance(other, plan.Materialize):
+        topic = table_topic(app_id, other.name)
+        return [], TopicRef(topic, other.key_serde(), other.value_serde(), "table", "table")
+    if isinstance(other, plan.Source):
+        return [], TopicRef(other.topic, other.key, other.value, "table", "source")
+    # a derived table nobody materialized: computed into a changelog topic of its own
+    queries = plan_output(app_id, plan.Materialize(other, name), materialized)
+    last = queries[-1].output
+    ref = TopicRef(f"{app_id}.changelog.{name}", last.key, last.value, "table", "changelog")
+    queries[-1].output = ref
+    return queries, ref
 
 
 def explain(
@@ -236,12 +291,16 @@ def explain(
         lines.append("    operators: " + " -> ".join(n.describe() for n in out.lineage()))
         for q in plan_output(app_id, out, mats):
             state = "stateful, RocksDB state store" if q.stateful else "stateless"
-            writer = "foreachBatch -> Kafka" if q.writes_batches else "Kafka sink"
+            batches = q.writes_batches or q.reorders
+            writer = "foreachBatch -> Kafka" if batches else "Kafka sink"
             lines.append(f"    query {q.name!r} ({state}; {writer}; update mode)")
             count = partitions(q.input.topic) if partitions else None
             parts = f", {count} partitions" if count else ""
             lines.append(f"      reads  {q.input.topic} [{q.input.role}{parts}]")
-            lines.extend(f"      step   {s.describe()}" for s in q.steps)
+            for s in q.steps:
+                lines.append(f"      step   {s.describe()}")
+                if s.side is not None:
+                    lines.append(f"      joins  {s.side.topic} [{s.side.role}]")
             placed = f", partitioner {plan.fn_name(q.partitioner)}" if q.partitioner else ""
             wanted = f", {q.partitions} partitions" if q.partitions else ""
             lines.append(f"      writes {q.output.topic} [{q.output.role}{wanted}{placed}]")

@@ -129,7 +129,8 @@ class Pipeline:
         outputs = app.outputs()
         if not outputs:
             raise ValueError(f"App {app.id!r} materializes no table and writes no topic")
-        sources = {plan.source_of(o).topic for o in outputs}
+        # a join reads its other table's source too: every source must exist
+        sources = {s.topic for o in outputs for s in plan.sources(o)}
         partitions = {t: wait_for_topic(bootstrap_servers, t) for t in sorted(sources)}
         owns = spark is None
         if spark is None:
@@ -155,6 +156,7 @@ class Pipeline:
                         value=out.value_serde().spec(),
                         store=out.store,
                         kind="window" if window else "kv",
+                        is_global=plan.source_of(out).is_global,
                         extra={"size_ms": window.windows.size_ms} if window else {},
                     )
                 )

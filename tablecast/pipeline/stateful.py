@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tablecast.pipeline import envelope as env
 from tablecast.pipeline.aggregation import Aggregator
@@ -48,6 +48,9 @@ from tablecast.pipeline.wire import (
     unpack_record_id,
 )
 from tablecast.serde import Serde
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 # positions in a row of env.COLUMNS (+ OLD, BATCH, RID where present)
 K, V, ERR, RK, RV, TOPIC, PART, OFF, SEQ, X1, X2, X3 = range(12)
@@ -84,14 +87,15 @@ class KeyState:
         self.store.pop(self.key, None)
 
 
-def bucketed(core: Core, columns: list[str]) -> StateFn:
-    """The applyInPandasWithState function of a bucket: each key's rows, in order, to `core`."""
+def bucketed(core: Core, columns: list[str], group: int = K) -> StateFn:
+    """The applyInPandasWithState function of a bucket: each key's rows, in order, to `core`
+    (the key is the row's column `group`: the record key unless a step says otherwise)."""
 
     def fn(bucket: tuple[Any, ...], pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
         store = pickle.loads(state.get[0]) if state.exists else {}
         by_key: dict[Any, list[tuple[Any, ...]]] = {}
         for row in _rows(pdfs):
-            by_key.setdefault(row[K], []).append(row[:-1])  # without the bucket column
+            by_key.setdefault(row[group], []).append(row[:-1])  # without the bucket column
         out: list[tuple[Any, ...]] = []
         for kb, rows in by_key.items():
             out.extend(core(kb, rows, KeyState(store, kb)))
@@ -323,9 +327,6 @@ def deduplicated(core: Core) -> Core:
 
 def apply(flow: Flow, step: Step, partitions: int, extra: tuple[str, ...] = ()) -> Flow:
     """Run `step` on `flow`, keys hashed into buckets; returns encoded rows."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.streaming.state import GroupStateTimeout
-
     from tablecast.pipeline import plan
 
     # rows read from a stream's repartition topic carry (old, batch, rid): copies are
@@ -351,14 +352,25 @@ def apply(flow: Flow, step: Step, partitions: int, extra: tuple[str, ...] = ()) 
         core = make(agg, flow.key, flow.value, step.value)
     if through:
         core = deduplicated(core)
+    df = by_bucket(flow.df, core, partitions, *out_extra)
+    return Flow(df, step.key, step.value, step.kind)
+
+
+def by_bucket(
+    df: DataFrame, core: Core, partitions: int, *out_extra: str, key: str = "key"
+) -> DataFrame:
+    """`core` per value of column `key`, keys hashed into buckets, state in the state store;
+    the rows it returns have the envelope's columns plus `out_extra`."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
     buckets = BUCKETS_PER_PARTITION * partitions
-    df = flow.df.withColumn(BUCKET, F.pmod(F.xxhash64(F.col("key")), F.lit(buckets)))
+    df = df.withColumn(BUCKET, F.pmod(F.xxhash64(F.col(key)), F.lit(buckets)))
     schema = env.schema(*out_extra)
-    df = df.groupBy(BUCKET).applyInPandasWithState(
-        bucketed(core, schema.fieldNames()),
+    return df.groupBy(BUCKET).applyInPandasWithState(
+        bucketed(core, schema.fieldNames(), df.columns.index(key)),
         schema,
         "store binary",
         "update",
         GroupStateTimeout.NoTimeout,
     )
-    return Flow(df, step.key, step.value, step.kind)
