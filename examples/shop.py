@@ -1,14 +1,19 @@
-"""A shop: revenue per store from Avro invoices, and customers per city from a table.
+"""A shop: revenue per store from Avro invoices, customers per city from a table, and
+revenue per city from invoices joined with their customer.
 
     tablecast dev examples/shop.py --generate
     curl http://localhost:8080/v1/tables/revenue/keys/store-3
     curl http://localhost:8080/v1/tables/customers_per_city/keys/Lyon
+    curl http://localhost:8080/v1/tables/revenue_per_city/keys/Lyon
     tablecast explain examples/shop.py      # operators, internal topics, Spark queries
 
 `pos` carries invoices in Avro's Confluent wire format (read without a schema
 registry); `customers` is a table keyed by customer id whose rows move between
 cities: the count per city retracts a customer's old city when it changes, as
-Kafka Streams' KTable.groupBy(...).count() does.
+Kafka Streams' KTable.groupBy(...).count() does. Invoices are keyed by customer
+id too, so each one joins the city its customer lives in when it is processed
+(a stream-table join, Kafka Streams' KStream.join(KTable)): a move changes where
+later invoices count, not earlier ones.
 """
 
 from __future__ import annotations
@@ -43,6 +48,12 @@ invoices = app.stream("pos", key=tc.serde.string(), value=tc.serde.avro(INVOICE,
 )
 customers = app.table("customers", key=tc.serde.string(), value=tc.serde.json())
 customers.group_by(lambda cid, c: (c["city"], cid)).count().materialize("customers_per_city")
+(
+    invoices.join(customers, lambda inv, c: {"city": c["city"], "total": inv["total"]})
+    .group_by(lambda cid, sale: sale["city"])
+    .aggregate(lambda: 0.0, lambda city, sale, revenue: round(revenue + sale["total"], 2))
+    .materialize("revenue_per_city")
+)
 
 
 def generate(bootstrap_servers: str, rate_per_s: float = 50.0) -> None:

@@ -244,11 +244,14 @@ def plan_output(
 
 
 def _with_ids(queries: list[Query]) -> list[Query]:
-    """A through topic carries record ids when the query reading it keeps per-key state
-    (a windowed aggregation or a join does not deduplicate yet); otherwise it is written by a
-    plain Kafka sink, which Real-time Mode can run."""
+    """A through topic, or a stream's changelog (a join's or transform_values' output on
+    its way to an aggregation), carries record ids when the query reading it keeps per-key
+    state (a windowed aggregation or a join does not deduplicate yet); otherwise it is
+    written by a plain Kafka sink, which Real-time Mode can run."""
     for q, nxt in pairwise(queries):
-        if q.output.role == "through" and nxt.stateful and not nxt.timed:
+        out = q.output
+        stream_topic = out.role == "through" or (out.role == "changelog" and out.kind == "stream")
+        if stream_topic and nxt.stateful and not nxt.timed:
             q.output = nxt.input = replace(q.output, ids=True)
     return queries
 

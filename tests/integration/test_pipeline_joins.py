@@ -37,7 +37,7 @@ from .test_pipeline_support import CUMULATIVE, read_table, read_topic
 
 pytestmark = pytest.mark.integration
 
-STR, JSON = tc.serde.string(), tc.serde.json()
+STR, JSON, LONG = tc.serde.string(), tc.serde.json(), tc.serde.long()
 TOPICS = {"orders": 3, "customers": 3, "limits": 3, "products": 2}
 CUSTOMERS = [f"c{i}" for i in range(5)]
 PRODUCTS = [f"p{i}" for i in range(4)]
@@ -131,6 +131,13 @@ def build(app: tc.App, topic: dict[str, str], out: dict[str, str]) -> None:
     product = F.variant_get(F.col("value"), "$.product", "string")
     orders.join(products, price, key=product, how="left").to(out["global_left"])
     customers.join(limits, with_limit).materialize("customer_limits")
+    # a joined stream aggregated: through a changelog topic whose copies the sum drops
+    (
+        orders.join(customers, tier_of, value=STR)
+        .group_by(lambda k, tier: tier)
+        .count()
+        .materialize("orders_per_tier")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -177,6 +184,9 @@ def check(joins: Joins, bootstrap: str) -> None:
         for keyed in (got_keys, want_keys):
             keyed[None] = sorted(keyed.get(None, []), key=orjson.dumps)
         assert got_keys == want_keys, name
+    joined = ref.stream_table_join(joins.events("orders", "customers"), tier_of)
+    per_tier = ref.stream_count((tier, tier) for _, tier in joined)
+    assert read_table(bootstrap, f"{joins.app.id}.table.orders_per_tier", STR, LONG) == per_tier
     tt = ref.latest(ref.table_table_join(_table_events(joins), with_limit))
     got_tt = read_table(bootstrap, f"{joins.app.id}.table.customer_limits", STR, JSON)
     assert got_tt == tt

@@ -168,3 +168,19 @@ def test_a_repartitioned_stream_joins_in_the_query_that_reads_the_topic_back() -
     assert [s.what for s in second.steps] == ["join", "op"]
     # a join orders both sides by timestamp and needs no copies dropped (tables are upserts)
     assert second.timed and not second.reads_batches
+
+
+def test_a_joined_stream_reaches_its_aggregation_with_record_ids() -> None:
+    # the changelog between is a stream: a restarted join query writes copies, which
+    # the aggregation must drop (a table's changelog is upserts and needs no ids)
+    app = tc.App("a")
+    customers = app.table("customers")
+    joined = app.stream("orders").join(customers, lambda o, c: {"city": c["city"]})
+    joined.group_by(lambda k, v: v["city"]).count().materialize("per_city")
+    first, second = plan(app, "per_city")
+    assert first.output.role == "changelog" and first.output.ids and first.writes_batches
+    assert second.reads_batches and [s.what for s in second.steps] == ["stream_aggregate"]
+    joined_table = customers.join(app.table("limits"), lambda c, lim: c)
+    joined_table.group_by(lambda k, v: (v["city"], 1)).count().materialize("n")
+    table_first = plan(app, "n")[0]
+    assert table_first.output.kind == "table" and not table_first.output.ids
