@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import BinaryType, StructField, StructType
 
 from tablecast.pipeline import envelope as env
 from tablecast.pipeline import plan
@@ -101,8 +102,6 @@ def _with_join_key(flow: Flow, node: plan.Join, table_key: Serde) -> Flow:
         return decoded.with_df(df.withColumn(JK, F.when(ok(), jk))).envelope(env.TS, JK)
     if fn is None:  # the stream's key, in the table's key serde
         fn = _own_key
-    from pyspark.sql.types import BinaryType, StructField, StructType
-
     flow = flow.envelope(env.TS)
     keyer = JoinKey(fn, flow.key, flow.value, table_key)
     schema = StructType([*flow.df.schema.fields, StructField(JK, BinaryType(), True)])
