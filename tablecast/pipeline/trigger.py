@@ -86,7 +86,8 @@ def blockers(q: Query) -> list[str]:
     if q.writes_batches:
         reasons.append("foreachBatch sink (ForeachBatchSink)")
     for s in q.steps:
-        what = "retract" if s.what == "retract" else s.node.describe()
+        # a join's node describes the whole other side: its kind is enough here
+        what = s.what if s.what in ("retract", "join") else s.node.describe()
         if s.stateful:
             reasons.append(f"stateful {what} (FlatMapGroupsInPandasWithStateExec)")
         elif is_python(s):

@@ -122,6 +122,17 @@ def test_repartition_and_transform_values() -> None:
     ]
 
 
+def pair(left: object, right: object) -> object:
+    return [left, right]
+
+
+def test_a_join_is_stateful() -> None:
+    app = tc.App("a", trigger="realtime")
+    app.stream("ev").join(app.table("customers"), pair).to("joined")
+    reasons = [r for q in queries(app).values() for r in blockers(q)]
+    assert "stateful join (FlatMapGroupsInPandasWithStateExec)" in reasons
+
+
 def test_real_time_queries_share_the_task_slots() -> None:
     _, qs = shop()
     latest, copy, counts = qs["shop.latest"], qs["shop.to-copy"], qs["shop.counts"]
