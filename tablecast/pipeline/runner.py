@@ -7,6 +7,7 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tablecast.kafka import catalog
@@ -19,7 +20,7 @@ from tablecast.kafka.topics import (
 )
 from tablecast.pipeline import plan, planner
 from tablecast.pipeline import spark as spark_setup
-from tablecast.pipeline.trigger import Trigger, assign
+from tablecast.pipeline.trigger import Trigger, assign, written_by_micro_batch
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -167,7 +168,7 @@ class Pipeline:
         checkpoints = app.resolve_state_dir() / "checkpoints"
         started: dict[str, StreamingQuery] = {}
         every = [q for _, _, qs in chains for q in qs]
-        chosen, needs = _choose_triggers(spark, bootstrap_servers, app.trigger, every)
+        chosen, needs = _choose_triggers(spark, bootstrap_servers, app.trigger, every, checkpoints)
         inputs = {q.name: q.input.topic for q in every}
         pipeline = cls(
             app, spark, started, owns, counter, chosen, bootstrap_servers, inputs, listener
@@ -280,15 +281,21 @@ class Pipeline:
 
 
 def _choose_triggers(
-    spark: SparkSession, bootstrap_servers: str, trigger: str, queries: list[planner.Query]
+    spark: SparkSession,
+    bootstrap_servers: str,
+    trigger: str,
+    queries: list[planner.Query],
+    checkpoints: Path,
 ) -> tuple[dict[str, Trigger], dict[str, int]]:
-    """Each query's trigger, given the task slots real-time queries already hold,
-    and the slots each query needs (its input topic's partitions)."""
+    """Each query's trigger, given the task slots real-time queries already hold
+    and the checkpoints earlier runs left, and the slots each query needs (its
+    input topic's partitions)."""
     unique = {q.name: q for q in queries}
+    old = {n: checkpoints / n for n in unique if written_by_micro_batch(checkpoints / n)}
     needs = {n: partition_count(bootstrap_servers, q.input.topic) or 1 for n, q in unique.items()}
     active = {q.name for q in spark.streams.active}
     held = sum(n for name, n in _REALTIME_SLOTS.items() if name in active)
     slots = spark.sparkContext.defaultParallelism - held
     others = any(name not in _REALTIME_SLOTS for name in active)
-    chosen = assign(trigger, [(q, needs[n]) for n, q in unique.items()], slots, others)
+    chosen = assign(trigger, [(q, needs[n]) for n, q in unique.items()], slots, others, old)
     return dict(zip(unique, chosen, strict=True)), needs

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tablecast.pipeline import plan
@@ -102,14 +103,34 @@ def blockers(q: Query) -> list[str]:
     return reasons
 
 
+def written_by_micro_batch(checkpoint: Path) -> bool:
+    """Whether a query's checkpoint was last committed by a micro-batch run.
+
+    Micro-batch runs write checkpoint format v1 (commit log "v1"), real-time
+    runs v2; Spark does not continue a v1 checkpoint in Real-time Mode, even a
+    stateless query's (STREAMING_REAL_TIME_MODE.CHECKPOINT_FORMAT_V1_NOT_SUPPORTED).
+    """
+    commits = checkpoint / "commits"
+    batches = [int(p.name) for p in commits.glob("[0-9]*") if p.name.isdigit()]
+    if not batches:
+        return False
+    with open(commits / str(max(batches))) as f:
+        return f.readline().strip() == "v1"
+
+
 def decide(
-    trigger: str, q: Query, partitions: int | None = None, free_slots: int | None = None
+    trigger: str,
+    q: Query,
+    partitions: int | None = None,
+    free_slots: int | None = None,
+    micro_batch_checkpoint: Path | None = None,
 ) -> Trigger:
     """The trigger `q` runs with under the App's `trigger`.
 
     `partitions` (of the query's input topic) and `free_slots` (task slots it
     may hold) are checked when both are known: the runner knows them, ``explain``
-    without a running Spark does not.
+    without a running Spark does not; nor does it know `micro_batch_checkpoint`,
+    the query's checkpoint if an earlier micro-batch run wrote it.
     """
     realtime, interval = requested(trigger)
     if not realtime:
@@ -117,6 +138,13 @@ def decide(
     reasons = blockers(q)
     if reasons:
         why = "not in Spark's Real-time Mode allowlist: " + "; ".join(reasons)
+        return Trigger(False, FALLBACK_INTERVAL, why)
+    if micro_batch_checkpoint is not None:
+        why = (
+            f"its checkpoint {micro_batch_checkpoint} was written by a micro-batch run, which "
+            "Spark does not continue in Real-time Mode; deleting it switches (the query then "
+            "reads its input again from the start)"
+        )
         return Trigger(False, FALLBACK_INTERVAL, why)
     if partitions is not None and free_slots is not None and partitions > free_slots:
         why = (
@@ -128,9 +156,14 @@ def decide(
 
 
 def assign(
-    trigger: str, queries: list[tuple[Query, int]], slots: int, others_micro_batch: bool = False
+    trigger: str,
+    queries: list[tuple[Query, int]],
+    slots: int,
+    others_micro_batch: bool = False,
+    micro_batch_checkpoints: dict[str, Path] | None = None,
 ) -> list[Trigger]:
-    """Triggers for a pipeline's queries (each with its input's partition count).
+    """Triggers for a pipeline's queries (each with its input's partition count;
+    `micro_batch_checkpoints` by query name: see :func:`decide`).
 
     Real-time queries hold their slots for whole checkpoint intervals, so
     together they get at most `slots` (the session's task slots not held by
@@ -138,7 +171,8 @@ def assign(
     when there are any (here or, per `others_micro_batch`, elsewhere in the
     session): without it those would wait for a real-time batch to end.
     """
-    planned = [decide(trigger, q) for q, _ in queries]
+    old = micro_batch_checkpoints or {}
+    planned = [decide(trigger, q, micro_batch_checkpoint=old.get(q.name)) for q, _ in queries]
 
     def fit(reserve: int) -> list[Trigger]:
         free = slots - reserve

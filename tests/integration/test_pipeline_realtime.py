@@ -18,7 +18,7 @@ from tablecast.kafka.topics import dlq_topic
 from tests import reference_model as ref
 
 from .kafka_io import produce
-from .test_pipeline_support import Running, read_topic, running_app
+from .test_pipeline_support import Running, read_table, read_topic, running_app
 
 pytestmark = pytest.mark.integration
 
@@ -102,3 +102,33 @@ def test_bad_records_of_a_realtime_query_go_to_the_dlq(running: Running, bootstr
     assert all(m.key() == b"bad" for m in bad)
     fresh = {m.key().decode() for m in read_topic(bootstrap, f"{running.app.id}.table.fresh")}
     assert "bad" not in fresh
+
+
+def test_restart_continues_real_time_checkpoints_and_keeps_micro_batch_ones(
+    running: Running,
+    bootstrap: str,
+    spark,  # type: ignore[no-untyped-def]
+) -> None:
+    """Spark refuses a micro-batch checkpoint in Real-time Mode: that query stays micro-batch."""
+    running.pipeline.stop()
+    pipeline = running.app.start(bootstrap_servers=bootstrap, spark=spark)
+    running.pipeline = pipeline
+    try:
+        app = running.app.id
+        assert pipeline.triggers[f"{app}.fresh"].realtime
+        upper = pipeline.triggers[f"{app}.upper"].fallback or ""
+        assert upper.startswith("its checkpoint ") and "written by a micro-batch run" in upper
+        produce(bootstrap, running.topic, [(b"k9", b'{"x": 40}'), (b"k1", b'{"x": 41}')])
+        running.history.extend([("k9", {"x": 40}), ("k1", {"x": 41})])
+        pipeline.process_all_available()
+        history = running.history
+        fresh = ref.map_values(
+            ref.filter_(history, lambda k, v: v["x"] % 2 == 0), lambda k, v: v["x"] * 10
+        )
+        upper_t = ref.map_values(
+            ref.select_key(history, lambda k, v: k.upper()), lambda k, v: v["x"]
+        )
+        for name, table in (("fresh", ref.latest(fresh)), ("upper", ref.latest(upper_t))):
+            assert read_table(bootstrap, f"{app}.table.{name}", STR, LONG) == table, name
+    finally:
+        pipeline.stop()

@@ -6,6 +6,8 @@ Spark); the integration test covers Column operators in Real-time Mode.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import tablecast as tc
@@ -18,6 +20,7 @@ from tablecast.pipeline.trigger import (
     decide,
     requested,
     short,
+    written_by_micro_batch,
 )
 
 STR, LONG = tc.serde.string(), tc.serde.long()
@@ -163,3 +166,26 @@ def test_explain_prints_each_querys_trigger() -> None:
     ) in text
     plain, _ = shop("1 second")
     assert "trigger: micro-batch 1 s\n" in plain.explain()
+
+
+def commit(checkpoint: Path, batch: int, version: str) -> None:
+    # Spark's commit log: a version line, then the batch's JSON
+    (checkpoint / "commits").mkdir(parents=True, exist_ok=True)
+    (checkpoint / "commits" / str(batch)).write_text(f'{version}\n{{"nextBatchWatermarkMs":0}}')
+
+
+def test_a_micro_batch_checkpoint_keeps_its_query_micro_batch(tmp_path: Path) -> None:
+    _, qs = shop()
+    latest = qs["shop.latest"]
+    ck = tmp_path / "shop.latest"
+    assert not written_by_micro_batch(ck)  # no checkpoint yet
+    commit(ck, 0, "v2")
+    commit(ck, 1, "v1")
+    assert written_by_micro_batch(ck)
+    # the newest commit counts: a real-time run after a micro-batch one writes v2 again
+    commit(ck, 10, "v2")
+    assert not written_by_micro_batch(ck)
+    t = decide("realtime", latest, micro_batch_checkpoint=ck)
+    assert not t.realtime and (t.fallback or "").startswith(f"its checkpoint {ck} was written")
+    got = assign("realtime", [(latest, 1), (qs["shop.to-copy"], 1)], 2, False, {"shop.latest": ck})
+    assert [t.realtime for t in got] == [False, True]
