@@ -7,6 +7,7 @@ task slot per source partition, and the App's micro-batch queries keep one.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -102,6 +103,12 @@ def test_bad_records_of_a_realtime_query_go_to_the_dlq(running: Running, bootstr
     assert all(m.key() == b"bad" for m in bad)
     fresh = {m.key().decode() for m in read_topic(bootstrap, f"{running.app.id}.table.fresh")}
     assert "bad" not in fresh
+    # counted from each query's progress: a real-time one reports when its batch ends
+    counts = running.pipeline.dead_letters.counts
+    deadline = time.monotonic() + 30
+    while len(counts) < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert dict(counts) == {q: 1 for q in running.pipeline.queries}
 
 
 def test_restart_continues_real_time_checkpoints_and_keeps_micro_batch_ones(
