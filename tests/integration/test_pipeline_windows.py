@@ -4,6 +4,7 @@ their windows, records later than grace go to the DLQ; a node serves the windows
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
@@ -27,7 +28,9 @@ pytestmark = pytest.mark.integration
 PARTITIONS = 3
 LONG, STR, JSON = tc.serde.long(), tc.serde.string(), tc.serde.json()
 MIN = 60_000
-BASE = 28_333_334 * MIN  # a whole minute, 2023-11-14
+# a whole minute a day ago: recent enough that the broker's 7-day retention
+# keeps the input records (older timestamps were deleted before Spark read them)
+BASE = (int(time.time() * 1000) // MIN - 24 * 60) * MIN
 TUMBLING = (MIN, MIN, 30_000)  # size, advance, grace (ms)
 HOPPING = (2 * MIN, MIN, 30_000)
 
