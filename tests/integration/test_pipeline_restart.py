@@ -68,7 +68,13 @@ def start(app_file: Path, bootstrap: str, state: Path, log: Path) -> subprocess.
 def kill_group(proc: subprocess.Popen[bytes], sig: int) -> None:
     if proc.poll() is None:
         os.killpg(proc.pid, sig)
-    proc.wait(60)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        # a clean stop of Spark can outlast a minute on a loaded machine: the
+        # test's checks are done by then, so end the group rather than fail
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
 
 
 def batch(rng: random.Random, n: int) -> list[tuple[str, dict[str, Any] | None]]:
