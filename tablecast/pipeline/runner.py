@@ -113,11 +113,11 @@ class Pipeline:
     #: the trigger each query runs with (Real-time Mode or micro-batch, and why)
     triggers: dict[str, Trigger] = field(default_factory=dict)
     bootstrap_servers: str = ""
-    #: each query's input topic
-    inputs: dict[str, str] = field(default_factory=dict)
+    #: the topics each query reads: its input, and a join's other side
+    inputs: dict[str, list[str]] = field(default_factory=dict)
     _listener: Any = None
     #: input end offsets each real-time query has processed all of
-    _synced: dict[str, dict[int, int]] = field(default_factory=dict)
+    _synced: dict[str, list[dict[int, int]]] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
 
     @classmethod
@@ -169,7 +169,10 @@ class Pipeline:
         started: dict[str, StreamingQuery] = {}
         every = [q for _, _, qs in chains for q in qs]
         chosen, needs = _choose_triggers(spark, bootstrap_servers, app.trigger, every, checkpoints)
-        inputs = {q.name: q.input.topic for q in every}
+        inputs = {
+            q.name: [q.input.topic, *(s.side.topic for s in q.steps if s.side is not None)]
+            for q in every
+        }
         pipeline = cls(
             app, spark, started, owns, counter, chosen, bootstrap_servers, inputs, listener
         )
@@ -231,38 +234,34 @@ class Pipeline:
         """Block until every query has processed all input available now (tests, benchmarks).
 
         Queries are chained through topics, so passes are repeated until one
-        in which nothing moved; within a pass queries are waited on in
-        parallel, since each runs on its own thread in Spark anyway. A
-        real-time query ends a batch every checkpoint interval, input or not,
-        and processAllAvailable waits for up to two of them: it is waited on
-        only when its input topic grew since it was last, and "moved" means
-        its input grew.
+        in which no topic any query reads grew: then all that was there when
+        the pass began has been processed, and no query wrote more for another.
+        (A query's batch id is no such sign: Spark updates ``lastProgress``
+        after ``processAllAvailable`` has returned, so a pass could look still
+        while a batch was just written downstream.) Within a pass queries are
+        waited on in parallel, since each runs on its own thread in Spark
+        anyway. A real-time query ends a batch every checkpoint interval, input
+        or not, and processAllAvailable waits for up to two of them: it is
+        waited on only when its inputs grew since it was last.
         """
         from concurrent.futures import ThreadPoolExecutor
 
-        def inputs(name: str) -> dict[int, int]:
-            return end_offsets(self.bootstrap_servers, self.inputs[name])
+        def ends(name: str) -> list[dict[int, int]]:
+            return [end_offsets(self.bootstrap_servers, t) for t in self.inputs[name]]
 
-        def moved() -> dict[str, Any]:
-            return {
-                n: inputs(n) if self.triggers[n].realtime else (q.lastProgress or {}).get("batchId")
-                for n, q in self.queries.items()
-            }
-
-        def wait(name: str) -> None:
+        def wait(name: str, before: list[dict[int, int]]) -> None:
             if not self.triggers[name].realtime:
                 self.queries[name].processAllAvailable()
-                return
-            ends = inputs(name)
-            if self._synced.get(name) != ends:
+            elif self._synced.get(name) != before:
                 self.queries[name].processAllAvailable()
-                self._synced[name] = ends
+                self._synced[name] = before
 
-        with ThreadPoolExecutor(max(1, len(self.queries))) as pool:
+        names = list(self.queries)
+        with ThreadPoolExecutor(max(1, len(names))) as pool:
             for _ in range(50):
-                before = moved()
-                list(pool.map(wait, list(self.queries)))
-                if moved() == before:
+                before = list(pool.map(ends, names))
+                list(pool.map(wait, names, before))
+                if list(pool.map(ends, names)) == before:
                     return
 
     def stop(self) -> None:
