@@ -79,17 +79,29 @@ def ensure_topic(
 
 
 def end_offsets(bootstrap_servers: str, topic: str, timeout: float = 10.0) -> dict[int, int]:
-    """The next offset to be written, per partition of `topic` (empty if it does not exist)."""
-    from confluent_kafka import Consumer, TopicPartition
+    """The next offset to be written, per partition of `topic` (empty if it does not exist).
 
+    A partition without a leader yet (a topic just created) is asked again until
+    `timeout`.
+    """
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    leaderless = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE}
+    deadline = time.monotonic() + timeout
     c = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "tablecast-end-offsets"})
     try:
         info = c.list_topics(topic, timeout=timeout).topics.get(topic)
         if info is None or info.error is not None:
             return {}
-        return {
-            p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[1]
-            for p in info.partitions
-        }
+        ends = {}
+        for p in info.partitions:
+            while p not in ends:
+                try:
+                    ends[p] = c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[1]
+                except KafkaException as e:
+                    if e.args[0].code() not in leaderless or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
+        return ends
     finally:
         c.close()
