@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
-from typing import Literal
+from typing import Literal, get_args
 
 from tablecast.kafka.topics import table_topic
 from tablecast.pipeline import plan
@@ -47,14 +47,8 @@ StepKind = Literal[
     "transform_values",
     "join",
 ]
-STATEFUL = (
-    "retract",
-    "stream_aggregate",
-    "table_aggregate",
-    "window_aggregate",
-    "transform_values",
-    "join",
-)
+#: every step but the stateless ones keeps per-key state in Spark's state store
+STATEFUL = tuple(k for k in get_args(StepKind) if k not in ("op", "select_group"))
 #: "through": a stream's repartition() topic (plain records, unlike a table
 #: group_by's "repartition" topic whose records carry ids for deduplication)
 Role = Literal["source", "table", "repartition", "through", "changelog", "sink"]

@@ -245,54 +245,37 @@ def test_table_table_join_follows_updates_and_deletes_on_both_sides(
     check(joins, bootstrap)
 
 
+def _writes(topic: str, keys: Any, value: Any, max_size: int) -> Any:
+    """A step: one to `max_size` records (key, value or None) written to `topic`."""
+    return st.tuples(
+        st.just(topic),
+        st.lists(st.tuples(keys, st.one_of(st.none(), value)), min_size=1, max_size=max_size),
+    )
+
+
 ORDER = st.fixed_dictionaries(
     {"n": st.integers(0, 20)}, optional={"product": st.sampled_from([*PRODUCTS, "p9"])}
 )
-ORDERS = st.tuples(
-    st.just("orders"),
-    st.lists(
-        st.tuples(st.sampled_from([*CUSTOMERS, None]), st.one_of(st.none(), ORDER)),
-        min_size=1,
-        max_size=12,
-    ),
-)
+ORDERS = _writes("orders", st.sampled_from([*CUSTOMERS, None]), ORDER, 12)
 STEP = st.one_of(
     ORDERS,
-    st.tuples(
-        st.just("customers"),
-        st.lists(
-            st.tuples(
-                st.sampled_from(CUSTOMERS),
-                st.one_of(
-                    st.none(),
-                    st.fixed_dictionaries({"tier": st.sampled_from(["gold", "silver", "banned"])}),
-                ),
-            ),
-            min_size=1,
-            max_size=6,
-        ),
+    _writes(
+        "customers",
+        st.sampled_from(CUSTOMERS),
+        st.fixed_dictionaries({"tier": st.sampled_from(["gold", "silver", "banned"])}),
+        6,
     ),
-    st.tuples(
-        st.just("limits"),
-        st.lists(
-            st.tuples(
-                st.sampled_from(CUSTOMERS),
-                st.one_of(st.none(), st.fixed_dictionaries({"limit": st.integers(0, 9)})),
-            ),
-            min_size=1,
-            max_size=6,
-        ),
+    _writes(
+        "limits",
+        st.sampled_from(CUSTOMERS),
+        st.fixed_dictionaries({"limit": st.integers(0, 9)}),
+        6,
     ),
-    st.tuples(
-        st.just("products"),
-        st.lists(
-            st.tuples(
-                st.sampled_from(PRODUCTS),
-                st.one_of(st.none(), st.fixed_dictionaries({"price": st.integers(1, 9)})),
-            ),
-            min_size=1,
-            max_size=4,
-        ),
+    _writes(
+        "products",
+        st.sampled_from(PRODUCTS),
+        st.fixed_dictionaries({"price": st.integers(1, 9)}),
+        4,
     ),
 )
 
