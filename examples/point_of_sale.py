@@ -121,13 +121,11 @@ def invoice(i: int, rng: random.Random) -> tuple[str, dict[str, Any]]:
 
 def generate(bootstrap_servers: str, rate_per_s: float = 20.0) -> None:
     import orjson
-    from confluent_kafka import Producer
 
-    from tablecast.kafka.partitioner import PRODUCER_CONFIG
     from tablecast.kafka.topics import ensure_topic
 
     ensure_topic(bootstrap_servers, TOPIC, PARTITIONS)
-    producer = Producer({"bootstrap.servers": bootstrap_servers, **PRODUCER_CONFIG})
+    producer = tc.producer(bootstrap_servers)
     rng = random.Random()
     i = 0
     while True:

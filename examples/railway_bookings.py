@@ -41,13 +41,11 @@ app = build()
 
 def generate(bootstrap_servers: str, rate_per_s: float = 50.0) -> None:
     import orjson
-    from confluent_kafka import Producer
 
-    from tablecast.kafka.partitioner import PRODUCER_CONFIG
     from tablecast.kafka.topics import ensure_topic
 
     ensure_topic(bootstrap_servers, TOPIC, PARTITIONS)
-    producer = Producer({"bootstrap.servers": bootstrap_servers, **PRODUCER_CONFIG})
+    producer = tc.producer(bootstrap_servers)
     while True:
         customer = f"c{random.randrange(200):03d}"
         booking = {"ts": int(time.time() * 1000), "train": f"IC {random.randrange(100, 999)}"}

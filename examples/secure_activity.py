@@ -52,13 +52,11 @@ app = build()
 
 
 def generate(bootstrap_servers: str, rate_per_s: float = 100.0) -> None:
-    from confluent_kafka import Producer
 
-    from tablecast.kafka.partitioner import PRODUCER_CONFIG
     from tablecast.kafka.topics import ensure_topic
 
     ensure_topic(bootstrap_servers, TOPIC, PARTITIONS)
-    producer = Producer({"bootstrap.servers": bootstrap_servers, **PRODUCER_CONFIG})
+    producer = tc.producer(bootstrap_servers)
     while True:
         user = f"u{random.randrange(100):03d}"
         view = {

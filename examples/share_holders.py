@@ -86,13 +86,11 @@ def weekly_email(
 def generate(bootstrap_servers: str, rate_per_s: float = 50.0) -> None:
     """Open, move and close positions forever."""
     import orjson
-    from confluent_kafka import Producer
 
-    from tablecast.kafka.partitioner import PRODUCER_CONFIG
     from tablecast.kafka.topics import COMPACTED, ensure_topic
 
     ensure_topic(bootstrap_servers, TOPIC, PARTITIONS, COMPACTED)
-    producer = Producer({"bootstrap.servers": bootstrap_servers, **PRODUCER_CONFIG})
+    producer = tc.producer(bootstrap_servers)
     while True:
         pid = f"pos-{random.randrange(500):04d}"
         if random.random() < 0.2:

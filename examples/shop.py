@@ -59,15 +59,13 @@ customers.group_by(lambda cid, c: (c["city"], cid)).count().materialize("custome
 def generate(bootstrap_servers: str, rate_per_s: float = 50.0) -> None:
     """Invoices from 10 stores, and customers who now and then move to another city."""
     import orjson
-    from confluent_kafka import Producer
 
-    from tablecast.kafka.partitioner import PRODUCER_CONFIG
     from tablecast.kafka.topics import ensure_topic
 
     for topic in ("pos", "customers"):
         ensure_topic(bootstrap_servers, topic, PARTITIONS)
     wire = tc.serde.avro(INVOICE, confluent=True)
-    producer = Producer({"bootstrap.servers": bootstrap_servers, **PRODUCER_CONFIG})
+    producer = tc.producer(bootstrap_servers)
     while True:
         cid = f"c{random.randrange(200)}"
         if random.random() < 0.2:

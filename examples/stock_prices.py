@@ -62,15 +62,11 @@ app = build()
 def generate(bootstrap_servers: str, rate_per_s: float = 200.0) -> None:
     """Produce ticks for every symbol from several exchanges, forever."""
     import orjson
-    from confluent_kafka import Producer
 
-    from tablecast.kafka.partitioner import PRODUCER_CONFIG
     from tablecast.kafka.topics import ensure_topic
 
     ensure_topic(bootstrap_servers, TOPIC, PARTITIONS)
-    producer = Producer(
-        {"bootstrap.servers": bootstrap_servers, "linger.ms": 20, **PRODUCER_CONFIG}
-    )
+    producer = tc.producer(bootstrap_servers, {"linger.ms": 20})
     price = {s: random.uniform(20, 900) for s in SYMBOLS}
     while True:
         symbol = random.choice(SYMBOLS)

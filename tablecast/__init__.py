@@ -1,7 +1,9 @@
 """tablecast: serve the live state of Kafka streams.
 
 The public API (SPEC.md): ``App`` and its streams and tables, ``serde``,
-``windows``, and ``Client``. Everything else is internal and may change.
+``windows``, ``Client``, and ``producer`` (a Kafka producer for feeding an App's
+input: Java's partitioning and the Kafka client settings in force). Everything
+else is internal and may change.
 ``App`` is imported lazily so that a serving node never loads PySpark.
 """
 
@@ -15,8 +17,25 @@ from tablecast.client import Client, QueryError
 if TYPE_CHECKING:
     from tablecast.pipeline.app import App
 
-__all__ = ["App", "Client", "QueryError", "serde", "windows"]
+__all__ = ["App", "Client", "QueryError", "producer", "serde", "windows"]
 __version__ = "0.1.0"
+
+
+def producer(bootstrap_servers: str, settings: dict[str, Any] | None = None) -> Any:
+    """A confluent-kafka ``Producer`` for an App's input topics.
+
+    It partitions keys as Kafka's Java producer does (murmur2, so Spark and
+    the serving nodes agree on every key's partition), applies the Kafka
+    client settings in force (``--kafka-config`` / ``TABLECAST_KAFKA_CONFIG``:
+    SASL, TLS ...), waits for every in-sync replica and is idempotent.
+    `settings` are further librdkafka settings (e.g. ``{"linger.ms": 20}``).
+    """
+    from confluent_kafka import Producer
+
+    from tablecast.kafka.config import producer_conf
+    from tablecast.kafka.partitioner import PRODUCER_CONFIG
+
+    return Producer(producer_conf(bootstrap_servers, {**PRODUCER_CONFIG, **(settings or {})}))
 
 
 def __getattr__(name: str) -> Any:

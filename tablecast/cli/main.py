@@ -24,6 +24,16 @@ def _opt(p: argparse.ArgumentParser, option: str, default: Any = None, **kw: Any
     p.add_argument(option, default=_env(option, default), **kw)
 
 
+def _kafka_config(p: argparse.ArgumentParser) -> None:
+    _opt(
+        p,
+        "--kafka-config",
+        metavar="FILE",
+        help="Kafka client settings (Java .properties: security.protocol, sasl.*, ssl.*) "
+        "for every Kafka client of tablecast",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tablecast", description="Serve the live state of Kafka streams."
@@ -39,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run an App's pipeline (the Spark driver)")
     p.add_argument("app_file")
     _opt(p, "--bootstrap-servers", DEFAULT_BOOTSTRAP)
+    _kafka_config(p)
     _opt(p, "--master")
     _opt(p, "--state-dir")
 
@@ -48,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="run one serving node (needs no App file)")
     _opt(p, "--app", required=_env("--app") is None)
     _opt(p, "--bootstrap-servers", DEFAULT_BOOTSTRAP)
+    _kafka_config(p)
     _opt(p, "--port", 8080, type=int)
     _opt(p, "--host", "127.0.0.1")
     _opt(p, "--advertised-url")
@@ -68,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         _opt(p, "--nodes", 1, type=int)
         _opt(p, "--port", 8080, type=int)
         _opt(p, "--bootstrap-servers")
+        _kafka_config(p)
         _opt(p, "--kafka-port", 9092, type=int)
         _opt(p, "--data-dir", os.path.join(".tablecast", "dev"))
 
@@ -93,10 +106,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
     handler = _COMMANDS[args.command]
+    from tablecast.kafka.config import KafkaConfigError, use
+    from tablecast.kafka.probe import KafkaUnavailable
+
     try:
+        if getattr(args, "kafka_config", None):
+            config = use(args.kafka_config)
+            logging.getLogger("tablecast").info("Kafka clients: %s", config.describe())
         return handler(args) or 0
     except KeyboardInterrupt:
         return 130
+    except (KafkaConfigError, KafkaUnavailable) as e:
+        return fail(str(e))
+
+
+def fail(message: str, code: int = 2) -> int:
+    """Every command's errors in one format: ``tablecast: error: <what went wrong>``."""
+    print(f"tablecast: error: {message}", file=sys.stderr, flush=True)
+    return code
 
 
 def _kafka(args: argparse.Namespace) -> int:
@@ -122,6 +149,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.master:
         # defining the App starts Spark: the master must be known before the file loads
         os.environ["TABLECAST_MASTER"] = args.master
+    from tablecast.kafka import probe
+
+    probe.check(args.bootstrap_servers)
     app = load_app(args.app_file)
     if args.state_dir:
         from pathlib import Path
@@ -143,9 +173,11 @@ def _serve(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from tablecast.cluster.node import NodeConfig
+    from tablecast.kafka import probe
     from tablecast.server import process
     from tablecast.server.auth import Auth
 
+    probe.check(args.bootstrap_servers)
     url = args.advertised_url or f"http://{args.host}:{args.port}"
     node_id = args.node_id or url.split("://", 1)[-1]
     data_dir = args.data_dir or os.path.join(".tablecast", "nodes", node_id.replace(":", "_"))

@@ -23,6 +23,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 
 from tablecast.cluster.replica import Replica
 from tablecast.kafka.catalog import CatalogReader, TableInfo
+from tablecast.kafka.config import client_conf
 from tablecast.store import Write
 
 log = logging.getLogger(__name__)
@@ -52,15 +53,17 @@ class Ingestor:
         self.desired: set[Slot] | None = None
         self._by_topic: dict[str, TableInfo] = {}
         self._consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap_servers,
-                "group.id": f"tablecast-node-{app_id}-{node_id}",
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-                "fetch.wait.max.ms": 50,
-                "queued.max.messages.kbytes": 262144,
-                "log_level": 0,
-            }
+            client_conf(
+                bootstrap_servers,
+                {
+                    "group.id": f"tablecast-node-{app_id}-{node_id}",
+                    "enable.auto.commit": False,
+                    "enable.partition.eof": True,
+                    "fetch.wait.max.ms": 50,
+                    "queued.max.messages.kbytes": 262144,
+                    "log_level": 0,
+                },
+            )
         )
         self.records_applied = 0
         self._stop = threading.Event()

@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
+from tablecast.kafka.config import client_conf
 from tablecast.kafka.topics import COMPACTED, ensure_topic, members_topic
 
 log = logging.getLogger(__name__)
@@ -68,14 +69,16 @@ class Membership:
         self._bootstrap = bootstrap_servers
         self._me = me
         self._members: dict[str, Member] = {}
-        self._producer = Producer({"bootstrap.servers": bootstrap_servers, "linger.ms": 0})
+        self._producer = Producer(client_conf(bootstrap_servers, {"linger.ms": 0}))
         self._consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap_servers,
-                "group.id": f"tablecast-members-{app_id}",
-                "enable.auto.commit": False,
-                "log_level": 0,
-            }
+            client_conf(
+                bootstrap_servers,
+                {
+                    "group.id": f"tablecast-members-{app_id}",
+                    "enable.auto.commit": False,
+                    "log_level": 0,
+                },
+            )
         )
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tablecast-membership", daemon=True)

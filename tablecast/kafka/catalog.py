@@ -17,6 +17,7 @@ import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 
 from tablecast import serde
+from tablecast.kafka.config import client_conf, producer_conf
 from tablecast.kafka.partitioner import Partitioner
 from tablecast.kafka.topics import COMPACTED, catalog_topic, ensure_topic
 
@@ -72,7 +73,7 @@ class TableInfo:
 def publish(bootstrap_servers: str, app_id: str, tables: list[TableInfo]) -> None:
     topic = catalog_topic(app_id)
     ensure_topic(bootstrap_servers, topic, 1, COMPACTED)
-    producer = Producer({"bootstrap.servers": bootstrap_servers, "enable.idempotence": True})
+    producer = Producer(producer_conf(bootstrap_servers))
     for info in tables:
         producer.produce(topic, key=info.name.encode(), value=info.to_json())
     if producer.flush(30) != 0:
@@ -89,12 +90,14 @@ class CatalogReader:
     def __init__(self, bootstrap_servers: str, app_id: str) -> None:
         self.topic = catalog_topic(app_id)
         self._consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap_servers,
-                "group.id": f"tablecast-catalog-{app_id}",
-                "enable.auto.commit": False,
-                "log_level": 0,
-            }
+            client_conf(
+                bootstrap_servers,
+                {
+                    "group.id": f"tablecast-catalog-{app_id}",
+                    "enable.auto.commit": False,
+                    "log_level": 0,
+                },
+            )
         )
         self._tp = TopicPartition(self.topic, 0)
         self._initial_end: int | None = None

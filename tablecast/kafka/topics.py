@@ -13,6 +13,8 @@ import time
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from tablecast.kafka.config import client_conf
+
 log = logging.getLogger(__name__)
 
 COMPACTED = {"cleanup.policy": "compact"}
@@ -35,7 +37,7 @@ def members_topic(app_id: str) -> str:
 
 
 def admin(bootstrap_servers: str) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap_servers})
+    return AdminClient(client_conf(bootstrap_servers))
 
 
 def partition_count(bootstrap_servers: str, topic: str, timeout: float = 10.0) -> int | None:
@@ -88,7 +90,7 @@ def end_offsets(bootstrap_servers: str, topic: str, timeout: float = 10.0) -> di
 
     leaderless = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE}
     deadline = time.monotonic() + timeout
-    c = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "tablecast-end-offsets"})
+    c = Consumer(client_conf(bootstrap_servers, {"group.id": "tablecast-end-offsets"}))
     try:
         info = c.list_topics(topic, timeout=timeout).topics.get(topic)
         if info is None or info.error is not None:

@@ -19,6 +19,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter
 
+from tablecast.kafka.config import spark_options
 from tablecast.kafka.topics import dlq_topic
 from tablecast.pipeline import envelope as env
 from tablecast.pipeline import joins, partitioning, sinks, stateful, stateless, windowing
@@ -43,7 +44,7 @@ def _load(
     """A topic as the envelope's columns (plus its headers and record timestamps if asked)."""
     raw = (
         spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", t.bootstrap_servers)
+        .options(**spark_options(t.bootstrap_servers))
         .option("subscribe", ref.topic)
         .option("startingOffsets", "earliest")
         # compaction removes records a restarted query may still point at
@@ -131,7 +132,7 @@ def writer(spark: SparkSession, q: Query, t: Target) -> DataStreamWriter:
     flow, extra = transform(flow, q.steps, extra, t.partitions, lambda r: read_side(spark, r, t))
     flow = flow.envelope(*extra)
     dlq = dlq_topic(t.app_id)
-    common: dict[str, Any] = {"kafka.bootstrap.servers": t.bootstrap_servers}
+    common: dict[str, Any] = spark_options(t.bootstrap_servers)
     partition = None
     if q.partitioner is not None:
         flow, partition = partitioning.assign(flow, q.partitioner, t.sink_partitions)
