@@ -69,6 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
     _opt(p, "--cache-mb", 64, type=int, help="read cache per table in front of RocksDB (0: none)")
     _opt(p, "--auth-jwt-secret", help="HS256 secret: every /v1 request needs a bearer JWT")
     _opt(p, "--auth-jwks", help="a JWKS file of public keys: every /v1 request needs a bearer JWT")
+    _opt(
+        p,
+        "--cluster-secret",
+        help="shared by the app's nodes: they sign membership records and internal calls with it",
+    )
 
     for name, what in (("dev", "everything on one machine"), ("demo", "the stock-price demo")):
         p = sub.add_parser(name, help=what)
@@ -189,6 +194,7 @@ def _serve(args: argparse.Namespace) -> int:
         data_dir=Path(data_dir),
         standby_replicas=args.standby_replicas,
         cache_bytes=args.cache_mb * 1024 * 1024,
+        cluster_secret=args.cluster_secret,
     )
     process.run(config, args.host, args.port, Auth(args.auth_jwt_secret, args.auth_jwks))
     return 0
