@@ -68,7 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
     _opt(p, "--standby-replicas", 0, type=int)
     _opt(p, "--cache-mb", 64, type=int, help="read cache per table in front of RocksDB (0: none)")
     _opt(p, "--auth-jwt-secret", help="HS256 secret: every /v1 request needs a bearer JWT")
-    _opt(p, "--auth-jwks", help="a JWKS file of public keys: every /v1 request needs a bearer JWT")
+    _opt(p, "--auth-jwt-secret-file", help="a file holding the HS256 secret (not shown by ps)")
+    _opt(
+        p,
+        "--auth-jwks",
+        help="a JWKS file or https:// URL of public keys: every /v1 request needs a bearer JWT",
+    )
+    _opt(p, "--auth-audience", help="accept only tokens whose aud claim names this audience")
+    _opt(p, "--auth-issuer", help="accept only tokens whose iss claim is this issuer")
     _opt(
         p,
         "--cluster-secret",
@@ -196,7 +203,11 @@ def _serve(args: argparse.Namespace) -> int:
         cache_bytes=args.cache_mb * 1024 * 1024,
         cluster_secret=args.cluster_secret,
     )
-    process.run(config, args.host, args.port, Auth(args.auth_jwt_secret, args.auth_jwks))
+    secret = args.auth_jwt_secret
+    if args.auth_jwt_secret_file:
+        secret = Path(args.auth_jwt_secret_file).read_text().strip()
+    auth = Auth(secret, args.auth_jwks, args.auth_audience, args.auth_issuer)
+    process.run(config, args.host, args.port, auth)
     return 0
 
 

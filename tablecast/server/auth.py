@@ -1,34 +1,64 @@
-"""Bearer JWTs on every ``/v1`` (and internal) request: HS256 with a shared secret, or a JWKS file.
+"""Bearer JWTs on every ``/v1`` (and internal) request: HS256 with a shared secret, or a JWKS.
+
+The JWKS is a file or an ``https://``/``http://`` URL (an identity provider's
+``jwks_uri``): fetched with a timeout, cached, and fetched again when a token
+names a key id it does not hold (key rotation) — at most once per
+``JWKS_COOLDOWN_S``, so a flood of made-up key ids cannot hammer the provider.
+Tokens from a real IdP carry ``aud`` and ``iss``: ``--auth-audience`` and
+``--auth-issuer`` say which to accept (a token with an ``aud`` is refused
+when no audience is configured, as PyJWT does).
 
 A forwarded request carries the caller's ``Authorization`` header to the
 owner, which checks it again. Verified tokens are remembered until they
 expire, so a client reusing its token pays for one signature check, not one
-per request.
+per request; a remembered token whose signing key has left the JWKS is
+forgotten at once.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import jwt
 
 from tablecast.server.errors import ApiError
 
 MAX_REMEMBERED = 10_000
+JWKS_TIMEOUT_S = 5.0
+JWKS_COOLDOWN_S = 5.0
+JWKS_LIFESPAN_S = 300.0
+
+
+@dataclass(frozen=True)
+class _Verified:
+    expires: float
+    kid: str | None
+    claims: dict[str, Any]
 
 
 class Auth:
-    def __init__(self, secret: str | None = None, jwks_file: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        secret: str | None = None,
+        jwks: str | Path | None = None,
+        audience: str | None = None,
+        issuer: str | None = None,
+    ) -> None:
         self.secret = secret
-        self.jwks = jwt.PyJWKSet.from_json(Path(jwks_file).read_text()) if jwks_file else None
-        self._verified: dict[str, float] = {}
+        self.audience = audience
+        self.issuer = issuer
+        self._keys = _Jwks(str(jwks)) if jwks else None
+        self._verified: dict[str, _Verified] = {}
 
     @property
     def enabled(self) -> bool:
-        return bool(self.secret or self.jwks)
+        return bool(self.secret or self._keys)
 
-    def check(self, authorization: str | None) -> None:
+    def check(self, authorization: str | None) -> dict[str, Any]:
+        """The verified claims of the request's bearer token; 401 without a valid one."""
         if not authorization or not authorization.startswith(("Bearer ", "bearer ")):
             raise ApiError(
                 "unauthorized",
@@ -36,31 +66,78 @@ class Auth:
                 [("www-authenticate", 'Bearer realm="tablecast"')],
             )
         token = authorization[7:].strip()
-        expires = self._verified.get(token)
-        if expires is not None and expires > time.time():
-            return
-        claims = self._verify(token)
+        known = self._verified.get(token)
+        if (
+            known is not None
+            and known.expires > time.time()
+            and (self._keys is None or self._keys.holds(known.kid))
+        ):
+            return known.claims
+        claims, kid = self._verify(token)
         if len(self._verified) >= MAX_REMEMBERED:
             self._verified.clear()
-        self._verified[token] = float(claims["exp"])
+        self._verified[token] = _Verified(float(claims["exp"]), kid, claims)
+        return claims
 
-    def _verify(self, token: str) -> dict:  # type: ignore[type-arg]
+    def _verify(self, token: str) -> tuple[dict[str, Any], str | None]:
+        options: dict[str, Any] = {"require": ["exp"]}
+        checks: dict[str, Any] = {"audience": self.audience, "issuer": self.issuer}
         try:
             if self.secret:
-                return jwt.decode(
-                    token, self.secret, algorithms=["HS256"], options={"require": ["exp"]}
+                claims = jwt.decode(
+                    token, self.secret, algorithms=["HS256"], options=options, **checks
                 )
-            assert self.jwks is not None
+                return claims, None
+            assert self._keys is not None
             kid = jwt.get_unverified_header(token).get("kid")
-            key = next((k for k in self.jwks.keys if k.key_id == kid), None)
-            if key is None:
-                raise jwt.InvalidTokenError(f"no key {kid!r} in the JWKS")
-            return jwt.decode(
-                token, key.key, algorithms=[key.algorithm_name], options={"require": ["exp"]}
+            key = self._keys.key(kid)
+            claims = jwt.decode(
+                token, key.key, algorithms=[key.algorithm_name], options=options, **checks
             )
+            return claims, kid
         except jwt.PyJWTError as e:
             raise ApiError(
                 "unauthorized",
                 f"invalid token: {e}",
                 [("www-authenticate", 'Bearer error="invalid_token"')],
             ) from None
+
+
+class _Jwks:
+    """The signing keys of a JWKS file or URL, by key id."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self._client: jwt.PyJWKClient | None = None
+        if source.startswith(("https://", "http://")):
+            self._client = jwt.PyJWKClient(
+                source,
+                lifespan=JWKS_LIFESPAN_S,
+                timeout=JWKS_TIMEOUT_S,
+                cooldown_duration=JWKS_COOLDOWN_S,
+            )
+            self._kids: frozenset[str | None] = frozenset()
+        else:
+            self._set = jwt.PyJWKSet.from_json(Path(source).read_text())
+            self._kids = frozenset(k.key_id for k in self._set.keys)
+
+    def holds(self, kid: str | None) -> bool:
+        """Whether the key `kid` is still in the set as last fetched."""
+        return kid in self._kids
+
+    def key(self, kid: str | None) -> jwt.PyJWK:
+        if self._client is None:
+            found = next((k for k in self._set.keys if k.key_id == kid), None)
+            if found is None:
+                raise jwt.InvalidTokenError(f"no key {kid!r} in the JWKS")
+            return found
+        try:
+            # fetches the set when it is cold, expired, or lacks `kid` (within the cooldown)
+            found = self._client.get_signing_key(kid) if kid else None
+            keys = self._client.get_jwk_set().keys
+        except jwt.PyJWKClientError as e:
+            raise jwt.InvalidTokenError(str(e)) from None
+        self._kids = frozenset(k.key_id for k in keys)
+        if found is None:
+            raise jwt.InvalidTokenError("the token names no key id (kid)")
+        return found
