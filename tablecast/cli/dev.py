@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if not bootstrap:
             broker = Broker(data_dir / "kafka", args.kafka_port)
-            broker.start()
+            broker.start(die_with_parent=True)
             bootstrap = broker.bootstrap_servers
         common = ["--bootstrap-servers", bootstrap]
         me = [sys.executable, "-m", "tablecast.cli.main"]

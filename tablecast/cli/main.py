@@ -10,6 +10,7 @@ import argparse
 import logging
 import os
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -118,6 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
     handler = _COMMANDS[args.command]
+    if args.command in ("dev", "demo"):
+        _stop_on_signals()
     from tablecast.kafka.config import KafkaConfigError, use
     from tablecast.kafka.probe import KafkaUnavailable
 
@@ -130,6 +133,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except (KafkaConfigError, KafkaUnavailable) as e:
         return fail(str(e))
+
+
+def _signals_set(event: threading.Event) -> None:
+    """SIGTERM and SIGINT set `event` (the pipeline stops between waits, cleanly)."""
+    import signal
+
+    def handler(signum: int, frame: object) -> None:
+        if event.is_set():  # a second signal: stop waiting for a clean stop
+            raise KeyboardInterrupt
+        logging.getLogger("tablecast").info("signal %d: stopping", signum)
+        event.set()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _stop_on_signals() -> None:
+    """SIGTERM and SIGINT both stop the command cleanly (as Ctrl-C does), whatever it inherited.
+
+    A shell starts a background job with SIGINT ignored, and Python then
+    leaves it ignored: set both handlers explicitly, or `kill -INT` would do
+    nothing and `kill` would skip every ``finally`` that stops the children.
+    """
+    import signal
+    from types import FrameType
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def fail(message: str, code: int = 2) -> int:
@@ -156,21 +190,22 @@ def _kafka(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from tablecast.cli.appfile import load_app, stop_on_sigterm
+    from pathlib import Path
 
+    from tablecast.cli.appfile import load_app
+    from tablecast.kafka import probe
+
+    stop = threading.Event()
+    _signals_set(stop)
     if args.master:
         # defining the App starts Spark: the master must be known before the file loads
         os.environ["TABLECAST_MASTER"] = args.master
-    from tablecast.kafka import probe
-
     probe.check(args.bootstrap_servers)
     app = load_app(args.app_file)
     if args.state_dir:
-        from pathlib import Path
-
         app.state_dir = Path(args.state_dir)
-    stop_on_sigterm()
-    app.run(bootstrap_servers=args.bootstrap_servers, master=args.master)
+    if not stop.is_set():
+        app.run(bootstrap_servers=args.bootstrap_servers, master=args.master, stop=stop)
     return 0
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
@@ -10,6 +9,8 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tablecast.lifetime import die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -33,23 +34,6 @@ def reap(proc: subprocess.Popen[bytes], timeout: float) -> None:
         proc.wait()
 
 
-PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent() -> None:
-    """A ``preexec_fn``: the child gets SIGKILL when the thread that started it dies.
-
-    So a SIGKILLed ``tablecast dev`` (nothing of it can run to clean up) takes
-    its broker, pipeline and nodes with it. Linux only; elsewhere a no-op.
-    Start children from the main thread: the signal follows the starting thread.
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    except OSError:
-        return
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 @dataclass
 class Supervisor:
     log_dir: Path
@@ -69,6 +53,8 @@ class Supervisor:
                 env={**os.environ, **(env or {})},
                 # own session: Ctrl-C reaches only `dev`, which stops children in order
                 start_new_session=True,
+                # and a SIGKILLed `dev`, which can stop nothing, takes them with it
+                preexec_fn=die_with_parent,
             )
         log.info("started %s (pid %d, log %s)", name, proc.pid, log_file)
         self.children.append((name, proc))

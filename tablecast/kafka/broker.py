@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from tablecast import jvm
+from tablecast import jvm, lifetime
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +74,12 @@ class Broker:
         self.pid_file.unlink(missing_ok=True)
         return None
 
-    def start(self, timeout: float = START_TIMEOUT_S) -> int:
-        """Start the broker (or reuse a running one) and wait until it takes requests."""
+    def start(self, timeout: float = START_TIMEOUT_S, die_with_parent: bool = False) -> int:
+        """Start the broker (or reuse a running one) and wait until it takes requests.
+
+        `die_with_parent`: the broker gets SIGKILL if the starting process dies
+        (``tablecast dev``); ``tablecast kafka start`` leaves it running on purpose.
+        """
         pid = self.pid()
         if pid is not None:
             _wait_ready(self.port, timeout, pid, self.log_file)
@@ -105,6 +109,7 @@ class Broker:
                 # its own session: a Ctrl-C meant for `tablecast dev` must not
                 # kill the broker before the pipeline and nodes have stopped
                 start_new_session=True,
+                preexec_fn=lifetime.die_with_parent if die_with_parent else None,
             )
         self.pid_file.write_text(f"{proc.pid}\n")
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -121,11 +122,16 @@ class App:
 
         return Pipeline.start(self, self.resolve_bootstrap(bootstrap_servers), master, spark)
 
-    def run(self, bootstrap_servers: str | None = None, master: str | None = None) -> None:
-        """Run the pipeline until it fails or is interrupted (Ctrl-C stops it cleanly)."""
+    def run(
+        self,
+        bootstrap_servers: str | None = None,
+        master: str | None = None,
+        stop: threading.Event | None = None,
+    ) -> None:
+        """Run the pipeline until it fails, is interrupted (Ctrl-C), or `stop` is set."""
         pipeline = self.start(bootstrap_servers, master)
         try:
-            pipeline.await_termination()
+            pipeline.await_termination(stop)
         except KeyboardInterrupt:
             log.info("interrupted; stopping the pipeline")
         finally:

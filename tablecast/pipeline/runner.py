@@ -224,8 +224,15 @@ class Pipeline:
                     self.dead_letters.counts.get(name, 0),
                 )
 
-    def await_termination(self) -> None:
-        self.spark.streams.awaitAnyTermination()
+    def await_termination(self, stop: threading.Event | None = None) -> None:
+        """Block until a query ends (failed: raise) or `stop` is set.
+
+        Waits in short slices: a signal handler that sets `stop` then never has
+        to interrupt a call into the JVM (which py4j reports as an error).
+        """
+        while not (stop is not None and stop.is_set()):
+            if self.spark.streams.awaitAnyTermination(1):
+                break
         for q in self.queries.values():
             if q.exception() is not None:
                 raise RuntimeError(f"query {q.name} failed: {q.exception()}")
@@ -276,6 +283,9 @@ class Pipeline:
             self.spark.streams.removeListener(self._listener)
             self._listener = None
         if self.owns_spark:
+            # every query has stopped: what Spark logs while its executors wind
+            # down (rejected task results, closed channels) is noise, not news
+            self.spark.sparkContext.setLogLevel("OFF")
             self.spark.stop()
 
 
