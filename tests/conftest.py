@@ -36,6 +36,20 @@ def broker() -> Iterator[Broker]:
 
 
 @pytest.fixture(scope="session")
+def secure_broker() -> Iterator[Broker]:
+    """A broker that speaks SASL_SSL (SCRAM-SHA-512) only; its client settings are in
+    ``secure_broker.client_properties`` (pass as --kafka-config)."""
+    data = Path(tempfile.mkdtemp(prefix="tablecast-test-kafka-secure-"))
+    b = Broker(data, free_port(), secure=True)
+    b.start()
+    try:
+        yield b
+    finally:
+        b.stop()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
 def bootstrap(broker: Broker) -> str:
     return broker.bootstrap_servers
 

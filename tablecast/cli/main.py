@@ -46,6 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["start", "stop", "status"])
     _opt(p, "--port", 9092, type=int)
     _opt(p, "--data-dir", os.path.join(".tablecast", "kafka"))
+    p.add_argument(
+        "--secure",
+        action="store_true",
+        help="SASL_SSL (SCRAM-SHA-512) only, with a generated CA; writes client.properties",
+    )
 
     p = sub.add_parser("run", help="run an App's pipeline (the Spark driver)")
     p.add_argument("app_file")
@@ -177,10 +182,12 @@ def _kafka(args: argparse.Namespace) -> int:
 
     from tablecast.kafka.broker import Broker
 
-    broker = Broker(Path(args.data_dir), args.port)
+    broker = Broker(Path(args.data_dir), args.port, secure=args.secure)
     if args.action == "start":
         broker.start()
         print(f"Kafka broker running on {broker.bootstrap_servers} (data: {args.data_dir})")
+        if broker.client_properties:
+            print(f"client settings (pass as --kafka-config): {broker.client_properties}")
     elif args.action == "stop":
         print("stopped" if broker.stop() else "not running")
     else:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tablecast import jvm, lifetime
+from tablecast.kafka.config import KafkaConfig
+from tablecast.kafka.secure import SecureMaterial
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +52,26 @@ class Broker:
 
     data_dir: Path
     port: int = DEFAULT_PORT
+    #: SASL_SSL (SCRAM-SHA-512) only, with a CA of its own; see :mod:`tablecast.kafka.secure`
+    secure: bool = False
 
     @property
     def bootstrap_servers(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def material(self) -> SecureMaterial:
+        return SecureMaterial(self.data_dir / "tls")
+
+    @property
+    def client_properties(self) -> Path | None:
+        """The client settings to pass as ``--kafka-config`` (None for a plaintext broker)."""
+        path = self.material.client_properties
+        return path if path.exists() else None
+
+    def client_config(self) -> KafkaConfig:
+        path = self.client_properties
+        return KafkaConfig.load(path) if path is not None else KafkaConfig()
 
     @property
     def pid_file(self) -> Path:
@@ -82,9 +100,11 @@ class Broker:
         """
         pid = self.pid()
         if pid is not None:
-            _wait_ready(self.port, timeout, pid, self.log_file)
+            _wait_ready(self, timeout, pid)
             return pid
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.secure:
+            self.material.ensure()
         props = self._write_config(self._controller_port())
         classpath = jvm.classpath("kafka-broker")
         if not (self.data_dir / "logs" / "meta.properties").exists():
@@ -113,7 +133,7 @@ class Broker:
             )
         self.pid_file.write_text(f"{proc.pid}\n")
         try:
-            _wait_ready(self.port, timeout, proc.pid, self.log_file)
+            _wait_ready(self, timeout, proc.pid)
         except BaseException:
             self.stop()
             raise
@@ -140,7 +160,11 @@ class Broker:
         pid = self.pid()
         if pid is None:
             return "stopped"
-        return f"running (pid {pid}) on {self.bootstrap_servers}"
+        mode = "SASL_SSL" if self.client_properties else "PLAINTEXT"
+        text = f"running (pid {pid}) on {self.bootstrap_servers} ({mode})"
+        if self.client_properties:
+            text += f"\nclient settings (--kafka-config): {self.client_properties}"
+        return text
 
     def _controller_port(self) -> int:
         # KRaft records the controller's endpoint when the log dir is formatted,
@@ -177,6 +201,11 @@ class Broker:
             # a typo in a topic name should fail, not make a 1-partition topic
             "auto.create.topics.enable": "false",
         }
+        if self.secure:
+            # clients get SASL_SSL only; the controller listener stays plaintext on loopback
+            settings.update(self.material.broker_settings(self.port))
+            settings["listeners"] += f",CONTROLLER://127.0.0.1:{controller_port}"
+            settings["listener.security.protocol.map"] = "CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL"
         props.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
         (self.data_dir / "log4j2.yaml").write_text(_LOG4J2.format(log_file=self.log_file))
         return props
@@ -199,6 +228,7 @@ class Broker:
                 cluster_id,
                 "-c",
                 str(props),
+                *(self.material.scram_format_args() if self.secure else []),
             ],
             check=True,
             capture_output=True,
@@ -231,7 +261,7 @@ def free_port() -> int:
     return _free_port()
 
 
-def _wait_ready(port: int, timeout: float, pid: int, log_file: Path) -> None:
+def _wait_ready(broker: Broker, timeout: float, pid: int) -> None:
     """Wait until the broker can create a topic, showing progress.
 
     Answering metadata is not enough: a KRaft broker lists itself while still
@@ -240,7 +270,9 @@ def _wait_ready(port: int, timeout: float, pid: int, log_file: Path) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     deadline = time.monotonic() + timeout
-    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}", "log_level": 0})
+    port, log_file = broker.port, broker.log_file
+    conf = {**broker.client_config().librdkafka, "log_level": 0}
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers, **conf})
     last_note = time.monotonic()
     while True:
         if not _alive(pid):

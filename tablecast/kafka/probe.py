@@ -29,17 +29,17 @@ def check(bootstrap_servers: str, timeout: float = DEFAULT_TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout
     while True:
         try:
-            md = admin.list_topics(timeout=min(5.0, max(0.5, deadline - time.monotonic())))
+            md = admin.list_topics(timeout=min(2.0, max(0.5, deadline - time.monotonic())))
             if md.brokers:
                 return
         except KafkaException as e:
             seen.append(e.args[0])
+        admin.poll(0.2)  # serves error_cb: how authentication and TLS failures are told
         cause = _fatal(seen, bootstrap_servers, current())
         if cause is not None:
             raise KafkaUnavailable(cause)
         if time.monotonic() >= deadline:
             raise KafkaUnavailable(_unreachable(seen, bootstrap_servers, current()))
-        time.sleep(0.2)
 
 
 def _fatal(errors: list[KafkaError], bootstrap: str, config: KafkaConfig) -> str | None:
@@ -72,7 +72,7 @@ def _tls(bootstrap: str, text: str) -> str:
 def _unreachable(errors: list[KafkaError], bootstrap: str, config: KafkaConfig) -> str:
     last = _short(errors[-1].str()) if errors else "no answer"
     hint = ""
-    if config.protocol == "PLAINTEXT" and any("Disconnected" in e.str() for e in errors):
+    if config.protocol == "PLAINTEXT" and any("brokers are down" in e.str() for e in errors):
         hint = " (a secured broker? pass --kafka-config with its client settings)"
     return f"cannot reach Kafka at {bootstrap}: {last}{hint}"
 
