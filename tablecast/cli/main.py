@@ -33,6 +33,13 @@ def _kafka_config(p: argparse.ArgumentParser) -> None:
         help="Kafka client settings (Java .properties: security.protocol, sasl.*, ssl.*) "
         "for every Kafka client of tablecast",
     )
+    _opt(
+        p,
+        "--replication-factor",
+        type=int,
+        help="of the topics tablecast creates (default: min(3, brokers)); "
+        "min.insync.replicas is min(2, it)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="SASL_SSL (SCRAM-SHA-512) only, with a generated CA; writes client.properties",
     )
+    _opt(p, "--brokers", 1, type=int, help="start N brokers on ports P..P+N-1 (one KRaft quorum)")
+    p.add_argument("--broker", type=int, help="start or stop broker I of the cluster only")
 
     p = sub.add_parser("run", help="run an App's pipeline (the Spark driver)")
     p.add_argument("app_file")
@@ -130,6 +139,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tablecast.kafka.probe import KafkaUnavailable
 
     try:
+        if getattr(args, "replication_factor", None):
+            from tablecast.kafka.topics import REPLICATION_ENV
+
+            os.environ[REPLICATION_ENV] = str(args.replication_factor)  # children too
         if getattr(args, "kafka_config", None):
             config = use(args.kafka_config)
             logging.getLogger("tablecast").info("Kafka clients: %s", config.describe())
@@ -181,8 +194,28 @@ def _kafka(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from tablecast.kafka.broker import Broker
+    from tablecast.kafka.cluster import KafkaCluster
 
-    broker = Broker(Path(args.data_dir), args.port, secure=args.secure)
+    data_dir = Path(args.data_dir)
+    if args.brokers > 1 or KafkaCluster.exists(data_dir):
+        cluster = KafkaCluster.create(data_dir, args.port, args.brokers, args.secure)
+        if args.broker is not None and not 0 <= args.broker < len(cluster.brokers):
+            return fail(f"--broker is 0..{len(cluster.brokers) - 1}")
+        what = "brokers" if args.broker is None else f"broker {args.broker}"
+        if args.action == "start":
+            cluster.start(args.broker)
+            print(f"Kafka {what} running; bootstrap servers {cluster.bootstrap_servers}")
+            if cluster.client_properties:
+                print(f"client settings (pass as --kafka-config): {cluster.client_properties}")
+        elif args.action == "stop":
+            print(f"stopped {what}" if cluster.stop(args.broker) else "not running")
+        else:
+            print(cluster.status())
+            return 0 if any(b.pid() for b in cluster.brokers) else 3
+        return 0
+    if args.broker not in (None, 0):
+        return fail("--broker needs a cluster: start it with --brokers N")
+    broker = Broker(data_dir, args.port, secure=args.secure)
     if args.action == "start":
         broker.start()
         print(f"Kafka broker running on {broker.bootstrap_servers} (data: {args.data_dir})")

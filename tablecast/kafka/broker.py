@@ -54,6 +54,13 @@ class Broker:
     port: int = DEFAULT_PORT
     #: SASL_SSL (SCRAM-SHA-512) only, with a CA of its own; see :mod:`tablecast.kafka.secure`
     secure: bool = False
+    #: as one of several brokers (see :mod:`tablecast.kafka.cluster`): its id, every voter's
+    #: (id, controller port), the shared cluster id and TLS material, and the RF of internal topics
+    node_id: int = 1
+    voters: tuple[tuple[int, int], ...] = ()
+    cluster_id: str | None = None
+    tls_dir: Path | None = None
+    replication: int = 1
 
     @property
     def bootstrap_servers(self) -> str:
@@ -61,7 +68,7 @@ class Broker:
 
     @property
     def material(self) -> SecureMaterial:
-        return SecureMaterial(self.data_dir / "tls")
+        return SecureMaterial(self.tls_dir or self.data_dir / "tls")
 
     @property
     def client_properties(self) -> Path | None:
@@ -98,9 +105,24 @@ class Broker:
         `die_with_parent`: the broker gets SIGKILL if the starting process dies
         (``tablecast dev``); ``tablecast kafka start`` leaves it running on purpose.
         """
+        pid = self.launch(die_with_parent)
+        try:
+            self.wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return pid
+
+    def wait_ready(self, timeout: float = START_TIMEOUT_S) -> None:
+        pid = self.pid()
+        if pid is None:
+            raise RuntimeError(f"the Kafka broker is not running; see {self.log_file}")
+        _wait_ready(self, timeout, pid)
+
+    def launch(self, die_with_parent: bool = False) -> int:
+        """Start the broker process (or find the running one) without waiting for it."""
         pid = self.pid()
         if pid is not None:
-            _wait_ready(self, timeout, pid)
             return pid
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if self.secure:
@@ -132,11 +154,6 @@ class Broker:
                 preexec_fn=lifetime.die_with_parent if die_with_parent else None,
             )
         self.pid_file.write_text(f"{proc.pid}\n")
-        try:
-            _wait_ready(self, timeout, proc.pid)
-        except BaseException:
-            self.stop()
-            raise
         return proc.pid
 
     def stop(self, timeout: float = 30.0) -> bool:
@@ -167,6 +184,8 @@ class Broker:
         return text
 
     def _controller_port(self) -> int:
+        if self.voters:
+            return dict(self.voters)[self.node_id]
         # KRaft records the controller's endpoint when the log dir is formatted,
         # so a restarted broker must keep the controller port it was born with
         props = self.data_dir / "server.properties"
@@ -180,7 +199,7 @@ class Broker:
         props = self.data_dir / "server.properties"
         settings = {
             "process.roles": "broker,controller",
-            "node.id": "1",
+            "node.id": str(self.node_id),
             "controller.quorum.bootstrap.servers": f"127.0.0.1:{controller_port}",
             "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{controller_port}",
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
@@ -189,18 +208,25 @@ class Broker:
             "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
             "log.dirs": str(self.data_dir / "logs"),
             "num.partitions": "1",
-            "offsets.topic.replication.factor": "1",
+            "offsets.topic.replication.factor": str(self.replication),
             "offsets.topic.num.partitions": "4",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
+            "transaction.state.log.replication.factor": str(self.replication),
+            "transaction.state.log.min.isr": str(min(2, self.replication)),
+            "share.coordinator.state.topic.replication.factor": str(self.replication),
+            "share.coordinator.state.topic.min.isr": str(min(2, self.replication)),
+            "default.replication.factor": str(self.replication),
+            "min.insync.replicas": str(min(2, self.replication)),
             # a dev broker serves one machine: joining consumers need not wait
             "group.initial.rebalance.delay.ms": "0",
             # topics are created with their partition counts by tablecast;
             # a typo in a topic name should fail, not make a 1-partition topic
             "auto.create.topics.enable": "false",
         }
+        if self.voters:  # a static quorum of every broker of the cluster
+            del settings["controller.quorum.bootstrap.servers"]
+            settings["controller.quorum.voters"] = ",".join(
+                f"{i}@127.0.0.1:{port}" for i, port in self.voters
+            )
         if self.secure:
             # clients get SASL_SSL only; the controller listener stays plaintext on loopback
             settings.update(self.material.broker_settings(self.port))
@@ -211,9 +237,7 @@ class Broker:
         return props
 
     def _format(self, classpath: str, props: Path) -> None:
-        cluster_id = "-"
-        while cluster_id.startswith("-"):  # the tool would read a leading '-' as an option
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = self.cluster_id or new_cluster_id()
         log.info("formatting KRaft log dir %s", self.data_dir / "logs")
         subprocess.run(
             [
@@ -223,7 +247,7 @@ class Broker:
                 f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.yaml'}",
                 "kafka.tools.StorageTool",
                 "format",
-                "--standalone",
+                *([] if self.voters else ["--standalone"]),
                 "-t",
                 cluster_id,
                 "-c",
@@ -233,6 +257,13 @@ class Broker:
             check=True,
             capture_output=True,
         )
+
+
+def new_cluster_id() -> str:
+    cluster_id = "-"
+    while cluster_id.startswith("-"):  # the tool would read a leading '-' as an option
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    return cluster_id
 
 
 def _alive(pid: int) -> bool:
@@ -279,9 +310,10 @@ def _wait_ready(broker: Broker, timeout: float, pid: int) -> None:
             raise RuntimeError(f"the Kafka broker exited during start; see {log_file}")
         try:
             md = admin.list_topics(timeout=2)
-            if READY_PROBE in md.topics:
+            # a fenced broker (still catching up with the quorum) is left out of metadata
+            if broker.node_id in md.brokers and READY_PROBE in md.topics:
                 return
-            if md.brokers:
+            if broker.node_id in md.brokers:
                 admin.create_topics([NewTopic(READY_PROBE, 1, 1)])[READY_PROBE].result(5)
                 return
         except Exception:  # not up yet: the client raises while it cannot connect or is fenced

@@ -8,6 +8,7 @@ records, and serving nodes announce themselves on ``<app>.members``.
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 from confluent_kafka import KafkaException
@@ -18,6 +19,7 @@ from tablecast.kafka.config import client_conf
 log = logging.getLogger(__name__)
 
 COMPACTED = {"cleanup.policy": "compact"}
+REPLICATION_ENV = "TABLECAST_REPLICATION_FACTOR"
 
 
 def catalog_topic(app_id: str) -> str:
@@ -61,8 +63,11 @@ def ensure_topic(
     if existing is not None:
         return existing
     client = admin(bootstrap_servers)  # must outlive its futures
+    rf = replication_factor(client)
+    # acks=all then waits for 2 copies: one broker down loses no acknowledged record
+    settings = {"min.insync.replicas": str(min(2, rf)), **(config or {})}
     futures = client.create_topics(
-        [NewTopic(topic, partitions, 1, config=config or {})], operation_timeout=timeout
+        [NewTopic(topic, partitions, rf, config=settings)], operation_timeout=timeout
     )
     try:
         futures[topic].result(timeout)
@@ -78,6 +83,14 @@ def ensure_topic(
             raise TimeoutError(f"topic {topic} was created but does not show in the metadata")
         time.sleep(0.1)
     return count
+
+
+def replication_factor(client: AdminClient) -> int:
+    """``--replication-factor`` (``TABLECAST_REPLICATION_FACTOR``), else min(3, brokers)."""
+    chosen = os.environ.get(REPLICATION_ENV)
+    if chosen:
+        return int(chosen)
+    return max(1, min(3, len(client.list_topics(timeout=10).brokers)))
 
 
 def end_offsets(bootstrap_servers: str, topic: str, timeout: float = 10.0) -> dict[int, int]:

@@ -1,0 +1,176 @@
+"""A broker fails under load (issue 13 item 3): three brokers (RF 3, min ISR 2), a table
+pipeline, two nodes with a standby, steady input and steady reads; the broker leading most
+of the table's partitions is stopped, then brought back. The pipeline and nodes go on,
+every acknowledged record reaches the table, and no read fails.
+
+Run with ``-s`` to see the figures (reads, failed, slowest read) reported in BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+from confluent_kafka.admin import AdminClient
+
+import tablecast as tc
+from tablecast.cli.supervisor import stop_process
+from tablecast.kafka.cluster import KafkaCluster
+from tablecast.kafka.topics import ensure_topic
+
+from ..support.procs import eventually, start_node
+
+pytestmark = pytest.mark.integration
+
+RUN = [sys.executable, "-m", "tablecast.cli.main", "run"]
+PARTITIONS = 6
+KEYS = 300
+APP = """
+import tablecast as tc
+
+app = tc.App("{app}")
+app.table("{topic}", key=tc.serde.string(), value=tc.serde.json()).materialize("kv")
+"""
+
+
+def _consecutive_free_ports(n: int) -> int:
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        try:
+            for port in range(base, base + n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no run of free ports")
+
+
+def test_leader_broker_stops_and_returns(unique: str, tmp_path: Path) -> None:
+    data = Path(tempfile.mkdtemp(prefix="tablecast-test-kafka-cluster-"))
+    cluster = KafkaCluster.create(data, _consecutive_free_ports(3), 3)
+    procs: list[subprocess.Popen[bytes]] = []
+    nodes = []
+    stop = threading.Event()
+    try:
+        cluster.start()
+        bootstrap = cluster.bootstrap_servers
+        topic = f"{unique}-in"
+        ensure_topic(bootstrap, topic, PARTITIONS)
+        app_file = tmp_path / "app.py"
+        app_file.write_text(APP.format(app=unique, topic=topic))
+        state = str(tmp_path / "state")
+        with open(tmp_path / "pipeline.log", "wb") as out:
+            procs.append(
+                subprocess.Popen(
+                    [*RUN, str(app_file), "--bootstrap-servers", bootstrap, "--state-dir", state],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+        nodes = [
+            start_node(unique, bootstrap, tmp_path, "--standby-replicas", "1") for _ in range(2)
+        ]
+        for n in nodes:
+            n.wait_ready(180)
+
+        acked: dict[str, int] = {}
+        producer = tc.producer(bootstrap, {"linger.ms": 5})
+
+        def on_delivery(err, msg) -> None:  # type: ignore[no-untyped-def]
+            if err is None:
+                key = msg.key().decode()
+                acked[key] = max(acked.get(key, -1), orjson.loads(msg.value())["seq"])
+
+        def produce() -> None:
+            seq = 0
+            while not stop.is_set():
+                key = f"k{random.randrange(KEYS):03d}"
+                producer.produce(
+                    topic,
+                    key=key.encode(),
+                    value=orjson.dumps({"seq": seq}),
+                    on_delivery=on_delivery,
+                )
+                producer.poll(0)
+                seq += 1
+                time.sleep(0.005)
+
+        outcomes: Counter[str] = Counter()
+        slowest = [0.0]
+
+        def read() -> None:
+            with httpx.Client(timeout=10) as http:
+                while not stop.is_set():
+                    url = random.choice(nodes).url
+                    started = time.monotonic()
+                    try:
+                        r = http.get(f"{url}/v1/tables/kv/keys/k{random.randrange(KEYS):03d}")
+                        outcomes[str(r.status_code)] += 1
+                    except httpx.HTTPError as e:
+                        outcomes[type(e).__name__] += 1
+                    slowest[0] = max(slowest[0], time.monotonic() - started)
+
+        producer_thread = threading.Thread(target=produce, daemon=True)
+        producer_thread.start()
+        readers = [threading.Thread(target=read, daemon=True) for _ in range(2)]
+        for t in readers:
+            t.start()
+        eventually(lambda: outcomes["200"] > 100, timeout=180)
+
+        leaders = Counter(
+            p.leader
+            for p in AdminClient({"bootstrap.servers": bootstrap})
+            .list_topics(f"{unique}.table.kv", timeout=10)
+            .topics[f"{unique}.table.kv"]
+            .partitions.values()
+        )
+        victim = leaders.most_common(1)[0][0] - 1  # node ids are 1-based
+        before = sum(outcomes.values())
+        cluster.stop(victim)
+        time.sleep(10)
+        cluster.start(victim)
+        time.sleep(5)
+        during = sum(outcomes.values()) - before
+        stop.set()
+        producer_thread.join(10)
+        for t in readers:
+            t.join(15)
+        assert producer.flush(60) == 0
+
+        def converged() -> bool:
+            for key, seq in list(acked.items()):
+                r = httpx.get(f"{nodes[0].url}/v1/tables/kv/keys/{key}", timeout=10)
+                if r.status_code != 200 or r.json()["value"]["seq"] != seq:
+                    return False
+            return True
+
+        eventually(converged, timeout=180, interval=2)
+        failed = sum(n for status, n in outcomes.items() if status not in ("200", "404"))
+        print(
+            f"\nbroker failure: {sum(outcomes.values())} reads ({during} while broker "
+            f"{victim} was down or rejoining), {failed} failed, slowest read "
+            f"{slowest[0] * 1000:.0f} ms, {len(acked)} keys acked, 0 lost; {dict(outcomes)}"
+        )
+        assert failed == 0, outcomes
+    finally:
+        stop.set()
+        for n in nodes:
+            n.stop()
+        for p in procs:
+            stop_process(p, signal.SIGTERM, 60)
+        cluster.stop()
