@@ -3,33 +3,30 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 import orjson
 
+from tablecast.cli.main import fail
 from tablecast.client import Client, QueryError
 
 
 def run(args: argparse.Namespace) -> int:
     urls = [u.strip() for u in args.url.split(",") if u.strip()]
     try:
-        with Client(urls, token=getattr(args, "token", None)) as client:
+        with Client(urls, token=args.token, verify=args.ca or True) as client:
             answer: Any
             if args.command == "query":
                 answer = client.get(args.table, args.key)
                 if answer is None:
-                    print(f"key {args.key!r} not found in {args.table!r}", file=sys.stderr)
-                    return 1
+                    return fail(f"key {args.key!r} not found in {args.table!r}", 1)
             elif args.command == "tables":
                 answer = {"tables": client.tables()}
             else:
                 answer = client.cluster()
     except QueryError as e:
-        print(str(e), file=sys.stderr)
-        return 1
+        return fail(str(e), 1)
     except ConnectionError as e:
-        print(f"cannot reach {args.url}: {e}", file=sys.stderr)
-        return 2
+        return fail(f"cannot reach {args.url}: {e}")
     print(orjson.dumps(answer, option=orjson.OPT_INDENT_2).decode())
     return 0

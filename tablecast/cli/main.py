@@ -96,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--cluster-secret",
         help="shared by the app's nodes: they sign membership records and internal calls with it",
     )
+    _opt(p, "--cluster-secret-file", help="a file holding the cluster secret (not shown by ps)")
+    _opt(p, "--tls-cert", help="serve HTTPS with this certificate (PEM)")
+    _opt(p, "--tls-key", help="the certificate's private key (PEM)")
+    _opt(p, "--tls-ca", help="the CA that signed the nodes' certificates: peers are verified")
 
     for name, what in (("dev", "everything on one machine"), ("demo", "the stock-price demo")):
         p = sub.add_parser(name, help=what)
@@ -122,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("key")
         _opt(p, "--url", "http://localhost:8080", help="a node URL, or several separated by commas")
         _opt(p, "--token", help="a bearer JWT, when the nodes require auth")
+        _opt(p, "--ca", help="the CA file that signed the nodes' certificates (https:// URLs)")
     return parser
 
 
@@ -265,7 +270,13 @@ def _serve(args: argparse.Namespace) -> int:
     from tablecast.server.auth import Auth
 
     probe.check(args.bootstrap_servers)
-    url = args.advertised_url or f"http://{args.host}:{args.port}"
+    if bool(args.tls_cert) != bool(args.tls_key):
+        return fail("--tls-cert and --tls-key go together")
+    scheme = "https" if args.tls_cert else "http"
+    url = args.advertised_url or f"{scheme}://{args.host}:{args.port}"
+    cluster_secret = args.cluster_secret
+    if args.cluster_secret_file:
+        cluster_secret = Path(args.cluster_secret_file).read_text().strip()
     node_id = args.node_id or url.split("://", 1)[-1]
     data_dir = args.data_dir or os.path.join(".tablecast", "nodes", node_id.replace(":", "_"))
     config = NodeConfig(
@@ -276,13 +287,15 @@ def _serve(args: argparse.Namespace) -> int:
         data_dir=Path(data_dir),
         standby_replicas=args.standby_replicas,
         cache_bytes=args.cache_mb * 1024 * 1024,
-        cluster_secret=args.cluster_secret,
+        cluster_secret=cluster_secret,
+        tls_ca=args.tls_ca,
     )
     secret = args.auth_jwt_secret
     if args.auth_jwt_secret_file:
         secret = Path(args.auth_jwt_secret_file).read_text().strip()
     auth = Auth(secret, args.auth_jwks, args.auth_audience, args.auth_issuer)
-    process.run(config, args.host, args.port, auth)
+    tls = (args.tls_cert, args.tls_key) if args.tls_cert else None
+    process.run(config, args.host, args.port, auth, tls)
     return 0
 
 

@@ -11,6 +11,7 @@ fails, the map is stale and is read again.
 from __future__ import annotations
 
 import contextlib
+import ssl
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -40,12 +41,15 @@ class Client:
         token: str | None = None,
         timeout: float = 5.0,
         retries: int = 3,
+        verify: str | bool = True,
     ) -> None:
+        """`verify`: for https:// nodes, the CA file that signed their certificates
+        (True: the system's CAs; False: no check, never in production)."""
         self.seeds = [urls] if isinstance(urls, str) else list(urls)
         if not self.seeds:
             raise ValueError("give at least one node URL")
         headers = {"authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(timeout=timeout, headers=headers)
+        self._http = httpx.Client(timeout=timeout, headers=headers, verify=_ssl_context(verify))
         self.retries = retries
         self._tables: dict[str, dict[str, Any]] = {}
         #: (table, partition) -> node URLs, the active first
@@ -229,3 +233,9 @@ def _text(key: Any) -> str:
     if isinstance(key, bytes):
         return key.decode("latin-1")
     return orjson.dumps(key).decode()
+
+
+def _ssl_context(verify: str | bool) -> ssl.SSLContext | bool:
+    if isinstance(verify, str):
+        return ssl.create_default_context(cafile=verify)
+    return verify

@@ -34,6 +34,8 @@ class NodeConfig:
     cache_bytes: int = 64 * 1024 * 1024
     #: signs membership records and internal calls (None: nothing is signed or checked)
     cluster_secret: str | None = None
+    #: the CA that signed the nodes' certificates: peers are called over HTTPS and verified
+    tls_ca: str | None = None
 
 
 @dataclass

@@ -10,6 +10,7 @@ client as a stack trace.
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from time import perf_counter
 from typing import Any
@@ -18,14 +19,15 @@ from urllib.parse import parse_qsl
 import orjson
 
 from tablecast.cluster.node import Node
+from tablecast.cluster.signing import Signer
 from tablecast.server import openapi, status
 from tablecast.server.auth import Auth
 from tablecast.server.cursor import Cursors
 from tablecast.server.errors import ApiError
 from tablecast.server.local import Answer
 from tablecast.server.metrics import HttpStats, exposition
-from tablecast.server.peers import PeerPool
-from tablecast.server.router import Request, Router
+from tablecast.server.peers import SIGNATURE, PeerPool, signed_parts
+from tablecast.server.router import HOP, Request, Router
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +43,12 @@ class HttpApp:
         self.node = node
         self.auth = auth or Auth()
         self._auth_on = self.auth.enabled
-        self.peers = PeerPool()
+        self.signer = Signer(node.config.cluster_secret)
+        context = (
+            ssl.create_default_context(cafile=node.config.tls_ca) if node.config.tls_ca else None
+        )
+        self.peers = PeerPool(ssl_context=context, signer=self.signer)
+        self._peer_checks = self.signer.enabled
         self.router = Router(node, Cursors(node.config.app_id.encode()), self.peers)
         self.stats = HttpStats()
         self._openapi = orjson.dumps(openapi.document())
@@ -57,6 +64,12 @@ class HttpApp:
             if self._auth_on and path.startswith(("/v1/", "/internal/")):
                 self.auth.check(headers.get("authorization"))
             query = scope.query_string
+            if (
+                self._peer_checks
+                and (path.startswith("/internal/") or HOP in headers)
+                and scope.method != "POST"  # a POST is checked with its body, once read
+            ):
+                self._check_peer(scope.method, path, query, b"", headers)
             key = None if query else _plain_key_read(scope.method, path)
             if key is not None:  # the hot path: GET one key, no query string
                 route = "key"
@@ -126,10 +139,22 @@ class HttpApp:
                 return "openapi", lambda q, _: (200, self._openapi, [])
         raise ApiError("not_found", f"no route for {method} {path}")
 
+    def _check_peer(self, method: str, path: str, query: str, body: bytes, headers: Any) -> None:
+        """Internal routes and forwarded requests answer only peers that sign with the secret."""
+        target = path + ("?" + query if query else "")
+        if not self.signer.verify(headers.get(SIGNATURE), *signed_parts(method, target, body)):
+            raise ApiError(
+                "forbidden", "internal calls and forwarded requests need a peer's signature"
+            )
+
     async def _batch_get(self, table: str, req: Request, proto: Any) -> Answer:
         body = await proto()
         if len(body) > MAX_BODY:
             raise ApiError("bad_request", f"the body is larger than {MAX_BODY} bytes")
+        if self._peer_checks and req.forwarded:
+            self._check_peer(
+                "POST", f"/v1/tables/{table}/keys:batchGet", req.query, body, req.headers
+            )
         return await self.router.batch_get(table, body, req)
 
 

@@ -10,9 +10,15 @@ Content-Length, so nothing else needs to be understood.
 from __future__ import annotations
 
 import asyncio
-from urllib.parse import urlsplit
+import ssl
+from urllib.parse import unquote, urlsplit
 
 import httptools
+
+from tablecast.cluster.signing import Signer
+
+#: the header that carries a peer's signature of an internal call (see :func:`signed_parts`)
+SIGNATURE = "x-tablecast-signature"
 
 Response = tuple[int, list[tuple[bytes, bytes]], bytes]
 
@@ -70,13 +76,34 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
-class PeerPool:
-    """Idle connections per peer, reused across requests (keep-alive)."""
+def signed_parts(method: str, target: str, body: bytes) -> tuple[bytes, bytes, bytes]:
+    """What a signature covers: the method, the decoded path with its query, the body.
 
-    def __init__(self, max_idle_per_peer: int = 64) -> None:
-        self._idle: dict[tuple[str, int], list[_Connection]] = {}
-        self._peers: dict[str, tuple[str, int]] = {}
+    Decoded, because the receiving server sees the path decoded: both ends must
+    sign the same bytes.
+    """
+    path, sep, query = target.partition("?")
+    return method.encode(), (unquote(path) + sep + query).encode(), body
+
+
+class PeerPool:
+    """Idle connections per peer, reused across requests (keep-alive).
+
+    Peers with an ``https://`` URL are called over TLS, verified against
+    `ssl_context` (the cluster's CA); with a cluster secret every call is signed.
+    """
+
+    def __init__(
+        self,
+        max_idle_per_peer: int = 64,
+        ssl_context: ssl.SSLContext | None = None,
+        signer: Signer | None = None,
+    ) -> None:
+        self._idle: dict[tuple[str, int, bool], list[_Connection]] = {}
+        self._peers: dict[str, tuple[str, int, bool]] = {}
         self._max_idle = max_idle_per_peer
+        self._ssl = ssl_context
+        self._signer = signer if signer is not None and signer.enabled else None
 
     async def request(
         self,
@@ -90,12 +117,16 @@ class PeerPool:
         peer = self._peers.get(base_url)
         if peer is None:
             parts = urlsplit(base_url)
-            peer = self._peers[base_url] = (parts.hostname or "127.0.0.1", parts.port or 80)
-        host, port = peer
+            tls = parts.scheme == "https"
+            port = parts.port or (443 if tls else 80)
+            peer = self._peers[base_url] = (parts.hostname or "127.0.0.1", port, tls)
+        host, port, tls = peer
         head = (
             f"{method} {target} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-length: {len(body)}\r\n"
         )
         head += "".join(f"{k}: {v}\r\n" for k, v in headers)
+        if self._signer is not None:
+            head += f"{SIGNATURE}: {self._signer.sign(*signed_parts(method, target, body))}\r\n"
         raw = (head + "\r\n").encode("latin-1") + body
         loop = asyncio.get_running_loop()
         conn: _Connection | None = None
@@ -103,7 +134,7 @@ class PeerPool:
         # a timer, not asyncio.timeout(): this runs once per forwarded request
         timer = loop.call_later(timeout, _expire, waiter)
         try:
-            conn = await self._connection(host, port)
+            conn = await self._connection(peer)
             conn.waiter = waiter
             assert conn.transport is not None
             conn.transport.write(raw)
@@ -122,14 +153,21 @@ class PeerPool:
                 conn.close()
         return answer
 
-    async def _connection(self, host: str, port: int) -> _Connection:
-        idle = self._idle.get((host, port))
+    async def _connection(self, peer: tuple[str, int, bool]) -> _Connection:
+        idle = self._idle.get(peer)
         while idle:
             conn = idle.pop()
             if not conn.closed:
                 return conn
         loop = asyncio.get_running_loop()
-        _, conn = await loop.create_connection(_Connection, host, port)
+        host, port, tls = peer
+        if tls:
+            context = self._ssl or ssl.create_default_context()
+            _, conn = await loop.create_connection(
+                _Connection, host, port, ssl=context, server_hostname=host
+            )
+        else:
+            _, conn = await loop.create_connection(_Connection, host, port)
         return conn
 
     def close(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from pathlib import Path
 from typing import Any
 
 from granian.constants import Interfaces
@@ -17,14 +18,21 @@ from tablecast.server.auth import Auth
 log = logging.getLogger(__name__)
 
 
-async def serve_rsgi(app: Any, host: str, port: int) -> None:
+async def serve_rsgi(app: Any, host: str, port: int, tls: tuple[str, str] | None = None) -> None:
     """Serve an RSGI app on this event loop until SIGINT/SIGTERM.
 
     The benchmarks serve their constant-body baseline through this same
     function, so "the same HTTP stack" means the same settings too.
     """
+    ssl_files = {"ssl_cert": Path(tls[0]), "ssl_key": Path(tls[1])} if tls else {}
     server = Server(
-        app, address=host, port=port, interface=Interfaces.RSGI, log_enabled=False, backlog=1024
+        app,
+        address=host,
+        port=port,
+        interface=Interfaces.RSGI,
+        log_enabled=False,
+        backlog=1024,
+        **ssl_files,  # type: ignore[arg-type]
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -32,20 +40,31 @@ async def serve_rsgi(app: Any, host: str, port: int) -> None:
     await server.serve()
 
 
-async def serve(config: NodeConfig, host: str, port: int, auth: Auth) -> None:
+async def serve(
+    config: NodeConfig, host: str, port: int, auth: Auth, tls: tuple[str, str] | None = None
+) -> None:
     node = Node(config)
     node.start()
-    log.info("node %s serving app %r on http://%s:%d", config.node_id, config.app_id, host, port)
+    scheme = "https" if tls else "http"
+    log.info(
+        "node %s serving app %r on %s://%s:%d", config.node_id, config.app_id, scheme, host, port
+    )
     app = HttpApp(node, auth)
     try:
-        await serve_rsgi(app, host, port)
+        await serve_rsgi(app, host, port, tls)
     finally:
         app.peers.close()
         node.stop()
         log.info("node %s stopped", config.node_id)
 
 
-def run(config: NodeConfig, host: str, port: int, auth: Auth | None = None) -> None:
+def run(
+    config: NodeConfig,
+    host: str,
+    port: int,
+    auth: Auth | None = None,
+    tls: tuple[str, str] | None = None,
+) -> None:
     import uvloop
 
-    uvloop.run(serve(config, host, port, auth or Auth()))
+    uvloop.run(serve(config, host, port, auth or Auth(), tls))

@@ -24,10 +24,12 @@ class NodeProcess:
 
     #: sent with every request of the test's own (e.g. a bearer token when auth is on)
     headers: dict[str, str] = field(default_factory=dict)
+    #: the CA file for an https:// node
+    verify: Any = True
 
     def get(self, path: str, **kw: Any) -> httpx.Response:
         headers = {**self.headers, **kw.pop("headers", {})}
-        return httpx.get(self.url + path, timeout=10.0, headers=headers, **kw)
+        return httpx.get(self.url + path, timeout=10.0, headers=headers, verify=self.verify, **kw)
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
@@ -104,7 +106,8 @@ def start_node(
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )
-    return NodeProcess(proc, f"http://127.0.0.1:{port}", log_file)
+    scheme = "https" if "--tls-cert" in extra else "http"
+    return NodeProcess(proc, f"{scheme}://127.0.0.1:{port}", log_file)
 
 
 def eventually(check, timeout: float = 60.0, interval: float = 0.25):  # type: ignore[no-untyped-def]
