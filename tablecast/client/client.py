@@ -139,12 +139,8 @@ class Client:
 
     def get(self, table: str, key: Any, **params: Any) -> dict[str, Any] | None:
         """The key's record ({"key", "value", "partition", "offset", "timestamp"}), or None."""
-        r = self._send(
-            self._candidates(table, key),
-            "GET",
-            f"/v1/tables/{quote(table, safe='')}/keys/{quote(_text(key), safe='')}",
-            params=params or None,
-        )
+        path, params = _key_route(table, key, "", params)
+        r = self._send(self._candidates(table, key), "GET", path, params=params or None)
         if r.status_code == 404 and r.json().get("error", {}).get("code") == "key_not_found":
             return None
         return self._check(r)
@@ -206,12 +202,8 @@ class Client:
         self, table: str, key: Any, from_ms: int | None = None, to_ms: int | None = None
     ) -> list[dict[str, Any]]:
         params = {k: v for k, v in (("from", from_ms), ("to", to_ms)) if v is not None}
-        r = self._send(
-            self._candidates(table, key),
-            "GET",
-            f"/v1/tables/{quote(table, safe='')}/keys/{quote(_text(key), safe='')}/windows",
-            params=params or None,
-        )
+        path, params = _key_route(table, key, "windows", params)
+        r = self._send(self._candidates(table, key), "GET", path, params=params or None)
         return self._check(r)["items"]
 
     def count(self, table: str) -> int:
@@ -239,3 +231,14 @@ def _ssl_context(verify: str | bool) -> ssl.SSLContext | bool:
     if isinstance(verify, str):
         return ssl.create_default_context(cafile=verify)
     return verify
+
+
+def _key_route(
+    table: str, key: Any, sub: str, params: dict[str, Any]
+) -> tuple[str, dict[str, Any]]:
+    """A key route's path and parameters: the key in the path, or in ?key= when its text
+    ends like a sub-route (a server sees the path decoded, so /a%2Fwindows reads as one)."""
+    text, t = _text(key), quote(table, safe="")
+    if text.endswith(("/windows", "/metadata")):
+        return f"/v1/tables/{t}/{sub or 'keys'}", {**params, "key": text}
+    return f"/v1/tables/{t}/keys/{quote(text, safe='')}" + (f"/{sub}" if sub else ""), params

@@ -20,7 +20,7 @@ import orjson
 
 from tablecast.cluster.node import Node
 from tablecast.cluster.signing import Signer
-from tablecast.server import openapi, status
+from tablecast.server import openapi, params, status
 from tablecast.server.auth import Auth
 from tablecast.server.cursor import Cursors
 from tablecast.server.errors import ApiError
@@ -76,7 +76,10 @@ class HttpApp:
                 answer = self.router.get_key(key[0], key[1], Request(NO_PARAMS, "", headers))
             else:
                 route, handler = self.match(scope.method, path)
-                answer = handler(Request(_params(query), query, headers), proto)
+                request = Request(_params(query), query, headers)
+                if request.params:
+                    params.check(route, request.params)
+                answer = handler(request, proto)
             if not isinstance(answer, tuple):
                 answer = await answer
         except ApiError as e:
@@ -106,6 +109,11 @@ class HttpApp:
                     return "key", lambda q, _: r.get_key(table, rest, q)
                 if n == 5:
                     what = parts[4]
+                    if what in ("keys", "windows", "metadata"):
+                        # ?key=: any key text, including one the decoded path cannot
+                        # carry (ending in /windows or /metadata)
+                        _get(method)
+                        return _KEY_ROUTES[what], lambda q, _: self._by_query(what, table, q)
                     if what == "keys:batchGet":
                         if method != "POST":
                             raise ApiError("method_not_allowed", "keys:batchGet takes POST")
@@ -139,6 +147,16 @@ class HttpApp:
                 return "openapi", lambda q, _: (200, self._openapi, [])
         raise ApiError("not_found", f"no route for {method} {path}")
 
+    def _by_query(self, what: str, table: str, req: Request) -> Answer | Awaitable[Answer]:
+        key = req.params.get("key")
+        if key is None:
+            raise ApiError("bad_request", f"/{what} needs ?key=<the key's text form>")
+        if what == "windows":
+            return self.router.windows(table, key, req)
+        if what == "metadata":
+            return self.router.metadata(table, key)
+        return self.router.get_key(table, key, req)
+
     def _check_peer(self, method: str, path: str, query: str, body: bytes, headers: Any) -> None:
         """Internal routes and forwarded requests answer only peers that sign with the secret."""
         target = path + ("?" + query if query else "")
@@ -148,9 +166,7 @@ class HttpApp:
             )
 
     async def _batch_get(self, table: str, req: Request, proto: Any) -> Answer:
-        body = await proto()
-        if len(body) > MAX_BODY:
-            raise ApiError("bad_request", f"the body is larger than {MAX_BODY} bytes")
+        body = await _read_body(req, proto)
         if self._peer_checks and req.forwarded:
             self._check_peer(
                 "POST", f"/v1/tables/{table}/keys:batchGet", req.query, body, req.headers
@@ -159,6 +175,22 @@ class HttpApp:
 
 
 NO_PARAMS: dict[str, str] = {}
+_KEY_ROUTES = {"keys": "key", "windows": "windows", "metadata": "metadata"}
+
+
+async def _read_body(req: Request, proto: Any) -> bytes:
+    """The request body, refused with 413 once it is over MAX_BODY (never read whole)."""
+    too_large = ApiError("payload_too_large", f"the body is larger than {MAX_BODY} bytes")
+    declared = req.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in proto:
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _plain_key_read(method: str, path: str) -> tuple[str, str] | None:

@@ -52,7 +52,8 @@ class Local:
         serde = info.key_serde
         try:
             return serde.text_to_bytes(text)
-        except SerdeError as e:
+        # a serde's parser may fail in its own way (JSON, Avro, int range): all mean bad input
+        except (SerdeError, ValueError, TypeError, OverflowError) as e:
             raise ApiError(
                 "bad_request", f"key {text!r} is not a {serde.format} key: {e}"
             ) from None

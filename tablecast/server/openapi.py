@@ -30,6 +30,7 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 def _errors(*codes: int) -> dict[str, Any]:
     meaning = {
         400: "bad request",
+        413: "body larger than 1 MiB",
         404: "table or key not found",
         405: "method not allowed",
         503: "no replica ready (Retry-After)",
@@ -75,6 +76,7 @@ KEY = _param(
     "path",
     "the key's text form, URL-encoded (string as is, long as digits, JSON as JSON text)",
 )
+KEY_QUERY = _param("key", "query", "the key's text form", required=True)
 MAX_LAG = _param(
     "max_lag",
     "query",
@@ -146,7 +148,7 @@ def document() -> dict[str, Any]:
                         ),
                         "results",
                     ),
-                    **_errors(400, 404, 405, 503),
+                    **_errors(400, 404, 405, 413, 503),
                 },
             }
         },
@@ -195,6 +197,46 @@ def document() -> dict[str, Any]:
             "owners",
             (400, 404, 405),
         ),
+        **{
+            f"/v1/tables/{{table}}/{what}": _get(
+                f"{summary}, the key given as ?key= (any key text, also one ending in "
+                "/windows or /metadata, which a URL path cannot carry)",
+                [TABLE, KEY_QUERY, *extra],
+                ok,
+                description,
+                errors,
+            )
+            for what, summary, extra, ok, description, errors in (
+                (
+                    "keys",
+                    "read one key",
+                    [MAX_LAG, MIN_OFFSET, TIMEOUT],
+                    record,
+                    "the key's latest value",
+                    (400, 404, 405, 503, 504),
+                ),
+                (
+                    "windows",
+                    "a window table's windows for a key",
+                    [MAX_LAG],
+                    _object(items=_array(_object(start=INT, end=INT, value=ANY))),
+                    "windows",
+                    (400, 404, 405, 503),
+                ),
+                (
+                    "metadata",
+                    "where a key lives",
+                    [],
+                    _object(
+                        partition=INT,
+                        active={"type": ["object", "null"]},
+                        standbys={"type": "array"},
+                    ),
+                    "owners",
+                    (400, 404, 405),
+                ),
+            )
+        },
         "/v1/cluster": _get(
             "nodes and their replicas",
             [],

@@ -36,7 +36,11 @@ MAX_LIMIT = 10_000
 MAX_BATCH = 1_000
 MAX_WAIT_MS = 30_000
 FORWARD_TIMEOUT_S = 2.0
+#: the largest integer any parameter takes (Kafka offsets and epoch ms are int64)
+MAX_INT = 2**63 - 1
 
+#: window starts are int64 and the scan's bound is the end + 1: later times mean "no bound"
+WINDOW_TIME_MAX = 2**62
 ME = "me"
 Choice = str | Member  # ME, or a peer
 T = TypeVar("T")
@@ -150,7 +154,7 @@ class Router:
 
         if choices and choices[0] == ME:
             return here()
-        target = f"/v1/tables/{quote(table, safe='')}/keys/{quote(key_text, safe='')}"
+        target = key_target(table, key_text, "")
         return self._elsewhere(info, partition, choices, target, req, here)
 
     def windows(self, table: str, key_text: str, req: Request) -> Answer | Awaitable[Answer]:
@@ -158,8 +162,8 @@ class Router:
         if info.kind != "window":
             raise ApiError("bad_request", f"{table!r} is not a window table")
         raw = self.local.key_bytes(info, key_text)
-        time_from = int_param(req.params, "from", 0)
-        time_to = int_param(req.params, "to", 2**62)
+        time_from = min(int_param(req.params, "from", 0), WINDOW_TIME_MAX)
+        time_to = min(int_param(req.params, "to", WINDOW_TIME_MAX), WINDOW_TIME_MAX)
         partition = info.partition_of(raw)
         max_lag = int_param(req.params, "max_lag", None)
         choices = self.choices(info, partition, req, max_lag)
@@ -170,7 +174,7 @@ class Router:
 
         if choices and choices[0] == ME:
             return here()
-        target = f"/v1/tables/{quote(table, safe='')}/keys/{quote(key_text, safe='')}/windows"
+        target = key_target(table, key_text, "windows")
         return self._elsewhere(info, partition, choices, target, req, here)
 
     async def _elsewhere(
@@ -465,6 +469,19 @@ async def _maybe(answer: Answer | Awaitable[Answer]) -> Answer:
     return answer if isinstance(answer, tuple) else await answer
 
 
+def key_target(table: str, key_text: str, sub: str) -> str:
+    """The path a key read is forwarded to (the request's query string follows it).
+
+    A key whose text ends like a sub-route reached us as ``?key=``, which the
+    query string carries on: forward it in that form too, since the owner sees
+    the path decoded.
+    """
+    t = quote(table, safe="")
+    if key_text.endswith(("/windows", "/metadata")):
+        return f"/v1/tables/{t}/{sub or 'keys'}"
+    return f"/v1/tables/{t}/keys/{quote(key_text, safe='')}" + (f"/{sub}" if sub else "")
+
+
 def partitions_param(info: TableInfo, params: dict[str, str]) -> list[int]:
     try:
         parts = [int(x) for x in params.get("partitions", "").split(",") if x]
@@ -504,8 +521,8 @@ def int_param(params: dict[str, str], name: str, default: int | None) -> Any:
         value = int(text)
     except ValueError:
         raise ApiError("bad_request", f"{name} must be an integer, not {text!r}") from None
-    if value < 0:
-        raise ApiError("bad_request", f"{name} must not be negative")
+    if not 0 <= value <= MAX_INT:
+        raise ApiError("bad_request", f"{name} must be between 0 and {MAX_INT}")
     return value
 
 
