@@ -29,7 +29,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    Consumer,
+    Message,
+    Producer,
+    TopicPartition,
+)
 
 from tablecast.cluster.liveness import (
     DEAD_AFTER_S,
@@ -49,6 +56,8 @@ log = logging.getLogger(__name__)
 HEARTBEAT_S = 0.5
 #: no own heartbeat back from Kafka for this long: Kafka is unreachable for this node
 KAFKA_SILENT_S = 2.0
+#: Kafka takes our heartbeats but none comes back for this long: the reader is stuck, renew it
+STUCK_READER_S = 8.0
 __all__ = ["DEAD_AFTER_S", "HEARTBEAT_S", "Member", "Membership"]
 
 INC, SEQ, SIG = "tc-inc", "tc-seq", "tc-sig"
@@ -114,6 +123,8 @@ class Membership:
         self.rejected = 0
         self._rejected_from: set[bytes] = set()
         self._echo = time.monotonic()  # our own last heartbeat read back from Kafka
+        self._delivered = 0.0  # the last heartbeat Kafka acknowledged
+        self._app_id = app_id
         self._kafka_lost_logged = False
         self._producer = Producer(
             client_conf(
@@ -122,20 +133,41 @@ class Membership:
                 {"linger.ms": 0, "message.timeout.ms": 5000, "log_level": 0},
             )
         )
-        self._consumer = Consumer(
+        self._consumer = self._new_consumer()
+        self._stop = threading.Event()
+        self._left = False
+        self._thread = threading.Thread(target=self._run, name="tablecast-membership", daemon=True)
+        self.on_change: Callable[[], None] = lambda: None
+
+    def _new_consumer(self) -> Consumer:
+        return Consumer(
             client_conf(
-                bootstrap_servers,
+                self._bootstrap,
                 {
-                    "group.id": f"tablecast-members-{app_id}",
+                    "group.id": f"tablecast-members-{self._app_id}",
                     "enable.auto.commit": False,
                     "log_level": 0,
                 },
             )
         )
-        self._stop = threading.Event()
-        self._left = False
-        self._thread = threading.Thread(target=self._run, name="tablecast-membership", daemon=True)
-        self.on_change: Callable[[], None] = lambda: None
+
+    def _renew_stuck_reader(self, now: float) -> None:
+        """Kafka acknowledges our heartbeats but we read none back: start a fresh reader.
+
+        Seen after a broker restart: a consumer that never fetched again. Records
+        missed in between matter little: heartbeats repeat, and direct checks
+        stand in for a tombstone missed.
+        """
+        if now - self._echo < STUCK_READER_S or now - self._delivered > KAFKA_SILENT_S:
+            return
+        log.warning("membership reader stuck (heartbeats written but not read back); renewing it")
+        old, self._consumer = self._consumer, self._new_consumer()
+        self._consumer.assign([TopicPartition(self.topic, 0, OFFSET_END)])
+        self._echo = now - KAFKA_SILENT_S  # one more round before the next renewal
+        try:
+            old.close()
+        except Exception:  # the old reader is broken anyway
+            log.debug("closing the stuck membership reader failed", exc_info=True)
 
     # -- life cycle ------------------------------------------------------------
     def start(self, timeout: float = 120.0) -> None:
@@ -246,6 +278,7 @@ class Membership:
                 self._consume(timeout=0.1, live=True)
                 self._prune()
                 self._note_kafka()
+                self._renew_stuck_reader(time.monotonic())
             except Exception:  # a hiccup talking to Kafka must not end membership
                 log.exception("membership loop error; retrying")
                 self._stop.wait(0.5)
@@ -274,8 +307,18 @@ class Membership:
         me = self._me()
         self._seq += 1
         key, value = me.id.encode(), _encode(me)
-        self._producer.produce(self.topic, key=key, value=value, headers=self._headers(key, value))
+        self._producer.produce(
+            self.topic,
+            key=key,
+            value=value,
+            headers=self._headers(key, value),
+            on_delivery=self._on_delivery,
+        )
         self._producer.poll(0)
+
+    def _on_delivery(self, err: object, msg: Message) -> None:
+        if err is None:
+            self._delivered = time.monotonic()
 
     def _probe(self) -> None:
         with self._lock:
