@@ -130,7 +130,12 @@ class Membership:
             client_conf(
                 bootstrap_servers,
                 # a heartbeat queued through an outage is stale by the time it could go
-                {"linger.ms": 0, "message.timeout.ms": 5000, "log_level": 0},
+                {
+                    "linger.ms": 0,
+                    "message.timeout.ms": 5000,
+                    "reconnect.backoff.max.ms": 1000,
+                    "log_level": 0,
+                },
             )
         )
         self._consumer = self._new_consumer()
@@ -146,6 +151,8 @@ class Membership:
                 {
                     "group.id": f"tablecast-members-{self._app_id}",
                     "enable.auto.commit": False,
+                    # back within a second of Kafka, not librdkafka's default 10 s
+                    "reconnect.backoff.max.ms": 1000,
                     "log_level": 0,
                 },
             )
