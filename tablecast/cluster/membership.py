@@ -217,7 +217,8 @@ class Membership:
             return
         self._left = True
         self._stop.set()
-        self._thread.join(2)
+        if self._thread.is_alive():
+            self._thread.join(2)
         self._seq += 1
         key = self.node_id.encode()
         self._producer.produce(self.topic, key=key, value=None, headers=self._headers(key, b""))

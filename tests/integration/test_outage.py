@@ -192,9 +192,10 @@ def test_reads_and_readiness_survive_a_kafka_outage(own_broker: Broker, unique: 
 
 
 def test_sigterm_leaves_at_once(bootstrap: str, unique: str, logs: Path) -> None:
+    """With --cluster-secret, so the tombstone that makes the others drop it is a signed one."""
     model = make_table(bootstrap, unique, "kv", PARTITIONS, serde.string(), serde.json())
     model.write(bootstrap, [(f"key-{i}", {"i": i}) for i in range(100)])
-    nodes = [start_node(unique, bootstrap, logs) for _ in range(3)]
+    nodes = [start_node(unique, bootstrap, logs, "--cluster-secret", "s") for _ in range(3)]
     try:
         for n in nodes:
             n.wait_ready()
