@@ -5,6 +5,13 @@ members or tables changed), publish a fresh :class:`ClusterView`, and tell the
 ingestor which partitions to hold: the node's target partitions, every
 partition of a global table, and partitions it no longer owns but still must
 serve until their new active has been caught up for ``RELEASE_GRACE_S``.
+
+While Kafka is unreachable for this node the assignment is *kept*, not
+recomputed: a partition taken over now could not be restored until Kafka
+returns, while its old holders keep serving it. The view still drops members
+found dead, so routing skips them and a caught-up standby answers. Once Kafka
+is back, the assignment follows the live members again; if they are the same,
+nothing moves and nothing is restored.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ class Coordinator:
         self._assigned_for: tuple[frozenset[str], tuple[Slot, ...]] | None = None
         self._target: dict[Slot, list[str]] = {}
         self._handed_over_since: dict[Slot, float] = {}
+        self._frozen_for: frozenset[str] | None = None
 
     def tick(self) -> ClusterView:
         members = self.membership.alive()
@@ -43,7 +51,7 @@ class Coordinator:
             sorted((t.name, p) for t in tables if not t.is_global for p in range(t.partitions))
         )
         key = (frozenset(members), slots)
-        if key != self._assigned_for:
+        if key != self._assigned_for and not self._keep_assignment(key[0]):
             self._target = assign(members, slots, self.standby_replicas)
             self._assigned_for = key
             mine = sum(self.node_id in owners for owners in self._target.values())
@@ -57,6 +65,20 @@ class Coordinator:
         self.view = view
         self.ingestor.desired = self._desired(view, tables)
         return view
+
+    def _keep_assignment(self, members: frozenset[str]) -> bool:
+        """Whether to keep the last assignment although the members changed: Kafka is down."""
+        if self._assigned_for is None or self.membership.kafka_reachable:
+            self._frozen_for = None
+            return False
+        if self._frozen_for != members:
+            self._frozen_for = members
+            log.warning(
+                "Kafka unreachable: keeping the assignment of %d member(s) (%d live now)",
+                len(self._assigned_for[0]),
+                len(members),
+            )
+        return True
 
     def _desired(self, view: ClusterView, tables: list) -> set[Slot]:  # type: ignore[type-arg]
         want = {slot for slot, owners in view.target.items() if self.node_id in owners}

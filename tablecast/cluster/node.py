@@ -12,6 +12,7 @@ from tablecast.cluster.coordinator import Coordinator
 from tablecast.cluster.ingest import Ingestor
 from tablecast.cluster.membership import Member, Membership
 from tablecast.cluster.replica import Replica
+from tablecast.cluster.signing import Signer
 from tablecast.cluster.view import ClusterView
 from tablecast.kafka.catalog import TableInfo
 from tablecast.store import open_store
@@ -48,7 +49,11 @@ class Node:
     def __post_init__(self) -> None:
         c = self.config
         self.ingestor = Ingestor(c.bootstrap_servers, c.app_id, c.node_id, self._replica)
-        self.membership = Membership(c.bootstrap_servers, c.app_id, self._me)
+        self.membership = Membership(
+            c.bootstrap_servers, c.app_id, self._me, c.node_id, c.cluster_secret
+        )
+        #: signs this node's answers to direct checks (/healthz with a challenge)
+        self.signer = Signer(c.cluster_secret)
         self.coordinator = Coordinator(
             c.node_id, self.membership, self.ingestor, c.standby_replicas
         )
@@ -116,6 +121,8 @@ class Node:
         self._thread.start()
 
     def stop(self) -> None:
+        # leave first: the others reassign while this node is still closing its stores
+        self.membership.leave()
         self._stop.set()
         self._thread.join(5)
         self.membership.stop()

@@ -138,7 +138,7 @@ class HttpApp:
         elif n == 2:
             name = parts[1]
             if name == "healthz":
-                return "healthz", lambda q, _: (200, b'{"status":"ok"}', [])
+                return "healthz", lambda q, _: status.health(self.node, q.headers)
             if name == "readyz":
                 return "readyz", lambda q, _: (*status.readiness(self.node), [])
             if name == "metrics":

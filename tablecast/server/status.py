@@ -1,9 +1,39 @@
-"""Node status answers: health, readiness, and the cluster view."""
+"""Node status answers: health, readiness, and the cluster view.
+
+``GET /healthz`` — liveness: ``200 {"status": "ok", "node", "incarnation",
+"kafka"}`` while the process serves HTTP. It doubles as the nodes' direct
+check of each other: a request with ``x-tablecast-challenge: <nonce>`` gets the
+answer signed with the cluster secret over the body and the nonce
+(``x-tablecast-signature``), so nobody without the secret can answer as a node.
+
+``GET /readyz`` — *can this node serve reads of its share now?* ``200`` when
+the catalog is loaded and every partition this node is the target active of
+(and every partition of a global table) is held and caught up, i.e. was read
+to the end of its topic at least once; ``503`` otherwise (the body lists the
+partitions still restoring). A Kafka outage does not by itself make a node
+unready: caught-up data stays servable, and the assignment is kept while Kafka
+is unreachable, so a node that was ready stays ready. The body says how fresh
+it is: ``"kafka": "reachable" | "unreachable"`` (this node's own connection,
+judged by its heartbeats coming back), ``"kafka_silent_ms"`` (since Kafka last
+carried one back, on this node's clock) and ``"stale": true`` while Kafka is
+unreachable — the data may then miss any write made since ``kafka_silent_ms``
+ago.
+
+``GET /v1/cluster`` — every live node with its replicas (SPEC §3), plus for
+each node ``"kafka"`` (for a peer: its own account from its last direct
+answer), ``"heartbeat_age_ms"`` (since this node *received* the peer's last
+heartbeat through Kafka; null if none since this node started) and
+``"direct_check_age_ms"`` (since the peer last answered a direct check). Ages
+are measured on this node's monotonic clock, never by comparing two clocks.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 
+from tablecast.cluster.liveness import CHALLENGE_HEADER, signed_health
 from tablecast.cluster.node import Node
 
 
@@ -11,9 +41,22 @@ def tables(node: Node) -> bytes:
     return orjson.dumps({"tables": [t.public() for t in node.tables.values()]})
 
 
+def _kafka(node: Node) -> str:
+    return "reachable" if node.membership.kafka_reachable else "unreachable"
+
+
+def health(node: Node, headers: Any) -> tuple[int, bytes, list[tuple[str, str]]]:
+    m = node.membership
+    body, extra = signed_health(
+        node.signer, node.id, m.incarnation, _kafka(node), headers.get(CHALLENGE_HEADER)
+    )
+    return 200, body, extra
+
+
 def cluster(node: Node) -> bytes:
     """Every live node and the replicas it holds, with the role each plays for routing."""
     view = node.view
+    described = node.membership.describe()
     nodes = []
     for member in sorted(view.members.values(), key=lambda m: m.id):
         replicas = [
@@ -26,15 +69,25 @@ def cluster(node: Node) -> bytes:
             }
             for (t, p), state in sorted(member.replicas.items())
         ]
+        how = described.get(member.id, {})
         nodes.append(
             {
                 "id": member.id,
                 "url": member.url,
                 "state": "ready" if member.ready else "restoring",
+                "kafka": how.get("kafka", "unknown"),
+                "heartbeat_age_ms": how.get("heartbeat_age_ms"),
+                "direct_check_age_ms": how.get("direct_check_age_ms"),
                 "replicas": replicas,
             }
         )
-    return orjson.dumps({"nodes": nodes})
+    return orjson.dumps(
+        {
+            "nodes": nodes,
+            "kafka": _kafka(node),
+            "membership": {"rejected_records": node.membership.rejected},
+        }
+    )
 
 
 def readiness(node: Node) -> tuple[int, bytes]:
@@ -50,5 +103,13 @@ def readiness(node: Node) -> tuple[int, bytes]:
         if not r.caught_up
     ]
     ready = node.ready
-    body = {"ready": ready, "catalog_loaded": node.ingestor.catalog.loaded, "restoring": restoring}
+    reachable = node.membership.kafka_reachable
+    body = {
+        "ready": ready,
+        "catalog_loaded": node.ingestor.catalog.loaded,
+        "restoring": restoring,
+        "kafka": "reachable" if reachable else "unreachable",
+        "kafka_silent_ms": round(node.membership.kafka_silent_s * 1000),
+        "stale": not reachable,
+    }
     return (200 if ready else 503), orjson.dumps(body)
