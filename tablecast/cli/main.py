@@ -50,8 +50,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("app_file")
     _opt(p, "--bootstrap-servers", DEFAULT_BOOTSTRAP)
     _kafka_config(p)
-    _opt(p, "--master")
+    _opt(p, "--master", help="local[N] (default local[2]), spark://HOST:PORT, yarn, k8s://…")
     _opt(p, "--state-dir")
+    _opt(
+        p,
+        "--checkpoint-dir",
+        metavar="URI",
+        help="where the queries' checkpoints go (default STATE_DIR/APP/checkpoints): on a "
+        "cluster a URI every executor reaches (file:///shared/…, hdfs://…, s3a://…)",
+    )
 
     p = sub.add_parser("explain", help="print an App's plan")
     p.add_argument("app_file")
@@ -169,6 +176,14 @@ def _run(args: argparse.Namespace) -> int:
         from pathlib import Path
 
         app.state_dir = Path(args.state_dir)
+    if args.checkpoint_dir:
+        app.checkpoint_dir = args.checkpoint_dir
+    from tablecast.pipeline.spark import ensure_active, ship_file
+
+    ensure_active(args.master)
+    from pyspark.sql import SparkSession
+
+    ship_file(SparkSession.getActiveSession(), args.app_file)
     stop_on_sigterm()
     app.run(bootstrap_servers=args.bootstrap_servers, master=args.master)
     return 0
