@@ -75,9 +75,12 @@ def session(
     builder = SparkSession.builder.appName(app_name)
     if master:
         builder = builder.master(master)
+    if submitted:
+        _check_submitted_jars()
+    else:
+        builder = builder.config("spark.jars", ",".join(str(p) for p in jvm.jars("spark-kafka")))
     builder = (
-        builder.config("spark.jars", ",".join(str(p) for p in jvm.jars("spark-kafka")))
-        .config("spark.ui.enabled", "false")
+        builder.config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
@@ -100,6 +103,20 @@ def session(
     if not is_local(spark.sparkContext.master):
         ship_package(spark)
     return spark
+
+
+def _check_submitted_jars() -> None:
+    """spark-submit loaded the driver's classpath from its --jars already: jars added
+    now would reach the executors but not the driver, so name what is missing."""
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()
+    given = SparkConf().get("spark.jars", "") or ""
+    if "spark-sql-kafka" not in given:
+        log.warning(
+            "spark-submit was given no Spark Kafka connector: pass --jars "
+            "$(python -m tablecast.jvm spark-kafka) (the list of its jars)"
+        )
 
 
 def driver_address(submitted: bool) -> dict[str, str]:
