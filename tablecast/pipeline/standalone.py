@@ -75,7 +75,7 @@ class StandaloneCluster:
     url: str = ""
     ui_url: str = ""
 
-    def _spawn(self, name: str, args: list[str]) -> Daemon:
+    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Daemon:
         log_file = self.work / f"{name}.log"
         with open(log_file, "ab") as out:
             proc = subprocess.Popen(
@@ -83,7 +83,7 @@ class StandaloneCluster:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=_env(self.work),
+                env={**_env(self.work), **(env or {})},
                 start_new_session=True,
             )
         daemon = Daemon(name, proc, log_file)
@@ -100,6 +100,8 @@ class StandaloneCluster:
                 "org.apache.spark.deploy.master.Master",
                 *("--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui)),
             ],
+            # its REST submission server would take the fixed port 6066
+            {"SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false"},
         )
         self.url, self.ui_url = f"spark://127.0.0.1:{port}", f"http://127.0.0.1:{ui}"
         for i in range(self.workers):
