@@ -183,7 +183,9 @@ def _run(args: argparse.Namespace) -> int:
     ensure_active(args.master)
     from pyspark.sql import SparkSession
 
-    ship_file(SparkSession.getActiveSession(), args.app_file)
+    active = SparkSession.getActiveSession()
+    if active is not None:  # on a cluster, executors get the App file too
+        ship_file(active, args.app_file)
     stop_on_sigterm()
     app.run(bootstrap_servers=args.bootstrap_servers, master=args.master)
     return 0
