@@ -18,6 +18,7 @@ BENCHES = {
     "stores": "bench.stores",
     "cluster": "bench.cluster",
     "anchors": "bench.anchors",
+    "spark_cluster": "bench.spark_cluster",
 }
 # the pipeline benchmark is written by another change; run it once its module exists
 if importlib.util.find_spec("bench.pipeline") is not None:

@@ -4,7 +4,9 @@ The public API (SPEC.md): ``App`` and its streams and tables, ``serde``,
 ``windows``, ``Client``, and ``producer`` (a Kafka producer for feeding an App's
 input: Java's partitioning and the Kafka client settings in force). Everything
 else is internal and may change.
-``App`` is imported lazily so that a serving node never loads PySpark.
+``App`` is imported lazily so that a serving node never loads PySpark, and
+``Client`` so that Spark executors, which import this package to run an App's
+callables, need no HTTP client.
 """
 
 from __future__ import annotations
@@ -12,9 +14,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tablecast import serde, windows
-from tablecast.client import Client, QueryError
 
 if TYPE_CHECKING:
+    from tablecast.client import Client, QueryError
     from tablecast.pipeline.app import App
 
 __all__ = ["App", "Client", "QueryError", "producer", "serde", "windows"]
@@ -43,4 +45,8 @@ def __getattr__(name: str) -> Any:
         from tablecast.pipeline.app import App
 
         return App
+    if name in ("Client", "QueryError"):
+        from tablecast import client
+
+        return getattr(client, name)
     raise AttributeError(f"module 'tablecast' has no attribute {name!r}")

@@ -1,6 +1,7 @@
 """The JVM parts tablecast runs: resolved from Maven Central, cached, never committed.
 
-Two jar sets, each described by a pom under ``jvm/`` in the repository:
+Two jar sets, each described by a pom under ``tablecast/_jvm/`` (inside the
+package, so an installed wheel has them):
 
 - ``kafka-broker``: the Apache Kafka broker that ``tablecast kafka start`` runs;
 - ``spark-kafka``: Spark's Kafka source and sink, passed to Spark on ``spark.jars``.
@@ -22,7 +23,8 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-POM_ROOT = Path(__file__).resolve().parent.parent / "jvm"
+# the cache key hashes the poms' bytes, not their place: moving them kept the cache
+POM_ROOT = Path(__file__).resolve().parent / "_jvm"
 JAR_SETS = ("kafka-broker", "spark-kafka")
 
 
@@ -76,3 +78,22 @@ def jars(name: str) -> list[Path]:
 
 def classpath(name: str) -> str:
     return os.pathsep.join(str(p) for p in jars(name))
+
+
+def main(argv: list[str]) -> int:
+    """``python -m tablecast.jvm NAME``: the comma-separated jars of set NAME (fetched
+    once), for ``spark-submit --jars``; with ``--classpath``, joined as a classpath."""
+    names = [a for a in argv if not a.startswith("-")] or ["spark-kafka"]
+    if len(names) != 1 or names[0] not in JAR_SETS:
+        print(f"usage: python -m tablecast.jvm [--classpath] {{{'|'.join(JAR_SETS)}}}")
+        return 2
+    sep = os.pathsep if "--classpath" in argv else ","
+    print(sep.join(str(p) for p in jars(names[0])))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    logging.basicConfig(level=logging.INFO)
+    sys.exit(main(sys.argv[1:]))

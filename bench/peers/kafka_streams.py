@@ -40,7 +40,7 @@ APP_DIR = Path(__file__).resolve().parent / "kafka-streams-iq"
 JAR = APP_DIR / "target" / "kafka-streams-iq.jar"
 # Spark's and other parent poms name repositories this network cannot reach;
 # the settings file mirrors every lookup to Maven Central
-MAVEN_SETTINGS = Path(__file__).resolve().parents[2] / "jvm" / "settings.xml"
+MAVEN_SETTINGS = Path(__file__).resolve().parents[2] / "tablecast" / "_jvm" / "settings.xml"
 
 READY_TIMEOUT_S = 180.0
 

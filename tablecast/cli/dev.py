@@ -18,7 +18,8 @@ from tablecast.kafka.broker import Broker
 
 log = logging.getLogger(__name__)
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+# inside the package (a link to the repository's examples/), so an installed wheel has them
+EXAMPLES = Path(__file__).resolve().parents[1] / "_examples"
 READY_TIMEOUT_S = 600.0
 
 

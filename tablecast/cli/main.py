@@ -65,8 +65,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("app_file")
     _opt(p, "--bootstrap-servers", DEFAULT_BOOTSTRAP)
     _kafka_config(p)
-    _opt(p, "--master")
+    _opt(p, "--master", help="local[N] (default local[2]), spark://HOST:PORT, yarn, k8s://…")
     _opt(p, "--state-dir")
+    _opt(
+        p,
+        "--checkpoint-dir",
+        metavar="URI",
+        help="where the queries' checkpoints go (default STATE_DIR/APP/checkpoints): on a "
+        "cluster a URI every executor reaches (file:///shared/…, hdfs://…, s3a://…)",
+    )
 
     p = sub.add_parser("explain", help="print an App's plan")
     p.add_argument("app_file")
@@ -249,6 +256,16 @@ def _run(args: argparse.Namespace) -> int:
     app = load_app(args.app_file)
     if args.state_dir:
         app.state_dir = Path(args.state_dir)
+    if args.checkpoint_dir:
+        app.checkpoint_dir = args.checkpoint_dir
+    from tablecast.pipeline.spark import ensure_active, ship_file
+
+    ensure_active(args.master)
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:  # on a cluster, executors get the App file too
+        ship_file(active, args.app_file)
     if not stop.is_set():
         app.run(bootstrap_servers=args.bootstrap_servers, master=args.master, stop=stop)
     return 0

@@ -1,6 +1,6 @@
 """A single-node Apache Kafka broker (KRaft) for development and tests.
 
-The broker runs from the jars of ``jvm/kafka-broker`` in a data directory that
+The broker runs from the jars of ``tablecast/_jvm/kafka-broker`` in a data directory that
 holds everything about it: ``server.properties``, the formatted log dir,
 ``broker.pid`` and ``broker.log``. ``start`` is idempotent: a broker already
 running on that data dir is reused.

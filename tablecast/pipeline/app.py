@@ -35,6 +35,7 @@ class App:
         bootstrap_servers: str | None = None,
         state_dir: str | os.PathLike[str] | None = None,
         trigger: str = "500 milliseconds",
+        checkpoint_dir: str | None = None,
     ) -> None:
         # trigger: a micro-batch interval, or "realtime" (see pipeline/trigger.py)
         if not _APP_ID.match(app_id):
@@ -42,6 +43,9 @@ class App:
         self.id = app_id
         self.bootstrap_servers = bootstrap_servers
         self.state_dir = Path(state_dir) if state_dir else None
+        #: a Hadoop URI or path under which the App's query checkpoints go
+        #: (``<checkpoint_dir>/<app id>/<query>``); default ``<state dir>/checkpoints``
+        self.checkpoint_dir = checkpoint_dir
         self.trigger = trigger
         self.materialized: dict[str, plan.Materialize] = {}
         self.sinks: list[plan.To] = []
@@ -110,6 +114,14 @@ class App:
     def resolve_state_dir(self) -> Path:
         base = self.state_dir or Path(os.environ.get("TABLECAST_STATE_DIR", ".tablecast"))
         return base / self.id
+
+    def resolve_checkpoint_dir(self) -> str:
+        """Where the queries' checkpoints go: a path, or a URI any executor can reach
+        (``file:///shared/…``, ``hdfs://…``, ``s3a://…``) when Spark runs on a cluster."""
+        base = self.checkpoint_dir or os.environ.get("TABLECAST_CHECKPOINT_DIR")
+        if base:
+            return f"{base.rstrip('/')}/{self.id}"
+        return str(self.resolve_state_dir() / "checkpoints")
 
     def start(
         self,

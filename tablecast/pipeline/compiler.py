@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -32,7 +31,7 @@ from tablecast.pipeline.trigger import Trigger
 class Target:
     app_id: str
     bootstrap_servers: str
-    checkpoints: Path
+    checkpoints: str  # a path or a Hadoop URI (joined with "/", which Path would mangle)
     trigger: Trigger
     partitions: int  # of the App's topics (state buckets scale with it)
     sink_partitions: int  # of the topic this query writes (a to() topic may differ)
@@ -158,7 +157,7 @@ def writer(spark: SparkSession, q: Query, t: Target) -> DataStreamWriter:
         w = out.writeStream.format("kafka").options(**common)
     w = (
         w.queryName(q.name)
-        .option("checkpointLocation", str(t.checkpoints / q.name))
+        .option("checkpointLocation", f"{t.checkpoints.rstrip('/')}/{q.name}")
         .outputMode("update")
     )
     return t.trigger.apply(w)

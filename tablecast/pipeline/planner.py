@@ -31,11 +31,19 @@ from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from typing import Literal, get_args
 
-from tablecast.kafka.topics import table_topic
 from tablecast.pipeline import plan
 from tablecast.pipeline import trigger as triggers
 from tablecast.pipeline.wire import PairSerde
 from tablecast.serde import Serde
+
+
+def table_topic(app_id: str, table: str) -> str:
+    # imported on use: executors import this module to run an App's stateful
+    # callables, and tablecast.kafka.topics needs confluent-kafka, which they lack
+    from tablecast.kafka.topics import table_topic as name
+
+    return name(app_id, table)
+
 
 StepKind = Literal[
     "op",

@@ -9,6 +9,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlparse
 
 from tablecast.kafka import catalog
 from tablecast.kafka.topics import (
@@ -165,7 +166,7 @@ class Pipeline:
         counter = DeadLetterCounter()
         listener = counter.listener()
         spark.streams.addListener(listener)
-        checkpoints = app.resolve_state_dir() / "checkpoints"
+        checkpoints = app.resolve_checkpoint_dir()
         started: dict[str, StreamingQuery] = {}
         every = [q for _, _, qs in chains for q in qs]
         chosen, needs = _choose_triggers(spark, bootstrap_servers, app.trigger, every, checkpoints)
@@ -289,18 +290,34 @@ class Pipeline:
             self.spark.stop()
 
 
+def local_path(location: str) -> Path | None:
+    """A checkpoint location as a local path: a plain path or a ``file:`` URI; None for
+    other file systems (hdfs://, s3a://…), which only Spark reads."""
+    parsed = urlparse(location)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))
+    if len(parsed.scheme) <= 1:  # none, or a Windows drive letter
+        return Path(location)
+    return None
+
+
 def _choose_triggers(
     spark: SparkSession,
     bootstrap_servers: str,
     trigger: str,
     queries: list[planner.Query],
-    checkpoints: Path,
+    checkpoints: str,
 ) -> tuple[dict[str, Trigger], dict[str, int]]:
     """Each query's trigger, given the task slots real-time queries already hold
     and the checkpoints earlier runs left, and the slots each query needs (its
     input topic's partitions)."""
     unique = {q.name: q for q in queries}
-    old = {n: checkpoints / n for n in unique if written_by_micro_batch(checkpoints / n)}
+    local = local_path(checkpoints)
+    old = (
+        {n: local / n for n in unique if written_by_micro_batch(local / n)}
+        if local is not None
+        else {}  # a remote checkpoint: Spark itself refuses a v1 one in Real-time Mode
+    )
     needs = {n: partition_count(bootstrap_servers, q.input.topic) or 1 for n, q in unique.items()}
     active = {q.name for q in spark.streams.active}
     held = sum(n for name, n in _REALTIME_SLOTS.items() if name in active)

@@ -1,10 +1,27 @@
-"""Starting Spark for a pipeline: Kafka connector on ``spark.jars``, RocksDB state, loopback."""
+"""Starting Spark for a pipeline: Kafka connector on ``spark.jars``, RocksDB state, and,
+on a cluster, tablecast itself shipped to the executors.
+
+Local mode (the default, ``local[2]``) binds the driver to loopback. On a
+cluster (``spark://``, ``yarn``, ``k8s://``) executors run elsewhere and must
+reach the driver and import tablecast's code: the driver advertises
+``TABLECAST_DRIVER_HOST`` (default loopback, right only for a cluster on this
+machine), and the tablecast package is zipped at start and added with
+``addPyFile``, so workers need PySpark's own Python dependencies and
+tablecast's few runtime imports (see :data:`EXECUTOR_IMPORTS`), not tablecast.
+Under ``spark-submit`` the launcher has set the driver's address and shipped
+``--py-files`` already, and nothing of that is overridden.
+"""
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import shutil
 import sys
+import tempfile
+import zipfile
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tablecast import jvm
@@ -15,6 +32,22 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+LOOPBACK = "127.0.0.1"
+
+#: what the executors' Python workers import for tablecast's callables, beyond
+#: tablecast itself: PySpark's pandas/pyarrow/numpy, JSON, and Avro if used
+EXECUTOR_IMPORTS = ("pandas", "pyarrow", "numpy", "orjson", "fastavro (Avro serdes only)")
+
+_shipped: dict[str, str] = {}
+
+
+def is_local(master: str) -> bool:
+    return master.startswith("local")
+
+
+def under_spark_submit() -> bool:
+    """Whether this driver was launched by spark-submit (which set the driver's conf)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
 def session(
@@ -24,22 +57,30 @@ def session(
     conf: dict[str, str] | None = None,
 ) -> SparkSession:
     """A SparkSession set up for tablecast (or the active one, with our settings applied)."""
-    # Python workers must be this interpreter, which has pandas/pyarrow/grpc
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    # the driver would otherwise advertise the machine's outward address
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    submitted = under_spark_submit()
+    if not submitted:
+        # Python workers must be this interpreter, which has pandas/pyarrow/grpc
+        # (on a cluster: the same path on every worker, or PYSPARK_PYTHON set to theirs)
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        # the driver would otherwise advertise the machine's outward address
+        os.environ.setdefault("SPARK_LOCAL_IP", os.environ.get("TABLECAST_DRIVER_HOST", LOOPBACK))
     from pyspark.sql import SparkSession
 
-    master = master or os.environ.get("TABLECAST_MASTER") or "local[2]"
-    log.info("starting Spark (%s) ...", master)
+    if submitted:
+        master = master or os.environ.get("TABLECAST_MASTER")
+    else:
+        master = master or os.environ.get("TABLECAST_MASTER") or "local[2]"
+    log.info("starting Spark (%s) ...", master or "master from spark-submit")
+    builder = SparkSession.builder.appName(app_name)
+    if master:
+        builder = builder.master(master)
+    if submitted:
+        _check_submitted_jars()
+    else:
+        builder = builder.config("spark.jars", ",".join(str(p) for p in jvm.jars("spark-kafka")))
     builder = (
-        SparkSession.builder.appName(app_name)
-        .master(master)
-        .config("spark.jars", ",".join(str(p) for p in jvm.jars("spark-kafka")))
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.ui.enabled", "false")
+        builder.config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
@@ -50,6 +91,8 @@ def session(
         # RocksDB state commits upload a changelog, not a snapshot, per batch
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
     )
+    for k, v in driver_address(submitted).items():
+        builder = builder.config(k, v)
     for k, v in (conf or {}).items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
@@ -57,7 +100,79 @@ def session(
     # shuffle partitions are tied to the topics' partitions per App; a shared
     # session (tests) gets the value of the App that starts last
     spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))
+    if not is_local(spark.sparkContext.master):
+        ship_package(spark)
     return spark
+
+
+def _check_submitted_jars() -> None:
+    """spark-submit loaded the driver's classpath from its --jars already: jars added
+    now would reach the executors but not the driver, so name what is missing."""
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()
+    given = SparkConf().get("spark.jars", "") or ""
+    if "spark-sql-kafka" not in given:
+        log.warning(
+            "spark-submit was given no Spark Kafka connector: pass --jars "
+            "$(python -m tablecast.jvm spark-kafka) (the list of its jars)"
+        )
+
+
+def driver_address(submitted: bool) -> dict[str, str]:
+    """spark.driver.host / bindAddress: loopback unless TABLECAST_DRIVER_HOST (and
+    TABLECAST_DRIVER_BIND_ADDRESS, e.g. 0.0.0.0 in a container) say otherwise;
+    nothing under spark-submit, whose --conf settings stand."""
+    if submitted:
+        return {}
+    host = os.environ.get("TABLECAST_DRIVER_HOST") or LOOPBACK
+    bind = os.environ.get("TABLECAST_DRIVER_BIND_ADDRESS") or host
+    return {"spark.driver.host": host, "spark.driver.bindAddress": bind}
+
+
+def package_zip(directory: Path) -> Path:
+    """The tablecast package as a zip for executors' ``sys.path`` (its Python files only:
+    the poms and examples stay behind)."""
+    root = Path(__file__).resolve().parents[1]
+    target = directory / "tablecast.zip"
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as z:
+        for path in sorted(root.rglob("*.py")):
+            rel = path.relative_to(root.parent)
+            if "__pycache__" in rel.parts or rel.parts[1] in ("_examples", "_jvm"):
+                continue
+            z.write(path, rel.as_posix())
+    return target
+
+
+def ship_package(spark: SparkSession) -> None:
+    """Add tablecast to the executors' Python path, once per SparkContext."""
+    import tablecast
+
+    sc = spark.sparkContext
+    key = sc.applicationId
+    if key in _shipped:
+        return
+    if ".zip" in (tablecast.__file__ or "") or "tablecast.zip" in sc.getConf().get(
+        "spark.submit.pyFiles", ""
+    ):
+        _shipped[key] = "by spark-submit"  # --py-files tablecast.zip: Spark ships it
+        return
+    work = Path(tempfile.mkdtemp(prefix="tablecast-pyfiles-"))
+    atexit.register(shutil.rmtree, work, True)
+    archive = package_zip(work)
+    sc.addPyFile(str(archive))
+    _shipped[key] = str(archive)
+    log.info(
+        "tablecast shipped to the executors (%d kB); their Python needs %s",
+        archive.stat().st_size // 1024,
+        ", ".join(EXECUTOR_IMPORTS),
+    )
+
+
+def ship_file(spark: SparkSession, path: str | os.PathLike[str]) -> None:
+    """Make a user's file (the App file) importable on the executors, on a cluster."""
+    if not is_local(spark.sparkContext.master):
+        spark.sparkContext.addPyFile(str(Path(path).resolve()))
 
 
 def ensure_active(master: str | None = None) -> None:

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The built wheel, installed into a fresh virtualenv outside the repository,
+# gives a working `tablecast`: `tablecast demo` starts (broker, Spark pipeline,
+# node, generator), prints its curl lines, answers them, and stops on SIGTERM.
+#
+#   tools/wheel_smoke.sh            build the wheel (python -m build) and check it
+#   WHEEL=dist/x.whl tools/wheel_smoke.sh   check a wheel built already
+#
+# Needs python3 with venv, Java 17, and the JVM jars in ~/.cache/tablecast (or
+# Maven to fetch them once). pip's cache makes reinstalling PySpark fast.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+py=${PYTHON:-python3}
+work=$(mktemp -d /tmp/tablecast-wheel-smoke.XXXXXX)
+demo_pid=""
+cleanup() {
+  if [ -n "$demo_pid" ] && kill -0 "$demo_pid" 2>/dev/null; then
+    kill -TERM "$demo_pid" 2>/dev/null || true
+    sleep 20
+    kill -KILL "$demo_pid" 2>/dev/null || true
+  fi
+  # whatever the demo left behind (found by this run's own directory), by pid
+  for pid in $(pgrep -f "$work/" || true); do kill -KILL "$pid" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+start=$(date +%s)
+say() { echo "[wheel-smoke $(( $(date +%s) - start ))s] $*"; }
+
+if [ -z "${WHEEL:-}" ]; then
+  builder="$repo/.venv/bin/python"
+  [ -x "$builder" ] || builder=$py
+  say "building the sdist and the wheel from it ..."
+  "$builder" -m build -o "$work/dist" "$repo" > "$work/build.log" 2>&1 \
+    || { tail -30 "$work/build.log"; exit 1; }
+  WHEEL=$(ls "$work"/dist/tablecast-*.whl)
+fi
+say "wheel: $(basename "$WHEEL") ($(( $(stat -c %s "$WHEEL") / 1024 )) kB)"
+
+say "installing it into a fresh virtualenv ($work/venv) ..."
+"$py" -m venv "$work/venv"
+"$work/venv/bin/python" -m pip install -q --upgrade pip > /dev/null
+"$work/venv/bin/python" -m pip install -q "$WHEEL"
+cd "$work"  # nothing of the repository on the path
+unset PYTHONPATH
+where=$("$work/venv/bin/python" -c "import tablecast, os; print(os.path.dirname(tablecast.__file__))")
+case "$where" in
+  "$work"/venv/*) say "tablecast imports from $where" ;;
+  *) echo "FAIL: tablecast imported from $where, not from the new virtualenv"; exit 1 ;;
+esac
+
+free_port() { "$work/venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+port=$(free_port)
+kport=$(free_port)
+say "tablecast demo --port $port --kafka-port $kport ..."
+"$work/venv/bin/tablecast" demo --port "$port" --kafka-port "$kport" --data-dir "$work/demo" \
+  > "$work/demo.out" 2> "$work/demo.err" < /dev/null &
+demo_pid=$!
+for _ in $(seq 1 240); do
+  grep -q "curl .*/keys/" "$work/demo.out" 2>/dev/null && break
+  kill -0 "$demo_pid" 2>/dev/null || { echo "FAIL: demo exited"; tail -40 "$work/demo.err"; exit 1; }
+  sleep 1
+done
+grep -q "curl .*/keys/" "$work/demo.out" || {
+  echo "FAIL: no curl lines after 240 s"; tail -40 "$work/demo.err"; exit 1; }
+say "the demo printed:"
+grep "curl " "$work/demo.out"
+status=0
+while read -r url; do
+  code=$(curl -s -o "$work/answer" -w '%{http_code}' "$url")
+  echo "  $url -> $code $(head -c 200 "$work/answer")"
+  [ "$code" = 200 ] || status=1
+done < <(grep -o "curl [^ ]*" "$work/demo.out" | cut -d' ' -f2)
+[ "$status" = 0 ] || { echo "FAIL: a curl line did not answer 200"; exit 1; }
+
+say "SIGTERM to the demo (pid $demo_pid) ..."
+kill -TERM "$demo_pid"
+for _ in $(seq 1 30); do
+  kill -0 "$demo_pid" 2>/dev/null || break
+  sleep 1
+done
+if kill -0 "$demo_pid" 2>/dev/null; then echo "FAIL: demo still running 30 s after SIGTERM"; exit 1; fi
+wait "$demo_pid" || true
+demo_pid=""
+# nothing it started may outlive it (broker, pipeline, node, generator)
+if pgrep -f "$work/" > /dev/null; then
+  echo "FAIL: processes of the demo outlived it:"; pgrep -af "$work/"; exit 1
+fi
+say "OK: built, installed, demo answered, stopped by SIGTERM"
