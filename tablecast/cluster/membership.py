@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -108,6 +109,7 @@ class Membership:
         me: Callable[[], Member],
         node_id: str,
         secret: str | None = None,
+        tls_ca: str | None = None,
     ) -> None:
         self.topic = members_topic(app_id)
         self.node_id = node_id
@@ -118,7 +120,9 @@ class Membership:
         self._signer = Signer(secret)
         self._liveness = Liveness(node_id)
         self._lock = threading.Lock()  # liveness is fed by the loop and the probe threads
-        self._prober = Prober(Signer(secret))
+        # https:// peers are checked against the cluster's CA, as forwarded calls are
+        context = ssl.create_default_context(cafile=tls_ca) if tls_ca else None
+        self._prober = Prober(Signer(secret), context)
         #: records refused for want of a valid signature (forged, or another secret)
         self.rejected = 0
         self._rejected_from: set[bytes] = set()

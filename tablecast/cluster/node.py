@@ -50,7 +50,7 @@ class Node:
         c = self.config
         self.ingestor = Ingestor(c.bootstrap_servers, c.app_id, c.node_id, self._replica)
         self.membership = Membership(
-            c.bootstrap_servers, c.app_id, self._me, c.node_id, c.cluster_secret
+            c.bootstrap_servers, c.app_id, self._me, c.node_id, c.cluster_secret, c.tls_ca
         )
         #: signs this node's answers to direct checks (/healthz with a challenge)
         self.signer = Signer(c.cluster_secret)

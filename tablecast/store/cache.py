@@ -7,9 +7,11 @@ rather than tracking recency, which keeps a hit to one dict lookup.
 
 Readers run on the HTTP thread while the ingestion thread applies batches, so
 a reader must never put a record in the cache that a newer write has already
-replaced. Each apply bumps a generation before writing and drops the written
-keys after; a reader that filled the cache re-checks the generation and takes
-its entry back out if an apply started meanwhile. The applied offset moves only
+replaced. The generation works as a seqlock: an apply makes it odd before it
+writes and even again after it has dropped the written keys. A reader fills
+the cache only from an even generation, and takes its entry back out if the
+generation moved meanwhile — so a value read just before an apply and
+remembered just after that apply's drops never stays. The applied offset moves only
 after the dropped keys are gone, so a reader that waits for an offset
 (``min_offset``) never reads an older value from the cache.
 """
@@ -43,7 +45,7 @@ class CachedStore:
             return record
         generation = self._generation
         record = self.inner.get(key)
-        if record is not None:
+        if record is not None and not generation & 1:  # no apply was under way
             self._remember(key, record, generation)
         return record
 
@@ -70,13 +72,16 @@ class CachedStore:
     def apply(self, writes: Sequence[Write]) -> None:
         if not writes:
             return
-        self._generation += 1
-        self.inner.apply(writes)
-        records = self._records
-        for w in writes:
-            gone = records.pop(w.key, None)
-            if gone is not None:
-                self._bytes -= len(w.key) + len(gone.value) + ENTRY_OVERHEAD
+        self._generation += 1  # odd: readers must not fill the cache now
+        try:
+            self.inner.apply(writes)
+        finally:
+            records = self._records
+            for w in writes:
+                gone = records.pop(w.key, None)
+                if gone is not None:
+                    self._bytes -= len(w.key) + len(gone.value) + ENTRY_OVERHEAD
+            self._generation += 1  # even again, and different from any reader's
         self._applied = self.inner.applied_offset
 
     def __len__(self) -> int:
