@@ -292,6 +292,8 @@ def document() -> dict[str, Any]:
                                 "unauthorized",
                                 "forbidden",
                                 "method_not_allowed",
+                                "payload_too_large",
+                                "rate_limited",
                                 "partition_unavailable",
                                 "timeout",
                             ]

@@ -1,0 +1,87 @@
+"""The HTTP API reference (``docs/http-api.md``) written from the OpenAPI document.
+
+``python -m tablecast.server.apidoc > docs/http-api.md`` regenerates it; a unit
+test checks the committed file is what this prints, so the reference never
+drifts from what the nodes serve at ``/openapi.json``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tablecast.server.openapi import document
+
+HEADER = """# HTTP API reference
+
+Every node answers every request (reads of partitions it does not hold are
+forwarded to a node that does). Bodies are JSON; errors are
+`{"error": {"code", "message"}}`. This page is generated from the document
+every node serves at `/openapi.json`
+(`python -m tablecast.server.apidoc > docs/http-api.md`).
+
+Read answers carry `X-Tablecast-Node` (the node that read the store) and
+`X-Tablecast-Lag` (records that replica is behind its topic). A key is given
+by its text form in the path, URL-encoded, or — for any key text, including
+one ending in `/windows` or `/metadata`, which a decoded path cannot carry —
+as `?key=` on `/v1/tables/{table}/keys`, `/windows` and `/metadata`.
+A query parameter a route does not take is answered with 400 naming it.
+"""
+
+
+def _schema(schema: dict[str, Any]) -> str:
+    if "enum" in schema:
+        return " \\| ".join(f"`{v}`" for v in schema["enum"])
+    kind = schema.get("type", "any")
+    kind = " or ".join(kind) if isinstance(kind, list) else kind
+    bounds = [f"{k} {schema[k]}" for k in ("minimum", "maximum", "maxItems") if k in schema]
+    return kind + (f" ({', '.join(bounds)})" if bounds else "")
+
+
+def _shape(schema: dict[str, Any]) -> str:
+    """A response schema in one line: {field, field: [ {…} ]}."""
+    if schema.get("type") == "object" and "properties" in schema:
+        inner = ", ".join(
+            f"{name}: {_shape(sub)}" if sub.get("properties") or sub.get("items") else name
+            for name, sub in schema["properties"].items()
+        )
+        return "{" + inner + "}"
+    if schema.get("type") == "array" and "items" in schema:
+        return "[" + _shape(schema["items"]) + "]"
+    return _schema(schema)
+
+
+def markdown() -> str:
+    doc = document()
+    out = [HEADER]
+    for path, ops in doc["paths"].items():
+        for method, op in ops.items():
+            out.append(f"\n## `{method.upper()} {path}`\n\n{op['summary']}.\n")
+            params = op.get("parameters", [])
+            if params:
+                out.append("\n| parameter | in | type | required | meaning |")
+                out.append("|---|---|---|---|---|")
+                for p in params:
+                    req = "yes" if p.get("required") else ""
+                    out.append(
+                        f"| `{p['name']}` | {p['in']} | {_schema(p['schema'])} | {req} "
+                        f"| {p['description']} |"
+                    )
+                out.append("")
+            body = op.get("requestBody")
+            if body:
+                schema = body["content"]["application/json"]["schema"]
+                out.append(f"\nRequest body: `{_shape(schema)}`\n")
+            out.append("\n| status | answer |\n|---|---|")
+            for status, answer in op["responses"].items():
+                content = answer.get("content", {}).get("application/json", {})
+                shape = content.get("schema", {})
+                text = "error JSON" if "$ref" in shape else f"`{_shape(shape)}`" if shape else ""
+                out.append(f"| {status} | {answer['description']}{': ' + text if text else ''} |")
+            out.append("")
+    codes = doc["components"]["schemas"]["Error"]["properties"]["error"]["properties"]["code"]
+    out.append("\n## Error codes\n\n" + ", ".join(f"`{c}`" for c in codes["enum"]) + "\n")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")
