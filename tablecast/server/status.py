@@ -47,8 +47,30 @@ def readiness(node: Node) -> tuple[int, bytes]:
             "target": r.restore_target,
         }
         for r in node.ingestor.replicas.values()
-        if not r.caught_up
+        if not r.restored
     ]
     ready = node.ready
-    body = {"ready": ready, "catalog_loaded": node.ingestor.catalog.loaded, "restoring": restoring}
+    body = {
+        "ready": ready,
+        "catalog_loaded": node.ingestor.catalog.loaded,
+        "restoring": restoring,
+        "degraded": degraded(node),
+    }
     return (200 if ready else 503), orjson.dumps(body)
+
+
+def degraded(node: Node) -> list[dict[str, object]]:
+    """Restored replicas that are failing to write or no longer count as caught up."""
+    return [
+        {
+            "table": r.table.name,
+            "partition": r.partition,
+            "state": r.status,
+            "lag": r.lag,
+            "staleness_ms": r.staleness_ms(),
+            "offset": r.position,
+            **({"error": r.failed} if r.failed is not None else {}),
+        }
+        for r in list(node.ingestor.replicas.values())
+        if r.restored and (r.failed is not None or not r.caught_up or r.stale_since is not None)
+    ]
