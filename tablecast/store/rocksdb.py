@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import struct
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -96,6 +97,8 @@ class RocksDBStore:
         self._synced = wall_ms
 
     def get(self, key: bytes) -> Record | None:
+        if self._closed:
+            raise StoreClosed("the store was closed")
         try:
             raw = self._db.get(DATA + key)
         except DbClosedError:
@@ -105,6 +108,8 @@ class RocksDBStore:
     def multi_get(self, keys: Sequence[bytes]) -> list[Record | None]:
         if not keys:
             return []
+        if self._closed:
+            raise StoreClosed("the store was closed")
         try:
             raws = self._db[[DATA + k for k in keys]]
         except DbClosedError:
@@ -115,6 +120,8 @@ class RocksDBStore:
         self, start: bytes | None, end: bytes | None, limit: int
     ) -> list[tuple[bytes, Record]]:
         # an iterator keeps the database alive, so only its creation can meet a close
+        if self._closed:
+            raise StoreClosed("the store was closed")
         try:
             it = self._db.iter()
         except DbClosedError:
@@ -158,11 +165,21 @@ class RocksDBStore:
         return self._count
 
     def close(self) -> None:
+        # readers check the flag first, so the reads still in RocksDB are the last ones;
+        # rocksdict refuses to close while one is (it releases the GIL inside a read)
         self._closed = True
-        try:
-            self._db.close()
-        except Exception as e:  # a database in an error state (disk full) still lets go
-            log.warning("closing the store at %s: %s", self.path, e)
+        for _ in range(5000):
+            try:
+                self._db.close()
+                return
+            except Exception as e:
+                if "borrowed" in str(e):
+                    time.sleep(0.001)
+                    continue
+                # a database in an error state (disk full) still lets go of its files
+                log.warning("closing the store at %s: %s", self.path, e)
+                return
+        log.error("the store at %s stayed in use; not closed", self.path)
 
 
 def _decode(raw: bytes) -> Record:
