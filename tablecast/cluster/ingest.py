@@ -57,8 +57,9 @@ FAILED_ENDS_EVERY_S = 1.0
 PROGRESS_EVERY_S = 5.0
 #: a store's in-sync time is written at most this often while it is current
 SYNC_EVERY_S = 30.0
-#: retries of a failed write wait 1, 2, 4 ... up to this many seconds
-MAX_BACKOFF_S = 30.0
+#: retries of a failed write wait 1, 2, 4 ... up to this many seconds (a retry while
+#: the disk is still full costs one statfs)
+MAX_BACKOFF_S = 10.0
 #: free bytes a RocksDB store's disk needs before it is reopened after a failed write
 REOPEN_FREE_BYTES = 8 * 1024 * 1024
 #: bad records logged line by line per table; later ones are only counted
