@@ -287,3 +287,39 @@ def test_a_kafka_outage_keeps_reads_answering_and_reports_staleness(
             node.stop()
         broker.stop()
         shutil.rmtree(data, ignore_errors=True)
+
+
+def test_unused_stores_are_dropped_and_stores_away_too_long_restore_from_scratch(
+    bootstrap: str, unique: str, logs: Path
+) -> None:
+    # tombstones outlive compaction by 2 s only: a node away longer cannot trust its stores
+    topic = table_topic(unique, "kv")
+    ensure_topic(
+        bootstrap, topic, PARTITIONS, {**TABLE_TOPIC_CONFIG, "delete.retention.ms": "2000"}
+    )
+    model = make_table(bootstrap, unique, "kv", PARTITIONS, serde.string(), serde.json())
+    model.write(bootstrap, [(f"key-{i}", {"i": i}) for i in range(100)])
+    data = logs / "data"
+    ghost = data / "stores" / "ghost" / "0"  # a store of a partition nobody gives this node
+    ghost.mkdir(parents=True)
+    (ghost / "CURRENT").write_text("left by an earlier run\n")
+    extra = ("--data-dir", str(data), "--drop-released-after", "1")
+    node = start_node(unique, bootstrap, logs, *extra)
+    try:
+        node.wait_ready()
+        node.wait_caught_up(bootstrap, "kv", topic)
+        eventually(lambda: not ghost.exists(), 30)
+        assert metric(node, "tablecast_stores_dropped_total") == 1
+        assert (data / "stores" / "kv" / "0").exists()  # what it holds stays
+        assert metric(node, "tablecast_stores_restored_from_scratch_total") == 0
+        node.stop()
+        time.sleep(3)
+        model.write(bootstrap, [(f"key-{i}", None) for i in range(0, 100, 3)])
+        node = start_node(unique, bootstrap, logs, *extra)
+        node.wait_ready()
+        node.wait_caught_up(bootstrap, "kv", topic)
+        assert metric(node, "tablecast_stores_restored_from_scratch_total") == PARTITIONS
+        check_exact(node, model)
+        assert "restoring it from scratch" in node.log_file.read_text()
+    finally:
+        node.stop()
