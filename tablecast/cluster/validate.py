@@ -25,6 +25,12 @@ WINDOW_SUFFIX = 8  # a window table's key ends with the window start (8 bytes)
 
 def checker(info: TableInfo) -> Check:
     """A check of (key, value) for `info`'s serdes, built once per table."""
+    if (
+        info.kind == "kv"
+        and info.key_serde.format == "string"
+        and info.value_serde.format == "json"
+    ):
+        return _string_json  # the common table, checked in one call per record
     key_ok = _key_check(info)
     value_ok = _value_check(info)
 
@@ -35,6 +41,19 @@ def checker(info: TableInfo) -> Check:
         return reason
 
     return check
+
+
+def _string_json(key: bytes, value: bytes | None, loads: Callable = orjson.loads) -> str | None:  # type: ignore[type-arg]
+    try:
+        key.decode()
+    except UnicodeDecodeError as e:
+        return f"bad key: not UTF-8: {e}"
+    if value is not None:
+        try:
+            loads(value)
+        except orjson.JSONDecodeError as e:
+            return f"bad value: not JSON: {e}"
+    return None
 
 
 def _key_check(info: TableInfo) -> Callable[[bytes], str | None]:
