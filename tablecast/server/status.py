@@ -23,6 +23,10 @@ def cluster(node: Node) -> bytes:
                 "role": view.role(member.id, (t, p)),
                 "offset": state.get("offset", -1),
                 "lag": state.get("lag", 0),
+                # older nodes do not say: serving or warming is all they knew
+                "state": state.get("state", "serving" if state.get("caught_up") else "warming"),
+                "staleness_ms": state.get("staleness_ms", 0),
+                **({"error": state["error"]} if "error" in state else {}),
             }
             for (t, p), state in sorted(member.replicas.items())
         ]
