@@ -41,6 +41,8 @@ class DeadLetterCounter:
 
     def __init__(self) -> None:
         self.counts: dict[str, int] = defaultdict(int)
+        #: query id -> name (a termination event carries only the id)
+        self.names: dict[str, str] = {}
         self._lock = threading.Lock()
 
     def listener(self) -> Any:
@@ -50,7 +52,7 @@ class DeadLetterCounter:
 
         class Listener(StreamingQueryListener):
             def onQueryStarted(self, event: Any) -> None:
-                pass
+                counter.names[str(event.id)] = event.name
 
             def onQueryProgress(self, event: Any) -> None:
                 p = event.progress
@@ -71,7 +73,7 @@ class DeadLetterCounter:
                         "recovered; to go on without them, start the App with "
                         "tc.App(..., on_data_loss='skip') once, or raise the input topic's "
                         "retention.ms so it does not happen again. Spark said: %s",
-                        event.name,
+                        counter.names.get(str(event.id), event.id),
                         event.exception.splitlines()[0],
                     )
 
