@@ -89,6 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
     _opt(p, "--data-dir")
     _opt(p, "--standby-replicas", 0, type=int)
     _opt(p, "--cache-mb", 64, type=int, help="read cache per table in front of RocksDB (0: none)")
+    _opt(
+        p,
+        "--drop-released-after",
+        600.0,
+        type=float,
+        help="seconds after which the store of a partition this node let go is deleted",
+    )
     _opt(p, "--auth-jwt-secret", help="HS256 secret: every /v1 request needs a bearer JWT")
     _opt(p, "--auth-jwt-secret-file", help="a file holding the HS256 secret (not shown by ps)")
     _opt(
@@ -306,6 +313,7 @@ def _serve(args: argparse.Namespace) -> int:
         cache_bytes=args.cache_mb * 1024 * 1024,
         cluster_secret=cluster_secret,
         tls_ca=args.tls_ca,
+        drop_released_after_s=args.drop_released_after,
     )
     secret = args.auth_jwt_secret
     if args.auth_jwt_secret_file:

@@ -7,6 +7,21 @@ store's applied offset, dropping released ones), reads them in batches
 each partition's slice of a batch to its store in one call, and marks a
 replica caught up when it reaches the end of its partition.
 
+What can go wrong is contained per partition:
+
+- a record that its table's serdes cannot read is counted, logged with its
+  coordinates and stored as a tombstone (see :mod:`tablecast.cluster.validate`);
+- a store write that fails (disk full, an I/O error) stops that partition at the
+  failed batch: it is taken off the consumer, keeps answering from what it
+  holds, and is retried with backoff (a RocksDB store is reopened once the disk
+  has room), so it resumes with no gap when the cause clears;
+- a catalog entry whose topic is missing or has another partition count is
+  left out until it is right, and a partition that cannot be opened is retried;
+- a replica behind a topic end the broker keeps confirming stops counting as
+  caught up; one cut off from Kafka keeps serving and reports its staleness;
+- a released partition's store is deleted after a grace period, and a store
+  reopened after longer than the topic keeps tombstones restores from scratch.
+
 ``tables`` and ``replicas`` are replaced, never mutated, so HTTP handlers on
 another thread can iterate them safely.
 """
@@ -14,14 +29,19 @@ another thread can iterate them safely.
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 
+import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
-from tablecast.cluster.replica import Replica
+from tablecast.cluster.replica import FRESH_S, STALL_S, Replica
+from tablecast.cluster.topicinfo import TopicInfo
+from tablecast.cluster.validate import Check, checker
 from tablecast.kafka.catalog import CatalogReader, TableInfo
 from tablecast.kafka.config import client_conf
 from tablecast.store import Write
@@ -32,8 +52,19 @@ Slot = tuple[str, int]
 
 BATCH = 10_000
 CATALOG_EVERY_S = 1.0
-WATERMARKS_EVERY_S = 1.0
+ASSESS_EVERY_S = 0.1
+FAILED_ENDS_EVERY_S = 1.0
 PROGRESS_EVERY_S = 5.0
+#: a store's in-sync time is written at most this often while it is current
+SYNC_EVERY_S = 30.0
+#: retries of a failed write wait 1, 2, 4 ... up to this many seconds (a retry while
+#: the disk is still full costs one statfs)
+MAX_BACKOFF_S = 10.0
+#: free bytes a RocksDB store's disk needs before it is reopened after a failed write
+REOPEN_FREE_BYTES = 8 * 1024 * 1024
+#: bad records logged line by line per table; later ones are only counted
+BAD_LOGGED_PER_TABLE = 100
+OPEN_RETRY_S = 2.0
 
 
 class Ingestor:
@@ -43,15 +74,26 @@ class Ingestor:
         app_id: str,
         node_id: str,
         new_replica: Callable[[TableInfo, int, bool], Replica],
+        drop_store: Callable[[str, int], None] | None = None,
+        stored_slots: Callable[[], Iterable[Slot]] | None = None,
+        drop_released_after_s: float = 600.0,
     ) -> None:
         self.bootstrap_servers = bootstrap_servers
         self.catalog = CatalogReader(bootstrap_servers, app_id)
         self._new_replica = new_replica
+        self._drop_store = drop_store
+        self._stored_slots = stored_slots
+        self.drop_released_after_s = drop_released_after_s
         self.tables: dict[str, TableInfo] = {}
         self.replicas: dict[Slot, Replica] = {}
         #: what the coordinator wants held; None until it has decided once
         self.desired: set[Slot] | None = None
         self._by_topic: dict[str, TableInfo] = {}
+        self._checks: dict[str, Check] = {}
+        self._catalog_seen: dict[str, TableInfo] = {}
+        #: catalog entries left out, with why (logged once per reason)
+        self.left_out: dict[str, str] = {}
+        self._topics = TopicInfo(bootstrap_servers)
         self._consumer = Consumer(
             client_conf(
                 bootstrap_servers,
@@ -62,10 +104,23 @@ class Ingestor:
                     "fetch.wait.max.ms": 50,
                     "queued.max.messages.kbytes": 262144,
                     "log_level": 0,
+                    # the freshest word on each partition's end and on the brokers' state,
+                    # without a request per partition
+                    "statistics.interval.ms": 1000,
+                    "stats_cb": self._on_stats,
                 },
             )
         )
         self.records_applied = 0
+        #: counters for /metrics
+        self.bad_records: dict[tuple[str, str], int] = defaultdict(int)
+        self.write_failures = 0
+        self.stores_dropped = 0
+        self.restored_from_scratch = 0
+        self._bad_logged: dict[str, int] = defaultdict(int)
+        self._pending_drop: dict[Slot, float] = {}
+        self._open_retry: dict[Slot, float] = {}
+        self._disk_checked = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tablecast-ingest", daemon=True)
 
@@ -78,24 +133,30 @@ class Ingestor:
         self._consumer.close()
         self.catalog.close()
         for replica in self.replicas.values():
+            replica.closed = True
             replica.store.close()
 
     def _run(self) -> None:
-        next_catalog = next_marks = next_note = 0.0
+        next_catalog = next_assess = next_failed = next_note = 0.0
         while not self._stop.is_set():
             now = time.monotonic()
             try:
                 if now >= next_catalog:
                     self._follow_catalog()
+                    self._drop_released(now)
                     next_catalog = now + CATALOG_EVERY_S
                 self._reconcile()
-                if self.replicas:
+                if any(not r.paused for r in self.replicas.values()):
                     self._ingest_batch()
                 else:
                     self._stop.wait(0.1)
-                if now >= next_marks:
-                    self._refresh_end_offsets()
-                    next_marks = now + WATERMARKS_EVERY_S
+                now = time.monotonic()
+                if now >= next_failed:
+                    self._retry_failed(now)
+                    next_failed = now + FAILED_ENDS_EVERY_S
+                if now >= next_assess:
+                    self._assess(now)
+                    next_assess = now + ASSESS_EVERY_S
                 if now >= next_note:
                     self._note_progress()
                     next_note = now + PROGRESS_EVERY_S
@@ -103,33 +164,87 @@ class Ingestor:
                 log.exception("ingest loop error; retrying")
                 self._stop.wait(1.0)
 
+    # -- tables ----------------------------------------------------------------
     def _follow_catalog(self) -> None:
         known = self.catalog.poll(timeout=0.0 if self.catalog.loaded else 1.0)
-        if known.keys() != self.tables.keys():
-            for name in known.keys() - self.tables.keys():
-                info = known[name]
+        if known == self._catalog_seen and not self.left_out:
+            return
+        unverified = [i for n, i in known.items() if self.tables.get(n) != i]
+        counts: dict[str, int | None] = {}
+        if unverified:
+            try:
+                counts = self._topics.partitions([i.topic for i in unverified])
+            except Exception as e:  # Kafka unreachable: keep what is known, ask again later
+                log.debug("cannot list topics: %s", e)
+                return
+        usable: dict[str, TableInfo] = {}
+        left_out: dict[str, str] = {}
+        for name, info in known.items():
+            if self.tables.get(name) == info:
+                usable[name] = info
+                continue
+            count = counts.get(info.topic)
+            if count is None:
+                left_out[name] = f"its topic {info.topic} does not exist"
+            elif count != info.partitions:
+                left_out[name] = (
+                    f"the catalog says {info.partitions} partitions, topic {info.topic} has {count}"
+                )
+            else:
+                usable[name] = info
+        for name, why in left_out.items():
+            if self.left_out.get(name) != why:
+                log.warning("table %r is left out until fixed: %s", name, why)
+        for name in self.left_out.keys() - left_out.keys():
+            if name in usable:
+                log.info("table %r is usable now", name)
+        self.left_out = left_out
+        self._catalog_seen = dict(known)
+        if usable != self.tables:
+            for name in usable.keys() - self.tables.keys():
+                info = usable[name]
                 log.info("table %r (%d partitions) from %s", name, info.partitions, info.topic)
-            self.tables = dict(known)
-            self._by_topic = {t.topic: t for t in known.values()}
+            self._checks = {i.topic: checker(i) for i in usable.values()}
+            self._by_topic = {t.topic: t for t in usable.values()}
+            self.tables = usable
 
+    # -- holding partitions ------------------------------------------------------
     def _reconcile(self) -> None:
         desired = self.desired
         if desired is None:
             return
         desired = {slot for slot in desired if slot[0] in self.tables}
+        now = time.monotonic()
+        if not self._disk_checked and self.catalog.loaded:
+            self._disk_checked = True
+            self._schedule_unused_drops(desired, now)
         held = self.replicas.keys()
         if desired == held:
             return
         replicas = dict(self.replicas)
         gone = [replicas.pop(slot) for slot in held - desired]
         if gone:
-            self._consumer.incremental_unassign(
-                [TopicPartition(r.table.topic, r.partition) for r in gone]
-            )
+            assigned = [r for r in gone if not r.paused]
+            if assigned:
+                self._consumer.incremental_unassign(
+                    [TopicPartition(r.table.topic, r.partition) for r in assigned]
+                )
             for r in gone:
+                r.closed = True  # readers holding it go elsewhere from now on
                 r.store.close()
+                self._pending_drop[(r.table.name, r.partition)] = now + self.drop_released_after_s
             log.info("released %d partition(s): %s", len(gone), _slots(gone))
-        fresh = [self._open(slot) for slot in sorted(desired - held)]
+        fresh = []
+        for slot in sorted(desired - held):
+            if self._open_retry.get(slot, 0.0) > now:
+                continue
+            try:
+                fresh.append(self._open(slot))
+                self._open_retry.pop(slot, None)
+            except Exception as e:  # one partition that cannot open must not hold up the rest
+                if slot not in self._open_retry:
+                    log.warning("table %r partition %d cannot be opened yet: %s", *slot, e)
+                self._open_retry[slot] = now + OPEN_RETRY_S
         for replica in fresh:
             replicas[(replica.table.name, replica.partition)] = replica
         self.replicas = replicas
@@ -145,25 +260,64 @@ class Ingestor:
     def _open(self, slot: Slot) -> Replica:
         info, p = self.tables[slot[0]], slot[1]
         lo, hi = self._consumer.get_watermark_offsets(TopicPartition(info.topic, p), timeout=10)
+        self._pending_drop.pop(slot, None)
         replica = self._new_replica(info, p, False)
-        start = replica.store.applied_offset + 1
-        if start > hi:
-            # the store is ahead of its topic: the topic was recreated under it,
-            # so what the store holds belongs to another life
-            log.warning(
-                "table %r partition %d: store at offset %d but topic ends at %d; rebuilding it",
-                info.name,
-                p,
-                start - 1,
-                hi,
-            )
+        why = self._outdated(replica, lo, hi)
+        if why is not None:
+            log.warning("table %r partition %d: %s; restoring it from scratch", info.name, p, why)
             replica.store.close()
             replica = self._new_replica(info, p, True)
-            start = 0
+            self.restored_from_scratch += 1
+        start = replica.store.applied_offset + 1
         replica.end_offset = replica.restore_target = hi
         replica.position = max(start, lo)
+        replica.end_seen_at = replica.opened_at = time.monotonic()
+        replica.stale_since = replica.opened_at
         return replica
 
+    def _outdated(self, replica: Replica, lo: int, hi: int) -> str | None:
+        """Why the store cannot resume from its applied offset (None: it can)."""
+        applied = replica.store.applied_offset
+        if applied < 0:
+            return None
+        if applied + 1 > hi:
+            # the topic was recreated under it: what the store holds belongs to another life
+            return f"the store is at offset {applied} but the topic ends at {hi}"
+        if applied + 1 < lo:
+            return f"the store is at offset {applied} but the topic now starts at {lo}"
+        retention = self._topics.delete_retention_ms(replica.table.topic)
+        away_ms = int(time.time() * 1000) - replica.store.synced_ms
+        if away_ms > retention:
+            # compaction may have removed tombstones of keys the store still holds
+            return (
+                f"the store was last in sync {away_ms / 1000:.0f} s ago, longer than the topic's "
+                f"delete.retention.ms ({retention} ms)"
+            )
+        return None
+
+    def _schedule_unused_drops(self, desired: set[Slot], now: float) -> None:
+        """Stores a previous run left on disk for partitions not held now are dropped in time."""
+        if self._stored_slots is None:
+            return
+        for slot in self._stored_slots():
+            if slot not in desired:
+                self._pending_drop.setdefault(slot, now + self.drop_released_after_s)
+
+    def _drop_released(self, now: float) -> None:
+        for slot, at in list(self._pending_drop.items()):
+            if at > now:
+                continue
+            del self._pending_drop[slot]
+            if slot in self.replicas or self._drop_store is None:
+                continue
+            try:
+                self._drop_store(*slot)
+                self.stores_dropped += 1
+                log.info("dropped the store of released partition %s/%d", *slot)
+            except Exception as e:
+                log.warning("could not drop the store of %s/%d: %s", *slot, e)
+
+    # -- reading -----------------------------------------------------------------
     def _ingest_batch(self) -> None:
         # consume(n, timeout) waits for a full batch or the timeout, which would
         # hold a lone record back: take what is here, else wait for one record only
@@ -174,6 +328,7 @@ class Ingestor:
                 return
             msgs += self._consumer.consume(BATCH - 1, 0)
         slices: dict[tuple[str, int], list[Write]] = defaultdict(list)
+        checks = self._checks
         for m in msgs:
             err = m.error()
             if err is not None:
@@ -183,16 +338,29 @@ class Ingestor:
                     log.warning("consume error: %s", err)
                 continue
             key = m.key()
+            topic = m.topic()
             if key is None:
+                self._bad(topic, m.partition(), m.offset(), "bad key: none")
                 continue  # a table record needs a key; the pipeline never writes one without
-            slices[(m.topic(), m.partition())].append(
-                Write(key, m.value(), m.offset(), m.timestamp()[1])
-            )
+            value = m.value()
+            check = checks.get(topic)
+            if check is not None:
+                why = check(key, value)
+                if why is not None:
+                    self._bad(topic, m.partition(), m.offset(), why)
+                    value = None  # unreadable: the key reads as absent, not as an older value
+            slices[(topic, m.partition())].append(Write(key, value, m.offset(), m.timestamp()[1]))
         for (topic, partition), writes in slices.items():
             replica = self._replica(topic, partition)
-            if replica is None:
-                continue  # released while its records were in flight
-            replica.store.apply(writes)
+            if replica is None or replica.paused:
+                continue  # released, or stopped at a failed write, while its records were in flight
+            try:
+                replica.store.apply(writes)
+            except Exception as e:
+                self._write_failed(replica, writes, e)
+                continue
+            if replica.failed is not None:
+                self._recovered(replica)
             replica.position = writes[-1].offset + 1
             replica.end_offset = max(replica.end_offset, replica.position)
             self.records_applied += len(writes)
@@ -201,14 +369,34 @@ class Ingestor:
         info = self._by_topic.get(topic)
         return self.replicas.get((info.name, partition)) if info else None
 
+    def _bad(self, topic: str, partition: int, offset: int, why: str) -> None:
+        info = self._by_topic.get(topic)
+        table = info.name if info else topic
+        self.bad_records[(table, why.split(":", 1)[0])] += 1
+        logged = self._bad_logged[table]
+        if logged < BAD_LOGGED_PER_TABLE:
+            self._bad_logged[table] = logged + 1
+            log.warning(
+                "table %r partition %d offset %d: %s; kept out of answers",
+                table,
+                partition,
+                offset,
+                why,
+            )
+            if logged + 1 == BAD_LOGGED_PER_TABLE:
+                log.warning("table %r: further bad records are only counted (metrics)", table)
+
     def _reached_end(self, topic: str, partition: int, offset: int) -> None:
         replica = self._replica(topic, partition)
-        if replica is None:
+        if replica is None or replica.paused:
             return
+        now = time.monotonic()
         replica.position = max(replica.position, offset)
         replica.end_offset = max(replica.end_offset, offset)
-        if not replica.caught_up and replica.position >= replica.restore_target:
-            replica.caught_up = True
+        replica.end_seen_at = replica.current_at = now
+        replica.stale_since = None
+        if not replica.restored and replica.position >= replica.restore_target:
+            replica.restored = replica.caught_up = True
             log.info(
                 "table %r partition %d caught up at offset %d",
                 replica.table.name,
@@ -216,15 +404,156 @@ class Ingestor:
                 offset,
             )
 
-    def _refresh_end_offsets(self) -> None:
-        for replica in self.replicas.values():
+    def _on_stats(self, text: str) -> None:
+        """librdkafka's statistics (on this thread, inside consume): each partition's high
+        watermark as of the last fetch, trusted while its leader's connection is up."""
+        try:
+            stats = orjson.loads(text)
+            up = {
+                b.get("nodeid") for b in stats.get("brokers", {}).values() if b.get("state") == "UP"
+            }
+            now = time.monotonic()
+            for topic, t in stats.get("topics", {}).items():
+                info = self._by_topic.get(topic)
+                if info is None:
+                    continue
+                for part in t.get("partitions", {}).values():
+                    replica = self.replicas.get((info.name, part.get("partition", -1)))
+                    hi = part.get("hi_offset", -1)
+                    if (
+                        replica is None
+                        or replica.paused
+                        or hi < 0
+                        or part.get("leader") not in up
+                        or part.get("fetch_state") != "active"
+                    ):
+                        continue
+                    replica.end_offset = max(replica.end_offset, hi)
+                    replica.end_seen_at = now
+        except Exception as e:  # statistics are advisory: never let them break consuming
+            log.debug("unreadable consumer statistics: %s", e)
+
+    # -- freshness -----------------------------------------------------------------
+    def _assess(self, now: float) -> None:
+        """Staleness and caught-up state of every replica, from what the broker last confirmed."""
+        wall_ms = time.time() * 1000
+        for r in list(self.replicas.values()):
+            fresh = now - r.end_seen_at <= FRESH_S
+            at_end = r.position >= r.end_offset
+            if at_end and r.end_seen_at > r.current_at:
+                r.current_at = r.end_seen_at
+            r.stale_since = None if (at_end and fresh) else (r.current_at or r.opened_at)
+            if not r.restored:
+                continue
+            if r.caught_up:
+                # behind an end the broker keeps confirming: this replica is falling behind
+                # (an unreachable broker confirms nothing, so an outage keeps it serving)
+                if fresh and not at_end and now - r.current_at > STALL_S:
+                    r.caught_up = False
+                    log.warning(
+                        "table %r partition %d is falling behind (lag %d%s); "
+                        "it no longer counts as caught up",
+                        r.table.name,
+                        r.partition,
+                        r.lag,
+                        f", store writes failing: {r.failed}" if r.failed else "",
+                    )
+            elif at_end and fresh and r.failed is None:
+                r.caught_up = True
+                log.info("table %r partition %d is caught up again", r.table.name, r.partition)
+            if r.stale_since is None and now - r.synced_at >= SYNC_EVERY_S and r.failed is None:
+                try:
+                    r.store.mark_synced(int(wall_ms - (now - r.current_at) * 1000))
+                    r.synced_at = now
+                except Exception as e:  # a store that cannot write says so on its next apply
+                    log.debug("cannot record the sync time of %s/%d: %s", *_slot(r), e)
+
+    # -- failed writes -------------------------------------------------------------
+    def _write_failed(self, replica: Replica, writes: list[Write], error: Exception) -> None:
+        first = replica.failed is None
+        replica.failures += 1
+        replica.failed = f"{type(error).__name__}: {error}"[:500]
+        replica.failed_offset = writes[0].offset
+        replica.end_offset = max(replica.end_offset, writes[-1].offset + 1)
+        self.write_failures += 1
+        delay = min(MAX_BACKOFF_S, 2.0 ** min(replica.failures - 1, 5))
+        replica.retry_at = time.monotonic() + delay
+        # off the consumer: what it had fetched beyond the failed batch is dropped, and
+        # the partition is assigned again at the failed batch when it is retried
+        replica.paused = True
+        self._consumer.incremental_unassign(
+            [TopicPartition(replica.table.topic, replica.partition)]
+        )
+        if first:
+            log.error(
+                "table %r partition %d: writing offsets %d..%d to the store failed: %s; "
+                "the partition stops there, keeps answering from what it holds, "
+                "and is retried until the write succeeds",
+                replica.table.name,
+                replica.partition,
+                writes[0].offset,
+                writes[-1].offset,
+                replica.failed,
+            )
+        else:
+            log.debug("%s/%d: retry failed: %s", *_slot(replica), replica.failed)
+
+    def _recovered(self, replica: Replica) -> None:
+        log.info(
+            "table %r partition %d: store writes work again after %d failure(s); "
+            "continuing from offset %d",
+            replica.table.name,
+            replica.partition,
+            replica.failures,
+            replica.failed_offset,
+        )
+        replica.failed = None
+        replica.failures = 0
+
+    def _retry_failed(self, now: float) -> None:
+        for replica in list(self.replicas.values()):
+            if not replica.paused:
+                continue
             tp = TopicPartition(replica.table.topic, replica.partition)
-            _, hi = self._consumer.get_watermark_offsets(tp, cached=True)
-            if hi is not None and hi >= 0:
+            try:  # the partition is off the consumer: ask the broker for its end directly
+                _, hi = self._consumer.get_watermark_offsets(tp, timeout=1.0)
                 replica.end_offset = max(replica.end_offset, hi)
+                replica.end_seen_at = now
+            except Exception as e:
+                log.debug("end of %s/%d unknown: %s", *_slot(replica), e)
+            if replica.retry_at > now:
+                continue
+            if not self._reopen(replica):
+                replica.retry_at = now + min(MAX_BACKOFF_S, 2.0 ** min(replica.failures, 5))
+                continue
+            replica.paused = False
+            self._consumer.incremental_assign(
+                [TopicPartition(replica.table.topic, replica.partition, replica.position)]
+            )
+
+    def _reopen(self, replica: Replica) -> bool:
+        """A RocksDB store refuses writes after a failed one until reopened; reopen it once
+        its disk has room again. False: not yet."""
+        path = _store_path(replica.store)
+        if path is None:
+            return True  # a memory store has nothing to reopen
+        try:
+            if shutil.disk_usage(path).free < REOPEN_FREE_BYTES:
+                return False
+        except OSError:
+            return False
+        # closing first: RocksDB allows one open instance per directory. Reads in between
+        # meet a closed store and go elsewhere (or get a 503 with Retry-After)
+        replica.store.close()
+        try:
+            replica.store = self._new_replica(replica.table, replica.partition, False).store
+        except Exception as e:
+            log.warning("reopening the store of %s/%d failed: %s", *_slot(replica), e)
+            return False
+        return True
 
     def _note_progress(self) -> None:
-        restoring = [r for r in self.replicas.values() if not r.caught_up]
+        restoring = [r for r in self.replicas.values() if not r.restored]
         if not restoring:
             return
         done = sum(r.position for r in restoring)
@@ -236,6 +565,16 @@ class Ingestor:
             total,
             100.0 * done / max(total, 1),
         )
+
+
+def _store_path(store: object) -> Path | None:
+    inner = getattr(store, "inner", store)  # a read cache in front of the durable store
+    path = getattr(inner, "path", None)
+    return path if isinstance(path, Path) else None
+
+
+def _slot(replica: Replica) -> Slot:
+    return replica.table.name, replica.partition
 
 
 def _slots(replicas: list[Replica]) -> str:

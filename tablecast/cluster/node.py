@@ -37,6 +37,9 @@ class NodeConfig:
     cluster_secret: str | None = None
     #: the CA that signed the nodes' certificates: peers are called over HTTPS and verified
     tls_ca: str | None = None
+    #: a released partition's store is deleted from disk this long after the release
+    #: (taken back sooner, it resumes from where it was)
+    drop_released_after_s: float = 600.0
 
 
 @dataclass
@@ -48,7 +51,15 @@ class Node:
 
     def __post_init__(self) -> None:
         c = self.config
-        self.ingestor = Ingestor(c.bootstrap_servers, c.app_id, c.node_id, self._replica)
+        self.ingestor = Ingestor(
+            c.bootstrap_servers,
+            c.app_id,
+            c.node_id,
+            self._replica,
+            drop_store=self._drop_store,
+            stored_slots=self._stored_slots,
+            drop_released_after_s=c.drop_released_after_s,
+        )
         self.membership = Membership(
             c.bootstrap_servers, c.app_id, self._me, c.node_id, c.cluster_secret, c.tls_ca
         )
@@ -62,8 +73,27 @@ class Node:
             target=self._coordinate, name="tablecast-coordinator", daemon=True
         )
 
+    def _store_path(self, table: str, partition: int) -> Path:
+        return self.config.data_dir / "stores" / table / str(partition)
+
+    def _drop_store(self, table: str, partition: int) -> None:
+        shutil.rmtree(self._store_path(table, partition), ignore_errors=True)
+
+    def _stored_slots(self) -> list[tuple[str, int]]:
+        """(table, partition) of every store a run left on disk."""
+        root = self.config.data_dir / "stores"
+        if not root.is_dir():
+            return []
+        return [
+            (t.name, int(p.name))
+            for t in root.iterdir()
+            if t.is_dir()
+            for p in t.iterdir()
+            if p.is_dir() and p.name.isdigit()
+        ]
+
     def _replica(self, info: TableInfo, partition: int, wipe: bool) -> Replica:
-        path = self.config.data_dir / "stores" / info.name / str(partition)
+        path = self._store_path(info.name, partition)
         if wipe:
             shutil.rmtree(path, ignore_errors=True)
         # the cache budget is per table: split over its partitions, whichever this node holds

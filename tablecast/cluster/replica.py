@@ -1,11 +1,26 @@
-"""A replica: one node's copy of one table partition, and how far behind the topic it is."""
+"""A replica: one node's copy of one table partition, how far behind the topic it is, and how fresh.
+
+Freshness is judged against what the broker last said the topic's end was:
+``end_seen_at`` is when the broker last confirmed ``end_offset`` (a fetch
+reaching the end, or the consumer's statistics), ``current_at`` the time of the
+latest such confirmation at which the replica had applied everything up to it.
+So a replica cut off from Kafka keeps its ``caught_up`` (it answers from what
+it holds) while its staleness grows, whereas one whose own writes fail falls
+behind a topic end the broker keeps confirming, and stops counting as caught up.
+"""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from tablecast.kafka.catalog import TableInfo
 from tablecast.store import PartitionStore
+
+#: an end confirmed by the broker this recently is fresh (statistics come every second)
+FRESH_S = 2.5
+#: a caught-up replica behind a fresh topic end for this long stops counting as caught up
+STALL_S = 5.0
 
 
 @dataclass(eq=False)
@@ -20,11 +35,54 @@ class Replica:
     #: the high watermark when restoring began, and whether it has been reached
     restore_target: int = 0
     caught_up: bool = False
+    #: reached its restore target once: what it holds is a whole prefix of the topic
+    restored: bool = False
+    #: monotonic times: the broker last confirmed end_offset; the replica was last at that end;
+    #: it was opened; its store last recorded being in sync
+    end_seen_at: float = 0.0
+    current_at: float = 0.0
+    opened_at: float = 0.0
+    synced_at: float = 0.0
+    #: since when (monotonic) answers from it are stale; None while it is current
+    stale_since: float | None = None
+    #: the last store write failed with this error (cleared by the next write that succeeds)
+    failed: str | None = None
+    failed_offset: int = -1
+    #: the partition is taken off the consumer until `retry_at` (monotonic)
+    paused: bool = False
+    retry_at: float = 0.0
+    failures: int = 0
+    #: released: its store is (being) closed and reads must go elsewhere
+    closed: bool = False
 
     @property
     def lag(self) -> int:
         return max(0, self.end_offset - self.position)
 
+    def staleness_ms(self, now: float | None = None) -> int:
+        """Milliseconds since this replica was last known caught up with the topic end (0: now)."""
+        since = self.stale_since
+        if since is None:
+            return 0
+        return int(((time.monotonic() if now is None else now) - since) * 1000)
+
+    @property
+    def status(self) -> str:
+        if self.failed is not None:
+            return "failed"
+        if not self.restored:
+            return "warming"
+        return "serving" if self.caught_up else "stale"
+
     def state(self) -> dict[str, object]:
         """What heartbeats carry about this replica."""
-        return {"caught_up": self.caught_up, "offset": self.store.applied_offset, "lag": self.lag}
+        state: dict[str, object] = {
+            "caught_up": self.caught_up,
+            "offset": self.store.applied_offset,
+            "lag": self.lag,
+            "state": self.status,
+            "staleness_ms": self.staleness_ms(),
+        }
+        if self.failed is not None:
+            state["error"] = self.failed
+        return state

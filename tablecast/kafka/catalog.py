@@ -7,7 +7,7 @@ neither the App file nor a JVM.
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import time
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
@@ -20,6 +20,15 @@ from tablecast import serde
 from tablecast.kafka.config import client_conf, producer_conf
 from tablecast.kafka.partitioner import Partitioner
 from tablecast.kafka.topics import COMPACTED, catalog_topic, ensure_topic
+
+log = logging.getLogger(__name__)
+
+KINDS = ("kv", "window")
+STORES = ("rocksdb", "memory")
+
+
+class BadEntry(ValueError):
+    """A catalog record that does not describe a table this version can serve."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +51,52 @@ class TableInfo:
         fields = orjson.loads(data)
         known = {k: v for k, v in fields.items() if k in cls.__dataclass_fields__}
         return cls(**known)
+
+    @classmethod
+    def checked(cls, name: str, data: bytes) -> TableInfo:
+        """The entry recorded under `name`, or :class:`BadEntry` saying what is wrong with it."""
+        try:
+            fields = orjson.loads(data)
+        except orjson.JSONDecodeError as e:
+            raise BadEntry(f"not JSON: {e}") from None
+        if not isinstance(fields, dict):
+            raise BadEntry("not a JSON object")
+        try:
+            info = cls(**{k: v for k, v in fields.items() if k in cls.__dataclass_fields__})
+        except TypeError as e:
+            raise BadEntry(str(e)) from None
+        problems = []
+        if info.name != name:
+            problems.append(f"name {info.name!r} differs from the record key {name!r}")
+        if not isinstance(info.topic, str) or not info.topic:
+            problems.append(f"topic {info.topic!r} is not a topic name")
+        p = info.partitions
+        if not isinstance(p, int) or isinstance(p, bool) or p <= 0:
+            problems.append(f"partitions {p!r} is not a positive integer")
+        if info.kind not in KINDS:
+            problems.append(f"kind {info.kind!r} is not one of {KINDS}")
+        if info.store not in STORES:
+            problems.append(f"store {info.store!r} is not one of {STORES}")
+        if not isinstance(info.is_global, bool):
+            problems.append("is_global is not a boolean")
+        if not isinstance(info.extra, dict):
+            problems.append("extra is not an object")
+        for side in ("key", "value"):
+            spec = getattr(info, side)
+            if not isinstance(spec, dict) or not isinstance(spec.get("format"), str):
+                problems.append(f"{side} {spec!r} is not a serde spec with a format")
+                continue
+            try:
+                getattr(info, f"{side}_serde")  # built now, once: a spec that cannot is refused
+            except Exception as e:  # fastavro raises many kinds on a bad schema
+                problems.append(f"{side} serde: {e}")
+        if info.kind == "window":
+            size = info.extra.get("size_ms") if isinstance(info.extra, dict) else None
+            if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+                problems.append("a window table needs extra.size_ms > 0")
+        if problems:
+            raise BadEntry("; ".join(problems))
+        return info
 
     # rebuilt once per table, not per request: an Avro schema is costly to parse
     @cached_property
@@ -103,6 +158,9 @@ class CatalogReader:
         self._initial_end: int | None = None
         self.loaded = False
         self.tables: dict[str, TableInfo] = {}
+        #: entries refused, by table name, with why (each logged once); and how many were
+        self.bad: dict[str, str] = {}
+        self.bad_entries = 0
 
     def poll(self, timeout: float = 0.0) -> dict[str, TableInfo]:
         if self._initial_end is None:
@@ -118,21 +176,43 @@ class CatalogReader:
         while True:
             msgs = self._consumer.consume(500, max(0.0, deadline - time.monotonic()))
             for msg in msgs:
-                if msg.error() is None and msg.key() is not None:
-                    self._apply(msg.key().decode(), msg.value())
+                if msg.error() is None:
+                    self._apply(msg.key(), msg.value(), msg.offset())
             if not self.loaded:
                 position = self._consumer.position([self._tp])[0].offset
                 self.loaded = self._initial_end == 0 or position >= self._initial_end
             if (self.loaded and not msgs) or time.monotonic() >= deadline:
                 return self.tables
 
-    def _apply(self, name: str, value: bytes | None) -> None:
+    def _apply(self, key: bytes | None, value: bytes | None, offset: int) -> None:
+        try:
+            name = key.decode() if key is not None else None
+        except UnicodeDecodeError:
+            name = None
+        if name is None:
+            self._refuse(repr(key), offset, "the record key is not a table name")
+            return
         if value is None:
             self.tables.pop(name, None)
+            self.bad.pop(name, None)
             return
-        # a record this version cannot read is skipped: the rest keeps serving
-        with contextlib.suppress(orjson.JSONDecodeError, TypeError, serde.SerdeError):
-            self.tables[name] = TableInfo.from_json(value)
+        # an entry this version cannot serve is left out: the rest keeps serving
+        try:
+            info = TableInfo.checked(name, value)
+        except BadEntry as e:
+            self.tables.pop(name, None)
+            self._refuse(name, offset, str(e))
+            return
+        self.bad.pop(name, None)
+        self.tables[name] = info
+
+    def _refuse(self, name: str, offset: int, why: str) -> None:
+        self.bad_entries += 1
+        if self.bad.get(name) != why:
+            log.warning(
+                "catalog %s offset %d: table %s left out: %s", self.topic, offset, name, why
+            )
+        self.bad[name] = why
 
     def close(self) -> None:
         self._consumer.close()

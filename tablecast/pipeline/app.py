@@ -36,10 +36,16 @@ class App:
         state_dir: str | os.PathLike[str] | None = None,
         trigger: str = "500 milliseconds",
         checkpoint_dir: str | None = None,
+        on_data_loss: str = "fail",
     ) -> None:
         # trigger: a micro-batch interval, or "realtime" (see pipeline/trigger.py)
         if not _APP_ID.match(app_id):
             raise ValueError(f"app id {app_id!r}: use letters, digits, '-' and '_'")
+        # on_data_loss: what a query does when input records it has not read were deleted
+        # by retention meanwhile: "fail" (stop, and say so) or "skip" (go on without them)
+        if on_data_loss not in ("fail", "skip"):
+            raise ValueError(f"on_data_loss is 'fail' or 'skip', not {on_data_loss!r}")
+        self.on_data_loss = on_data_loss
         self.id = app_id
         self.bootstrap_servers = bootstrap_servers
         self.state_dir = Path(state_dir) if state_dir else None

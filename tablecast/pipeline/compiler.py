@@ -35,6 +35,9 @@ class Target:
     trigger: Trigger
     partitions: int  # of the App's topics (state buckets scale with it)
     sink_partitions: int  # of the topic this query writes (a to() topic may differ)
+    #: input records deleted by retention before they were read: "fail" stops the query,
+    #: "skip" goes on without them (App(on_data_loss=...))
+    on_data_loss: str = "fail"
 
 
 def _load(
@@ -46,8 +49,7 @@ def _load(
         .options(**spark_options(t.bootstrap_servers))
         .option("subscribe", ref.topic)
         .option("startingOffsets", "earliest")
-        # compaction removes records a restarted query may still point at
-        .option("failOnDataLoss", "false")
+        .option("failOnDataLoss", _fail_on_data_loss(ref, t))
         .option("includeHeaders", str(headers).lower())
         .load()
     )
@@ -64,6 +66,20 @@ def _load(
         *(["headers"] if headers else []),
         *([F.unix_millis(F.col("timestamp")).alias(env.TS)] if timed else []),
     )
+
+
+def _fail_on_data_loss(ref: TopicRef, t: Target) -> str:
+    """Whether the query stops when records it has not read are gone from the topic.
+
+    Input topics (the user's) fail by default: records deleted by retention while
+    the pipeline was down would otherwise vanish from every table unnoticed.
+    The App's own topics (table topics, changelogs, repartition topics) are
+    compacted or rewritten by the App itself: a record compacted away under a
+    restarted query was superseded by a later one for its key, which the query
+    still reads, so a gap there loses nothing and must not stop the pipeline.
+    """
+    fail = ref.role == "source" and t.on_data_loss == "fail"
+    return "true" if fail else "false"
 
 
 def read(spark: SparkSession, q: Query, t: Target) -> tuple[Flow, tuple[str, ...]]:

@@ -13,7 +13,7 @@ from urllib.parse import unquote, urlparse
 
 from tablecast.kafka import catalog
 from tablecast.kafka.topics import (
-    COMPACTED,
+    TABLE_TOPIC_CONFIG,
     dlq_topic,
     end_offsets,
     ensure_topic,
@@ -42,6 +42,8 @@ class DeadLetterCounter:
 
     def __init__(self) -> None:
         self.counts: dict[str, int] = defaultdict(int)
+        #: query id -> name (a termination event carries only the id)
+        self.names: dict[str, str] = {}
         self._lock = threading.Lock()
 
     def listener(self) -> Any:
@@ -51,7 +53,7 @@ class DeadLetterCounter:
 
         class Listener(StreamingQueryListener):
             def onQueryStarted(self, event: Any) -> None:
-                pass
+                counter.names[str(event.id)] = event.name
 
             def onQueryProgress(self, event: Any) -> None:
                 p = event.progress
@@ -65,7 +67,16 @@ class DeadLetterCounter:
                 pass
 
             def onQueryTerminated(self, event: Any) -> None:
-                pass
+                if event.exception and "failOnDataLoss" in event.exception:
+                    log.error(
+                        "query %s stopped: input records it had not read yet are gone from "
+                        "Kafka (deleted by retention while the pipeline was down). They cannot be "
+                        "recovered; to go on without them, start the App with "
+                        "tc.App(..., on_data_loss='skip') once, or raise the input topic's "
+                        "retention.ms so it does not happen again. Spark said: %s",
+                        counter.names.get(str(event.id), event.id),
+                        event.exception.splitlines()[0],
+                    )
 
         return Listener()
 
@@ -95,7 +106,7 @@ def _ensure_outputs(bootstrap_servers: str, queries: list[planner.Query], count:
     sizes = []
     for q in queries:
         table_like = q.output.kind == "table" and q.output.role in ("table", "changelog")
-        config = COMPACTED if table_like else None
+        config = TABLE_TOPIC_CONFIG if table_like else None
         # a to(topic) of the user's may exist already, with its own partition count
         size = _ensure_topic(bootstrap_servers, q.output.topic, q.partitions or count, config)
         if q.output.role == "through":
@@ -185,7 +196,9 @@ class Pipeline:
                     # stateful steps shuffle into as many partitions as the topics have
                     spark.conf.set("spark.sql.shuffle.partitions", str(count))
                     trig = chosen[q.name]
-                    target = Target(app.id, bootstrap_servers, checkpoints, trig, count, out)
+                    target = Target(
+                        app.id, bootstrap_servers, checkpoints, trig, count, out, app.on_data_loss
+                    )
                     started[q.name] = writer(spark, q, target).start()
                     if trig.realtime:
                         _REALTIME_SLOTS[q.name] = needs[q.name]

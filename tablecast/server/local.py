@@ -15,7 +15,7 @@ from tablecast.kafka.catalog import TableInfo
 from tablecast.kafka.windowed import split_window_key, window_key
 from tablecast.serde import SerdeError
 from tablecast.server.errors import ApiError
-from tablecast.store import Record
+from tablecast.store import Record, StoreClosed
 
 Headers = list[tuple[str, str]]
 Answer = tuple[int, bytes, Headers]
@@ -59,11 +59,16 @@ class Local:
             ) from None
 
     def readable(self, info: TableInfo, partition: int, max_lag: int | None) -> Replica | None:
-        """This node's replica of `partition` if it may answer: caught up, or within `max_lag`."""
-        replica = self.node.ingestor.replicas.get((info.name, partition))
-        if replica is None:
+        """This node's replica of `partition` if it may answer: caught up, or within `max_lag`,
+        or, when no node has a caught-up replica of it, one that has been restored (a
+        partition whose writes fail keeps answering what it holds, reported as stale)."""
+        slot = (info.name, partition)
+        replica = self.node.ingestor.replicas.get(slot)
+        if replica is None or replica.closed:
             return None
         if replica.caught_up or (max_lag is not None and replica.lag <= max_lag):
+            return replica
+        if replica.restored and not self.node.view.candidates(slot):
             return replica
         return None
 
@@ -74,33 +79,57 @@ class Local:
         return replica
 
     def headers(self, replica: Replica) -> Headers:
-        """The read headers for the replica's lag; shared lists, so callers must not mutate them."""
+        """The read headers for the replica's lag and staleness; shared lists while the replica
+        is current, so callers must not mutate them."""
         lag = replica.lag
+        if replica.stale_since is not None:  # rare: behind, or cut off from Kafka
+            return [
+                self.node_header,
+                ("x-tablecast-lag", str(lag)),
+                ("x-tablecast-staleness-ms", str(replica.staleness_ms())),
+            ]
         headers = self._by_lag.get(lag)
         if headers is None:
             if len(self._by_lag) > 1024:  # lags seen while catching up: start over
                 self._by_lag.clear()
-            headers = self._by_lag[lag] = [self.node_header, ("x-tablecast-lag", str(lag))]
+            headers = self._by_lag[lag] = [
+                self.node_header,
+                ("x-tablecast-lag", str(lag)),
+                ("x-tablecast-staleness-ms", "0"),
+            ]
         return headers
 
     def read_key(
         self, info: TableInfo, raw: bytes, partition: int, replica: Replica, key_text: str
     ) -> Answer:
-        record = replica.store.get(raw)
+        try:
+            record = replica.store.get(raw)
+        except StoreClosed:
+            raise unavailable(info, partition) from None  # released under this read
         if record is None:
             raise ApiError(
                 "key_not_found", f"key {key_text!r} is not in {info.name!r}", self.headers(replica)
             )
         value = info.value_serde
         # %-formatting bytes beats building a dict for orjson by a third on the hot path
+        # (JSON values are checked at ingest, so the stored bytes are valid JSON)
+        if value.format == "json":
+            body = record.value
+        else:
+            try:
+                body = orjson.dumps(value.to_json(record.value))
+            except SerdeError:  # stored before values were checked at ingest: unreadable
+                raise ApiError(
+                    "key_not_found",
+                    f"key {key_text!r} is not in {info.name!r}",
+                    self.headers(replica),
+                ) from None
         return (
             200,
             ENTRY
             % (
                 orjson.dumps(info.key_serde.to_json(raw)),
-                record.value
-                if value.format == "json"
-                else orjson.dumps(value.to_json(record.value)),
+                body,
                 partition,
                 record.offset,
                 record.timestamp,
@@ -112,9 +141,12 @@ class Local:
         self, info: TableInfo, raw: bytes, replica: Replica, time_from: int, time_to: int
     ) -> Answer:
         size = int(info.extra.get("size_ms", 0))
-        entries = replica.store.scan(
-            window_key(raw, time_from), window_key(raw, time_to + 1), MAX_WINDOWS
-        )
+        try:
+            entries = replica.store.scan(
+                window_key(raw, time_from), window_key(raw, time_to + 1), MAX_WINDOWS
+            )
+        except StoreClosed:
+            raise unavailable(info, replica.partition) from None
         vj = info.value_serde.to_json
         items = []
         for k, rec in entries:
@@ -134,16 +166,30 @@ class Local:
         max_lag: int | None,
     ) -> list[tuple[bytes, Record]]:
         """Up to `limit` entries of these local partitions, merged in key order."""
-        pages = [self.require(info, p, max_lag).store.scan(start, end, limit) for p in partitions]
+        pages = []
+        for p in partitions:
+            try:
+                pages.append(self.require(info, p, max_lag).store.scan(start, end, limit))
+            except StoreClosed:
+                raise unavailable(info, p) from None
         return list(merge_sorted(pages, limit))
 
     def count(self, info: TableInfo, partitions: Iterable[int], max_lag: int | None) -> int:
-        return sum(len(self.require(info, p, max_lag).store) for p in partitions)
+        total = 0
+        for p in partitions:
+            try:
+                total += len(self.require(info, p, max_lag).store)
+            except StoreClosed:
+                raise unavailable(info, p) from None
+        return total
 
     def multi_get(
         self, info: TableInfo, partition: int, raws: Sequence[bytes], max_lag: int | None
     ) -> list[Record | None]:
-        return self.require(info, partition, max_lag).store.multi_get(raws)
+        try:
+            return self.require(info, partition, max_lag).store.multi_get(raws)
+        except StoreClosed:
+            raise unavailable(info, partition) from None
 
 
 def unavailable(info: TableInfo, partition: int) -> ApiError:

@@ -7,6 +7,7 @@ serving a key costs no metric-library calls.
 
 from __future__ import annotations
 
+import contextlib
 from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from tablecast.cluster.node import Node
+from tablecast.store import StoreClosed
 
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -83,19 +85,70 @@ class NodeCollector(Collector):
         restoring = GaugeMetricFamily(
             "tablecast_replica_restoring", "1 while the replica restores", labels=labels
         )
+        caught_up = GaugeMetricFamily(
+            "tablecast_replica_caught_up", "1 while the replica counts as caught up", labels=labels
+        )
+        failed = GaugeMetricFamily(
+            "tablecast_replica_write_failed",
+            "1 while the replica's store writes fail (the partition stops advancing)",
+            labels=labels,
+        )
+        staleness = GaugeMetricFamily(
+            "tablecast_replica_staleness_seconds",
+            "time since the replica was last known caught up with the topic end",
+            labels=labels,
+        )
         remaining = 0
-        for r in ingest.replicas.values():
+        for r in list(ingest.replicas.values()):
             lv = [r.table.name, str(r.partition)]
             lag.add_metric(lv, r.lag)
             offset.add_metric(lv, r.store.applied_offset)
-            keys.add_metric(lv, len(r.store))
-            restoring.add_metric(lv, 0 if r.caught_up else 1)
-            if not r.caught_up:
+            with contextlib.suppress(StoreClosed):  # released while this scrape ran
+                keys.add_metric(lv, len(r.store))
+            restoring.add_metric(lv, 0 if r.restored else 1)
+            caught_up.add_metric(lv, 1 if r.caught_up else 0)
+            failed.add_metric(lv, 0 if r.failed is None else 1)
+            staleness.add_metric(lv, r.staleness_ms() / 1000)
+            if not r.restored:
                 remaining += max(0, r.restore_target - r.position)
-        yield from (lag, offset, keys, restoring)
+        yield from (lag, offset, keys, restoring, caught_up, failed, staleness)
         left = GaugeMetricFamily("tablecast_restore_remaining_records", "records left to restore")
         left.add_metric([], remaining)
         yield left
+        bad = CounterMetricFamily(
+            "tablecast_bad_records",
+            "table-topic records kept out of answers: their key or value does not decode",
+            labels=["table", "reason"],
+        )
+        for (table, reason), n in sorted(ingest.bad_records.items()):
+            bad.add_metric([table, reason], n)
+        yield bad
+        for name, text, value in (
+            ("tablecast_store_write_failures", "store writes that failed", ingest.write_failures),
+            (
+                "tablecast_catalog_bad_entries",
+                "catalog records refused (left out of /v1/tables)",
+                ingest.catalog.bad_entries,
+            ),
+            (
+                "tablecast_stores_dropped",
+                "stores of released partitions deleted from disk",
+                ingest.stores_dropped,
+            ),
+            (
+                "tablecast_stores_restored_from_scratch",
+                "stores too old to resume (compaction may have dropped tombstones)",
+                ingest.restored_from_scratch,
+            ),
+        ):
+            counter = CounterMetricFamily(name, text)
+            counter.add_metric([], value)
+            yield counter
+        left_out = GaugeMetricFamily(
+            "tablecast_tables_left_out", "catalog tables not served: bad entry or topic"
+        )
+        left_out.add_metric([], len(ingest.left_out) + len(ingest.catalog.bad))
+        yield left_out
 
 
 def exposition(node: Node, http: HttpStats) -> bytes:

@@ -30,7 +30,12 @@ from tablecast.server.local import Answer, Headers, Local, merge_sorted, unavail
 from tablecast.server.peers import PeerPool, PeerUnavailable
 
 HOP = "x-tablecast-hop"
-PASS_HEADERS = (b"x-tablecast-node", b"x-tablecast-lag", b"retry-after")
+PASS_HEADERS = (
+    b"x-tablecast-node",
+    b"x-tablecast-lag",
+    b"x-tablecast-staleness-ms",
+    b"retry-after",
+)
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 10_000
 MAX_BATCH = 1_000
@@ -136,13 +141,22 @@ class Router:
         if replica is not None and self.answers_here(info, partition, req, max_lag):
             # the hot path: one replica lookup, no choice list
             if params and "min_offset" in params:
-                return self._after_offset(
-                    partition,
+                return self._unless_released(
                     replica,
-                    params,
-                    lambda: self.local.read_key(info, raw, partition, replica, key_text),
+                    self._after_offset(
+                        partition,
+                        replica,
+                        params,
+                        lambda: self.local.read_key(info, raw, partition, replica, key_text),
+                    ),
+                    lambda: self.get_key(table, key_text, req),
                 )
-            return self.local.read_key(info, raw, partition, replica, key_text)
+            try:
+                return self.local.read_key(info, raw, partition, replica, key_text)
+            except ApiError:
+                if not replica.closed:
+                    raise
+                # released under this read: route it as if this node had never held it
         choices = self.choices(info, partition, req, max_lag)
 
         def here() -> Answer | Awaitable[Answer]:
@@ -200,7 +214,12 @@ class Router:
             return 307, b'{"redirect":' + orjson.dumps(location) + b"}", [("location", location)]
         for choice in choices:
             if choice == ME:  # the active is gone and this node holds a standby
-                return await _maybe(here())
+                try:
+                    return await _maybe(here())
+                except ApiError as e:
+                    if e.code != "partition_unavailable":
+                        raise
+                    continue  # released under this read: the next choice
             answer = await self._ask(choice, "GET", target, req)  # type: ignore[arg-type]
             if answer is not None:
                 return answer
@@ -228,6 +247,8 @@ class Router:
             raise ApiError("bad_request", f"timeout_ms is at most {MAX_WAIT_MS}")
         deadline = time.monotonic() + timeout_ms / 1000
         while replica.store.applied_offset < want_offset:
+            if replica.closed:  # released while waiting: the caller routes the read again
+                raise ApiError("partition_unavailable", "the replica was released", [])
             if time.monotonic() >= deadline:
                 raise ApiError(
                     "timeout",
@@ -236,6 +257,20 @@ class Router:
                 )
             await asyncio.sleep(0.005)
         return read()
+
+    async def _unless_released(
+        self,
+        replica: Any,
+        answer: Awaitable[Answer],
+        again: Callable[[], Answer | Awaitable[Answer]],
+    ) -> Answer:
+        """`answer`, or, if the replica was released under it, the request routed again."""
+        try:
+            return await answer
+        except ApiError:
+            if not replica.closed:
+                raise
+        return await _maybe(again())
 
     # -- fan-out ---------------------------------------------------------------
     async def gather(

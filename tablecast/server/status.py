@@ -66,6 +66,10 @@ def cluster(node: Node) -> bytes:
                 "role": view.role(member.id, (t, p)),
                 "offset": state.get("offset", -1),
                 "lag": state.get("lag", 0),
+                # older nodes do not say: serving or warming is all they knew
+                "state": state.get("state", "serving" if state.get("caught_up") else "warming"),
+                "staleness_ms": state.get("staleness_ms", 0),
+                **({"error": state["error"]} if "error" in state else {}),
             }
             for (t, p), state in sorted(member.replicas.items())
         ]
@@ -100,7 +104,7 @@ def readiness(node: Node) -> tuple[int, bytes]:
             "target": r.restore_target,
         }
         for r in node.ingestor.replicas.values()
-        if not r.caught_up
+        if not r.restored
     ]
     ready = node.ready
     reachable = node.membership.kafka_reachable
@@ -111,5 +115,23 @@ def readiness(node: Node) -> tuple[int, bytes]:
         "kafka": "reachable" if reachable else "unreachable",
         "kafka_silent_ms": round(node.membership.kafka_silent_s * 1000),
         "stale": not reachable,
+        "degraded": degraded(node),
     }
     return (200 if ready else 503), orjson.dumps(body)
+
+
+def degraded(node: Node) -> list[dict[str, object]]:
+    """Restored replicas that are failing to write or no longer count as caught up."""
+    return [
+        {
+            "table": r.table.name,
+            "partition": r.partition,
+            "state": r.status,
+            "lag": r.lag,
+            "staleness_ms": r.staleness_ms(),
+            "offset": r.position,
+            **({"error": r.failed} if r.failed is not None else {}),
+        }
+        for r in list(node.ingestor.replicas.values())
+        if r.restored and (r.failed is not None or not r.caught_up or r.stale_since is not None)
+    ]

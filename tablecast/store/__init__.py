@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tablecast.store.base import PartitionStore, Record, Write
+from tablecast.store.base import PartitionStore, Record, StoreClosed, Write
 from tablecast.store.memory import MemoryStore
 
-__all__ = ["MemoryStore", "PartitionStore", "Record", "Write", "open_store"]
+__all__ = ["MemoryStore", "PartitionStore", "Record", "StoreClosed", "Write", "open_store"]
 
 
 def open_store(kind: str, path: Path | None, cache_bytes: int = 0) -> PartitionStore:

@@ -6,6 +6,10 @@ from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
 
+class StoreClosed(Exception):
+    """A read of a store that was closed under it: the reader must go elsewhere."""
+
+
 class Record(NamedTuple):
     """What a store keeps per key: the value and where in the topic it came from."""
 
@@ -29,7 +33,14 @@ class PartitionStore(Protocol):
     ``applied_offset`` is the offset of the last record applied (-1 for none);
     :meth:`apply` moves data, count and offset together, so a reader or a
     restart never sees one without the others. Readers may run on another
-    thread than the one applying.
+    thread than the one applying. After :meth:`close` every read raises
+    :class:`StoreClosed` (never a wrong answer), so a reader racing a release
+    can re-route its request.
+
+    ``synced_ms`` is the wall-clock time (epoch ms) at which the store was last
+    known to hold everything its topic had (0: unknown); :meth:`mark_synced`
+    records it durably, so a node that reopens the store after a long absence
+    can tell whether compaction may have dropped tombstones it never saw.
     """
 
     @property
@@ -46,6 +57,11 @@ class PartitionStore(Protocol):
         ...
 
     def apply(self, writes: Sequence[Write]) -> None: ...
+
+    @property
+    def synced_ms(self) -> int: ...
+
+    def mark_synced(self, wall_ms: int) -> None: ...
 
     def __len__(self) -> int: ...
 

@@ -39,6 +39,13 @@ class CachedStore:
     def applied_offset(self) -> int:
         return self._applied
 
+    @property
+    def synced_ms(self) -> int:
+        return self.inner.synced_ms
+
+    def mark_synced(self, wall_ms: int) -> None:
+        self.inner.mark_synced(wall_ms)
+
     def get(self, key: bytes) -> Record | None:
         record = self._records.get(key)
         if record is not None:

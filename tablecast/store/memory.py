@@ -4,10 +4,25 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from sortedcontainers import SortedDict
 
-from tablecast.store.base import Record, Write, last_per_key
+from tablecast.store.base import Record, StoreClosed, Write, last_per_key
+
+
+class _Closed:
+    """Stands in for a closed store's data: every use raises, so a reader that
+    raced the close re-routes instead of answering a false 404 from emptied data.
+    Swapping the dict for this costs the hot path nothing (no flag to check)."""
+
+    def _closed(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise StoreClosed("the store was closed")
+
+    get = pop = irange = __getitem__ = __setitem__ = __len__ = _closed
+
+
+_CLOSED: Any = _Closed()
 
 
 class MemoryStore:
@@ -22,6 +37,13 @@ class MemoryStore:
     def applied_offset(self) -> int:
         return self._applied
 
+    @property
+    def synced_ms(self) -> int:
+        return 0  # rebuilt from the topic on every open: never resumed, never stale
+
+    def mark_synced(self, wall_ms: int) -> None:
+        pass
+
     def get(self, key: bytes) -> Record | None:
         return self._data.get(key)
 
@@ -33,12 +55,13 @@ class MemoryStore:
         self, start: bytes | None, end: bytes | None, limit: int
     ) -> list[tuple[bytes, Record]]:
         with self._lock:
-            keys = self._data.irange(start, end, inclusive=(True, False))
+            data = self._data
+            keys = data.irange(start, end, inclusive=(True, False))
             out = []
             for key in keys:
                 if len(out) >= limit:
                     break
-                out.append((key, self._data[key]))
+                out.append((key, data[key]))
             return out
 
     def apply(self, writes: Sequence[Write]) -> None:
@@ -57,4 +80,7 @@ class MemoryStore:
         return len(self._data)
 
     def close(self) -> None:
-        self._data.clear()
+        # the data is left to the garbage collector rather than cleared: a reader
+        # holding the old dict finishes with a consistent answer, later ones raise
+        with self._lock:
+            self._data = _CLOSED

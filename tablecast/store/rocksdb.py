@@ -4,23 +4,42 @@ One RocksDB instance per (table, partition). Data keys carry a one-byte prefix
 so that the store's own bookkeeping (applied offset, key count) lives in the
 same keyspace and is written in the same WriteBatch as the data: one column
 family, one atomic write, no state where data and offset disagree. A value is
-stored as offset (8 bytes) + timestamp (8 bytes) + the record's value.
+stored as offset (8 bytes) + timestamp (8 bytes) + the record's value. The
+bookkeeping also holds when the store was last known in sync with its topic
+(wall-clock ms), which decides whether a store reopened after an absence may
+resume or must restore from scratch (compaction may have dropped tombstones).
+
+A failed write (disk full, an I/O error) raises and leaves the store as it was
+before the batch; RocksDB then refuses further writes until it is reopened.
 """
 
 from __future__ import annotations
 
+import logging
 import struct
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from rocksdict import BlockBasedOptions, Cache, DataBlockIndexType, Options, Rdict, WriteBatch
+from rocksdict import (
+    BlockBasedOptions,
+    Cache,
+    DataBlockIndexType,
+    DbClosedError,
+    Options,
+    Rdict,
+    WriteBatch,
+)
 
-from tablecast.store.base import Record, Write, last_per_key
+from tablecast.store.base import Record, StoreClosed, Write, last_per_key
+
+log = logging.getLogger(__name__)
 
 DATA = b"\x01"
 META = b"\x00meta"
 _HEADER = struct.Struct(">qq")
-_META = struct.Struct(">qq")  # applied offset, key count
+_META = struct.Struct(">qqq")  # applied offset, key count, in sync with the topic at (epoch ms)
+_META_V1 = struct.Struct(">qq")  # written before the sync time was kept
 
 
 BLOCK_CACHE_BYTES = 256 * 1024 * 1024
@@ -56,27 +75,57 @@ class RocksDBStore:
         Path(path).mkdir(parents=True, exist_ok=True)
         self.path = Path(path)
         self._db = Rdict(str(path), _options())
+        self._closed = False
         meta = self._db.get(META)
-        self._applied, self._count = _META.unpack(meta) if meta else (-1, 0)
+        if meta is None:
+            self._applied, self._count, self._synced = -1, 0, 0
+        elif len(meta) == _META_V1.size:
+            (self._applied, self._count), self._synced = _META_V1.unpack(meta), 0
+        else:
+            self._applied, self._count, self._synced = _META.unpack(meta)
 
     @property
     def applied_offset(self) -> int:
         return self._applied
 
+    @property
+    def synced_ms(self) -> int:
+        return self._synced
+
+    def mark_synced(self, wall_ms: int) -> None:
+        self._db.put(META, _META.pack(self._applied, self._count, wall_ms))
+        self._synced = wall_ms
+
     def get(self, key: bytes) -> Record | None:
-        raw = self._db.get(DATA + key)
+        if self._closed:
+            raise StoreClosed("the store was closed")
+        try:
+            raw = self._db.get(DATA + key)
+        except DbClosedError:
+            raise StoreClosed("the store was closed") from None
         return None if raw is None else _decode(raw)
 
     def multi_get(self, keys: Sequence[bytes]) -> list[Record | None]:
         if not keys:
             return []
-        raws = self._db[[DATA + k for k in keys]]
+        if self._closed:
+            raise StoreClosed("the store was closed")
+        try:
+            raws = self._db[[DATA + k for k in keys]]
+        except DbClosedError:
+            raise StoreClosed("the store was closed") from None
         return [None if raw is None else _decode(raw) for raw in raws]
 
     def scan(
         self, start: bytes | None, end: bytes | None, limit: int
     ) -> list[tuple[bytes, Record]]:
-        it = self._db.iter()
+        # an iterator keeps the database alive, so only its creation can meet a close
+        if self._closed:
+            raise StoreClosed("the store was closed")
+        try:
+            it = self._db.iter()
+        except DbClosedError:
+            raise StoreClosed("the store was closed") from None
         it.seek(DATA + (start or b""))
         stop = DATA + end if end is not None else None
         out: list[tuple[bytes, Record]] = []
@@ -106,15 +155,31 @@ class RocksDBStore:
                 batch.put(DATA + key, _HEADER.pack(w.offset, w.timestamp) + w.value)
                 count += before is None
         applied = max(self._applied, writes[-1].offset)
-        batch.put(META, _META.pack(applied, count))
+        batch.put(META, _META.pack(applied, count, self._synced))
         self._db.write(batch)
         self._applied, self._count = applied, count
 
     def __len__(self) -> int:
+        if self._closed:
+            raise StoreClosed("the store was closed")
         return self._count
 
     def close(self) -> None:
-        self._db.close()
+        # readers check the flag first, so the reads still in RocksDB are the last ones;
+        # rocksdict refuses to close while one is (it releases the GIL inside a read)
+        self._closed = True
+        for _ in range(5000):
+            try:
+                self._db.close()
+                return
+            except Exception as e:
+                if "borrowed" in str(e):
+                    time.sleep(0.001)
+                    continue
+                # a database in an error state (disk full) still lets go of its files
+                log.warning("closing the store at %s: %s", self.path, e)
+                return
+        log.error("the store at %s stayed in use; not closed", self.path)
 
 
 def _decode(raw: bytes) -> Record:

@@ -13,7 +13,7 @@ import orjson
 
 from tablecast import serde
 from tablecast.kafka import catalog
-from tablecast.kafka.topics import COMPACTED, ensure_topic, table_topic
+from tablecast.kafka.topics import TABLE_TOPIC_CONFIG, ensure_topic, table_topic
 from tablecast.kafka.windowed import window_key
 
 from .kafka_io import produce
@@ -60,7 +60,7 @@ def make_table(
         store=store,
         extra=extra or {},  # type: ignore[arg-type]
     )
-    ensure_topic(bootstrap, info.topic, partitions, COMPACTED)
+    ensure_topic(bootstrap, info.topic, partitions, TABLE_TOPIC_CONFIG)
     catalog.publish(bootstrap, app_id, [info])
     return TableModel(info)
 

@@ -92,6 +92,7 @@ class Load:
         self._threads = [
             threading.Thread(target=self._smart, daemon=True),
             threading.Thread(target=self._plain, daemon=True),
+            threading.Thread(target=self._monotonic, daemon=True),
         ]
 
     def __enter__(self) -> Load:
@@ -141,6 +142,31 @@ class Load:
                 except Exception as e:
                     self.failed += 1
                     self.errors.append(f"plain: {url} {key}: {e!r}")
+
+    def _monotonic(self) -> None:
+        """Read a key, then again elsewhere with min_offset at what the first read saw:
+        the waits in router._after_offset meet replicas released under them."""
+        rng = random.Random(3)
+        with httpx.Client(timeout=10) as http:
+            while not self._stop.is_set():
+                key = rng.choice(self.keys)
+                path = f"/v1/tables/kv/keys/{quote(key, safe='')}"
+                try:
+                    r = http.get(rng.choice(self.cluster.live_urls()) + path)
+                    if r.status_code == 200:
+                        seen = r.json()
+                        r = http.get(
+                            rng.choice(self.cluster.live_urls()) + path,
+                            params={"min_offset": f"{seen['partition']}:{seen['offset']}"},
+                        )
+                    if r.status_code != 200:
+                        self.failed += 1
+                        self.errors.append(f"min_offset: {key}: {r.status_code} {r.text}")
+                    else:
+                        self._check(key, r.json()["value"])
+                except Exception as e:
+                    self.failed += 1
+                    self.errors.append(f"min_offset: {key}: {e!r}")
 
     def assert_clean(self) -> None:
         assert self.failed == 0 and self.wrong == 0, self.errors[:10]

@@ -1,0 +1,328 @@
+"""A serving node contains what goes wrong under it: bad records and catalog entries produced
+straight into its topics, a disk that fills up under its stores, a Kafka outage."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+import orjson
+import pytest
+
+from tablecast import serde
+from tablecast.kafka.broker import Broker, free_port
+from tablecast.kafka.catalog import TableInfo
+from tablecast.kafka.topics import TABLE_TOPIC_CONFIG, catalog_topic, ensure_topic, table_topic
+
+from ..support.procs import NodeProcess, eventually, start_node
+from .kafka_io import produce
+from .tables import TableModel, make_table
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 3
+
+
+def metric(node: NodeProcess, name: str, **labels: str) -> float:
+    """The sum of a metric's samples whose labels include `labels`."""
+    total = 0.0
+    want = [f'{k}="{v}"' for k, v in labels.items()]
+    for line in node.get("/metrics").text.splitlines():
+        if line.startswith(name) and all(w in line for w in want):
+            total += float(line.split()[-1])
+    return total
+
+
+def read_all(node: NodeProcess, table: str) -> list[tuple[str, object]]:
+    """Every row through range pages of 7, each page a 200 with valid JSON."""
+    items: list[tuple[str, object]] = []
+    cursor = None
+    for _ in range(1000):
+        r = node.get(
+            f"/v1/tables/{table}/range",
+            params={"limit": "7", **({"cursor": cursor} if cursor else {})},
+        )
+        assert r.status_code == 200, r.text
+        body = orjson.loads(r.content)
+        items.extend((i["key"], i["value"]) for i in body["items"])
+        cursor = body["next_cursor"]
+        if cursor is None:
+            return items
+    raise AssertionError("range pagination did not end")
+
+
+def check_exact(node: NodeProcess, model: TableModel) -> None:
+    name = model.info.name
+    ks = model.info.key_serde
+    for raw, value in model.rows.items():
+        text = str(ks.deserialize(raw))
+        r = node.get(f"/v1/tables/{name}/keys/{quote(text, safe='')}")
+        assert r.status_code == 200, (text, r.text)
+        assert orjson.loads(r.content)["value"] == value, text
+    assert node.get(f"/v1/tables/{name}/count").json() == {"count": len(model.rows)}
+
+
+def test_bad_records_are_counted_logged_and_kept_out(
+    bootstrap: str, unique: str, logs: Path
+) -> None:
+    kv = make_table(bootstrap, unique, "kv", PARTITIONS, serde.string(), serde.json())
+    longs = make_table(bootstrap, unique, "longs", PARTITIONS, serde.string(), serde.long())
+    catalog = [kv.info, longs.info]
+    produce(bootstrap, catalog_topic(unique), [(i.name.encode(), i.to_json()) for i in catalog])
+    kv.write(bootstrap, [(f"key-{i}", {"i": i}) for i in range(60)])
+    longs.write(bootstrap, [(f"n{i}", i) for i in range(20)])
+    # records no serde of the table can read, written straight into the table topics
+    produce(
+        bootstrap,
+        kv.info.topic,
+        [
+            (b"\xff\xfe-not-utf8", b'{"x": 1}'),  # a key a string table cannot hold
+            (b"key-7", b'{"half": '),  # key-7's latest value is not JSON: it reads as absent
+            (b"key-new", b"\xffnot json"),
+            (b"key-8", b'{"i": 8, "spliced": "as is"}  '),  # valid JSON with spaces: kept
+        ],
+    )
+    produce(bootstrap, longs.info.topic, [(b"n3", b"12"), (b"n\xff", b"\x00" * 8)])
+    kv.rows.pop(b"key-7")
+    kv.rows[b"key-8"] = {"i": 8, "spliced": "as is"}
+    longs.rows.pop(b"n3")
+    kv.write(bootstrap, [(f"key-{i}", {"i": i, "after": True}) for i in range(50, 70)])
+
+    node = start_node(unique, bootstrap, logs)
+    try:
+        node.wait_ready()
+        node.wait_caught_up(bootstrap, "kv", kv.info.topic)
+        node.wait_caught_up(bootstrap, "longs", longs.info.topic)
+        check_exact(node, kv)
+        check_exact(node, longs)
+        assert node.get("/v1/tables/kv/keys/key-7").status_code == 404
+        assert node.get("/v1/tables/kv/keys/key-new").status_code == 404
+        assert node.get("/v1/tables/longs/keys/n3").status_code == 404
+        assert read_all(node, "kv") == sorted((k.decode(), v) for k, v in kv.rows.items())
+        assert read_all(node, "longs") == sorted((k.decode(), v) for k, v in longs.rows.items())
+        r = httpx.post(
+            f"{node.url}/v1/tables/kv/keys:batchGet", json={"keys": ["key-7", "key-8", "key-1"]}
+        )
+        assert [x["found"] for x in r.json()["results"]] == [False, True, True]
+        assert metric(node, "tablecast_bad_records_total", table="kv", reason="bad key") == 1
+        assert metric(node, "tablecast_bad_records_total", table="kv", reason="bad value") == 2
+        assert metric(node, "tablecast_bad_records_total", table="longs") == 2
+        text = node.log_file.read_text()
+        assert "table 'kv' partition" in text and "bad value: not JSON" in text
+        assert "Traceback" not in text
+    finally:
+        node.stop()
+
+
+def test_bad_catalog_entries_are_left_out_and_the_rest_serves(
+    bootstrap: str, unique: str, logs: Path
+) -> None:
+    good = make_table(bootstrap, unique, "good", PARTITIONS, serde.string(), serde.json())
+    good.write(bootstrap, [(f"k{i}", i) for i in range(30)])
+    base = orjson.loads(good.info.to_json())
+    late_topic = table_topic(unique, "late")
+    produce(
+        bootstrap,
+        catalog_topic(unique),
+        [
+            (b"nofmt", orjson.dumps({**base, "name": "nofmt", "key": {}})),
+            (b"strparts", orjson.dumps({**base, "name": "strparts", "partitions": "3"})),
+            (b"garbage", b"{not json"),
+            (b"\xff", orjson.dumps(base)),
+            (b"late", orjson.dumps({**base, "name": "late", "topic": late_topic})),
+            (b"fewer", orjson.dumps({**base, "name": "fewer", "partitions": 5})),
+        ],
+    )
+    node = start_node(unique, bootstrap, logs)
+    try:
+        node.wait_ready()
+        names = [t["name"] for t in node.get("/v1/tables").json()["tables"]]
+        assert names == ["good"]
+        node.wait_caught_up(bootstrap, "good", good.info.topic)
+        check_exact(node, good)
+        assert metric(node, "tablecast_catalog_bad_entries_total") == 4
+        assert metric(node, "tablecast_tables_left_out") == 6
+        assert node.get("/v1/cluster").status_code == 200
+        # the missing topic appears: the table is served without a restart
+        ensure_topic(bootstrap, late_topic, PARTITIONS, TABLE_TOPIC_CONFIG)
+        late = TableModel(TableInfo(**{**base, "name": "late", "topic": late_topic}))
+        late.write(bootstrap, [("x", {"late": True})])
+        eventually(lambda: node.get("/v1/tables/late/keys/x").status_code == 200, 30)
+        names = sorted(t["name"] for t in node.get("/v1/tables").json()["tables"])
+        assert names == ["good", "late"]
+        text = node.log_file.read_text()
+        assert "left out" in text and "Traceback" not in text
+    finally:
+        node.stop()
+
+
+@contextlib.contextmanager
+def small_disk(size_mb: int):  # type: ignore[no-untyped-def]
+    """A tmpfs of `size_mb` MB, unmounted after."""
+    where = Path(tempfile.mkdtemp(prefix="tablecast-test-disk-"))
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(where)], check=True
+    )
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def fill(disk: Path) -> Path:
+    """A file that takes every byte left on `disk` (unbuffered: nothing left to flush)."""
+    filler = disk / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        for size in (1 << 20, 4096, 1):
+            with contextlib.suppress(OSError):
+                while True:
+                    f.write(b"\0" * size)
+    return filler
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_a_full_disk_stops_the_partition_without_a_gap_and_it_resumes(
+    bootstrap: str, unique: str, logs: Path
+) -> None:
+    rng = random.Random(3)
+    model = make_table(bootstrap, unique, "kv", PARTITIONS, serde.string(), serde.json())
+    model.write(bootstrap, [(f"key-{i}", {"i": i, "v": 0}) for i in range(300)])
+    with small_disk(40) as disk:
+        node = start_node(unique, bootstrap, logs, "--data-dir", str(disk / "node"))
+        try:
+            node.wait_ready()
+            node.wait_caught_up(bootstrap, "kv", model.info.topic)
+            check_exact(node, model)
+            before = dict(model.rows)
+            filler = fill(disk)
+            updates = [
+                (f"key-{rng.randrange(400)}", {"v": n, "pad": "x" * 800}) for n in range(600)
+            ]
+            model.write(bootstrap, updates)
+
+            def failed() -> list:  # type: ignore[type-arg]
+                body = node.get("/readyz").json()
+                return [d for d in body["degraded"] if d["state"] == "failed"]
+
+            stuck = eventually(failed, 30)
+            assert "No space left" in stuck[0]["error"]
+            assert metric(node, "tablecast_replica_write_failed") >= 1
+            # the state heartbeats carry, as /v1/cluster shows it
+            replicas = [r for n in node.get("/v1/cluster").json()["nodes"] for r in n["replicas"]]
+            assert any(r["state"] == "failed" and "No space" in r["error"] for r in replicas)
+            # the failed partitions stay where they were...
+            offsets = {
+                (d["partition"]): metric(
+                    node, "tablecast_replica_applied_offset", partition=str(d["partition"])
+                )
+                for d in stuck
+            }
+            time.sleep(6)  # longer than a replica may lag before it stops counting as caught up
+            for p, offset in offsets.items():
+                assert metric(node, "tablecast_replica_applied_offset", partition=str(p)) == offset
+            # ...and keep answering what they hold, reported as stale
+            for raw, value in before.items():
+                r = node.get(f"/v1/tables/kv/keys/{quote(raw.decode(), safe='')}")
+                assert r.status_code == 200, r.text
+                body = r.json()
+                if body["partition"] in offsets:
+                    assert body["value"] == value
+                    assert int(r.headers["x-tablecast-staleness-ms"]) > 0
+                    assert int(r.headers["x-tablecast-lag"]) > 0
+            assert node.get("/readyz").status_code == 503
+            filler.unlink()
+            node.wait_caught_up(bootstrap, "kv", model.info.topic, timeout=90)
+            eventually(lambda: node.get("/readyz").status_code == 200, 60)
+            check_exact(node, model)
+            assert read_all(node, "kv") == sorted((k.decode(), v) for k, v in model.rows.items())
+            assert metric(node, "tablecast_replica_write_failed") == 0
+            assert metric(node, "tablecast_store_write_failures_total") >= 1
+            r = node.get("/v1/tables/kv/keys/key-1")
+            assert r.headers["x-tablecast-staleness-ms"] == "0"
+            text = node.log_file.read_text()
+            assert "failed: " in text and "store writes work again" in text
+        finally:
+            node.stop()
+
+
+def test_a_kafka_outage_keeps_reads_answering_and_reports_staleness(
+    unique: str, logs: Path
+) -> None:
+    data = Path(tempfile.mkdtemp(prefix="tablecast-test-outage-"))
+    broker = Broker(data, free_port())
+    broker.start()
+    node = None
+    try:
+        bootstrap = broker.bootstrap_servers
+        model = make_table(bootstrap, unique, "kv", PARTITIONS, serde.string(), serde.json())
+        model.write(bootstrap, [(f"key-{i}", {"i": i}) for i in range(50)])
+        node = start_node(unique, bootstrap, logs)
+        node.wait_ready()
+        node.wait_caught_up(bootstrap, "kv", model.info.topic)
+        r = node.get("/v1/tables/kv/keys/key-1")
+        assert r.status_code == 200 and r.headers["x-tablecast-staleness-ms"] == "0"
+        broker.stop()
+        time.sleep(5)
+        for i in range(50):
+            r = node.get(f"/v1/tables/kv/keys/key-{i}")
+            assert r.status_code == 200, r.text
+            assert r.json()["value"] == {"i": i}
+        assert int(r.headers["x-tablecast-staleness-ms"]) > 2000
+        assert r.headers["x-tablecast-lag"] == "0"
+        broker.start()
+        model.write(bootstrap, [("key-1", {"i": 1, "after": True})])
+        eventually(lambda: node.get("/v1/tables/kv/keys/key-1").json()["value"]["after"], 60)
+        eventually(
+            lambda: node.get("/v1/tables/kv/keys/key-2").headers["x-tablecast-staleness-ms"] == "0",
+            30,
+        )
+    finally:
+        if node is not None:
+            node.stop()
+        broker.stop()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def test_unused_stores_are_dropped_and_stores_away_too_long_restore_from_scratch(
+    bootstrap: str, unique: str, logs: Path
+) -> None:
+    # tombstones outlive compaction by 2 s only: a node away longer cannot trust its stores
+    topic = table_topic(unique, "kv")
+    ensure_topic(
+        bootstrap, topic, PARTITIONS, {**TABLE_TOPIC_CONFIG, "delete.retention.ms": "2000"}
+    )
+    model = make_table(bootstrap, unique, "kv", PARTITIONS, serde.string(), serde.json())
+    model.write(bootstrap, [(f"key-{i}", {"i": i}) for i in range(100)])
+    data = logs / "data"
+    ghost = data / "stores" / "ghost" / "0"  # a store of a partition nobody gives this node
+    ghost.mkdir(parents=True)
+    (ghost / "CURRENT").write_text("left by an earlier run\n")
+    extra = ("--data-dir", str(data), "--drop-released-after", "1")
+    node = start_node(unique, bootstrap, logs, *extra)
+    try:
+        node.wait_ready()
+        node.wait_caught_up(bootstrap, "kv", topic)
+        eventually(lambda: not ghost.exists(), 30)
+        assert metric(node, "tablecast_stores_dropped_total") == 1
+        assert (data / "stores" / "kv" / "0").exists()  # what it holds stays
+        assert metric(node, "tablecast_stores_restored_from_scratch_total") == 0
+        node.stop()
+        time.sleep(3)
+        model.write(bootstrap, [(f"key-{i}", None) for i in range(0, 100, 3)])
+        node = start_node(unique, bootstrap, logs, *extra)
+        node.wait_ready()
+        node.wait_caught_up(bootstrap, "kv", topic)
+        assert metric(node, "tablecast_stores_restored_from_scratch_total") == PARTITIONS
+        check_exact(node, model)
+        assert "restoring it from scratch" in node.log_file.read_text()
+    finally:
+        node.stop()
