@@ -19,6 +19,7 @@ BENCHES = {
     "cluster": "bench.cluster",
     "anchors": "bench.anchors",
     "spark_cluster": "bench.spark_cluster",
+    "fuzz": "bench.fuzz",
 }
 # the pipeline benchmark is written by another change; run it once its module exists
 if importlib.util.find_spec("bench.pipeline") is not None:

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -36,7 +37,10 @@ pytestmark = pytest.mark.integration
 
 SECRET = "fuzz-secret-0123456789abcdef0123456789"
 AVRO_KEY = serde.avro({"type": "record", "name": "K", "fields": [{"name": "id", "type": "long"}]})
-EXAMPLES = 25
+#: schemathesis examples per operation and hypothesis examples per internal-route test;
+#: `python -m bench fuzz` raises them through these variables
+EXAMPLES = int(os.environ.get("TABLECAST_FUZZ_EXAMPLES", "25"))
+INTERNAL_EXAMPLES = int(os.environ.get("TABLECAST_FUZZ_INTERNAL_EXAMPLES", "150"))
 
 
 def _token() -> str:
@@ -133,7 +137,7 @@ def test_awkward_keys_and_parameters(two_nodes) -> None:  # type: ignore[no-unty
 _text = st.text(st.characters(codec="utf-8"), max_size=30)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=INTERNAL_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     route=st.sampled_from(["scan", "count"]),
     table=st.sampled_from(["kv", "win", "avro", "nope", ""]),

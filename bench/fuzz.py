@@ -1,0 +1,80 @@
+"""``python -m bench fuzz [--examples N] [--internal N]``: the fuzz tests, many times bigger.
+
+Runs ``tests/integration/test_openapi_fuzz.py`` (schemathesis over every route
+of the OpenAPI document with auth on and off on two nodes, hypothesis on the
+internal routes, the raw-socket fuzzer) with N examples per operation instead
+of the suite's 25, and writes the case counts and the outcome to BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+
+from bench import common
+
+TEST = "tests/integration/test_openapi_fuzz.py"
+#: operations in the public document that schemathesis fuzzes (both auth modes run each)
+AUTH_MODES = 2
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench fuzz")
+    parser.add_argument("--examples", type=int, default=400, help="per operation (schemathesis)")
+    parser.add_argument("--internal", type=int, default=2000, help="internal-route examples")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.examples, args.internal = 10, 50
+    env = {
+        **os.environ,
+        "TABLECAST_FUZZ_EXAMPLES": str(args.examples),
+        "TABLECAST_FUZZ_INTERNAL_EXAMPLES": str(args.internal),
+    }
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", TEST, "-q", "-p", "no:cacheprovider", "-rA"],
+        cwd=common.ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    took = time.monotonic() - started
+    summary = re.findall(r"\d+ (?:passed|failed|error)", done.stdout)
+    from tablecast.server.openapi import document
+
+    operations = sum(len(ops) for ops in document()["paths"].values())
+    m = common.machine()
+    result = {
+        "examples_per_operation": args.examples,
+        "operations": operations,
+        "internal_examples": args.internal,
+        "auth_modes": AUTH_MODES,
+        "outcome": summary,
+        "returncode": done.returncode,
+        "seconds": round(took),
+    }
+    common.save("fuzz", result)
+    verdict = "0 server errors, 0 crashes" if done.returncode == 0 else "**failures, see below**"
+    section = f"""## Fuzzing (issue 12)
+
+`{common.command()}` — {common.facts_line(m)}
+
+| what | cases |
+|---|---|
+| schemathesis, every operation of `/openapi.json` ({operations}), kv + window + Avro-keyed tables, 2 nodes | up to {args.examples} per operation × {AUTH_MODES} auth modes |
+| hypothesis, internal routes (scan, count) | {args.internal} × {AUTH_MODES} auth modes |
+| raw-socket cases (malformed request lines, huge headers, bad encodings, pipelining, half-sent) | 11 × {AUTH_MODES} |
+
+Outcome: {", ".join(summary)} in {took:.0f} s — {verdict}.
+"""
+    if done.returncode != 0:
+        section += "\n```\n" + done.stdout[-3000:] + "\n```\n"
+    common.write_section("fuzz", section)
+    print(section)
+    if done.returncode != 0:
+        raise SystemExit(done.returncode)
