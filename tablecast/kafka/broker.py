@@ -61,10 +61,12 @@ class Broker:
     cluster_id: str | None = None
     tls_dir: Path | None = None
     replication: int = 1
+    #: the address clients reach it on (the controller stays on loopback)
+    host: str = "127.0.0.1"
 
     @property
     def bootstrap_servers(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def material(self) -> SecureMaterial:
@@ -201,8 +203,9 @@ class Broker:
             "process.roles": "broker,controller",
             "node.id": str(self.node_id),
             "controller.quorum.bootstrap.servers": f"127.0.0.1:{controller_port}",
-            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "listeners": f"PLAINTEXT://{self.host}:{self.port},"
+            f"CONTROLLER://127.0.0.1:{controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{self.host}:{self.port}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
