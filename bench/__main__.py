@@ -20,6 +20,7 @@ BENCHES = {
     "anchors": "bench.anchors",
     "spark_cluster": "bench.spark_cluster",
     "fuzz": "bench.fuzz",
+    "https": "bench.https",
 }
 # the pipeline benchmark is written by another change; run it once its module exists
 if importlib.util.find_spec("bench.pipeline") is not None:
@@ -30,6 +31,7 @@ QUICK = {
     "serving": ["--seconds", "2", "--keys", "20000", "--ingest", "100000", "--restart", "100000"],
     "cluster": ["--seconds", "2", "--keys", "20000"],
     "stores": ["--keys", "20000", "--reads", "50000"],
+    "https": ["--seconds", "2", "--keys", "20000", "--rounds", "3"],
 }
 
 log = logging.getLogger("bench")
