@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from granian.constants import Interfaces
+from granian.constants import Interfaces, SSLProtocols
 from granian.server.embed import Server
 
 from tablecast.cluster.node import Node, NodeConfig
@@ -24,7 +24,12 @@ async def serve_rsgi(app: Any, host: str, port: int, tls: tuple[str, str] | None
     The benchmarks serve their constant-body baseline through this same
     function, so "the same HTTP stack" means the same settings too.
     """
-    ssl_files = {"ssl_cert": Path(tls[0]), "ssl_key": Path(tls[1])} if tls else {}
+    # TLS 1.2 at least (granian's default is 1.3 only, which older Java clients lack)
+    ssl_files = (
+        {"ssl_cert": Path(tls[0]), "ssl_key": Path(tls[1]), "ssl_protocol_min": SSLProtocols.tls12}
+        if tls
+        else {}
+    )
     server = Server(
         app,
         address=host,
