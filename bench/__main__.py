@@ -19,6 +19,7 @@ BENCHES = {
     "cluster": "bench.cluster",
     "anchors": "bench.anchors",
     "spark_cluster": "bench.spark_cluster",
+    "chaos": "bench.chaos",
 }
 # the pipeline benchmark is written by another change; run it once its module exists
 if importlib.util.find_spec("bench.pipeline") is not None:
@@ -29,6 +30,7 @@ QUICK = {
     "serving": ["--seconds", "2", "--keys", "20000", "--ingest", "100000", "--restart", "100000"],
     "cluster": ["--seconds", "2", "--keys", "20000"],
     "stores": ["--keys", "20000", "--reads", "50000"],
+    "chaos": ["--minutes", "3"],
 }
 
 log = logging.getLogger("bench")
