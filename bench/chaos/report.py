@@ -8,7 +8,7 @@ from typing import Any
 from .verifier import Tally
 
 
-def longest_gaps(tally: Tally) -> dict[int, float]:
+def longest_gaps(tally: Tally) -> dict[str, float]:
     """Per partition, the longest time from a failed read to the next answered one."""
     worst: dict[int, float] = defaultdict(float)
     down_since: dict[int, float] = {}
@@ -17,7 +17,7 @@ def longest_gaps(tally: Tally) -> dict[int, float]:
             down_since.setdefault(p, t)
         elif p in down_since:
             worst[p] = max(worst[p], t - down_since.pop(p))
-    return {p: round(worst.get(p, 0.0), 2) for p in range(6)}
+    return {f"p{p}": round(worst.get(p, 0.0), 2) for p in range(6)}
 
 
 def markdown(r: dict[str, Any]) -> str:
@@ -43,7 +43,7 @@ def markdown(r: dict[str, Any]) -> str:
         f"| acknowledged input records | {r['acked']:,} | |",
         "",
         "Longest unavailability per partition (s): "
-        + ", ".join(f"p{p} {s}" for p, s in r["longest_unavailable_s"].items()),
+        + ", ".join(f"{p} {s}" for p, s in r["longest_unavailable_s"].items()),
         "",
         "| t (s) | fault | took (s) | detail | problems |",
         "|---|---|---|---|---|",
