@@ -246,6 +246,11 @@ class Readers:
                 verdict = f"failed:{e.status}"
             except (httpx.HTTPError, ConnectionError, OSError) as e:
                 verdict = f"failed:{type(e).__name__}"
+            except ValueError:
+                # tablecast.Client.get raises the JSON error itself on a non-JSON error body
+                verdict = "failed:client-non-json-body"
+            except Exception as e:  # a reader must outlive any answer
+                verdict = f"failed:{type(e).__name__}"
             self._record(key, t0, verdict)
         http.close()
         if client is not None:
