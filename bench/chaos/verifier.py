@@ -242,6 +242,10 @@ class Readers:
                     url = rng.choice(urls)
                     r = http.get(f"{url}/v1/tables/{TABLE}/keys/{quote(key, safe='')}")
                     verdict = self._judge_http(key, r, t0)
+                    if verdict.startswith("wrong:"):
+                        lag = r.headers.get("x-tablecast-lag")
+                        verdict += f" (asked {url}, answered by "
+                        verdict += f"{r.headers.get('x-tablecast-node')}, lag {lag})"
             except tc.QueryError as e:
                 verdict = f"failed:{e.status}"
             except (httpx.HTTPError, ConnectionError, OSError) as e:
