@@ -41,6 +41,7 @@ import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 import tablecast as tc
+from tablecast.kafka.config import client_conf
 from tablecast.kafka.partitioner import partition_for
 
 from .cluster import KEYS, PARTITIONS, TABLE
@@ -68,12 +69,14 @@ class Reference:
         }
         self.ends = dict.fromkeys(range(PARTITIONS), 0)
         self.c = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": "chaos-reference",
-                "enable.auto.commit": False,
-                "reconnect.backoff.max.ms": 1000,
-            }
+            client_conf(
+                bootstrap,
+                {
+                    "group.id": "chaos-reference",
+                    "enable.auto.commit": False,
+                    "reconnect.backoff.max.ms": 1000,
+                },
+            )
         )
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name="reference", daemon=True)
