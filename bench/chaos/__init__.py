@@ -1,0 +1,165 @@
+"""``python -m bench chaos --minutes N [--seed S]``: a seeded chaos soak of the serving tier.
+
+Its own broker, the pipeline and three nodes under a steady producer, while
+reader threads query random nodes and every answer is checked against the table
+topic (see :mod:`bench.chaos.verifier` for the rule). A seeded schedule of
+faults (:mod:`bench.chaos.faults`) runs, each followed by recovery; at the end,
+with input and faults stopped, every node must converge and every key equal what
+the App makes of the last acknowledged input record (records lost otherwise).
+Cluster control is :mod:`bench.chaos.cluster`, the report :mod:`bench.chaos.report`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from bench import common
+
+from .cluster import KEYS, TABLE, Cluster, Producer, expected_value
+from .faults import ALL, Injector, as_dict, inject, schedule
+from .report import longest_gaps, markdown
+from .verifier import MALFORMED, Readers, Reference
+
+log = logging.getLogger("bench.chaos")
+RATE = 300
+READERS = 4
+WARMUP_S = 20.0
+
+
+def converge(
+    cluster: Cluster, expected: dict[str, Any], skip: set[str], timeout: float
+) -> tuple[bool, list[str]]:
+    """Wait until every node answers every key as expected; the keys still differing."""
+    deadline = time.monotonic() + timeout
+    diffs: list[str] = []
+    with httpx.Client(timeout=10) as http:
+        while True:
+            diffs = []
+            for n in cluster.nodes:
+                for i in range(KEYS):
+                    k = f"k{i:05d}"
+                    if k in skip:  # a malformed table record no valid one followed
+                        continue
+                    want = expected.get(k)
+                    try:
+                        r = http.get(f"{n.url}/v1/tables/{TABLE}/keys/{quote(k)}")
+                        got = r.json().get("value") if r.status_code == 200 else None
+                        if r.status_code not in (200, 404):
+                            got = f"status {r.status_code}"
+                    except (httpx.HTTPError, ValueError) as e:
+                        got = type(e).__name__
+                    if got != want:
+                        diffs.append(f"{n.url} {k}: {want!r} / {got!r}")
+            if not diffs or time.monotonic() > deadline:
+                return not diffs, diffs
+            time.sleep(5)
+
+
+def run(minutes: float, seed: int, work: Path) -> dict[str, Any]:
+    rng = random.Random(seed)
+    cluster = Cluster(work)
+    ref: Reference | None = None
+    readers: Readers | None = None
+    producer: Producer | None = None
+    events = []
+    try:
+        cluster.start()
+        producer = Producer(cluster.bootstrap, cluster.input_topic, RATE, seed)
+        producer.start()
+        ref = Reference(cluster.bootstrap, cluster.table_topic)
+        ref.start()
+        time.sleep(WARMUP_S)
+        readers = Readers(ref, cluster.urls, READERS, seed)
+        readers.start()
+        injector = Injector(cluster, producer, rng)
+        t0 = time.monotonic()
+        budget = minutes * 60
+        faults = schedule(rng, minutes)
+        for i, fault in enumerate(faults):
+            # every kind of fault runs once whatever the budget; repeats only within it
+            if i >= len(ALL) and time.monotonic() - t0 > budget - 30:
+                break
+            events.append(inject(injector, fault, t0))
+            # the rest of the slot after recovery, so reads see the healed cluster too
+            slot_end = t0 + budget * (i + 1) / len(faults)
+            time.sleep(max(5.0, slot_end - time.monotonic()))
+        producer.stop()
+        readers.stop()
+        expected = {k: expected_value(v) for k, v in producer.acked.items()}
+        expected = {k: v for k, v in expected.items() if v is not None}
+        # malformed table records are only healed by a later valid record for the key
+        malformed_unhealed = {
+            k for k in injector.malformed_keys if ref.by_key[k][-1].value is MALFORMED
+        }
+        converged, diffs = converge(cluster, expected, malformed_unhealed, 180)
+        lost_keys = sorted({d.split()[1].rstrip(":") for d in diffs})
+        t = readers.tally
+        answered = t.queries - sum(t.failed.values())
+        return {
+            "command": common.command(),
+            "machine": common.machine(),
+            "minutes": minutes,
+            "seed": seed,
+            "rate": RATE,
+            "keys": KEYS,
+            "readers": READERS,
+            "queries": t.queries,
+            "answered_pct": 100.0 * answered / max(1, t.queries),
+            "failed": dict(t.failed),
+            "failed_total": sum(t.failed.values()),
+            "wrong": len(t.wrong),
+            "wrong_samples": t.wrong[:50],
+            "unchecked": t.unchecked,
+            "lost": len(lost_keys),
+            "lost_samples": diffs[:50],
+            "converged": converged,
+            "acked": producer.acked_n,
+            "produce_failed": producer.failed,
+            "longest_unavailable_s": longest_gaps(t),
+            "faults": [as_dict(e) for e in events],
+            "notes": cluster.notes,
+        }
+    finally:
+        if producer is not None and not producer.stopping.is_set():
+            producer.stop()
+        if readers is not None:
+            readers.stop()
+        if ref is not None:
+            ref.stop()
+        cluster.stop()
+
+
+def main(argv: list[str]) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(prog="python -m bench chaos")
+    ap.add_argument("--minutes", type=float, default=5.0)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--keep", action="store_true", help="keep the work dir (logs) afterwards")
+    a = ap.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="tablecast-chaos-"))
+    log.info("work dir %s", work)
+    try:
+        result = run(a.minutes, a.seed, work)
+    finally:
+        if not a.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    common.save("chaos", result)
+    common.write_section("chaos", markdown(result))
+    log.info(
+        "queries %d failed %d wrong %d lost %d answered %.4f%%",
+        result["queries"],
+        result["failed_total"],
+        result["wrong"],
+        result["lost"],
+        result["answered_pct"],
+    )
+    return result

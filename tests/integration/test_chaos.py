@@ -1,0 +1,29 @@
+"""A 3-minute chaos soak (the harness of ``python -m bench chaos``, a short schedule).
+
+Every fault of bench/chaos/faults.py at least once over a live cluster (its
+own broker, the pipeline, three nodes, a producer, readers checked against the
+table topic): no read may be wrong, no acknowledged record lost, and at least
+99.999 % of reads answered.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.chaos import run
+from bench.chaos.faults import ALL
+
+pytestmark = pytest.mark.integration
+
+
+def test_chaos_soak_never_lies_and_never_loses(tmp_path: Path) -> None:
+    r = run(minutes=3.0, seed=7, work=tmp_path / "chaos")
+    ran = {e["fault"] for e in r["faults"]}
+    assert ran == set(ALL), f"faults not run: {set(ALL) - ran}"
+    problems = [(e["fault"], p) for e in r["faults"] for p in e["problems"]]
+    assert r["wrong"] == 0, r["wrong_samples"][:10]
+    assert r["lost"] == 0 and r["converged"], r["lost_samples"][:10]
+    assert r["answered_pct"] >= 99.999, (r["failed"], r["longest_unavailable_s"], problems)
+    assert not problems, problems
