@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import orjson
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from tablecast.cluster.replica import FRESH_S, STALL_S, Replica
 from tablecast.cluster.topicinfo import TopicInfo
@@ -55,6 +55,8 @@ CATALOG_EVERY_S = 1.0
 ASSESS_EVERY_S = 0.1
 FAILED_ENDS_EVERY_S = 1.0
 PROGRESS_EVERY_S = 5.0
+#: how long a partition end below a store's offset must persist before the store is wiped
+SHORT_END_CONFIRM_S = 15.0
 #: a store's in-sync time is written at most this often while it is current
 SYNC_EVERY_S = 30.0
 #: retries of a failed write wait 1, 2, 4 ... up to this many seconds (a retry while
@@ -259,9 +261,12 @@ class Ingestor:
 
     def _open(self, slot: Slot) -> Replica:
         info, p = self.tables[slot[0]], slot[1]
-        lo, hi = self._consumer.get_watermark_offsets(TopicPartition(info.topic, p), timeout=10)
+        tp = TopicPartition(info.topic, p)
+        lo, hi = self._consumer.get_watermark_offsets(tp, timeout=10)
         self._pending_drop.pop(slot, None)
         replica = self._new_replica(info, p, False)
+        if replica.store.applied_offset + 1 > hi:
+            lo, hi = self._confirmed_end(tp, replica.store.applied_offset + 1, lo, hi)
         why = self._outdated(replica, lo, hi)
         if why is not None:
             log.warning("table %r partition %d: %s; restoring it from scratch", info.name, p, why)
@@ -274,6 +279,26 @@ class Ingestor:
         replica.end_seen_at = replica.opened_at = time.monotonic()
         replica.stale_since = replica.opened_at
         return replica
+
+    def _confirmed_end(
+        self, tp: TopicPartition, expected: int, lo: int, hi: int
+    ) -> tuple[int, int]:
+        """The partition's watermarks, asked again while its end reads below `expected`.
+
+        A broker that has just restarted can report a high watermark below what
+        it held before for a few seconds. Taken at its word, that looks like a
+        topic recreated under the store, which would be wiped and restored from
+        a short topic: reads would miss keys while claiming no lag. So a store
+        is judged ahead of its topic only if the end stays short for a while.
+        """
+        deadline = time.monotonic() + SHORT_END_CONFIRM_S
+        while hi < expected and time.monotonic() < deadline and not self._stop.is_set():
+            self._stop.wait(0.5)
+            try:
+                lo, hi = self._consumer.get_watermark_offsets(tp, timeout=5)
+            except KafkaException:
+                continue
+        return lo, hi
 
     def _outdated(self, replica: Replica, lo: int, hi: int) -> str | None:
         """Why the store cannot resume from its applied offset (None: it can)."""

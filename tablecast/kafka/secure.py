@@ -17,6 +17,10 @@ import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cryptography import x509
 
 USER = "admin"
 MECHANISM = "SCRAM-SHA-512"
@@ -56,7 +60,7 @@ class SecureMaterial:
         if not self.password_file.exists():
             _private_write(self.password_file, secrets.token_urlsafe(24) + "\n")
         if not (self.ca.exists() and self.keystore.exists()):
-            ca_pem, keystore_pem = _make_certificates()
+            ca_pem, keystore_pem = make_certificates(["127.0.0.1", "localhost"])
             self.ca.write_text(ca_pem)
             _private_write(self.keystore, keystore_pem)
         _private_write(
@@ -96,8 +100,9 @@ def _private_write(path: Path, text: str) -> None:
         f.write(text)
 
 
-def _make_certificates() -> tuple[str, str]:
-    """A CA (PEM) and a broker key + certificate chain (PEM, PKCS#8) it signed."""
+def make_certificates(hosts: list[str]) -> tuple[str, str]:
+    """A CA (PEM), and a key + certificate chain (PEM, PKCS#8) it signed for `hosts`
+    (IP addresses or DNS names)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -140,12 +145,7 @@ def _make_certificates() -> tuple[str, str]:
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=3650))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
+        .add_extension(x509.SubjectAlternativeName([_name(h) for h in hosts]), critical=False)
         .add_extension(
             x509.ExtendedKeyUsage(
                 [x509.ExtendedKeyUsageOID.SERVER_AUTH, x509.ExtendedKeyUsageOID.CLIENT_AUTH]
@@ -160,3 +160,12 @@ def _make_certificates() -> tuple[str, str]:
     )
     ca_pem = ca.public_bytes(pem).decode()
     return ca_pem, key_pem.decode() + cert.public_bytes(pem).decode() + ca_pem
+
+
+def _name(host: str) -> x509.GeneralName:
+    from cryptography import x509
+
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        return x509.DNSName(host)

@@ -32,6 +32,7 @@ from tablecast.kafka.broker import Broker, free_port
 
 from ..support.procs import eventually
 from .tables import make_table
+from .test_tls_peers import certificate_files
 
 pytestmark = pytest.mark.integration
 
@@ -144,56 +145,6 @@ def _start(
     return RemoteNode(proc, url, log)
 
 
-def _tls_material(tmp: Path) -> tuple[str, str, str]:
-    """A CA and one certificate for every node address, as files (ca, cert, key)."""
-    import datetime
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "netns test CA")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    sans = [x509.IPAddress(ipaddress.ip_address(a)) for a in NODE_IPS]
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tablecast node")]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    pem = serialization.Encoding.PEM
-    files = {
-        "ca.pem": ca.public_bytes(pem),
-        "node.pem": cert.public_bytes(pem),
-        "node.key": key.private_bytes(
-            pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        ),
-    }
-    for name, data in files.items():
-        (tmp / name).write_bytes(data)
-    return str(tmp / "ca.pem"), str(tmp / "node.pem"), str(tmp / "node.key")
-
-
 @pytest.mark.parametrize("secure", [False, True], ids=["http", "https+secret"])
 def test_nodes_on_three_hosts(
     hosts: Hosts, bridge_broker: Broker, tmp_path: Path, secure: bool
@@ -204,7 +155,7 @@ def test_nodes_on_three_hosts(
     model.write(bootstrap, [(f"k{i}", {"i": i}) for i in range(KEYS)])
     scheme, extra, verify = "http", [], True
     if secure:
-        ca, cert, key = _tls_material(tmp_path)
+        ca, cert, key = certificate_files(tmp_path, NODE_IPS)
         scheme, verify = "https", ssl.create_default_context(cafile=ca)
         extra = ["--tls-cert", cert, "--tls-key", key, "--tls-ca", ca, "--cluster-secret", SECRET]
     nodes: list[RemoteNode] = []

@@ -13,7 +13,7 @@ import pytest
 import tablecast as tc
 from tablecast import serde
 from tablecast.cluster.signing import Signer
-from tablecast.kafka.secure import _make_certificates
+from tablecast.kafka.secure import make_certificates
 from tablecast.server.peers import SIGNATURE, signed_parts
 
 from ..support.procs import NodeProcess, eventually, start_node
@@ -25,9 +25,9 @@ SECRET = "cluster-secret-for-tests-0123456789"
 KEYS = 60
 
 
-def _certificates(tmp: Path) -> tuple[str, str, str]:
-    """A CA, and a certificate for 127.0.0.1 it signed, as files: (ca, cert, key)."""
-    ca_pem, bundle = _make_certificates()
+def certificate_files(tmp: Path, hosts: list[str]) -> tuple[str, str, str]:
+    """A CA, and a certificate for `hosts` it signed, as files: (ca, cert, key)."""
+    ca_pem, bundle = make_certificates(hosts)
     blocks = ["-----BEGIN" + b for b in bundle.split("-----BEGIN")[1:]]
     key_pem, cert_pem = blocks[0], "".join(blocks[1:])
     paths = []
@@ -39,7 +39,7 @@ def _certificates(tmp: Path) -> tuple[str, str, str]:
 
 @pytest.fixture
 def tls_cluster(bootstrap: str, unique: str, logs: Path, tmp_path: Path):  # type: ignore[no-untyped-def]
-    ca, cert, key = _certificates(tmp_path)
+    ca, cert, key = certificate_files(tmp_path, ["127.0.0.1"])
     model = make_table(bootstrap, unique, "kv", 6, serde.string(), serde.json())
     model.write(bootstrap, [(f"k{i}", {"i": i}) for i in range(KEYS)])
     tls = ["--tls-cert", cert, "--tls-key", key, "--tls-ca", ca, "--cluster-secret", SECRET]

@@ -28,7 +28,9 @@ def _race_close(store: PartitionStore, want: dict[bytes, Record], after_s: float
 
     def read(which: int) -> None:
         start.wait()
-        deadline = time.monotonic() + 5
+        # long enough for a close that waits on a loaded machine: a reader that never
+        # meets the close within it is a hang, reported below
+        deadline = time.monotonic() + 60
         n = 0
         while time.monotonic() < deadline:
             k = KEYS[n % len(KEYS)]
