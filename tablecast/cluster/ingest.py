@@ -105,6 +105,9 @@ class Ingestor:
                     "enable.partition.eof": True,
                     "fetch.wait.max.ms": 50,
                     "queued.max.messages.kbytes": 262144,
+                    # after a broker outage, reconnect within a second (librdkafka's default
+                    # backoff grows to 10 s): until then the replica's known end is stale
+                    "reconnect.backoff.max.ms": 1000,
                     "log_level": 0,
                     # the freshest word on each partition's end and on the brokers' state,
                     # without a request per partition
