@@ -117,6 +117,8 @@ def run(minutes: float, seed: int, work: Path) -> dict[str, Any]:
             "answered_pct": 100.0 * answered / max(1, t.queries),
             "failed": dict(t.failed),
             "failed_total": sum(t.failed.values()),
+            "retried": t.retried,
+            "max_staleness_ms": t.max_staleness_ms,
             "wrong": len(t.wrong),
             "wrong_samples": t.wrong[:50],
             "unchecked": t.unchecked,

@@ -36,6 +36,9 @@ def markdown(r: dict[str, Any]) -> str:
         f"| queries | {r['queries']:,} | |",
         f"| answered | {r['answered_pct']:.4f} % | ≥ 99.999 % |",
         f"| failed (by status) | {r['failed_total']:,} {r['failed']} | |",
+        f"| plain-HTTP reads sent on to another node (one refused or dropped the connection) "
+        f"| {r['retried']:,} | |",
+        f"| largest staleness an answer claimed | {r['max_staleness_ms']:,} ms | |",
         f"| wrong | {r['wrong']} | 0 |",
         f"| unchecked (malformed keys, Client 404s) | {r['unchecked']:,} | |",
         f"| records lost after recovery | {r['lost']} | 0 |",

@@ -6,10 +6,15 @@ Correctness rule for one read answer, made conservative so that it is sound:
   at (partition, offset) exists, has the asked key, a well-formed value equal to
   the answer's value, and no newer record for that key lies at an offset below
   the position ``A`` the replica must have applied. ``A`` is derived from the
-  ``X-Tablecast-Lag`` header: ``A = E - lag``, where ``E`` is the partition end
-  as the harness saw it ``GRACE_S`` before the request was sent (records must
-  have reached the node's view of the topic end by then; a smaller ``E`` only
-  makes ``A`` smaller, so the rule errs on the side of calling answers correct).
+  answer's own claims, ``X-Tablecast-Lag`` and ``X-Tablecast-Staleness-Ms``
+  (``S``): ``A = E - lag``, where ``E`` is the partition end as the harness saw
+  it ``S + GRACE_S`` before the request was sent. A node claims to have been at
+  the end the broker confirmed ``S`` ago, minus ``lag``; ``GRACE_S`` covers how
+  old a confirmation may be while the node still reports staleness 0 (its
+  ``FRESH_S``) and the trip of a record to the node's view of the topic end. A
+  smaller ``E`` only makes ``A`` smaller, so the rule errs on the side of
+  calling answers correct; the staleness a node claims is reported in the run's
+  figures, so a node cannot hide behind large claims unseen.
 * A 404 is correct iff the key had no value (never written, or tombstoned) at
   some position ``x >= A`` (x = "after applying every record below offset x").
 * Keys whose latest record at or before the answered position is malformed
@@ -20,7 +25,10 @@ Correctness rule for one read answer, made conservative so that it is sound:
   record match only (a fabricated or misplaced value is wrong; staleness is not
   judged). Its ``None`` answers are not judged.
 
-Anything else (5xx, 503, timeouts, connection errors) is a failed read, counted
+A plain-HTTP read behaves like a client behind a load balancer: a node that
+refuses the connection or drops it without an answer (killed a moment ago) is
+skipped for another one, and the skip is counted (``retried``). Anything else (5xx, 503, timeouts, a
+connection lost mid-request, every node unreachable) is a failed read, counted
 by status; it is not wrong, and it counts against availability.
 """
 
@@ -46,7 +54,7 @@ from tablecast.kafka.partitioner import partition_for
 
 from .cluster import KEYS, PARTITIONS, TABLE
 
-GRACE_S = 2.0
+GRACE_S = 3.0
 MALFORMED = object()
 
 
@@ -169,6 +177,10 @@ class Tally:
     ok: int = 0
     unchecked: int = 0
     failed: Counter[str] = field(default_factory=Counter)
+    #: plain-HTTP reads that met a node they could not connect to and went to the next one
+    retried: int = 0
+    #: the largest staleness an answer judged by it claimed (ms)
+    max_staleness_ms: int = 0
     wrong: list[str] = field(default_factory=list)
     #: (monotonic time, partition, answered)
     timeline: list[tuple[float, int, bool]] = field(default_factory=list)
@@ -242,8 +254,7 @@ class Readers:
                             lambda b=body, k=key: self.ref.judge_value(k, b, None)
                         )
                 else:
-                    url = rng.choice(urls)
-                    r = http.get(f"{url}/v1/tables/{TABLE}/keys/{quote(key, safe='')}")
+                    url, r = self._get_any(http, rng, urls, key)
                     verdict = self._judge_http(key, r, t0)
                     if verdict.startswith("wrong:"):
                         lag = r.headers.get("x-tablecast-lag")
@@ -263,10 +274,34 @@ class Readers:
         if client is not None:
             client.close()
 
+    def _get_any(
+        self, http: httpx.Client, rng: random.Random, urls: list[str], key: str
+    ) -> tuple[str, httpx.Response]:
+        """GET the key from a random node, the next one while a node refuses connections."""
+        order = rng.sample(urls, len(urls))
+        for n, url in enumerate(order):
+            try:
+                return url, http.get(f"{url}/v1/tables/{TABLE}/keys/{quote(key, safe='')}")
+            # refused, or the connection dropped without an answer (a node killed under
+            # the request): a GET may go to the next node, as a load balancer retries it
+            except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
+                if n == len(order) - 1:
+                    raise
+                with self.lock:
+                    self.tally.retried += 1
+        raise AssertionError("unreachable")
+
     def _judge_http(self, key: str, r: httpx.Response, t0: float) -> str:
         if r.status_code not in (200, 404):
             return f"failed:{r.status_code}"
         lag_h = r.headers.get("x-tablecast-lag")
+        stale_h = r.headers.get("x-tablecast-staleness-ms")
+        if stale_h is None:
+            return f"wrong:{r.status_code} without X-Tablecast-Staleness-Ms"
+        stale_ms = int(stale_h)
+        with self.lock:
+            self.tally.max_staleness_ms = max(self.tally.max_staleness_ms, stale_ms)
+        seen = t0 - GRACE_S - stale_ms / 1000
         p = partition_for(key.encode(), PARTITIONS)
         if r.status_code == 404:
             try:
@@ -277,7 +312,7 @@ class Readers:
                 return "failed:404-" + str(code)
             if lag_h is None:
                 return "wrong:404 without X-Tablecast-Lag"
-            applied = max(0, self.ref.end_before(p, t0 - GRACE_S) - int(lag_h))
+            applied = max(0, self.ref.end_before(p, seen) - int(lag_h))
             return self.ref.judge_absent(key, applied)
         try:
             body = r.json()
@@ -285,5 +320,5 @@ class Readers:
             return "wrong:200 with a body that is not JSON"
         if lag_h is None:
             return "wrong:200 without X-Tablecast-Lag"
-        applied = self.ref.end_before(p, t0 - GRACE_S) - int(lag_h)
+        applied = self.ref.end_before(p, seen) - int(lag_h)
         return self._settle(lambda: self.ref.judge_value(key, body, applied))

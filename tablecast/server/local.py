@@ -35,10 +35,18 @@ class Local:
     def table(self, name: str) -> TableInfo:
         info = self.node.tables.get(name)
         if info is None:
-            if not self.node.ingestor.catalog.loaded:
+            ingestor = self.node.ingestor
+            if not ingestor.catalog.loaded:
                 # a node still reading the catalog cannot tell: ask again, or another node
                 raise ApiError(
                     "partition_unavailable", "this node is still loading the catalog", RETRY_AFTER
+                )
+            if name in ingestor.catalog.tables:
+                # in the catalog, but its topic not checked yet (a node just started, Kafka
+                # slow to answer) or left out until fixed: the table exists, it is not servable
+                why = ingestor.left_out.get(name, "its topic is being checked")
+                raise ApiError(
+                    "partition_unavailable", f"table {name!r} is not served yet: {why}", RETRY_AFTER
                 )
             raise ApiError("table_not_found", f"no table named {name!r}")
         return info

@@ -150,6 +150,11 @@ def test_bad_catalog_entries_are_left_out_and_the_rest_serves(
         check_exact(node, good)
         assert metric(node, "tablecast_catalog_bad_entries_total") == 4
         assert metric(node, "tablecast_tables_left_out") == 6
+        # a table in the catalog that cannot be served yet is unavailable, not unknown
+        r = node.get("/v1/tables/fewer/keys/k1")
+        assert r.status_code == 503 and r.headers["retry-after"], r.text
+        assert "5 partitions" in r.json()["error"]["message"]
+        assert node.get("/v1/tables/nope/keys/k1").status_code == 404
         assert node.get("/v1/cluster").status_code == 200
         # the missing topic appears: the table is served without a restart
         ensure_topic(bootstrap, late_topic, PARTITIONS, TABLE_TOPIC_CONFIG)
