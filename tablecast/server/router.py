@@ -34,6 +34,7 @@ PASS_HEADERS = (
     b"x-tablecast-node",
     b"x-tablecast-lag",
     b"x-tablecast-staleness-ms",
+    b"x-tablecast-position",
     b"retry-after",
 )
 DEFAULT_LIMIT = 100
