@@ -12,8 +12,9 @@ behind a topic end the broker keeps confirming, and stops counting as caught up.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from tablecast.cluster.offsetwait import AppliedWaiters
 from tablecast.kafka.catalog import TableInfo
 from tablecast.store import PartitionStore
 
@@ -54,6 +55,13 @@ class Replica:
     failures: int = 0
     #: released: its store is (being) closed and reads must go elsewhere
     closed: bool = False
+    #: reads waiting for an offset to be applied (``min_offset``), woken by the ingest thread
+    waiters: AppliedWaiters = field(default_factory=AppliedWaiters)
+
+    def release(self) -> None:
+        """Mark it released: readers holding it go elsewhere, waiting ones look again."""
+        self.closed = True
+        self.waiters.wake_all()
 
     @property
     def lag(self) -> int:
