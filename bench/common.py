@@ -110,13 +110,24 @@ end
 """
 
 
-def random_key_script(path_prefix: str, keys: int, width: int = 7, key_prefix: str = "k") -> str:
+def random_key_script(
+    path_prefix: str,
+    keys: int,
+    width: int = 7,
+    key_prefix: str = "k",
+    headers: dict[str, str] | None = None,
+) -> str:
     """A wrk request function asking for uniformly random keys k0000000..k{keys-1}
-    (or ``key:000000000000``.. with ``width=12, key_prefix="key:"``, Redis' names)."""
+    (or ``key:000000000000``.. with ``width=12, key_prefix="key:"``, Redis' names),
+    each request with `headers` (e.g. a bearer token)."""
+    extra = ""
+    if headers:
+        fields = ", ".join(f'["{k}"] = "{v}"' for k, v in headers.items())
+        extra = f", {{{fields}}}"
     return f"""
 math.randomseed(os.time())
 request = function()
-  return wrk.format("GET", "{path_prefix}{key_prefix}" .. string.format("%0{width}d", math.random(0, {keys - 1})))
+  return wrk.format("GET", "{path_prefix}{key_prefix}" .. string.format("%0{width}d", math.random(0, {keys - 1})){extra})
 end
 """
 

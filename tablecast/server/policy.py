@@ -183,7 +183,8 @@ class Grants:
     def __init__(self, tables: dict[str, frozenset[str] | None]) -> None:
         #: table (or "*") -> None for every key, else the key prefixes
         self._tables = tables
-        self._scopes: dict[tuple[str, str], Scope | None] = {}
+        #: table -> (the catalog entry it was made for, its scope)
+        self._scopes: dict[str, tuple[TableInfo, Scope | None]] = {}
 
     def allows_table(self, name: str) -> bool:
         return name in self._tables or EVERY in self._tables
@@ -196,15 +197,17 @@ class Grants:
 
     def scope(self, info: TableInfo) -> Scope | None:
         """The token's readable part of the table; None when that is all of it."""
-        fmt = info.key_serde.format
-        memo = (info.name, fmt)
-        if memo in self._scopes:
-            return self._scopes[memo]
+        hit = self._scopes.get(info.name)
+        if hit is not None and hit[0] is info:  # the same catalog entry: the same key format
+            return hit[1]
         self.require_table(info.name)
         own, every = self._tables.get(info.name, frozenset()), self._tables.get(EVERY, frozenset())
-        scope = None if own is None or every is None else Scope.of(own | every, fmt)
+        if own is None or every is None:
+            scope = None
+        else:
+            scope = Scope.of(own | every, info.key_serde.format)
         if len(self._scopes) < 1024:  # a token names few tables; bound it all the same
-            self._scopes[memo] = scope
+            self._scopes[info.name] = (info, scope)
         return scope
 
     def __repr__(self) -> str:
