@@ -79,16 +79,24 @@ class HttpApp:
         try:
             path = scope.path
             headers = scope.headers
-            caller = None
-            if self._auth_on and path.startswith(("/v1/", "/internal/")):
-                caller = self.auth.caller(headers.get("authorization"))
             query = scope.query_string
             from_peer = self._peer_checks and (path.startswith("/internal/") or HOP in headers)
             if from_peer and scope.method != "POST":  # a POST is checked with its body, once read
                 self._check_peer(scope.method, path, query, b"", headers)
-            if self.rate is not None and not from_peer and path.startswith("/v1/"):
-                # a signed hop was counted where the caller came in (a forged one is refused)
-                self.rate.take(subject_of(caller, scope))
+            # a signed hop was counted where the caller came in (a forged one is refused)
+            limited = self.rate is not None and not from_peer and path.startswith("/v1/")
+            caller = None
+            if self._auth_on and path.startswith(("/v1/", "/internal/")):
+                authorization = headers.get("authorization")
+                caller = self.auth.remembered(authorization)
+                if caller is None:
+                    if limited:
+                        # a token not seen before costs a signature check: the client's
+                        # address pays for it first, so a flood of made-up tokens is cut short
+                        self.rate.take(subject_of(None, scope))  # type: ignore[union-attr]
+                    caller = self.auth.caller(authorization)
+            if limited:
+                self.rate.take(subject_of(caller, scope))  # type: ignore[union-attr]
             key = None if query else _plain_key_read(scope.method, path)
             if key is not None:  # the hot path: GET one key, no query string
                 route = "key"

@@ -72,6 +72,19 @@ class Auth:
         """The verified claims of the request's bearer token; 401 without a valid one."""
         return self.caller(authorization).claims
 
+    def remembered(self, authorization: str | None) -> Caller | None:
+        """The request's token if it was verified before and still holds (no signature check)."""
+        if not authorization or not authorization.startswith(("Bearer ", "bearer ")):
+            return None
+        known = self._verified.get(authorization[7:].strip())
+        if (
+            known is not None
+            and known.expires > time.time()
+            and (self._keys is None or self._keys.holds(known.kid))
+        ):
+            return known
+        return None
+
     def caller(self, authorization: str | None) -> Caller:
         """The request's verified token; 401 without a valid one."""
         if not authorization or not authorization.startswith(("Bearer ", "bearer ")):
@@ -80,14 +93,10 @@ class Auth:
                 "this API needs Authorization: Bearer <JWT>",
                 [("www-authenticate", 'Bearer realm="tablecast"')],
             )
-        token = authorization[7:].strip()
-        known = self._verified.get(token)
-        if (
-            known is not None
-            and known.expires > time.time()
-            and (self._keys is None or self._keys.holds(known.kid))
-        ):
+        known = self.remembered(authorization)
+        if known is not None:
             return known
+        token = authorization[7:].strip()
         claims, kid = self._verify(token)
         if len(self._verified) >= MAX_REMEMBERED:
             self._verified.clear()
