@@ -374,6 +374,14 @@ def test_rate_limits_wait_caps_and_auth_on_metrics(
         assert node.get("/readyz").json() == {"ready": True}
         assert "restoring" in node.get("/readyz", headers=BOB).json()
         assert node.get("/readyz", headers={"authorization": "Bearer nope"}).status_code == 401
+
+        # made-up tokens count against the client's address before they cost a check
+        with httpx.Client(base_url=node.url) as client:
+            codes = [
+                client.get("/v1/tables", headers={"authorization": f"Bearer x{i}"}).status_code
+                for i in range(30)
+            ]
+        assert set(codes) == {401, 429} and codes[0] == 401
     finally:
         node.stop()
 
