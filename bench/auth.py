@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import statistics
 import time
 from typing import Any
 
@@ -29,7 +28,11 @@ from bench.common import (
     machine,
     median,
     random_key_script,
+    ratio_spread,
+    rounds_args,
+    rps_row,
     save,
+    settled,
     wait_http,
     write_section,
     wrk,
@@ -90,24 +93,16 @@ def compare(stack: Stack, seconds: int, keys: int, rounds: int) -> dict[str, Any
     bad = sum(r["non2xx"] + r["errors"] for rs in runs.values() for r in rs)
     out: dict[str, Any] = {"non2xx_or_errors": bad}
     for name in ("auth", "policy"):
-        ratios = [a["rps"] / o["rps"] for a, o in zip(runs[name], runs["off"], strict=True)]
-        q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
-        out[name] = {
-            "ratios": ratios,
-            "ratio_median": statistics.median(ratios),
-            "ratio_iqr": [q1, q3],
-        }
+        out[name] = ratio_spread(
+            [a["rps"] / o["rps"] for a, o in zip(runs[name], runs["off"], strict=True)]
+        )
     out["median_run"] = {name: median(runs[name]) for name in SETUPS}
     out["rounds"] = {name: [r["rps"] for r in runs[name]] for name in SETUPS}
     return out
 
 
 def main(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(prog="python -m bench auth")
-    p.add_argument("--seconds", type=int, default=10)
-    p.add_argument("--keys", type=int, default=100_000)
-    p.add_argument("--rounds", type=int, default=7)
-    args = p.parse_args(argv)
+    args = rounds_args("auth", argv)
     ensure_tools({"wrk": "wrk"})
     result: dict[str, Any] = {"machine": machine(), "command": command()}
     load_before = os.getloadavg()
@@ -121,12 +116,8 @@ def main(argv: list[str]) -> None:
 
 def render(r: dict[str, Any], args: argparse.Namespace) -> str:
     g = r["point_get"]
-    lo, hi = g["policy"]["ratio_iqr"]
-    state = "met" if lo >= TARGET else ("**missed**" if hi < TARGET else "not settled")
+    state = settled(g["policy"]["ratio_iqr"], TARGET)
     runs = g["median_run"]
-
-    def row(name: str, x: dict[str, Any]) -> str:
-        return f"| {name} | {x['rps']:,.0f} | {x['p50_us'] / 1000:.2f} | {x['p99_us'] / 1000:.2f} |"
 
     def ratios(name: str) -> str:
         x = g[name]
@@ -148,9 +139,9 @@ whole check. Non-2xx answers or socket errors over all runs: {g["non2xx_or_error
 
 | point GET | req/s (median run) | p50 ms | p99 ms |
 |---|---|---|---|
-{row("auth off", runs["off"])}
-{row("JWT (`--auth-jwt-secret`)", runs["auth"])}
-{row("JWT + `--auth-policy`", runs["policy"])}
+{rps_row("auth off", runs["off"])}
+{rps_row("JWT (`--auth-jwt-secret`)", runs["auth"])}
+{rps_row("JWT + `--auth-policy`", runs["policy"])}
 
 Ratio to auth off per round — JWT: {ratios("auth")}. JWT + policy: {ratios("policy")}.
 Target for JWT + policy ≥ {TARGET}: {state} ("met" only when the whole interquartile range
