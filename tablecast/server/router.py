@@ -443,7 +443,7 @@ class Router:
             answer = await self._ask(
                 member, "POST", target, req, orjson.dumps({"keys": [keys[i] for i in idx]})
             )
-            if answer is None or answer[0] != 200:
+            if answer is None or not_refused(answer)[0] != 200:
                 return None
             for i, item in zip(idx, orjson.loads(answer[1])["results"], strict=True):
                 results[i] = item
@@ -539,7 +539,7 @@ class Router:
                 answer = await self._ask(
                     member, "GET", f"/internal/tables/{table}/scan?{urlencode(q)}", req
                 )
-                if answer is None or answer[0] != 200:
+                if answer is None or not_refused(answer)[0] != 200:
                     return None
                 return [(bytes.fromhex(k), v) for k, v in orjson.loads(answer[1])["items"]]
 
@@ -592,7 +592,9 @@ class Router:
             answer = await self._ask(
                 member, "GET", f"/internal/tables/{quote(table, safe='')}/count?{q}", req
             )
-            return orjson.loads(answer[1])["count"] if answer and answer[0] == 200 else None
+            if answer is None or not_refused(answer)[0] != 200:
+                return None
+            return int(orjson.loads(answer[1])["count"])
 
         counts = await self.gather(
             info,
@@ -666,6 +668,20 @@ def key_target(table: str, key_text: str, sub: str) -> str:
     if key_text.endswith(("/windows", "/metadata")):
         return f"/v1/tables/{t}/{sub or 'keys'}"
     return f"/v1/tables/{t}/keys/{quote(key_text, safe='')}" + (f"/{sub}" if sub else "")
+
+
+def not_refused(answer: Answer) -> Answer:
+    """A peer's answer, unless it refused the caller: a 401 or 403 is raised as the peer
+    gave it. The reading node judged the caller, and another node would judge alike (the
+    nodes share one policy), so a fan-out must not take it for a node to route around."""
+    status, body, _ = answer
+    if status not in (401, 403):
+        return answer
+    try:
+        error = orjson.loads(body)["error"]
+        raise ApiError("unauthorized" if status == 401 else "forbidden", str(error["message"]))
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        raise ApiError("forbidden", "a node refused this caller") from None
 
 
 def forbidden_key(table: str, key_text: str) -> ApiError:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import jwt
+import orjson
 import pytest
 
 from tablecast import serde
@@ -16,6 +17,7 @@ from tablecast.kafka.catalog import TableInfo
 from tablecast.server.auth import Auth
 from tablecast.server.errors import ApiError
 from tablecast.server.policy import Policy, PolicyError, Scope, prefix_end
+from tablecast.server.router import not_refused
 
 POLICY = {
     "rules": [
@@ -175,3 +177,16 @@ def test_grants_are_compiled_once_per_token() -> None:
     info = _table("activity")
     assert first.grants.scope(info) is first.grants.scope(info)  # the spans too
     assert Auth(secret).caller(token).grants is None  # no policy: nothing to compile
+
+
+def test_a_peers_refusal_is_passed_on_not_routed_around() -> None:
+    ok = (200, b"{}", [])
+    assert not_refused(ok) is ok and not_refused((503, b"", []))[0] == 503
+    for status, code in ((401, "unauthorized"), (403, "forbidden")):
+        body = orjson.dumps({"error": {"code": code, "message": "not for you"}})
+        with pytest.raises(ApiError) as e:
+            not_refused((status, body, []))
+        assert (e.value.status, e.value.message) == (status, "not for you")
+    with pytest.raises(ApiError) as e:
+        not_refused((403, b"garbage", []))
+    assert e.value.status == 403
