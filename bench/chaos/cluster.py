@@ -62,6 +62,8 @@ class Cluster:
     ports: list[int] = field(default_factory=list)
     mounted: list[Path] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: nodes started again and not ready yet
+    unready: set[int] = field(default_factory=set)
 
     @property
     def input_topic(self) -> str:
@@ -192,11 +194,15 @@ class Cluster:
                 n.proc.wait(30)
             else:
                 stop_process(n.proc, sig, 30)
+        self.unready.add(i)
         self.nodes[i] = self._launch(i)
         self.nodes[i].wait_ready(180)
+        self.unready.discard(i)
 
     def urls(self) -> list[str]:
-        return [n.url for n in self.nodes]
+        """The nodes readers may send to: as behind a load balancer with a readiness probe,
+        a node restarted gets traffic once its /readyz says so."""
+        return [n.url for i, n in enumerate(self.nodes) if i not in self.unready]
 
     def stop(self) -> None:
         for n in self.nodes:

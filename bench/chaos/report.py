@@ -40,7 +40,6 @@ def markdown(r: dict[str, Any]) -> str:
         f"| {r['retried']:,} | |",
         f"| largest staleness an answer claimed | {r['max_staleness_ms']:,} ms | |",
         f"| wrong | {r['wrong']} | 0 |",
-        f"| unchecked (malformed keys, Client 404s) | {r['unchecked']:,} | |",
         f"| records lost after recovery | {r['lost']} | 0 |",
         f"| nodes converged | {r['converged']} | all |",
         f"| acknowledged input records | {r['acked']:,} | |",

@@ -1,29 +1,26 @@
 """The reference (the table topic, followed by the harness) and the readers checked against it.
 
-Correctness rule for one read answer, made conservative so that it is sound:
+Correctness rule for one plain-HTTP answer. Every key read carries
+``X-Tablecast-Position`` (``table@partition:P``: the answer is exact with every
+record of the partition below offset ``P`` applied and none above), so answers
+are judged exactly, once the reference has read the partition up to ``P``:
 
-* An answer ``{value, partition, offset}`` is correct iff the table-topic record
-  at (partition, offset) exists, has the asked key, a well-formed value equal to
-  the answer's value, and no newer record for that key lies at an offset below
-  the position ``A`` the replica must have applied. ``A`` is derived from the
-  answer's own claims, ``X-Tablecast-Lag`` and ``X-Tablecast-Staleness-Ms``
-  (``S``): ``A = E - lag``, where ``E`` is the partition end as the harness saw
-  it ``S + GRACE_S`` before the request was sent. A node claims to have been at
-  the end the broker confirmed ``S`` ago, minus ``lag``; ``GRACE_S`` covers how
-  old a confirmation may be while the node still reports staleness 0 (its
-  ``FRESH_S``) and the trip of a record to the node's view of the topic end. A
-  smaller ``E`` only makes ``A`` smaller, so the rule errs on the side of
-  calling answers correct; the staleness a node claims is reported in the run's
-  figures, so a node cannot hide behind large claims unseen.
-* A 404 is correct iff the key had no value (never written, or tombstoned) at
-  some position ``x >= A`` (x = "after applying every record below offset x").
-* Keys whose latest record at or before the answered position is malformed
-  (injected straight into the table topic) are *unchecked* until a later valid
-  record: the node may answer the previous value or 404, but an answer carrying
-  a malformed record's offset is always wrong.
-* ``tablecast.Client`` answers carry no lag header: they are checked for the
-  record match only (a fabricated or misplaced value is wrong; staleness is not
-  judged). Its ``None`` answers are not judged.
+* ``200 {value, partition, offset}`` is correct iff the record at (partition,
+  offset) lies below ``P``, holds the asked key and that value, and is the key's
+  last record below ``P``;
+* ``404`` is correct iff the key's last record below ``P`` is a tombstone or a
+  malformed record (a node keeps those out of answers, as absent), or there is
+  none;
+* the freshness the answer claims must hold: ``P >= E - lag``, where ``E`` is the
+  partition end as the harness saw it ``S + GRACE_S`` before the request was sent
+  and ``S`` is the answer's ``X-Tablecast-Staleness-Ms`` (a node claims to have
+  been at the end the broker confirmed ``S`` ago, minus ``lag``; ``GRACE_S``
+  covers how old a confirmation may be while a node still reports staleness 0,
+  and a record's trip to the node). A smaller ``E`` only makes the check easier,
+  so it errs on the side of accepting; the largest staleness claimed is reported.
+
+``The readers using ``tablecast.Client`` (``Client.read``: the record and the
+answer's headers) are judged by the same rule.
 
 A plain-HTTP read behaves like a client behind a load balancer: a node that
 refuses the connection or drops it without an answer (killed a moment ago) is
@@ -35,7 +32,6 @@ by status; it is not wrong, and it counts against availability.
 from __future__ import annotations
 
 import bisect
-import itertools
 import random
 import threading
 import time
@@ -130,14 +126,17 @@ class Reference:
         self.c.close()
 
     # judging ---------------------------------------------------------------
-    def judge_value(self, key: str, body: dict[str, Any], applied: int | None) -> str:
-        """'ok', 'wrong:<why>' or 'unchecked'."""
+    def judge_value(self, key: str, body: dict[str, Any], position: int | None) -> str:
+        """'ok', 'pending' (the reference has not read that far) or 'wrong:<why>'."""
         p, o = body.get("partition"), body.get("offset")
+        if not isinstance(p, int) or not isinstance(o, int):
+            return f"wrong:answer without partition and offset: {body!r}"
         with self.lock:
+            if self.ends.get(p, 0) < max(o + 1, position or 0):
+                return "pending"
             rec = self.at.get((p, o))
             if rec is None:
-                # the reference has not read that far yet; wait a little below
-                return "pending"
+                return f"wrong:no record at {p}/{o}"
             k, v = rec
             if k != key:
                 return f"wrong:offset {p}/{o} holds key {k!r}"
@@ -145,37 +144,37 @@ class Reference:
                 return f"wrong:answered the malformed record at {p}/{o}"
             if v != body.get("value"):
                 return f"wrong:value {body.get('value')!r} != record {v!r} at {p}/{o}"
-            if applied is None:
+            if position is None:
                 return "ok"
-            newer = [r for r in self.by_key[key] if o < r.offset < applied]
-        if not newer:
-            return "ok"
-        if all(r.value is MALFORMED for r in newer):
-            return "unchecked"
-        return f"wrong:stale, {p}/{o} answered but {newer[-1].offset} < applied {applied}"
+            if o >= position:
+                return f"wrong:record {p}/{o} answered at position {position}"
+            last = self._last_below(key, position)
+        if last is not None and last.offset != o:
+            return (
+                f"wrong:stale, {p}/{o} answered but {p}/{last.offset} is below position {position}"
+            )
+        return "ok"
 
-    def judge_absent(self, key: str, applied: int) -> str:
+    def judge_absent(self, key: str, p: int, position: int) -> str:
         with self.lock:
-            recs = list(self.by_key.get(key, ()))
-        if not recs or recs[-1].value is None:
+            if self.ends.get(p, 0) < position:
+                return "pending"
+            last = self._last_below(key, position)
+        if last is None or last.value is None or last.value is MALFORMED:
             return "ok"
-        # the highest position x (records below x applied) at which the key had no value
-        last_absent = recs[0].offset
-        for prev, cur in itertools.pairwise(recs):
-            if prev.value is None:
-                last_absent = cur.offset
-        if last_absent >= applied:
-            return "ok"
-        if any(r.value is MALFORMED for r in recs):
-            return "unchecked"
-        return f"wrong:404 but valued since {last_absent} < applied {applied}"
+        return f"wrong:404 at position {position} but {p}/{last.offset} gave it a value"
+
+    def _last_below(self, key: str, position: int) -> Rec | None:
+        """The key's last record below `position` (the lock held)."""
+        recs = self.by_key.get(key, ())
+        i = bisect.bisect_left([r.offset for r in recs], position)
+        return recs[i - 1] if i else None
 
 
 @dataclass
 class Tally:
     queries: int = 0
     ok: int = 0
-    unchecked: int = 0
     failed: Counter[str] = field(default_factory=Counter)
     #: plain-HTTP reads that met a node they could not connect to and went to the next one
     retried: int = 0
@@ -217,8 +216,6 @@ class Readers:
             tl.timeline.append((t, p, answered))
             if verdict == "ok":
                 tl.ok += 1
-            elif verdict == "unchecked":
-                tl.unchecked += 1
             elif verdict.startswith("failed:"):
                 tl.failed[verdict[7:]] += 1
             else:
@@ -246,20 +243,17 @@ class Readers:
                 if use_client:
                     if client is None:
                         client = tc.Client(urls, timeout=5.0)
-                    body = client.get(TABLE, key)
-                    if body is None:
-                        verdict = "unchecked"
-                    else:
-                        verdict = self._settle(
-                            lambda b=body, k=key: self.ref.judge_value(k, b, None)
-                        )
+                    read = client.read(TABLE, key)
+                    verdict = self._judge(
+                        key, read.record, read.lag, read.staleness_ms, read.position, t0
+                    )
+                    who = f"tablecast.Client, answered by {read.node}"
                 else:
                     url, r = self._get_any(http, rng, urls, key)
                     verdict = self._judge_http(key, r, t0)
-                    if verdict.startswith("wrong:"):
-                        lag = r.headers.get("x-tablecast-lag")
-                        verdict += f" (asked {url}, answered by "
-                        verdict += f"{r.headers.get('x-tablecast-node')}, lag {lag})"
+                    who = f"asked {url}, answered by {r.headers.get('x-tablecast-node')}"
+                if verdict.startswith("wrong:"):
+                    verdict += f" ({who})"
             except tc.QueryError as e:
                 verdict = f"failed:{e.status}"
             except (httpx.HTTPError, ConnectionError, OSError) as e:
@@ -294,31 +288,50 @@ class Readers:
     def _judge_http(self, key: str, r: httpx.Response, t0: float) -> str:
         if r.status_code not in (200, 404):
             return f"failed:{r.status_code}"
-        lag_h = r.headers.get("x-tablecast-lag")
-        stale_h = r.headers.get("x-tablecast-staleness-ms")
-        if stale_h is None:
-            return f"wrong:{r.status_code} without X-Tablecast-Staleness-Ms"
-        stale_ms = int(stale_h)
-        with self.lock:
-            self.tally.max_staleness_ms = max(self.tally.max_staleness_ms, stale_ms)
-        seen = t0 - GRACE_S - stale_ms / 1000
-        p = partition_for(key.encode(), PARTITIONS)
-        if r.status_code == 404:
-            try:
-                code = r.json().get("error", {}).get("code")
-            except ValueError:
-                code = None
-            if code != "key_not_found":
-                return "failed:404-" + str(code)
-            if lag_h is None:
-                return "wrong:404 without X-Tablecast-Lag"
-            applied = max(0, self.ref.end_before(p, seen) - int(lag_h))
-            return self.ref.judge_absent(key, applied)
         try:
             body = r.json()
         except ValueError:
-            return "wrong:200 with a body that is not JSON"
-        if lag_h is None:
-            return "wrong:200 without X-Tablecast-Lag"
-        applied = self.ref.end_before(p, seen) - int(lag_h)
-        return self._settle(lambda: self.ref.judge_value(key, body, applied))
+            return f"wrong:{r.status_code} with a body that is not JSON"
+        if r.status_code == 404:
+            code = body.get("error", {}).get("code") if isinstance(body, dict) else None
+            if code != "key_not_found":
+                return "failed:404-" + str(code)
+            body = None
+        h = r.headers
+        try:
+            lag = int(h["x-tablecast-lag"])
+            stale_ms = int(h["x-tablecast-staleness-ms"])
+        except (KeyError, ValueError) as e:
+            return f"wrong:{r.status_code} without a readable lag or staleness: {e!r}"
+        return self._judge(key, body, lag, stale_ms, h.get("x-tablecast-position"), t0)
+
+    def _judge(
+        self,
+        key: str,
+        body: dict[str, Any] | None,
+        lag: int | None,
+        stale_ms: int | None,
+        token: str | None,
+        t0: float,
+    ) -> str:
+        """One answer (`body` None: 404) by the rule at the top of this module."""
+        if lag is None or stale_ms is None or token is None:
+            return f"wrong:answer without lag {lag}, staleness {stale_ms} or position {token}"
+        try:
+            where, _, at = token.rpartition(":")
+            position, p = int(at), int(where.rpartition("@")[2])
+        except ValueError:
+            return f"wrong:unreadable position {token!r}"
+        if p != partition_for(key.encode(), PARTITIONS):
+            return f"wrong:position {token} of another partition"
+        with self.lock:
+            self.tally.max_staleness_ms = max(self.tally.max_staleness_ms, stale_ms)
+        end = self.ref.end_before(p, t0 - GRACE_S - stale_ms / 1000)
+        if position < end - lag:
+            return (
+                f"wrong:claims lag {lag} and staleness {stale_ms} ms at position {position}, "
+                f"but the partition held {end} records by then"
+            )
+        if body is None:
+            return self._settle(lambda: self.ref.judge_absent(key, p, position))
+        return self._settle(lambda: self.ref.judge_value(key, body, position))

@@ -14,6 +14,7 @@ import contextlib
 import ssl
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -24,6 +25,20 @@ from tablecast import serde as serdes
 from tablecast.kafka.partitioner import partition_for
 
 REFRESH_MIN_INTERVAL_S = 0.5
+
+
+@dataclass(frozen=True)
+class Read:
+    """One key read: the record (None: the key is absent) and the answer's headers."""
+
+    record: dict[str, Any] | None
+    #: the node that read its store
+    node: str | None
+    #: ``X-Tablecast-Position``: the answer is exact at this position of the key's partition
+    position: str | None
+    #: records, and milliseconds, the answering replica was behind its topic's end
+    lag: int | None
+    staleness_ms: int | None
 
 
 class QueryError(Exception):
@@ -139,11 +154,25 @@ class Client:
 
     def get(self, table: str, key: Any, **params: Any) -> dict[str, Any] | None:
         """The key's record ({"key", "value", "partition", "offset", "timestamp"}), or None."""
+        return self.read(table, key, **params).record
+
+    def read(self, table: str, key: Any, **params: Any) -> Read:
+        """The key's record (None: absent) with what the answering node said of its
+        freshness: the position the answer is exact at, its lag and staleness."""
         path, params = _key_route(table, key, "", params)
         r = self._send(self._candidates(table, key), "GET", path, params=params or None)
         if r.status_code == 404 and r.json().get("error", {}).get("code") == "key_not_found":
-            return None
-        return self._check(r)
+            record = None
+        else:
+            record = self._check(r)
+        h = r.headers
+        return Read(
+            record,
+            h.get("x-tablecast-node"),
+            h.get("x-tablecast-position"),
+            _int_or_none(h.get("x-tablecast-lag")),
+            _int_or_none(h.get("x-tablecast-staleness-ms")),
+        )
 
     def batch_get(self, table: str, keys: Sequence[Any]) -> list[dict[str, Any]]:
         r = self._send(
@@ -216,6 +245,13 @@ class Client:
 
     def cluster(self) -> dict[str, Any]:
         return self._check(self._send(self._nodes, "GET", "/v1/cluster"))
+
+
+def _int_or_none(text: str | None) -> int | None:
+    try:
+        return None if text is None else int(text)
+    except ValueError:
+        return None
 
 
 def _text(key: Any) -> str:

@@ -356,12 +356,15 @@ class Ingestor:
                 return
             msgs += self._consumer.consume(BATCH - 1, 0)
         slices: dict[tuple[str, int], list[Write]] = defaultdict(list)
+        # ends reached are taken in after the records before them are applied: a replica's
+        # position must never run ahead of its store
+        ends: list[tuple[str, int, int]] = []
         checks = self._checks
         for m in msgs:
             err = m.error()
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
-                    self._reached_end(m.topic(), m.partition(), m.offset())
+                    ends.append((m.topic(), m.partition(), m.offset()))
                 else:
                     log.warning("consume error: %s", err)
                 continue
@@ -383,16 +386,17 @@ class Ingestor:
             if replica is None or replica.paused:
                 continue  # released, or stopped at a failed write, while its records were in flight
             try:
-                replica.store.apply(writes)
+                replica.apply(writes)
             except Exception as e:
                 self._write_failed(replica, writes, e)
                 continue
             if replica.failed is not None:
                 self._recovered(replica)
-            replica.position = writes[-1].offset + 1
             replica.end_offset = max(replica.end_offset, replica.position)
             self.records_applied += len(writes)
             replica.waiters.advanced(replica.store.applied_offset)
+        for topic, partition, offset in ends:
+            self._reached_end(topic, partition, offset)
 
     def _replica(self, topic: str, partition: int) -> Replica | None:
         info = self._by_topic.get(topic)

@@ -11,17 +11,24 @@ behind a topic end the broker keeps confirming, and stops counting as caught up.
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from tablecast.cluster.offsetwait import AppliedWaiters
 from tablecast.kafka.catalog import TableInfo
-from tablecast.store import PartitionStore
+from tablecast.store import PartitionStore, Write
 
 #: an end confirmed by the broker this recently is fresh (statistics come every second)
 FRESH_S = 2.5
 #: a caught-up replica behind a fresh topic end for this long stops counting as caught up
 STALL_S = 5.0
+#: tries of a read without the apply lock before it takes the lock
+OPTIMISTIC_TRIES = 3
+
+T = TypeVar("T")
 
 
 @dataclass(eq=False)
@@ -57,6 +64,46 @@ class Replica:
     closed: bool = False
     #: reads waiting for an offset to be applied (``min_offset``), woken by the ingest thread
     waiters: AppliedWaiters = field(default_factory=AppliedWaiters)
+    #: a seqlock over (store contents, position): odd while a batch is being applied.
+    #: A reader that sees the same even version before and after its read read the
+    #: store exactly as of `position` (see :meth:`read`)
+    version: int = 0
+    #: the keys of the batch being applied while `version` is odd
+    applying: frozenset[bytes] = frozenset()
+    #: the last X-Tablecast-Position header made for this replica, with its position
+    position_header: tuple[int, tuple[str, str]] | None = None
+    #: held while a batch is applied: the fallback of a read that keeps meeting applies
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def apply(self, writes: Sequence[Write]) -> None:
+        """Apply a batch of the topic's next records to the store and move the position past
+        them, as one step for readers (the seqlock's odd phase); a failed write raises and
+        leaves both as they were."""
+        with self.lock:
+            self.applying = frozenset(w.key for w in writes)
+            self.version += 1
+            try:
+                self.store.apply(writes)
+                self.position = writes[-1].offset + 1
+            finally:
+                self.version += 1
+
+    def read(self, read: Callable[[], T], key: bytes | None = None) -> tuple[T, int]:
+        """`read()` of the store and the position it is exact at: every record below the
+        position applied, none above it. A read that overlapped an apply is done again;
+        one of a single `key` that the batch being applied does not touch is exact
+        either way. A read that keeps meeting applies waits for the current one to end
+        (a long restore batch, or applies back to back) and reads under its lock."""
+        for _ in range(OPTIMISTIC_TRIES):
+            version = self.version
+            position = self.position
+            result = read()
+            if version == self.version and (
+                not version & 1 or (key is not None and key not in self.applying)
+            ):
+                return result, position
+        with self.lock:
+            return read(), self.position
 
     def release(self) -> None:
         """Mark it released: readers holding it go elsewhere, waiting ones look again."""

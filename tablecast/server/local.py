@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Iterator, Sequence
+from functools import partial
 from itertools import islice
 from typing import Any
 
@@ -89,37 +90,45 @@ class Local:
             raise unavailable(info, partition)
         return replica
 
-    def headers(self, replica: Replica) -> Headers:
-        """The read headers for the replica's lag and staleness; shared lists while the replica
-        is current, so callers must not mutate them."""
-        lag = replica.lag
+    def headers(self, replica: Replica, position: int) -> Headers:
+        """The read headers: who answered, the position the answer is exact at, and how far
+        behind the topic's end (records and milliseconds) that position was known to be."""
+        lag = max(0, replica.end_offset - position)
+        cached = replica.position_header
+        if cached is None or cached[0] != position:  # reads between two applies share it
+            token = position_token(replica.table.name, replica.partition, position)
+            cached = replica.position_header = (position, ("x-tablecast-position", token))
+        token = cached[1]
         if replica.stale_since is not None:  # rare: behind, or cut off from Kafka
             return [
                 self.node_header,
                 ("x-tablecast-lag", str(lag)),
                 ("x-tablecast-staleness-ms", str(replica.staleness_ms())),
+                token,
             ]
-        headers = self._by_lag.get(lag)
-        if headers is None:
+        fresh = self._by_lag.get(lag)
+        if fresh is None:
             if len(self._by_lag) > 1024:  # lags seen while catching up: start over
                 self._by_lag.clear()
-            headers = self._by_lag[lag] = [
+            fresh = self._by_lag[lag] = (
                 self.node_header,
                 ("x-tablecast-lag", str(lag)),
                 ("x-tablecast-staleness-ms", "0"),
-            ]
-        return headers
+            )
+        return [*fresh, token]
 
     def read_key(
         self, info: TableInfo, raw: bytes, partition: int, replica: Replica, key_text: str
     ) -> Answer:
         try:
-            record = replica.store.get(raw)
+            record, position = replica.read(partial(replica.store.get, raw), raw)
         except StoreClosed:
             raise unavailable(info, partition) from None  # released under this read
         if record is None:
             raise ApiError(
-                "key_not_found", f"key {key_text!r} is not in {info.name!r}", self.headers(replica)
+                "key_not_found",
+                f"key {key_text!r} is not in {info.name!r}",
+                self.headers(replica, position),
             )
         value = info.value_serde
         # %-formatting bytes beats building a dict for orjson by a third on the hot path
@@ -133,7 +142,7 @@ class Local:
                 raise ApiError(
                     "key_not_found",
                     f"key {key_text!r} is not in {info.name!r}",
-                    self.headers(replica),
+                    self.headers(replica, position),
                 ) from None
         return (
             200,
@@ -145,7 +154,7 @@ class Local:
                 record.offset,
                 record.timestamp,
             ),
-            self.headers(replica),
+            self.headers(replica, position),
         )
 
     def windows(
@@ -153,8 +162,13 @@ class Local:
     ) -> Answer:
         size = int(info.extra.get("size_ms", 0))
         try:
-            entries = replica.store.scan(
-                window_key(raw, time_from), window_key(raw, time_to + 1), MAX_WINDOWS
+            entries, position = replica.read(
+                partial(
+                    replica.store.scan,
+                    window_key(raw, time_from),
+                    window_key(raw, time_to + 1),
+                    MAX_WINDOWS,
+                )
             )
         except StoreClosed:
             raise unavailable(info, replica.partition) from None
@@ -165,7 +179,7 @@ class Local:
                 continue  # a longer key that shares these bytes, not one of this key's windows
             _, start = split_window_key(k)
             items.append({"start": start, "end": start + size, "value": vj(rec.value)})
-        return 200, orjson.dumps({"items": items}), self.headers(replica)
+        return 200, orjson.dumps({"items": items}), self.headers(replica, position)
 
     def scan(
         self,
@@ -220,6 +234,12 @@ class Local:
             return self.require(info, partition, max_lag).store.multi_get(raws)
         except StoreClosed:
             raise unavailable(info, partition) from None
+
+
+def position_token(table: str, partition: int, position: int) -> str:
+    """``X-Tablecast-Position`` of a one-partition read: every record of `partition` below
+    `position` is reflected, none above. Opaque to clients, who pass it back as is."""
+    return f"{table}@{partition}:{position}"
 
 
 def unavailable(info: TableInfo, partition: int) -> ApiError:

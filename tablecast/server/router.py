@@ -39,6 +39,7 @@ PASS_HEADERS = (
     b"x-tablecast-node",
     b"x-tablecast-lag",
     b"x-tablecast-staleness-ms",
+    b"x-tablecast-position",
     b"retry-after",
 )
 #: reads of one caller that may wait for an offset at once (serve --max-waits)
