@@ -102,8 +102,8 @@ class RocksDBStore:
             raise StoreClosed("the store was closed")
         try:
             raw = self._db.get(DATA + key)
-        except DbClosedError:
-            raise StoreClosed("the store was closed") from None
+        except (DbClosedError, RuntimeError) as e:
+            raise _closed_or(e, self._closed) from None
         return None if raw is None else _decode(raw)
 
     def multi_get(self, keys: Sequence[bytes]) -> list[Record | None]:
@@ -113,8 +113,8 @@ class RocksDBStore:
             raise StoreClosed("the store was closed")
         try:
             raws = self._db[[DATA + k for k in keys]]
-        except DbClosedError:
-            raise StoreClosed("the store was closed") from None
+        except (DbClosedError, RuntimeError) as e:
+            raise _closed_or(e, self._closed) from None
         return [None if raw is None else _decode(raw) for raw in raws]
 
     def scan(
@@ -148,8 +148,8 @@ class RocksDBStore:
             raise StoreClosed("the store was closed")
         try:
             it = self._db.iter()
-        except DbClosedError:
-            raise StoreClosed("the store was closed") from None
+        except (DbClosedError, RuntimeError) as e:
+            raise _closed_or(e, self._closed) from None
         it.seek(DATA + (start or b""))
         return it, (DATA + end if end is not None else None)
 
@@ -196,6 +196,14 @@ class RocksDBStore:
                 log.warning("closing the store at %s: %s", self.path, e)
                 return
         log.error("the store at %s stayed in use; not closed", self.path)
+
+
+def _closed_or(error: Exception, closed: bool) -> Exception:
+    """What a failed read raises: StoreClosed if the store was closed under it (rocksdict says
+    DbClosedError, or 'Already mutably borrowed' while its close runs), else the error."""
+    return (
+        StoreClosed("the store was closed") if closed or isinstance(error, DbClosedError) else error
+    )
 
 
 def _decode(raw: bytes) -> Record:
