@@ -21,6 +21,7 @@ BENCHES = {
     "spark_cluster": "bench.spark_cluster",
     "fuzz": "bench.fuzz",
     "https": "bench.https",
+    "auth": "bench.auth",
     "chaos": "bench.chaos",
 }
 # the pipeline benchmark is written by another change; run it once its module exists
@@ -33,6 +34,7 @@ QUICK = {
     "cluster": ["--seconds", "2", "--keys", "20000"],
     "stores": ["--keys", "20000", "--reads", "50000"],
     "https": ["--seconds", "2", "--keys", "20000", "--rounds", "3"],
+    "auth": ["--seconds", "2", "--keys", "20000", "--rounds", "3"],
     "chaos": ["--minutes", "3"],
 }
 

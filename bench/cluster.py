@@ -21,6 +21,7 @@ from bench.common import (
     facts_line,
     machine,
     median,
+    rps_row,
     save,
     verdict,
     wait_http,
@@ -179,9 +180,6 @@ def main(argv: list[str]) -> None:
 def render(r: dict[str, Any], args: argparse.Namespace) -> str:
     f = r["forwarding"]
 
-    def row(name: str, x: dict[str, Any]) -> str:
-        return f"| {name} | {x['rps']:,.0f} | {x['p50_us'] / 1000:.2f} | {x['p99_us'] / 1000:.2f} |"
-
     fo = "\n".join(
         f"| {x['standbys']} | {x['queries']:,} | {x['failed']} | {x['gap_s']:.2f} s |"
         for x in r["failover"]
@@ -196,8 +194,8 @@ request forwarded A → B over a pooled keep-alive connection). {args.keys:,} ke
 
 | | req/s | p50 ms | p99 ms |
 |---|---|---|---|
-{row("local GET", f["local"])}
-{row("forwarded GET", f["forwarded"])}
+{rps_row("local GET", f["local"])}
+{rps_row("forwarded GET", f["forwarded"])}
 | ratio (target ≥ 0.50) | {f["ratio"]:.2f} — {verdict(f["ratio"] >= 0.5)} | | |
 
 Medians of 3 alternating runs; local {", ".join(f"{x:,.0f}" for x in f["rounds"]["local"])};

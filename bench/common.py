@@ -7,11 +7,13 @@ because runs differ by up to ~50% from one another.
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import os
 import platform
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -110,13 +112,24 @@ end
 """
 
 
-def random_key_script(path_prefix: str, keys: int, width: int = 7, key_prefix: str = "k") -> str:
+def random_key_script(
+    path_prefix: str,
+    keys: int,
+    width: int = 7,
+    key_prefix: str = "k",
+    headers: dict[str, str] | None = None,
+) -> str:
     """A wrk request function asking for uniformly random keys k0000000..k{keys-1}
-    (or ``key:000000000000``.. with ``width=12, key_prefix="key:"``, Redis' names)."""
+    (or ``key:000000000000``.. with ``width=12, key_prefix="key:"``, Redis' names),
+    each request with `headers` (e.g. a bearer token)."""
+    extra = ""
+    if headers:
+        fields = ", ".join(f'["{k}"] = "{v}"' for k, v in headers.items())
+        extra = f", {{{fields}}}"
     return f"""
 math.randomseed(os.time())
 request = function()
-  return wrk.format("GET", "{path_prefix}{key_prefix}" .. string.format("%0{width}d", math.random(0, {keys - 1})))
+  return wrk.format("GET", "{path_prefix}{key_prefix}" .. string.format("%0{width}d", math.random(0, {keys - 1})){extra})
 end
 """
 
@@ -213,3 +226,31 @@ def median(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def verdict(met: bool) -> str:
     return "met" if met else "**missed**"
+
+
+def rounds_args(bench: str, argv: list[str]) -> argparse.Namespace:
+    """The options of a benchmark of alternating pinned rounds: run length, table size, rounds."""
+    p = argparse.ArgumentParser(prog=f"python -m bench {bench}")
+    p.add_argument("--seconds", type=int, default=10)
+    p.add_argument("--keys", type=int, default=100_000)
+    p.add_argument("--rounds", type=int, default=7)
+    return p.parse_args(argv)
+
+
+def ratio_spread(ratios: list[float]) -> dict[str, Any]:
+    """Per-round ratios of alternating runs, with their median and interquartile range."""
+    q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    return {"ratios": ratios, "ratio_median": statistics.median(ratios), "ratio_iqr": [q1, q3]}
+
+
+def settled(iqr: list[float], target: float) -> str:
+    """A ratio target is "met" only when the whole interquartile range clears it."""
+    lo, hi = iqr
+    return "met" if lo >= target else ("**missed**" if hi < target else "not settled")
+
+
+def rps_row(name: str, run: dict[str, Any]) -> str:
+    """A Markdown table row: req/s, p50 and p99 in ms of one wrk run."""
+    return (
+        f"| {name} | {run['rps']:,.0f} | {run['p50_us'] / 1000:.2f} | {run['p99_us'] / 1000:.2f} |"
+    )

@@ -1,9 +1,12 @@
 """``python -m bench fuzz [--examples N] [--internal N]``: the fuzz tests, many times bigger.
 
 Runs ``tests/integration/test_openapi_fuzz.py`` (schemathesis over every route
-of the OpenAPI document with auth on and off on two nodes, hypothesis on the
-internal routes, the raw-socket fuzzer) with N examples per operation instead
-of the suite's 25, and writes the case counts and the outcome to BENCHMARKS.md.
+of the OpenAPI document with auth off, on, and on with a policy on two nodes,
+hypothesis on the internal routes and — with the policy — on every read route
+with the table's own keys, the raw-socket fuzzer) with N examples per operation
+instead of the suite's 25, and writes the case counts and the outcome to
+BENCHMARKS.md. With the policy, every answer is judged by the test's oracle:
+a row the policy forbids in any answer fails the run.
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ import time
 from bench import common
 
 TEST = "tests/integration/test_openapi_fuzz.py"
-#: operations in the public document that schemathesis fuzzes (both auth modes run each)
-AUTH_MODES = 2
+#: auth off, auth on, auth with a policy: each runs every operation
+AUTH_MODES = 3
 
 
 def main(argv: list[str]) -> None:
@@ -59,16 +62,25 @@ def main(argv: list[str]) -> None:
         "seconds": round(took),
     }
     common.save("fuzz", result)
-    verdict = "0 server errors, 0 crashes" if done.returncode == 0 else "**failures, see below**"
-    section = f"""## Fuzzing (issue 12)
+    verdict = (
+        "0 server errors, 0 crashes, 0 forbidden rows shown"
+        if done.returncode == 0
+        else "**failures, see below**"
+    )
+    section = f"""## Fuzzing (issues 12, 14)
 
 `{common.command()}` — {common.facts_line(m)}
 
 | what | cases |
 |---|---|
-| schemathesis, every operation of `/openapi.json` ({operations}), kv + window + Avro-keyed tables, 2 nodes | up to {args.examples} per operation × {AUTH_MODES} auth modes |
+| schemathesis, every operation of `/openapi.json` ({operations}), kv + window + Avro-keyed tables, 2 nodes | up to {args.examples} per operation × {AUTH_MODES} auth modes (off, on, on with `--auth-policy`) |
 | hypothesis, internal routes (scan, count) | {args.internal} × {AUTH_MODES} auth modes |
+| hypothesis, every read route with the table's own keys, prefixes and bounds, under the policy | {args.internal} |
 | raw-socket cases (malformed request lines, huge headers, bad encodings, pipelining, half-sent) | 11 × {AUTH_MODES} |
+
+With the policy on, every answer (schemathesis' and hypothesis') is judged by the
+oracle in `tests/integration/policy_oracle.py`: a row, table or count the token's
+grants do not cover fails the run.
 
 Outcome: {", ".join(summary)} in {took:.0f} s — {verdict}.
 """

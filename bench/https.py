@@ -14,7 +14,6 @@ import argparse
 import logging
 import os
 import ssl
-import statistics
 import time
 from typing import Any
 
@@ -26,7 +25,11 @@ from bench.common import (
     machine,
     median,
     random_key_script,
+    ratio_spread,
+    rounds_args,
+    rps_row,
     save,
+    settled,
     wait_http,
     write_section,
     wrk,
@@ -84,23 +87,16 @@ def compare(stack: Stack, seconds: int, keys: int, rounds: int) -> dict[str, Any
     for p in (proc, tls_proc):
         stack.stop(p)
     ratios = [t["rps"] / p["rps"] for t, p in zip(tls, plain, strict=True)]
-    q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
     return {
         "http": median(plain),
         "https": median(tls),
-        "ratios": ratios,
-        "ratio_median": statistics.median(ratios),
-        "ratio_iqr": [q1, q3],
+        **ratio_spread(ratios),
         "rounds": {"http": [p["rps"] for p in plain], "https": [t["rps"] for t in tls]},
     }
 
 
 def main(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(prog="python -m bench https")
-    p.add_argument("--seconds", type=int, default=10)
-    p.add_argument("--keys", type=int, default=100_000)
-    p.add_argument("--rounds", type=int, default=7)
-    args = p.parse_args(argv)
+    args = rounds_args("https", argv)
     result: dict[str, Any] = {"machine": machine(), "command": command()}
     with Stack() as stack:
         result["point_get"] = compare(stack, args.seconds, args.keys, args.rounds)
@@ -113,10 +109,7 @@ def main(argv: list[str]) -> None:
 def render(r: dict[str, Any], args: argparse.Namespace) -> str:
     g = r["point_get"]
     lo, hi = g["ratio_iqr"]
-    state = "met" if lo >= TARGET else ("**missed**" if hi < TARGET else "not settled")
-
-    def row(name: str, x: dict[str, Any]) -> str:
-        return f"| {name} | {x['rps']:,.0f} | {x['p50_us'] / 1000:.2f} | {x['p99_us'] / 1000:.2f} |"
+    state = settled(g["ratio_iqr"], TARGET)
 
     return f"""## HTTPS against HTTP
 
@@ -127,8 +120,8 @@ keys over a {args.keys:,}-key RocksDB table (12 partitions), default read cache.
 
 | point GET | req/s (median run) | p50 ms | p99 ms |
 |---|---|---|---|
-{row("HTTP", g["http"])}
-{row("HTTPS (`--tls-cert/--tls-key`)", g["https"])}
+{rps_row("HTTP", g["http"])}
+{rps_row("HTTPS (`--tls-cert/--tls-key`)", g["https"])}
 
 HTTPS/HTTP ratio per round: {", ".join(f"{x:.2f}" for x in g["ratios"])}; median
 {g["ratio_median"]:.2f}, interquartile range {lo:.2f}–{hi:.2f}. Target ≥ {TARGET}: {state}

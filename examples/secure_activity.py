@@ -6,8 +6,14 @@ schema id) that the pipeline reads without a schema registry. The table
 (HS256); a query to either node for any user gives the same answer, the
 forwarded hop carrying the caller's token.
 
+With the policy beside this file (`secure_activity.policy.yaml`) each user
+reads only their own activity — the token's `sub` is the key — and a token
+with `"admin": true` reads everything; the node that reads the store applies
+it, whichever node the query came to.
+
     tablecast dev examples/secure_activity.py --generate --nodes 2   (no auth in dev)
-    tablecast serve --app activity --port 8080 --auth-jwt-secret $SECRET   (with auth)
+    tablecast serve --app activity --port 8080 --auth-jwt-secret $SECRET \
+        --auth-policy examples/secure_activity.policy.yaml            (with auth)
 """
 
 from __future__ import annotations

@@ -25,6 +25,12 @@ def _opt(p: argparse.ArgumentParser, option: str, default: Any = None, **kw: Any
     p.add_argument(option, default=_env(option, default), **kw)
 
 
+def _flag(p: argparse.ArgumentParser, option: str, help: str) -> None:
+    """A switch that TABLECAST_<OPTION>=1 (or true, yes) also turns on."""
+    on = str(_env(option, "")).lower() in ("1", "true", "yes", "on")
+    p.add_argument(option, action="store_true", default=on, help=help)
+
+
 def _kafka_config(p: argparse.ArgumentParser) -> None:
     _opt(
         p,
@@ -105,6 +111,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _opt(p, "--auth-audience", help="accept only tokens whose aud claim names this audience")
     _opt(p, "--auth-issuer", help="accept only tokens whose iss claim is this issuer")
+    _opt(
+        p,
+        "--auth-policy",
+        metavar="FILE",
+        help="YAML or JSON rules from token claims to the tables and key prefixes a caller "
+        "may read (needs --auth-jwt-secret or --auth-jwks)",
+    )
+    _flag(
+        p,
+        "--auth-metrics",
+        "/metrics needs a bearer token too, and /readyz without one answers only its status",
+    )
+    _opt(
+        p,
+        "--rate-limit",
+        type=float,
+        metavar="N",
+        help="requests per second per caller (JWT sub, else client address): "
+        "more are answered 429 with Retry-After",
+    )
+    _opt(
+        p,
+        "--max-waits",
+        16,
+        type=int,
+        metavar="N",
+        help="reads of one caller that may wait for min_offset at once (more: 429)",
+    )
     _opt(
         p,
         "--cluster-secret",
@@ -292,10 +326,28 @@ def _serve(args: argparse.Namespace) -> int:
     from tablecast.kafka import probe
     from tablecast.server import process
     from tablecast.server.auth import Auth
+    from tablecast.server.policy import Policy, PolicyError
 
-    probe.check(args.bootstrap_servers)
     if bool(args.tls_cert) != bool(args.tls_key):
         return fail("--tls-cert and --tls-key go together")
+    # settings that cannot work fail at once, before Kafka is asked anything
+    secret = args.auth_jwt_secret
+    if args.auth_jwt_secret_file:
+        secret = Path(args.auth_jwt_secret_file).read_text().strip()
+    auth_on = bool(secret or args.auth_jwks)
+    if args.auth_policy and not auth_on:
+        return fail("--auth-policy needs --auth-jwt-secret or --auth-jwks (it reads token claims)")
+    if args.auth_metrics and not auth_on:
+        return fail("--auth-metrics needs --auth-jwt-secret or --auth-jwks")
+    if args.rate_limit is not None and not args.rate_limit > 0:
+        return fail("--rate-limit is a positive number of requests per second")
+    if args.max_waits < 1:
+        return fail("--max-waits is at least 1")
+    try:
+        policy = Policy.load(args.auth_policy) if args.auth_policy else None
+    except PolicyError as e:
+        return fail(str(e))
+    probe.check(args.bootstrap_servers)
     scheme = "https" if args.tls_cert else "http"
     url = args.advertised_url or f"{scheme}://{args.host}:{args.port}"
     cluster_secret = args.cluster_secret
@@ -315,12 +367,14 @@ def _serve(args: argparse.Namespace) -> int:
         tls_ca=args.tls_ca,
         drop_released_after_s=args.drop_released_after,
     )
-    secret = args.auth_jwt_secret
-    if args.auth_jwt_secret_file:
-        secret = Path(args.auth_jwt_secret_file).read_text().strip()
-    auth = Auth(secret, args.auth_jwks, args.auth_audience, args.auth_issuer)
+    if policy is not None:
+        logging.getLogger("tablecast").info(
+            "auth policy %s: %d rule(s)", args.auth_policy, len(policy.rules)
+        )
+    auth = Auth(secret, args.auth_jwks, args.auth_audience, args.auth_issuer, policy)
     tls = (args.tls_cert, args.tls_key) if args.tls_cert else None
-    process.run(config, args.host, args.port, auth, tls)
+    limits = process.Limits(args.rate_limit, args.max_waits, args.auth_metrics)
+    process.run(config, args.host, args.port, auth, tls, limits)
     return 0
 
 

@@ -138,7 +138,7 @@ class Ingestor:
         self._consumer.close()
         self.catalog.close()
         for replica in self.replicas.values():
-            replica.closed = True
+            replica.release()
             replica.store.close()
 
     def _run(self) -> None:
@@ -235,7 +235,7 @@ class Ingestor:
                     [TopicPartition(r.table.topic, r.partition) for r in assigned]
                 )
             for r in gone:
-                r.closed = True  # readers holding it go elsewhere from now on
+                r.release()  # readers holding it go elsewhere from now on
                 r.store.close()
                 self._pending_drop[(r.table.name, r.partition)] = now + self.drop_released_after_s
             log.info("released %d partition(s): %s", len(gone), _slots(gone))
@@ -394,6 +394,7 @@ class Ingestor:
                 self._recovered(replica)
             replica.end_offset = max(replica.end_offset, replica.position)
             self.records_applied += len(writes)
+            replica.waiters.advanced(replica.store.applied_offset)
         for topic, partition, offset in ends:
             self._reached_end(topic, partition, offset)
 

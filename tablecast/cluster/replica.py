@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from tablecast.cluster.offsetwait import AppliedWaiters
 from tablecast.kafka.catalog import TableInfo
 from tablecast.store import PartitionStore, Write
 
@@ -61,6 +62,8 @@ class Replica:
     failures: int = 0
     #: released: its store is (being) closed and reads must go elsewhere
     closed: bool = False
+    #: reads waiting for an offset to be applied (``min_offset``), woken by the ingest thread
+    waiters: AppliedWaiters = field(default_factory=AppliedWaiters)
     #: a seqlock over (store contents, position): odd while a batch is being applied.
     #: A reader that sees the same even version before and after its read read the
     #: store exactly as of `position` (see :meth:`read`)
@@ -101,6 +104,11 @@ class Replica:
                 return result, position
         with self.lock:
             return read(), self.position
+
+    def release(self) -> None:
+        """Mark it released: readers holding it go elsewhere, waiting ones look again."""
+        self.closed = True
+        self.waiters.wake_all()
 
     @property
     def lag(self) -> int:

@@ -25,6 +25,11 @@ by its text form in the path, URL-encoded, or — for any key text, including
 one ending in `/windows` or `/metadata`, which a decoded path cannot carry —
 as `?key=` on `/v1/tables/{table}/keys`, `/windows` and `/metadata`.
 A query parameter a route does not take is answered with 400 naming it.
+
+With auth on, every `/v1` request needs `Authorization: Bearer <JWT>`; with
+`--auth-policy` each answer holds only what the token's grants cover (403 for
+a table or key outside them, `"forbidden": true` for such a key in a batch),
+and `--rate-limit` answers 429 with `Retry-After` — see `docs/security.md`.
 """
 
 

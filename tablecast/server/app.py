@@ -1,14 +1,18 @@
 """The node's HTTP API (SPEC §3) as an RSGI application, served by granian.
 
 RSGI is granian's native interface and measured fastest here (BENCHMARKS.md),
-so there is no framework: :meth:`HttpApp.__call__` checks auth, matches the
-route, calls the :class:`Router` or a status handler, and turns
-:class:`ApiError` into the SPEC's error JSON. No client input reaches the
+so there is no framework: :meth:`HttpApp.__call__` checks auth (and rate
+limits), matches the route, calls the :class:`Router` or a status handler, and
+turns :class:`ApiError` into the SPEC's error JSON. No client input reaches the
 client as a stack trace.
+
+What the caller may read (``--auth-policy``) travels with the request as its
+verified token's grants; the router applies them wherever a store is read.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
@@ -27,19 +31,29 @@ from tablecast.server.errors import ApiError
 from tablecast.server.local import Answer
 from tablecast.server.metrics import HttpStats, exposition
 from tablecast.server.peers import SIGNATURE, PeerPool, signed_parts
-from tablecast.server.router import HOP, Request, Router
+from tablecast.server.ratelimit import TokenBuckets, WaitSlots
+from tablecast.server.router import DEFAULT_WAITS_PER_CALLER, HOP, Request, Router, subject_of
 
 log = logging.getLogger(__name__)
 
 JSON = ("content-type", "application/json")
 PROMETHEUS = ("content-type", "text/plain; version=0.0.4; charset=utf-8")
 MAX_BODY = 1 << 20
+#: a request body must arrive within this long (granian's own timeout covers headers only)
+BODY_TIMEOUT_S = 10.0
 
 Handler = Callable[[Request, Any], Answer | Awaitable[Answer]]
 
 
 class HttpApp:
-    def __init__(self, node: Node, auth: Auth | None = None) -> None:
+    def __init__(
+        self,
+        node: Node,
+        auth: Auth | None = None,
+        rate_limit: float | None = None,
+        waits_per_caller: int = DEFAULT_WAITS_PER_CALLER,
+        auth_metrics: bool = False,
+    ) -> None:
         self.node = node
         self.auth = auth or Auth()
         self._auth_on = self.auth.enabled
@@ -49,7 +63,11 @@ class HttpApp:
         )
         self.peers = PeerPool(ssl_context=context, signer=self.signer)
         self._peer_checks = self.signer.enabled
-        self.router = Router(node, Cursors(node.config.app_id.encode()), self.peers)
+        self.rate = TokenBuckets(rate_limit) if rate_limit else None
+        self.waits = WaitSlots(waits_per_caller)
+        #: /metrics needs a token, and /readyz without one says only whether the node is ready
+        self._auth_metrics = auth_metrics and self._auth_on
+        self.router = Router(node, Cursors(node.config.app_id.encode()), self.peers, self.waits)
         self.stats = HttpStats()
         self._openapi = orjson.dumps(openapi.document())
 
@@ -61,22 +79,33 @@ class HttpApp:
         try:
             path = scope.path
             headers = scope.headers
-            if self._auth_on and path.startswith(("/v1/", "/internal/")):
-                self.auth.check(headers.get("authorization"))
             query = scope.query_string
-            if (
-                self._peer_checks
-                and (path.startswith("/internal/") or HOP in headers)
-                and scope.method != "POST"  # a POST is checked with its body, once read
-            ):
+            from_peer = self._peer_checks and (path.startswith("/internal/") or HOP in headers)
+            if from_peer and scope.method != "POST":  # a POST is checked with its body, once read
                 self._check_peer(scope.method, path, query, b"", headers)
+            # a signed hop was counted where the caller came in (a forged one is refused)
+            limited = self.rate is not None and not from_peer and path.startswith("/v1/")
+            caller = None
+            if self._auth_on and path.startswith(("/v1/", "/internal/")):
+                authorization = headers.get("authorization")
+                caller = self.auth.remembered(authorization)
+                if caller is None:
+                    if limited:
+                        # a token not seen before costs a signature check: the client's
+                        # address pays for it first, so a flood of made-up tokens is cut short
+                        self.rate.take(subject_of(None, scope))  # type: ignore[union-attr]
+                    caller = self.auth.caller(authorization)
+            if limited:
+                self.rate.take(subject_of(caller, scope))  # type: ignore[union-attr]
             key = None if query else _plain_key_read(scope.method, path)
             if key is not None:  # the hot path: GET one key, no query string
                 route = "key"
-                answer = self.router.get_key(key[0], key[1], Request(NO_PARAMS, "", headers))
+                answer = self.router.get_key(
+                    key[0], key[1], Request(NO_PARAMS, "", headers, caller, scope)
+                )
             else:
                 route, handler = self.match(scope.method, path)
-                request = Request(_params(query), query, headers)
+                request = Request(_params(query), query, headers, caller, scope)
                 if request.params:
                     params.check(route, request.params)
                 answer = handler(request, proto)
@@ -105,7 +134,7 @@ class HttpApp:
                     if rest.endswith("/windows"):
                         return "windows", lambda q, _: r.windows(table, rest[:-8], q)
                     if rest.endswith("/metadata"):
-                        return "metadata", lambda q, _: r.metadata(table, rest[:-9])
+                        return "metadata", lambda q, _: r.metadata(table, rest[:-9], q)
                     return "key", lambda q, _: r.get_key(table, rest, q)
                 if n == 5:
                     what = parts[4]
@@ -125,10 +154,10 @@ class HttpApp:
                         return "count", lambda q, _: r.count(table, q)
             elif n == 3 and parts[2] == "tables":
                 _get(method)
-                return "tables", lambda q, _: (200, status.tables(self.node), [])
+                return "tables", lambda q, _: (200, status.tables(self.node, q.grants), [])
             elif n == 3 and parts[2] == "cluster":
                 _get(method)
-                return "cluster", lambda q, _: (200, status.cluster(self.node), [])
+                return "cluster", lambda q, _: (200, status.cluster(self.node, q.grants), [])
         elif n == 5 and parts[1] == "internal" and parts[2] == "tables":
             _get(method)
             if parts[4] == "scan":
@@ -140,9 +169,9 @@ class HttpApp:
             if name == "healthz":
                 return "healthz", lambda q, _: status.health(self.node, q.headers)
             if name == "readyz":
-                return "readyz", lambda q, _: (*status.readiness(self.node), [])
+                return "readyz", lambda q, _: self._readiness(q)
             if name == "metrics":
-                return "metrics", lambda q, _: (200, exposition(self.node, self.stats), [])
+                return "metrics", lambda q, _: self._metrics(q)
             if name == "openapi.json":
                 return "openapi", lambda q, _: (200, self._openapi, [])
         raise ApiError("not_found", f"no route for {method} {path}")
@@ -154,8 +183,24 @@ class HttpApp:
         if what == "windows":
             return self.router.windows(table, key, req)
         if what == "metadata":
-            return self.router.metadata(table, key)
+            return self.router.metadata(table, key, req)
         return self.router.get_key(table, key, req)
+
+    def _metrics(self, req: Request) -> Answer:
+        if self._auth_metrics:
+            self.auth.caller(req.headers.get("authorization"))
+        return 200, exposition(self.node, self.stats, self.rate, self.waits), []
+
+    def _readiness(self, req: Request) -> Answer:
+        code, body = status.readiness(self.node)
+        if self._auth_metrics:
+            authorization = req.headers.get("authorization")
+            if authorization is None:
+                # probes (a kubelet) cannot send an expiring token: the status code is all
+                # they need, and the body (partitions, lags, errors) is for token holders
+                return code, b'{"ready":true}' if code == 200 else b'{"ready":false}', []
+            self.auth.caller(authorization)
+        return code, body, []
 
     def _check_peer(self, method: str, path: str, query: str, body: bytes, headers: Any) -> None:
         """Internal routes and forwarded requests answer only peers that sign with the secret."""
@@ -179,17 +224,24 @@ _KEY_ROUTES = {"keys": "key", "windows": "windows", "metadata": "metadata"}
 
 
 async def _read_body(req: Request, proto: Any) -> bytes:
-    """The request body, refused with 413 once it is over MAX_BODY (never read whole)."""
+    """The request body, refused with 413 once it is over MAX_BODY (never read whole), and
+    with 408 if it does not arrive within BODY_TIMEOUT_S (a slow sender holds no reader)."""
     too_large = ApiError("payload_too_large", f"the body is larger than {MAX_BODY} bytes")
     declared = req.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY:
         raise too_large
     chunks, size = [], 0
-    async for chunk in proto:
-        size += len(chunk)
-        if size > MAX_BODY:
-            raise too_large
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(BODY_TIMEOUT_S):
+            async for chunk in proto:
+                size += len(chunk)
+                if size > MAX_BODY:
+                    raise too_large
+                chunks.append(chunk)
+    except TimeoutError:
+        raise ApiError(
+            "request_timeout", f"the body did not arrive within {BODY_TIMEOUT_S:g} s"
+        ) from None
     return b"".join(chunks)
 
 

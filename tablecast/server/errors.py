@@ -12,6 +12,7 @@ STATUS = {
     "key_not_found": 404,
     "not_found": 404,
     "method_not_allowed": 405,
+    "request_timeout": 408,
     "payload_too_large": 413,
     "rate_limited": 429,
     "partition_unavailable": 503,

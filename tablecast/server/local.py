@@ -16,6 +16,7 @@ from tablecast.kafka.catalog import TableInfo
 from tablecast.kafka.windowed import split_window_key, window_key
 from tablecast.serde import SerdeError
 from tablecast.server.errors import ApiError
+from tablecast.server.policy import Scope, Span
 from tablecast.store import Record, StoreClosed
 
 Headers = list[tuple[str, str]]
@@ -23,6 +24,8 @@ Answer = tuple[int, bytes, Headers]
 
 RETRY_AFTER = [("retry-after", "1")]
 MAX_WINDOWS = 10_000
+#: the least a range scan reads from one partition's store at a time
+MIN_CHUNK = 16
 #: a key read's body; the value goes in as JSON text
 ENTRY = b'{"key":%b,"value":%b,"partition":%d,"offset":%d,"timestamp":%d}'
 
@@ -186,21 +189,40 @@ class Local:
         end: bytes | None,
         limit: int,
         max_lag: int | None,
+        scope: Scope | None = None,
     ) -> list[tuple[bytes, Record]]:
-        """Up to `limit` entries of these local partitions, merged in key order."""
-        pages = []
-        for p in partitions:
-            try:
-                pages.append(self.require(info, p, max_lag).store.scan(start, end, limit))
-            except StoreClosed:
-                raise unavailable(info, p) from None
-        return list(merge_sorted(pages, limit))
+        """Up to `limit` entries of these local partitions in [start, end) — and within
+        `scope`, the caller's grants — merged in key order.
 
-    def count(self, info: TableInfo, partitions: Iterable[int], max_lag: int | None) -> int:
+        Each partition is read a chunk at a time as the merge takes from it, so a
+        page holds about `limit` records whatever the partition count, where
+        reading `limit` from every partition first would hold partitions × limit.
+        """
+        replicas = [self.require(info, p, max_lag) for p in partitions]
+        spans = [(start, end)] if scope is None else scope.clip(start, end)
+        if not replicas or not spans:
+            return []
+        # a fair share each first: evenly spread keys then take one read per partition
+        chunk = min(limit, max(MIN_CHUNK, -(-limit // len(replicas)) + 1))
+        rows = (_rows(info, r, spans, chunk, limit) for r in replicas)
+        return list(merge_sorted(rows, limit))
+
+    def count(
+        self,
+        info: TableInfo,
+        partitions: Iterable[int],
+        max_lag: int | None,
+        scope: Scope | None = None,
+    ) -> int:
+        """Keys in these local partitions; with a `scope`, only those the caller may read."""
         total = 0
         for p in partitions:
+            store = self.require(info, p, max_lag).store
             try:
-                total += len(self.require(info, p, max_lag).store)
+                if scope is None:
+                    total += len(store)
+                else:
+                    total += sum(store.count_range(lo, hi) for lo, hi in scope.spans)
             except StoreClosed:
                 raise unavailable(info, p) from None
         return total
@@ -226,6 +248,24 @@ def unavailable(info: TableInfo, partition: int) -> ApiError:
         f"partition {partition} of {info.name!r} has no replica ready yet",
         RETRY_AFTER,
     )
+
+
+def _rows(
+    info: TableInfo, replica: Replica, spans: Sequence[Span], chunk: int, most: int
+) -> Iterator[tuple[bytes, Record]]:
+    """A partition's entries within `spans` (sorted, disjoint), read `chunk` at a time; the
+    chunk doubles up to `most` while the merge keeps taking from this partition."""
+    for lo, hi in spans:
+        while True:
+            try:
+                rows = replica.store.scan(lo, hi, chunk)
+            except StoreClosed:
+                raise unavailable(info, replica.partition) from None
+            yield from rows
+            if len(rows) < chunk:
+                break
+            lo = rows[-1][0] + b"\x00"  # the least key after the last one read
+            chunk = min(chunk * 2, most)
 
 
 def merge_sorted(

@@ -22,6 +22,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from tablecast.cluster.node import Node
+from tablecast.server.ratelimit import TokenBuckets, WaitSlots
 from tablecast.store import StoreClosed
 
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -44,9 +45,17 @@ class HttpStats:
 
 
 class NodeCollector(Collector):
-    def __init__(self, node: Node, http: HttpStats) -> None:
+    def __init__(
+        self,
+        node: Node,
+        http: HttpStats,
+        rate: TokenBuckets | None = None,
+        waits: WaitSlots | None = None,
+    ) -> None:
         self.node = node
         self.http = http
+        self.rate = rate
+        self.waits = waits
 
     def collect(self) -> Iterator[Metric]:
         requests = CounterMetricFamily(
@@ -67,6 +76,14 @@ class NodeCollector(Collector):
                 cumulative.append((bound, running))
             latency.add_metric([route], cumulative, self.http.seconds[route])
         yield latency
+        limited = CounterMetricFamily(
+            "tablecast_rate_limited",
+            "requests refused with 429: over --rate-limit, or too many offset waits of one caller",
+            labels=["limit"],
+        )
+        limited.add_metric(["rate"], self.rate.refused if self.rate else 0)
+        limited.add_metric(["waits"], self.waits.refused if self.waits else 0)
+        yield limited
 
         ingest = self.node.ingestor
         applied = CounterMetricFamily(
@@ -151,7 +168,12 @@ class NodeCollector(Collector):
         yield left_out
 
 
-def exposition(node: Node, http: HttpStats) -> bytes:
+def exposition(
+    node: Node,
+    http: HttpStats,
+    rate: TokenBuckets | None = None,
+    waits: WaitSlots | None = None,
+) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(NodeCollector(node, http))
+    registry.register(NodeCollector(node, http, rate, waits))
     return generate_latest(registry)

@@ -30,9 +30,13 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 def _errors(*codes: int) -> dict[str, Any]:
     meaning = {
         400: "bad request",
-        413: "body larger than 1 MiB",
+        401: "auth is on and the request has no valid bearer token",
+        403: "the token's grants (--auth-policy) do not cover this table or key",
         404: "table or key not found",
         405: "method not allowed",
+        408: "the body did not arrive within 10 s",
+        413: "body larger than 1 MiB",
+        429: "over --rate-limit, or too many min_offset waits of this caller (Retry-After)",
         503: "no replica ready (Retry-After)",
         504: "min_offset not reached in time",
     }
@@ -41,6 +45,9 @@ def _errors(*codes: int) -> dict[str, Any]:
 
 INT = {"type": "integer"}
 STR = {"type": "string"}
+BOOL = {"type": "boolean"}
+KEY_ERRORS = (400, 401, 403, 404, 405, 429, 503, 504)
+META_ERRORS = (400, 401, 403, 404, 405, 429)
 ANY: dict[str, Any] = {}  # a table value: whatever JSON its value serde renders
 
 
@@ -60,7 +67,7 @@ def _get(
     parameters: list[dict[str, Any]],
     ok: dict[str, Any],
     ok_description: str,
-    errors: tuple[int, ...] = (400, 404, 405, 503),
+    errors: tuple[int, ...] = (400, 401, 403, 404, 405, 429, 503),
 ) -> dict[str, Any]:
     """A GET operation answering `ok` JSON with 200, or the SPEC's error JSON."""
     operation: dict[str, Any] = {"summary": summary}
@@ -123,17 +130,24 @@ def document() -> dict[str, Any]:
     )
     epoch_ms = {"type": "integer", "minimum": 0}
     paths: dict[str, Any] = {
-        "/v1/tables": _get("list tables", [], _object(tables=_array(table)), "tables", ()),
+        "/v1/tables": _get(
+            "list tables (with --auth-policy, those the token may read)",
+            [],
+            _object(tables=_array(table)),
+            "tables",
+            (401, 429),
+        ),
         "/v1/tables/{table}/keys/{key}": _get(
             "read one key",
             [TABLE, KEY, MAX_LAG, MIN_OFFSET, TIMEOUT],
             record,
             "the key's latest value",
-            (400, 404, 405, 503, 504),
+            KEY_ERRORS,
         ),
         "/v1/tables/{table}/keys:batchGet": {
             "post": {
-                "summary": "read many keys, answers in request order",
+                "summary": "read many keys, answers in request order; a key outside the "
+                "token's grants (--auth-policy) answers found false, forbidden true, no value",
                 "parameters": [TABLE, MAX_LAG],
                 "requestBody": {
                     "required": True,
@@ -144,16 +158,17 @@ def document() -> dict[str, Any]:
                 "responses": {
                     "200": _json(
                         _object(
-                            results=_array(_object(key=ANY, found={"type": "boolean"}, value=ANY))
+                            results=_array(_object(key=ANY, found=BOOL, value=ANY, forbidden=BOOL))
                         ),
                         "results",
                     ),
-                    **_errors(400, 404, 405, 413, 503),
+                    **_errors(400, 401, 403, 404, 405, 408, 413, 429, 503),
                 },
             }
         },
         "/v1/tables/{table}/range": _get(
-            "keys in serialized-byte order across all partitions",
+            "keys in serialized-byte order across all partitions (with --auth-policy, only "
+            "the keys the token may read)",
             [
                 TABLE,
                 _param("from", "query", "first key (inclusive)"),
@@ -188,14 +203,17 @@ def document() -> dict[str, Any]:
             "windows",
         ),
         "/v1/tables/{table}/count": _get(
-            "number of keys", [TABLE, MAX_LAG], _object(count=INT), "count"
+            "number of keys (with --auth-policy, of the keys the token may read)",
+            [TABLE, MAX_LAG],
+            _object(count=INT),
+            "count",
         ),
         "/v1/tables/{table}/keys/{key}/metadata": _get(
             "where a key lives",
             [TABLE, KEY],
             _object(partition=INT, active={"type": ["object", "null"]}, standbys={"type": "array"}),
             "owners",
-            (400, 404, 405),
+            META_ERRORS,
         ),
         **{
             f"/v1/tables/{{table}}/{what}": _get(
@@ -213,7 +231,7 @@ def document() -> dict[str, Any]:
                     [MAX_LAG, MIN_OFFSET, TIMEOUT],
                     record,
                     "the key's latest value",
-                    (400, 404, 405, 503, 504),
+                    KEY_ERRORS,
                 ),
                 (
                     "windows",
@@ -221,7 +239,7 @@ def document() -> dict[str, Any]:
                     [MAX_LAG],
                     _object(items=_array(_object(start=INT, end=INT, value=ANY))),
                     "windows",
-                    (400, 404, 405, 503),
+                    (400, 401, 403, 404, 405, 429, 503),
                 ),
                 (
                     "metadata",
@@ -233,31 +251,37 @@ def document() -> dict[str, Any]:
                         standbys={"type": "array"},
                     ),
                     "owners",
-                    (400, 404, 405),
+                    META_ERRORS,
                 ),
             )
         },
         "/v1/cluster": _get(
-            "nodes and their replicas",
+            "nodes and their replicas (with --auth-policy, of the tables the token may read)",
             [],
             _object(nodes=_array(_object(id=STR, url=STR, state=STR, replicas=_array(replica)))),
             "the cluster",
-            (),
+            (401, 429),
         ),
         "/healthz": {
             "get": {"summary": "liveness", "responses": {"200": {"description": "alive"}}}
         },
         "/readyz": {
             "get": {
-                "summary": "200 once every active replica is caught up",
-                "responses": {"200": {"description": "ready"}, "503": {"description": "restoring"}},
+                "summary": "200 once every active replica is caught up (with --auth-metrics, "
+                'the details need a token; without one the body is only {"ready"})',
+                "responses": {
+                    "200": {"description": "ready"},
+                    "401": {"description": "--auth-metrics and an invalid token"},
+                    "503": {"description": "restoring"},
+                },
             }
         },
         "/metrics": {
             "get": {
-                "summary": "Prometheus text",
+                "summary": "Prometheus text (with --auth-metrics, needs a bearer token)",
                 "responses": {
-                    "200": {"description": "metrics", "content": {"text/plain": {"schema": STR}}}
+                    "200": {"description": "metrics", "content": {"text/plain": {"schema": STR}}},
+                    "401": {"description": "--auth-metrics and no valid token"},
                 },
             }
         },
@@ -292,6 +316,7 @@ def document() -> dict[str, Any]:
                                 "unauthorized",
                                 "forbidden",
                                 "method_not_allowed",
+                                "request_timeout",
                                 "payload_too_large",
                                 "rate_limited",
                                 "partition_unavailable",

@@ -19,6 +19,9 @@ from tablecast.cluster.signing import Signer
 
 #: the header that carries a peer's signature of an internal call (see :func:`signed_parts`)
 SIGNATURE = "x-tablecast-signature"
+#: a pooled connection idle longer is not reused: nodes close keep-alive connections idle
+#: for 10 s (process.HEADER_TIMEOUT_MS), and one closing as a request goes out would fail it
+MAX_IDLE_S = 5.0
 
 Response = tuple[int, list[tuple[bytes, bytes]], bytes]
 
@@ -99,7 +102,8 @@ class PeerPool:
         ssl_context: ssl.SSLContext | None = None,
         signer: Signer | None = None,
     ) -> None:
-        self._idle: dict[tuple[str, int, bool], list[_Connection]] = {}
+        #: per peer, idle connections and when each went idle (monotonic)
+        self._idle: dict[tuple[str, int, bool], list[tuple[_Connection, float]]] = {}
         self._peers: dict[str, tuple[str, int, bool]] = {}
         self._max_idle = max_idle_per_peer
         self._ssl = ssl_context
@@ -148,18 +152,21 @@ class PeerPool:
         if not conn.closed:
             idle = self._idle.setdefault(peer, [])
             if len(idle) < self._max_idle:
-                idle.append(conn)
+                idle.append((conn, loop.time()))
             else:
                 conn.close()
         return answer
 
     async def _connection(self, peer: tuple[str, int, bool]) -> _Connection:
         idle = self._idle.get(peer)
-        while idle:
-            conn = idle.pop()
-            if not conn.closed:
-                return conn
         loop = asyncio.get_running_loop()
+        if idle:
+            fresh_since = loop.time() - MAX_IDLE_S
+            while idle:
+                conn, since = idle.pop()  # the most recently used first
+                if not conn.closed and since > fresh_since:
+                    return conn
+                conn.close()
         host, port, tls = peer
         if tls:
             context = self._ssl or ssl.create_default_context()
@@ -172,7 +179,7 @@ class PeerPool:
 
     def close(self) -> None:
         for conns in self._idle.values():
-            for conn in conns:
+            for conn, _ in conns:
                 conn.close()
         self._idle.clear()
 

@@ -13,7 +13,7 @@ Batch gets, range scans and counts fan out per owning node and merge.
 from __future__ import annotations
 
 import asyncio
-import time
+import heapq
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
@@ -22,12 +22,17 @@ import orjson
 
 from tablecast.cluster.membership import Member
 from tablecast.cluster.node import Node
+from tablecast.cluster.offsetwait import wake
+from tablecast.cluster.replica import Replica
 from tablecast.kafka.catalog import TableInfo
 from tablecast.serde import SerdeError
+from tablecast.server.auth import Caller
 from tablecast.server.cursor import Cursors
 from tablecast.server.errors import ApiError
 from tablecast.server.local import Answer, Headers, Local, merge_sorted, unavailable
 from tablecast.server.peers import PeerPool, PeerUnavailable
+from tablecast.server.policy import Grants, Scope, prefix_end
+from tablecast.server.ratelimit import WaitSlots
 
 HOP = "x-tablecast-hop"
 PASS_HEADERS = (
@@ -37,8 +42,13 @@ PASS_HEADERS = (
     b"x-tablecast-position",
     b"retry-after",
 )
+#: reads of one caller that may wait for an offset at once (serve --max-waits)
+DEFAULT_WAITS_PER_CALLER = 16
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 10_000
+#: rows a range asks of each group of partitions beyond its fair share, so that a
+#: little unevenness in how keys spread costs no second request
+FAIR_SHARE_SLACK = 8
 MAX_BATCH = 1_000
 MAX_WAIT_MS = 30_000
 FORWARD_TIMEOUT_S = 2.0
@@ -55,29 +65,74 @@ T = TypeVar("T")
 class Request:
     """What handlers need of an HTTP request."""
 
-    __slots__ = ("headers", "params", "query")
+    __slots__ = ("caller", "headers", "params", "query", "scope")
 
-    def __init__(self, params: dict[str, str], query: str, headers: Any) -> None:
+    def __init__(
+        self,
+        params: dict[str, str],
+        query: str,
+        headers: Any,
+        caller: Caller | None = None,
+        scope: Any = None,
+    ) -> None:
         self.params = params
         self.query = query
         self.headers = headers
+        #: the verified token (None when auth is off)
+        self.caller = caller
+        #: the server's scope of the request (its client address)
+        self.scope = scope
 
     @property
     def forwarded(self) -> bool:
         return HOP in self.headers
+
+    @property
+    def grants(self) -> Grants | None:
+        """What the caller may read; None when everything (no policy)."""
+        caller = self.caller
+        return None if caller is None else caller.grants
+
+    @property
+    def subject(self) -> str:
+        """Who limits count against: the token's subject, else the client's address."""
+        return subject_of(self.caller, self.scope)
 
     def onward_headers(self) -> list[tuple[str, str]]:
         auth = self.headers.get("authorization")
         return [(HOP, "1"), ("authorization", auth)] if auth else [(HOP, "1")]
 
 
+def subject_of(caller: Caller | None, scope: Any) -> str:
+    if caller is not None and caller.subject is not None:
+        return "sub:" + caller.subject
+    client = getattr(scope, "client", None) or ""
+    return "addr:" + client.rsplit(":", 1)[0]  # the address without the port
+
+
 class Router:
-    def __init__(self, node: Node, cursors: Cursors, peers: PeerPool) -> None:
+    def __init__(
+        self, node: Node, cursors: Cursors, peers: PeerPool, waits: WaitSlots | None = None
+    ) -> None:
         self.node = node
         self.me = node.id  # read on every request: a plain attribute, not a property chain
         self.local = Local(node)
         self.cursors = cursors
         self.peers = peers
+        self.waits = waits or WaitSlots(DEFAULT_WAITS_PER_CALLER)
+
+    def table(self, name: str, req: Request) -> tuple[TableInfo, Scope | None]:
+        """The table and what of it the caller may read (None: all of it); 403 when nothing.
+
+        Every node a request passes applies this, and so does the node that
+        reads the store: a forwarding node is never trusted to have filtered.
+        """
+        grants = req.grants
+        if grants is None:
+            return self.local.table(name), None
+        grants.require_table(name)  # before the lookup: no 404 tells what exists
+        info = self.local.table(name)
+        return info, grants.scope(info)
 
     # -- who answers -----------------------------------------------------------
     def choices(
@@ -129,12 +184,18 @@ class Router:
 
     # -- point reads -----------------------------------------------------------
     def get_key(self, table: str, key_text: str, req: Request) -> Answer | Awaitable[Answer]:
-        info = self.local.table(table)
+        caller = req.caller
+        if caller is None or caller.grants is None:  # the hot path without a policy: no call
+            info, scope = self.local.table(table), None
+        else:
+            info, scope = self.table(table, req)
         if info.kind != "kv":
             raise ApiError(
                 "bad_request", f"{table!r} is a window table: read /keys/{{key}}/windows"
             )
         raw = self.local.key_bytes(info, key_text)
+        if scope is not None and not scope.allows(raw):
+            raise forbidden_key(table, key_text)
         partition = info.partition_of(raw)
         params = req.params
         max_lag = int_param(params, "max_lag", None) if params else None
@@ -147,7 +208,7 @@ class Router:
                     self._after_offset(
                         partition,
                         replica,
-                        params,
+                        req,
                         lambda: self.local.read_key(info, raw, partition, replica, key_text),
                     ),
                     lambda: self.get_key(table, key_text, req),
@@ -164,7 +225,7 @@ class Router:
             replica = self.local.require(info, partition, max_lag)
             read = lambda: self.local.read_key(info, raw, partition, replica, key_text)  # noqa: E731
             if "min_offset" in req.params:
-                return self._after_offset(partition, replica, req.params, read)
+                return self._after_offset(partition, replica, req, read)
             return read()
 
         if choices and choices[0] == ME:
@@ -173,10 +234,12 @@ class Router:
         return self._elsewhere(info, partition, choices, target, req, here)
 
     def windows(self, table: str, key_text: str, req: Request) -> Answer | Awaitable[Answer]:
-        info = self.local.table(table)
+        info, scope = self.table(table, req)
         if info.kind != "window":
             raise ApiError("bad_request", f"{table!r} is not a window table")
         raw = self.local.key_bytes(info, key_text)
+        if scope is not None and not scope.allows(raw):
+            raise forbidden_key(table, key_text)
         time_from = min(int_param(req.params, "from", 0), WINDOW_TIME_MAX)
         time_to = min(int_param(req.params, "to", WINDOW_TIME_MAX), WINDOW_TIME_MAX)
         partition = info.partition_of(raw)
@@ -227,9 +290,14 @@ class Router:
         raise unavailable(info, partition)
 
     async def _after_offset(
-        self, partition: int, replica: Any, params: dict[str, str], read: Callable[[], Answer]
+        self, partition: int, replica: Replica, req: Request, read: Callable[[], Answer]
     ) -> Answer:
-        """Monotonic reads: wait until the replica applied the offset `min_offset=P:O` names."""
+        """Monotonic reads: wait until the replica applied the offset `min_offset=P:O` names.
+
+        The wait is a future the ingest thread completes when it applies that
+        offset (no polling); a caller may have only so many waiting at once.
+        """
+        params = req.params
         text = params["min_offset"]
         p_text, _, o_text = text.partition(":")
         try:
@@ -246,17 +314,34 @@ class Router:
         timeout_ms = int_param(params, "timeout_ms", 1000)
         if timeout_ms > MAX_WAIT_MS:
             raise ApiError("bad_request", f"timeout_ms is at most {MAX_WAIT_MS}")
-        deadline = time.monotonic() + timeout_ms / 1000
-        while replica.store.applied_offset < want_offset:
-            if replica.closed:  # released while waiting: the caller routes the read again
-                raise ApiError("partition_unavailable", "the replica was released", [])
-            if time.monotonic() >= deadline:
-                raise ApiError(
-                    "timeout",
-                    f"offset {want_offset} of partition {want_partition} "
-                    f"not applied within {timeout_ms} ms",
-                )
-            await asyncio.sleep(0.005)
+        if replica.store.applied_offset >= want_offset:
+            return read()
+        subject = req.subject
+        self.waits.enter(subject)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000
+        try:
+            while replica.store.applied_offset < want_offset:
+                if replica.closed:  # released while waiting: the caller routes the read again
+                    raise ApiError("partition_unavailable", "the replica was released", [])
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise ApiError(
+                        "timeout",
+                        f"offset {want_offset} of partition {want_partition} "
+                        f"not applied within {timeout_ms} ms",
+                    )
+                future = replica.waiters.wait(want_offset)
+                timer = loop.call_later(remaining, wake, future)
+                try:
+                    # an apply between the check above and wait() woke nobody: look again
+                    if replica.store.applied_offset < want_offset and not replica.closed:
+                        await future
+                finally:
+                    timer.cancel()
+                    replica.waiters.forget(future)
+        finally:
+            self.waits.leave(subject)
         return read()
 
     async def _unless_released(
@@ -311,7 +396,7 @@ class Router:
         return results
 
     async def batch_get(self, table: str, body: bytes, req: Request) -> Answer:
-        info = self.local.table(table)
+        info, scope = self.table(table, req)
         try:
             request = orjson.loads(body)
         except orjson.JSONDecodeError:
@@ -330,12 +415,16 @@ class Router:
                 raise ApiError(
                     "bad_request", f"key {key!r} is not a {serde.format} key: {e}"
                 ) from None
+        results: list[Any] = [None] * len(keys)
         by_partition: dict[int, list[int]] = {}
         for i, raw in enumerate(raws):
-            by_partition.setdefault(info.partition_of(raw), []).append(i)
+            if scope is not None and not scope.allows(raw):
+                # never read, never forwarded: a key outside the grants has no value to show
+                results[i] = {"key": keys[i], "found": False, "forbidden": True}
+            else:
+                by_partition.setdefault(info.partition_of(raw), []).append(i)
         max_lag = int_param(req.params, "max_lag", None)
         value_json = info.value_serde.to_json
-        results: list[Any] = [None] * len(keys)
 
         def here(parts: list[int]) -> None:
             for p in parts:
@@ -355,7 +444,7 @@ class Router:
             answer = await self._ask(
                 member, "POST", target, req, orjson.dumps({"keys": [keys[i] for i in idx]})
             )
-            if answer is None or answer[0] != 200:
+            if answer is None or not_refused(answer)[0] != 200:
                 return None
             for i, item in zip(idx, orjson.loads(answer[1])["results"], strict=True):
                 results[i] = item
@@ -365,7 +454,7 @@ class Router:
         return 200, orjson.dumps({"results": results}), [self.local.node_header]
 
     async def range(self, table: str, req: Request) -> Answer:
-        info = self.local.table(table)
+        info, scope = self.table(table, req)
         if info.kind != "kv":
             raise ApiError(
                 "bad_request", f"{table!r} is a window table: read /keys/{{key}}/windows"
@@ -386,30 +475,9 @@ class Router:
             start = self.cursors.decode(params["cursor"], query) + b"\x00"  # the key after the last
         if start is not None and end is not None and start >= end:
             return 200, b'{"items":[],"next_cursor":null}', []
+        if scope is not None and not scope.clip(start, end):  # nothing granted in the range
+            return 200, b'{"items":[],"next_cursor":null}', [self.local.node_header]
         max_lag = int_param(params, "max_lag", None)
-        vj = info.value_serde.to_json
-
-        def here(parts: list[int]) -> list[tuple[bytes, Any]]:
-            return [
-                (k, vj(rec.value))
-                for k, rec in self.local.scan(info, parts, start, end, limit + 1, max_lag)
-            ]
-
-        async def there(member: Member, parts: list[int]) -> list[tuple[bytes, Any]] | None:
-            q = {"partitions": ",".join(map(str, parts)), "limit": str(limit + 1)}
-            if start is not None:
-                q["start"] = start.hex()
-            if end is not None:
-                q["end"] = end.hex()
-            if max_lag is not None:
-                q["max_lag"] = str(max_lag)
-            answer = await self._ask(
-                member, "GET", f"/internal/tables/{quote(table, safe='')}/scan?{urlencode(q)}", req
-            )
-            if answer is None or answer[0] != 200:
-                return None
-            return [(bytes.fromhex(k), v) for k, v in orjson.loads(answer[1])["items"]]
-
         if params.get("owned") == "true":
             # only what this node answers for as active: a job run beside every node
             # then sees each key exactly once across the cluster
@@ -419,10 +487,11 @@ class Router:
                 for p in range(info.partitions)
                 if view.effective_active((info.name, p)) == self.node.id
             ]
-            pages = [here(mine)] if mine else []
+            vj = info.value_serde.to_json
+            rows = self.local.scan(info, mine, start, end, limit + 1, max_lag, scope)
+            merged = [(k, vj(rec.value)) for k, rec in rows]
         else:
-            pages = await self.gather(info, range(info.partitions), req, max_lag, here, there)
-        merged = list(merge_sorted(pages, limit + 1))  # every page is in key order
+            merged = await self._page(info, req, max_lag, start, end, limit + 1, scope)
         more = len(merged) > limit
         merged = merged[:limit]
         kj = info.key_serde.to_json
@@ -432,8 +501,86 @@ class Router:
         }
         return 200, orjson.dumps(body), [self.local.node_header]
 
+    async def _page(
+        self,
+        info: TableInfo,
+        req: Request,
+        max_lag: int | None,
+        start: bytes | None,
+        end: bytes | None,
+        n: int,
+        scope: Scope | None,
+    ) -> list[tuple[bytes, Any]]:
+        """The first `n` rows in [start, end) over all partitions, merged lazily.
+
+        The partitions are grouped by the node that answers for them; each
+        group is asked first for its fair share of `n` (what it holds when
+        keys spread evenly), and again from its last key, for twice as many,
+        only when the merge has taken all it gave and still needs rows. So a
+        page holds about `n` rows in flight, never partitions × `n`. Each
+        reading node applies the caller's grants itself (`scope` is this
+        node's own reading of them, for the partitions it reads).
+        """
+        vj = info.value_serde.to_json
+        table = quote(info.name, safe="")
+
+        async def fetch(parts: list[int], lo: bytes | None, want: int) -> list[tuple[bytes, Any]]:
+            def here(local: list[int]) -> list[tuple[bytes, Any]]:
+                rows = self.local.scan(info, local, lo, end, want, max_lag, scope)
+                return [(k, vj(rec.value)) for k, rec in rows]
+
+            async def there(member: Member, remote: list[int]) -> list[tuple[bytes, Any]] | None:
+                q = {"partitions": ",".join(map(str, remote)), "limit": str(want)}
+                if lo is not None:
+                    q["start"] = lo.hex()
+                if end is not None:
+                    q["end"] = end.hex()
+                if max_lag is not None:
+                    q["max_lag"] = str(max_lag)
+                answer = await self._ask(
+                    member, "GET", f"/internal/tables/{table}/scan?{urlencode(q)}", req
+                )
+                if answer is None or not_refused(answer)[0] != 200:
+                    return None
+                return [(bytes.fromhex(k), v) for k, v in orjson.loads(answer[1])["items"]]
+
+            pages = await self.gather(info, parts, req, max_lag, here, there)
+            return list(merge_sorted(pages, want))
+
+        groups: dict[str, list[int]] = {}
+        for p in range(info.partitions):
+            choices = self.choices(info, p, req, max_lag)
+            if not choices:
+                raise unavailable(info, p)
+            first = choices[0]
+            groups.setdefault(first if isinstance(first, str) else first.id, []).append(p)
+        parts_of = list(groups.values())
+        wants = [min(n, -(-n * len(ps) // info.partitions) + FAIR_SHARE_SLACK) for ps in parts_of]
+        pages = await asyncio.gather(
+            *(fetch(ps, start, w) for ps, w in zip(parts_of, wants, strict=True))
+        )
+        at = [0] * len(pages)
+        heap = [(page[0][0], i) for i, page in enumerate(pages) if page]
+        heapq.heapify(heap)
+        out: list[tuple[bytes, Any]] = []
+        while heap and len(out) < n:
+            _, i = heapq.heappop(heap)
+            page = pages[i]
+            out.append(page[at[i]])
+            at[i] += 1
+            if at[i] == len(page):
+                if len(page) < wants[i]:
+                    continue  # that group has nothing more in the range
+                wants[i] = min(n, wants[i] * 2)
+                pages[i] = page = await fetch(parts_of[i], page[-1][0] + b"\x00", wants[i])
+                at[i] = 0
+                if not page:
+                    continue
+            heapq.heappush(heap, (page[at[i]][0], i))
+        return out
+
     async def count(self, table: str, req: Request) -> Answer:
-        info = self.local.table(table)
+        info, scope = self.table(table, req)
         max_lag = int_param(req.params, "max_lag", None)
 
         async def there(member: Member, parts: list[int]) -> int | None:
@@ -446,21 +593,24 @@ class Router:
             answer = await self._ask(
                 member, "GET", f"/internal/tables/{quote(table, safe='')}/count?{q}", req
             )
-            return orjson.loads(answer[1])["count"] if answer and answer[0] == 200 else None
+            if answer is None or not_refused(answer)[0] != 200:
+                return None
+            return int(orjson.loads(answer[1])["count"])
 
         counts = await self.gather(
             info,
             range(info.partitions),
             req,
             max_lag,
-            lambda parts: self.local.count(info, parts, max_lag),
+            lambda parts: self.local.count(info, parts, max_lag, scope),
             there,
         )
         return 200, orjson.dumps({"count": sum(counts)}), [self.local.node_header]
 
     # -- internal: what a fan-out asks of a peer, answered from local stores only --
+    # The caller's token came along: the caller's grants apply here, where the store is read.
     def internal_scan(self, table: str, req: Request) -> Answer:
-        info = self.local.table(table)
+        info, scope = self.table(table, req)
         params = req.params
         parts = partitions_param(info, params)
         try:
@@ -471,20 +621,23 @@ class Router:
         limit = int_param(params, "limit", DEFAULT_LIMIT)
         max_lag = int_param(params, "max_lag", None)
         vj = info.value_serde.to_json
-        rows = self.local.scan(info, parts, start, end, min(limit, MAX_LIMIT + 1), max_lag)
+        rows = self.local.scan(info, parts, start, end, min(limit, MAX_LIMIT + 1), max_lag, scope)
         return 200, orjson.dumps({"items": [(k.hex(), vj(rec.value)) for k, rec in rows]}), []
 
     def internal_count(self, table: str, req: Request) -> Answer:
-        info = self.local.table(table)
+        info, scope = self.table(table, req)
         total = self.local.count(
-            info, partitions_param(info, req.params), int_param(req.params, "max_lag", None)
+            info, partitions_param(info, req.params), int_param(req.params, "max_lag", None), scope
         )
         return 200, orjson.dumps({"count": total}), []
 
     # -- where a key lives -----------------------------------------------------
-    def metadata(self, table: str, key_text: str) -> Answer:
-        info = self.local.table(table)
-        partition = info.partition_of(self.local.key_bytes(info, key_text))
+    def metadata(self, table: str, key_text: str, req: Request) -> Answer:
+        info, scope = self.table(table, req)
+        raw = self.local.key_bytes(info, key_text)
+        if scope is not None and not scope.allows(raw):
+            raise forbidden_key(table, key_text)
+        partition = info.partition_of(raw)
         slot = (info.name, partition)
         view = self.node.view
         active_id = view.effective_active(slot)
@@ -518,6 +671,24 @@ def key_target(table: str, key_text: str, sub: str) -> str:
     return f"/v1/tables/{t}/keys/{quote(key_text, safe='')}" + (f"/{sub}" if sub else "")
 
 
+def not_refused(answer: Answer) -> Answer:
+    """A peer's answer, unless it refused the caller: a 401 or 403 is raised as the peer
+    gave it. The reading node judged the caller, and another node would judge alike (the
+    nodes share one policy), so a fan-out must not take it for a node to route around."""
+    status, body, _ = answer
+    if status not in (401, 403):
+        return answer
+    try:
+        error = orjson.loads(body)["error"]
+        raise ApiError("unauthorized" if status == 401 else "forbidden", str(error["message"]))
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        raise ApiError("forbidden", "a node refused this caller") from None
+
+
+def forbidden_key(table: str, key_text: str) -> ApiError:
+    return ApiError("forbidden", f"this token may not read key {key_text!r} of {table!r}")
+
+
 def partitions_param(info: TableInfo, params: dict[str, str]) -> list[int]:
     try:
         parts = [int(x) for x in params.get("partitions", "").split(",") if x]
@@ -539,14 +710,6 @@ def prefix_bytes(info: TableInfo, text: str) -> bytes:
         except UnicodeEncodeError:
             raise ApiError("bad_request", "a bytes prefix is latin-1 text") from None
     raise ApiError("bad_request", f"prefix scans need string, json or bytes keys, not {fmt}")
-
-
-def prefix_end(prefix: bytes) -> bytes | None:
-    """The least byte string above every one that starts with `prefix` (None: no bound)."""
-    trimmed = prefix.rstrip(b"\xff")
-    if not trimmed:
-        return None
-    return trimmed[:-1] + bytes([trimmed[-1] + 1])
 
 
 def int_param(params: dict[str, str], name: str, default: int | None) -> Any:

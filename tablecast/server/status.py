@@ -35,10 +35,15 @@ import orjson
 
 from tablecast.cluster.liveness import CHALLENGE_HEADER, signed_health
 from tablecast.cluster.node import Node
+from tablecast.server.policy import Grants
 
 
-def tables(node: Node) -> bytes:
-    return orjson.dumps({"tables": [t.public() for t in node.tables.values()]})
+def tables(node: Node, grants: Grants | None = None) -> bytes:
+    """The served tables; with a policy, only those the caller may read some of."""
+    infos = node.tables.values()
+    if grants is not None:
+        infos = [t for t in infos if grants.allows_table(t.name)]
+    return orjson.dumps({"tables": [t.public() for t in infos]})
 
 
 def _kafka(node: Node) -> str:
@@ -53,8 +58,9 @@ def health(node: Node, headers: Any) -> tuple[int, bytes, list[tuple[str, str]]]
     return 200, body, extra
 
 
-def cluster(node: Node) -> bytes:
-    """Every live node and the replicas it holds, with the role each plays for routing."""
+def cluster(node: Node, grants: Grants | None = None) -> bytes:
+    """Every live node and the replicas it holds, with the role each plays for routing
+    (with a policy, only replicas of tables the caller may read)."""
     view = node.view
     described = node.membership.describe()
     nodes = []
@@ -72,6 +78,7 @@ def cluster(node: Node) -> bytes:
                 **({"error": state["error"]} if "error" in state else {}),
             }
             for (t, p), state in sorted(member.replicas.items())
+            if grants is None or grants.allows_table(t)
         ]
         how = described.get(member.id, {})
         nodes.append(

@@ -56,6 +56,10 @@ class PartitionStore(Protocol):
         """Up to `limit` entries with start <= key < end, ascending by key bytes."""
         ...
 
+    def count_range(self, start: bytes | None, end: bytes | None) -> int:
+        """How many keys lie in start <= key < end (what a policy lets a caller count)."""
+        ...
+
     def apply(self, writes: Sequence[Write]) -> None: ...
 
     @property

@@ -76,6 +76,9 @@ class CachedStore:
     ) -> list[tuple[bytes, Record]]:
         return self.inner.scan(start, end, limit)
 
+    def count_range(self, start: bytes | None, end: bytes | None) -> int:
+        return self.inner.count_range(start, end)
+
     def apply(self, writes: Sequence[Write]) -> None:
         if not writes:
             return

@@ -19,7 +19,7 @@ class _Closed:
     def _closed(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise StoreClosed("the store was closed")
 
-    get = pop = irange = __getitem__ = __setitem__ = __len__ = _closed
+    get = pop = irange = bisect_left = __getitem__ = __setitem__ = __len__ = _closed
 
 
 _CLOSED: Any = _Closed()
@@ -63,6 +63,13 @@ class MemoryStore:
                     break
                 out.append((key, data[key]))
             return out
+
+    def count_range(self, start: bytes | None, end: bytes | None) -> int:
+        with self._lock:  # two positions in the sorted index, not a walk
+            data = self._data
+            lo = 0 if start is None else data.bisect_left(start)
+            hi = len(data) if end is None else data.bisect_left(end)
+            return max(0, hi - lo)
 
     def apply(self, writes: Sequence[Write]) -> None:
         if not writes:

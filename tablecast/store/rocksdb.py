@@ -28,6 +28,7 @@ from rocksdict import (
     DbClosedError,
     Options,
     Rdict,
+    RdictIter,
     WriteBatch,
 )
 
@@ -101,8 +102,8 @@ class RocksDBStore:
             raise StoreClosed("the store was closed")
         try:
             raw = self._db.get(DATA + key)
-        except DbClosedError:
-            raise StoreClosed("the store was closed") from None
+        except (DbClosedError, RuntimeError) as e:
+            raise _closed_or(e, self._closed) from None
         return None if raw is None else _decode(raw)
 
     def multi_get(self, keys: Sequence[bytes]) -> list[Record | None]:
@@ -112,22 +113,14 @@ class RocksDBStore:
             raise StoreClosed("the store was closed")
         try:
             raws = self._db[[DATA + k for k in keys]]
-        except DbClosedError:
-            raise StoreClosed("the store was closed") from None
+        except (DbClosedError, RuntimeError) as e:
+            raise _closed_or(e, self._closed) from None
         return [None if raw is None else _decode(raw) for raw in raws]
 
     def scan(
         self, start: bytes | None, end: bytes | None, limit: int
     ) -> list[tuple[bytes, Record]]:
-        # an iterator keeps the database alive, so only its creation can meet a close
-        if self._closed:
-            raise StoreClosed("the store was closed")
-        try:
-            it = self._db.iter()
-        except DbClosedError:
-            raise StoreClosed("the store was closed") from None
-        it.seek(DATA + (start or b""))
-        stop = DATA + end if end is not None else None
+        it, stop = self._seek(start, end)
         out: list[tuple[bytes, Record]] = []
         while it.valid() and len(out) < limit:
             k = it.key()
@@ -136,6 +129,29 @@ class RocksDBStore:
             out.append((k[1:], _decode(it.value())))
             it.next()
         return out
+
+    def count_range(self, start: bytes | None, end: bytes | None) -> int:
+        it, stop = self._seek(start, end)
+        n = 0
+        while it.valid():  # keys only: values are never decoded
+            k = it.key()
+            if not k.startswith(DATA) or (stop is not None and k >= stop):
+                break
+            n += 1
+            it.next()
+        return n
+
+    def _seek(self, start: bytes | None, end: bytes | None) -> tuple[RdictIter, bytes | None]:
+        """An iterator at the first data key >= start, and the raw key it must stay below."""
+        # an iterator keeps the database alive, so only its creation can meet a close
+        if self._closed:
+            raise StoreClosed("the store was closed")
+        try:
+            it = self._db.iter()
+        except (DbClosedError, RuntimeError) as e:
+            raise _closed_or(e, self._closed) from None
+        it.seek(DATA + (start or b""))
+        return it, (DATA + end if end is not None else None)
 
     def apply(self, writes: Sequence[Write]) -> None:
         if not writes:
@@ -180,6 +196,14 @@ class RocksDBStore:
                 log.warning("closing the store at %s: %s", self.path, e)
                 return
         log.error("the store at %s stayed in use; not closed", self.path)
+
+
+def _closed_or(error: Exception, closed: bool) -> Exception:
+    """What a failed read raises: StoreClosed if the store was closed under it (rocksdict says
+    DbClosedError, or 'Already mutably borrowed' while its close runs), else the error."""
+    return (
+        StoreClosed("the store was closed") if closed or isinstance(error, DbClosedError) else error
+    )
 
 
 def _decode(raw: bytes) -> Record:

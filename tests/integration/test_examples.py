@@ -164,20 +164,41 @@ def test_avro_activity_across_two_nodes_with_auth(bootstrap: str, unique: str, r
     secret = "a-secret-only-these-tests-know-0123456789"
     run = run_of(ex.build(unique, topic))
     produce(bootstrap, topic, records)
-    nodes = [run.node("--auth-jwt-secret", secret) for _ in range(2)]
-    token = jwt.encode({"sub": "t", "exp": 4_000_000_000}, secret, algorithm="HS256")
-    auth = {"authorization": f"Bearer {token}"}
+    policy = str(EXAMPLES / "secure_activity.policy.yaml")
+    nodes = [run.node("--auth-jwt-secret", secret, "--auth-policy", policy) for _ in range(2)]
+
+    def bearer(**claims: Any) -> dict[str, str]:
+        token = jwt.encode({"exp": 4_000_000_000, **claims}, secret, algorithm="HS256")
+        return {"authorization": f"Bearer {token}"}
+
+    admin = bearer(sub="ops", admin=True)
     for n in nodes:
-        n.headers = auth
+        n.headers = admin
     run.settle("activity")
     served_by = set()
     for user, total in totals.items():
+        own = bearer(sub=user)
         answers = [
-            httpx.get(f"{n.url}/v1/tables/activity/keys/{user}", headers=auth) for n in nodes
+            httpx.get(f"{n.url}/v1/tables/activity/keys/{user}", headers=h)
+            for n in nodes
+            for h in (own, admin)
         ]
         assert all(a.status_code == 200 and a.json()["value"] == total for a in answers)
         served_by |= {a.headers["x-tablecast-node"] for a in answers}
+        for n in nodes:  # the user's own row and nobody else's, on every route
+            other = next(u for u in totals if u != user)
+            r = httpx.get(f"{n.url}/v1/tables/activity/keys/{other}", headers=own)
+            assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
+            page = httpx.get(f"{n.url}/v1/tables/activity/range", headers=own).json()
+            assert page["items"] == [{"key": user, "value": total}]
+            assert httpx.get(f"{n.url}/v1/tables/activity/count", headers=own).json() == {
+                "count": 1
+            }
     assert len(served_by) == 2  # some answers were forwarded, the token with them
+    everything = httpx.get(
+        f"{nodes[1].url}/v1/tables/activity/range", params={"limit": 1000}, headers=admin
+    ).json()["items"]
+    assert {x["key"]: x["value"] for x in everything} == totals
     assert httpx.get(f"{nodes[0].url}/v1/tables/activity/keys/u01").status_code == 401
 
 

@@ -1,9 +1,14 @@
-"""No input gets a 5xx (beyond the SPEC's 503/504), on any route, from any node.
+"""No input gets a 5xx (beyond the SPEC's 503/504), on any route, from any node — and with a
+policy on, no answer ever carries a row the policy forbids.
 
 - schemathesis generates requests from the node's own /openapi.json — key-value, window and
-  Avro-keyed tables, with auth on and off — against the node that does not own most
-  partitions, so forwarding and fan-out are exercised;
-- hypothesis fuzzes the internal routes (scan, count) that are not in the public document;
+  Avro-keyed tables, with auth off, auth on, and auth with a policy (``--auth-policy``)
+  that grants one key prefix of one table — against the node that does not own most
+  partitions, so forwarding and fan-out are exercised; with the policy, every answer is
+  judged by ``policy_oracle.violations`` (a schemathesis check loaded as a hook);
+- hypothesis fuzzes the internal routes (scan, count) that are not in the public document,
+  and, with the policy, every read route with keys, prefixes and bounds drawn from the
+  table's own keys (random text would almost never touch a granted or forbidden row);
 - a raw-socket fuzzer sends malformed request lines, huge headers, bad encodings, pipelined
   and half-sent requests, and checks after each that the node still answers a normal GET.
 
@@ -31,6 +36,7 @@ from hypothesis import strategies as st
 from tablecast import serde
 
 from ..support.procs import NodeProcess, eventually, start_node
+from . import policy_oracle
 from .tables import make_table
 
 pytestmark = pytest.mark.integration
@@ -43,16 +49,25 @@ EXAMPLES = int(os.environ.get("TABLECAST_FUZZ_EXAMPLES", "25"))
 INTERNAL_EXAMPLES = int(os.environ.get("TABLECAST_FUZZ_INTERNAL_EXAMPLES", "150"))
 
 
-def _token() -> str:
-    return jwt.encode({"sub": "fuzz", "exp": int(time.time() + 3600)}, SECRET, "HS256")
+ROOT = Path(__file__).resolve().parents[2]
+KV_KEYS = [f"k{i}" for i in range(40)] + ["a/metadata"]
 
 
-@pytest.fixture(scope="module", params=["auth-off", "auth-on"])
+def _token(claims: dict | None = None) -> str:  # type: ignore[type-arg]
+    body = {"sub": "fuzz", **(claims or {}), "exp": int(time.time() + 3600)}
+    return jwt.encode(body, SECRET, "HS256")
+
+
+@pytest.fixture(scope="module", params=["auth-off", "auth-on", "policy"])
 def two_nodes(request, bootstrap: str, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    app = f"fuzz{request.param.replace('-', '')}{time.monotonic_ns() % 10**6}"
+    """(nodes, headers, mode): two nodes of an app with kv, window and Avro-keyed tables."""
+    mode = request.param
+    app = f"fuzz{mode.replace('-', '')}{time.monotonic_ns() % 10**6}"
     logs = tmp_path_factory.mktemp("fuzz")
     kv = make_table(bootstrap, app, "kv", 6, serde.string(), serde.json(), store="memory")
-    kv.write(bootstrap, [(f"k{i}", {"i": i}) for i in range(40)] + [("a/metadata", {"odd": 1})])
+    kv.write(
+        bootstrap, [(k, {"i": i}) for i, k in enumerate(KV_KEYS[:-1])] + [(KV_KEYS[-1], {"odd": 1})]
+    )
     make_table(
         bootstrap,
         app,
@@ -65,16 +80,22 @@ def two_nodes(request, bootstrap: str, tmp_path_factory: pytest.TempPathFactory)
     )
     avro = make_table(bootstrap, app, "avro", 3, AVRO_KEY, serde.json())
     avro.write(bootstrap, [({"id": i}, {"i": i}) for i in range(10)])
-    extra = ["--auth-jwt-secret", SECRET] if request.param == "auth-on" else []
+    extra = ["--auth-jwt-secret", SECRET] if mode != "auth-off" else []
+    claims = None
+    if mode == "policy":
+        policy = logs / "policy.json"
+        policy.write_bytes(orjson.dumps(policy_oracle.POLICY))
+        extra += ["--auth-policy", str(policy)]
+        claims = policy_oracle.CLAIMS
     nodes = [start_node(app, bootstrap, logs, *extra) for _ in range(2)]
-    headers = {"authorization": f"Bearer {_token()}"} if extra else {}
+    headers = {"authorization": f"Bearer {_token(claims)}"} if extra else {}
     try:
         for n in nodes:
             n.headers = headers
             n.wait_ready()
         # both nodes hold their share before fuzzing starts: reads are forwarded
         eventually(lambda: len({_owner(n, "k1") for n in nodes}) == 1, timeout=30)
-        yield nodes, headers
+        yield nodes, headers, mode
     finally:
         for n in nodes:
             n.stop()
@@ -92,21 +113,29 @@ def _check_answer(r: httpx.Response) -> None:
 
 
 def test_schemathesis_finds_no_server_error(two_nodes, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    nodes, headers = two_nodes
+    nodes, headers, mode = two_nodes
     cli = shutil.which("schemathesis", path=str(Path(sys.executable).parent))
     assert cli, "schemathesis is a dev dependency"
-    argv = [cli, "run", f"{nodes[1].url}/openapi.json", "--checks", "not_a_server_error"]
+    checks = "not_a_server_error" + (",policy_holds" if mode == "policy" else "")
+    argv = [cli, "run", f"{nodes[1].url}/openapi.json", "--checks", checks]
     argv += ["--max-examples", str(EXAMPLES), "--workers", "1", "--seed", "1"]
     for k, v in headers.items():
         argv += ["--header", f"{k}: {v}"]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    env = {
+        **os.environ,
+        "SCHEMATHESIS_HOOKS": "tests.integration.schemathesis_policy_hook",
+        "PYTHONPATH": str(ROOT),
+    }
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=400, cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stdout[-4000:]
     assert "passed" in done.stdout
     assert all(n.proc.poll() is None for n in nodes)
 
 
 def test_awkward_keys_and_parameters(two_nodes) -> None:  # type: ignore[no-untyped-def]
-    nodes, _ = two_nodes
+    nodes, _, mode = two_nodes
+    if mode == "policy":
+        pytest.skip("reads keys and tables the policy forbids; the policy's own test is below")
     node = nodes[1]
     # a key whose text ends like a sub-route is read with ?key=
     r = node.get("/v1/tables/kv/keys", params={"key": "a/metadata"})
@@ -152,8 +181,69 @@ _text = st.text(st.characters(codec="utf-8"), max_size=30)
     ),
 )
 def test_internal_routes_fuzzed(two_nodes, route: str, table: str, params: dict) -> None:  # type: ignore[no-untyped-def]
-    nodes, _ = two_nodes
+    nodes, _, _ = two_nodes
     _check_answer(nodes[0].get(f"/internal/tables/{quote(table, safe='')}/{route}", params=params))
+
+
+_key = st.sampled_from([*KV_KEYS, "k", "k1/", "", "a", "k1\u00ff", "zz"])
+_bound = st.one_of(_key, st.sampled_from(["k0", "k19", "k2", "k1/", "k1~"]), _text)
+
+
+@settings(max_examples=INTERNAL_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    which=st.integers(0, 1),
+    route=st.sampled_from(["key", "metadata", "batch", "range", "count", "scan", "icount"]),
+    key=_key,
+    keys=st.lists(_key, max_size=12),
+    params=st.dictionaries(
+        st.sampled_from(["from", "to", "prefix", "limit", "partitions"]),
+        st.one_of(_bound, st.integers(1, 50).map(str)),
+        max_size=3,
+    ),
+)
+def test_the_policy_never_shows_a_forbidden_row(  # type: ignore[no-untyped-def]
+    two_nodes, which: int, route: str, key: str, keys: list[str], params: dict
+) -> None:
+    """Keys, prefixes and bounds drawn from the table's own keys, on every read route of
+    either node: nothing outside the grants is ever shown (checked by the oracle)."""
+    nodes, headers, mode = two_nodes
+    if mode != "policy":
+        pytest.skip("the policy's own test")
+    node = nodes[which]
+    k = quote(key, safe="")
+    if route == "batch":
+        r = httpx.post(
+            f"{node.url}/v1/tables/kv/keys:batchGet", json={"keys": keys}, headers=headers
+        )
+    elif route in ("scan", "icount"):
+        q = {"partitions": params.get("partitions", "0,1,2,3,4,5"), "limit": "100"}
+        r = node.get(f"/internal/tables/kv/{'scan' if route == 'scan' else 'count'}", params=q)
+    else:
+        path = {
+            "key": f"/v1/tables/kv/keys/{k}",
+            "metadata": f"/v1/tables/kv/keys/{k}/metadata",
+            "range": "/v1/tables/kv/range",
+            "count": "/v1/tables/kv/count",
+        }[route]
+        q = {n: v for n, v in params.items() if n != "partitions"} if route == "range" else {}
+        r = node.get(path, params=q)
+    _check_answer(r)
+    assert not policy_oracle.violations(
+        r.request.method, str(r.request.url), r.status_code, r.content
+    ), r.text[:500]
+
+
+def test_the_policy_shows_every_granted_row(two_nodes) -> None:  # type: ignore[no-untyped-def]
+    """The other half: what the grants cover is all there, from either node."""
+    nodes, _, mode = two_nodes
+    if mode != "policy":
+        pytest.skip("the policy's own test")
+    granted = sorted(k for k in KV_KEYS if k.startswith(policy_oracle.PREFIX))
+    assert len(granted) == policy_oracle.GRANTED_ROWS
+    for n in nodes:
+        items = n.get("/v1/tables/kv/range", params={"limit": 1000}).json()["items"]
+        assert [x["key"] for x in items] == granted
+        assert n.get("/v1/tables/kv/count").json() == {"count": len(granted)}
 
 
 RAW_CASES = [
@@ -173,7 +263,7 @@ RAW_CASES = [
 
 
 def test_raw_http_garbage_never_stops_the_node(two_nodes) -> None:  # type: ignore[no-untyped-def]
-    nodes, _ = two_nodes
+    nodes, _, _ = two_nodes
     node = nodes[0]
     host, port = node.url.split("://")[1].split(":")
     for case in RAW_CASES:

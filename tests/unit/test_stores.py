@@ -80,6 +80,10 @@ def test_store_matches_model(make, batches) -> None:  # type: ignore[no-untyped-
         lo, hi = every[0], every[-1]
         assert [k for k, _ in store.scan(lo, hi, 10**6)] == every[:-1]
         assert [k for k, _ in store.scan(None, None, 1)] == every[:1]
+    # counts of a span (what a policy lets a caller count) agree with the model
+    for lo, hi in ((None, None), (b"\x01", None), (None, b"\x80"), (b"\x10", b"\x10\x00")):
+        inside = [k for k in every if (lo is None or k >= lo) and (hi is None or k < hi)]
+        assert store.count_range(lo, hi) == len(inside)
     written = sum(len(b) for b in batches)
     assert store.applied_offset == (written - 1 if any(batches) else -1)
 
