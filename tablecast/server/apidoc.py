@@ -19,8 +19,12 @@ forwarded to a node that does). Bodies are JSON; errors are
 every node serves at `/openapi.json`
 (`python -m tablecast.server.apidoc > docs/http-api.md`).
 
-Read answers carry `X-Tablecast-Node` (the node that read the store) and
-`X-Tablecast-Lag` (records that replica is behind its topic). A key is given
+Read answers carry `X-Tablecast-Node` (the node that read the store),
+`X-Tablecast-Lag` (records that replica is behind its topic),
+`X-Tablecast-Staleness-Ms` (milliseconds since the replica was last known at
+its topic's end; 0 while it is) and, on key and window reads,
+`X-Tablecast-Position`: an opaque token of the position the answer is exact
+at — every record of the key's partition below it reflected, none after it. A key is given
 by its text form in the path, URL-encoded, or — for any key text, including
 one ending in `/windows` or `/metadata`, which a decoded path cannot carry —
 as `?key=` on `/v1/tables/{table}/keys`, `/windows` and `/metadata`.
