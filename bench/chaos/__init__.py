@@ -121,6 +121,7 @@ def run(minutes: float, seed: int, work: Path) -> dict[str, Any]:
             "max_staleness_ms": t.max_staleness_ms,
             "wrong": len(t.wrong),
             "wrong_samples": t.wrong[:50],
+            "failed_samples": t.failures[:50],
             "lost": len(lost_keys),
             "lost_samples": diffs[:50],
             "converged": converged,

@@ -56,6 +56,9 @@ def markdown(r: dict[str, Any]) -> str:
             f"| {e['start_s']} | {e['fault']} | {e['end_s'] - e['start_s']:.1f} | "
             f"{e['detail'] or '-'} | {probs.replace('|', '/')} |"
         )
+    if r.get("failed_samples"):
+        lines += ["", "Failed reads (first 10):", ""]
+        lines += [f"- `{w}`" for w in r["failed_samples"][:10]]
     if r["wrong_samples"]:
         lines += ["", "First wrong answers:", ""]
         lines += [f"- `{w}`" for w in r["wrong_samples"][:10]]

@@ -181,6 +181,8 @@ class Tally:
     #: the largest staleness an answer judged by it claimed (ms)
     max_staleness_ms: int = 0
     wrong: list[str] = field(default_factory=list)
+    #: the failed reads, each with when, where and what the node said
+    failures: list[str] = field(default_factory=list)
     #: (monotonic time, partition, answered)
     timeline: list[tuple[float, int, bool]] = field(default_factory=list)
 
@@ -217,7 +219,9 @@ class Readers:
             if verdict == "ok":
                 tl.ok += 1
             elif verdict.startswith("failed:"):
-                tl.failed[verdict[7:]] += 1
+                status = verdict[7:].split(" ", 1)[0]
+                tl.failed[status] += 1
+                tl.failures.append(f"{time.strftime('%H:%M:%S')} {key}: {verdict[7:]}")
             else:
                 tl.wrong.append(f"{time.strftime('%H:%M:%S')} {key}: {verdict}")
 
@@ -252,12 +256,12 @@ class Readers:
                     url, r = self._get_any(http, rng, urls, key)
                     verdict = self._judge_http(key, r, t0)
                     who = f"asked {url}, answered by {r.headers.get('x-tablecast-node')}"
-                if verdict.startswith("wrong:"):
+                if verdict.startswith(("wrong:", "failed:")):
                     verdict += f" ({who})"
             except tc.QueryError as e:
-                verdict = f"failed:{e.status}"
+                verdict = f"failed:{e.status} {e.message[:200]}"
             except (httpx.HTTPError, ConnectionError, OSError) as e:
-                verdict = f"failed:{type(e).__name__}"
+                verdict = f"failed:{type(e).__name__} {str(e)[:200]}"
             except ValueError:
                 # tablecast.Client.get raises the JSON error itself on a non-JSON error body
                 verdict = "failed:client-non-json-body"
@@ -287,7 +291,7 @@ class Readers:
 
     def _judge_http(self, key: str, r: httpx.Response, t0: float) -> str:
         if r.status_code not in (200, 404):
-            return f"failed:{r.status_code}"
+            return f"failed:{r.status_code} {r.text[:200]}"
         try:
             body = r.json()
         except ValueError:
