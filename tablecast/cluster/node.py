@@ -126,8 +126,13 @@ class Node:
     @property
     def ready(self) -> bool:
         """Catalog read, every table assigned, and each partition this node must serve caught up."""
-        if not self.ingestor.catalog.loaded:
+        ingestor = self.ingestor
+        if not ingestor.catalog.loaded:
             return False
+        # list(): one step under the GIL, while the ingest thread may add entries
+        known = list(ingestor.catalog.tables)
+        if any(n not in ingestor.tables and n not in ingestor.left_out for n in known):
+            return False  # a table read from the catalog whose topic is not checked yet
         target = self.view.target
         replicas = self.ingestor.replicas
         for info in list(self.ingestor.tables.values()):
