@@ -14,7 +14,14 @@ from functools import cached_property
 from typing import Any, Literal
 
 import orjson
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 
 from tablecast import serde
 from tablecast.kafka.config import client_conf, producer_conf
@@ -132,7 +139,10 @@ def publish(bootstrap_servers: str, app_id: str, tables: list[TableInfo]) -> Non
     for info in tables:
         producer.produce(topic, key=info.name.encode(), value=info.to_json())
     if producer.flush(30) != 0:
-        raise RuntimeError(f"could not write the catalog to {topic}")
+        # a KafkaException like any other outage: a starting pipeline waits it out
+        raise KafkaException(
+            KafkaError(KafkaError._MSG_TIMED_OUT, f"could not write the catalog to {topic} in 30 s")
+        )
 
 
 class CatalogReader:

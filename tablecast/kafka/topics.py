@@ -11,7 +11,7 @@ import logging
 import os
 import time
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tablecast.kafka.config import client_conf
@@ -57,6 +57,30 @@ def members_topic(app_id: str) -> str:
 
 def admin(bootstrap_servers: str) -> AdminClient:
     return AdminClient(client_conf(bootstrap_servers))
+
+
+#: errors that mean the brokers are away for now (restarting, partitioned), not that the
+#: request or the settings are wrong
+_AWAY = {
+    KafkaError._TRANSPORT,
+    KafkaError._ALL_BROKERS_DOWN,
+    KafkaError._TIMED_OUT,
+    KafkaError._MSG_TIMED_OUT,
+    KafkaError._RESOLVE,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.REQUEST_TIMED_OUT,
+    KafkaError.NOT_CONTROLLER,
+    KafkaError.BROKER_NOT_AVAILABLE,
+}
+
+
+def kafka_away(error: BaseException) -> bool:
+    """Whether `error` says the Kafka cluster is unreachable for now (worth waiting out)."""
+    if not isinstance(error, KafkaException) or not error.args:
+        return False
+    err = error.args[0]
+    return isinstance(err, KafkaError) and (err.code() in _AWAY or err.retriable())
 
 
 def partition_count(bootstrap_servers: str, topic: str, timeout: float = 10.0) -> int | None:

@@ -147,13 +147,40 @@ class App:
         stop: threading.Event | None = None,
     ) -> None:
         """Run the pipeline until it fails, is interrupted (Ctrl-C), or `stop` is set."""
-        pipeline = self.start(bootstrap_servers, master)
+        pipeline = self._start_waiting_out_kafka(bootstrap_servers, master, stop)
+        if pipeline is None:
+            return
         try:
             pipeline.await_termination(stop)
         except KeyboardInterrupt:
             log.info("interrupted; stopping the pipeline")
         finally:
             pipeline.stop()
+
+    def _start_waiting_out_kafka(
+        self, bootstrap_servers: str | None, master: str | None, stop: threading.Event | None
+    ) -> Pipeline | None:
+        """`start()`, tried again while Kafka is away (a broker restarting under a driver that
+        was itself restarted): a start is checked for reachable brokers first (the CLI's
+        probe), so an outage after that is waited out, not a reason to exit. None: stopped."""
+        from tablecast.kafka.topics import kafka_away
+
+        stop = stop or threading.Event()
+        delay = 1.0
+        while True:
+            try:
+                return self.start(bootstrap_servers, master)
+            except Exception as e:
+                if not kafka_away(e):
+                    raise
+                log.warning(
+                    "Kafka went away while the pipeline was starting (%s); trying again in %.0f s",
+                    e,
+                    delay,
+                )
+            if stop.wait(delay):
+                return None
+            delay = min(delay * 2, 15.0)
 
     def explain(self) -> str:
         """The plan: each output's operators, the Spark queries, their topics and trigger."""
@@ -164,11 +191,18 @@ class App:
 
 def wait_for_topic(bootstrap_servers: str, topic: str, timeout: float = 300.0) -> int:
     """The partition count of `topic`, waiting (with progress) until it exists."""
-    from tablecast.kafka.topics import partition_count
+    from tablecast.kafka.topics import kafka_away, partition_count
 
     deadline = time.monotonic() + timeout
     while True:
-        count = partition_count(bootstrap_servers, topic)
+        try:
+            count = partition_count(bootstrap_servers, topic)
+        except Exception as e:
+            if not kafka_away(e) or time.monotonic() > deadline:
+                raise
+            log.warning("Kafka unreachable while looking for topic %r (%s); waiting", topic, e)
+            time.sleep(2)
+            continue
         if count is not None:
             return count
         if time.monotonic() > deadline:

@@ -216,3 +216,44 @@ def test_sigterm_leaves_at_once(bootstrap: str, unique: str, logs: Path) -> None
     finally:
         for n in [*nodes, leaving]:
             n.stop()
+
+
+def test_a_starting_pipeline_waits_out_a_broker_outage(own_broker: Broker, unique: str) -> None:
+    """Kafka going away after `tablecast run` checked it (a driver restarted while a broker
+    restarts) is waited out, not a crash: the start looks for its source topic until the
+    broker is back (the chaos soak's driver died of this), and App.run starts again on
+    any outage error."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    import tablecast as tc
+    from tablecast.kafka.topics import ensure_topic
+    from tablecast.pipeline.app import wait_for_topic
+
+    bootstrap = own_broker.bootstrap_servers
+    ensure_topic(bootstrap, f"{unique}-in", 3)
+    own_broker.stop()
+    found: list[int] = []
+    waiter = threading.Thread(
+        target=lambda: found.append(wait_for_topic(bootstrap, f"{unique}-in", timeout=120))
+    )
+    waiter.start()
+    time.sleep(8)
+    assert waiter.is_alive() and not found  # still waiting, not crashed
+    own_broker.start()
+    waiter.join(120)
+    assert found == [3]
+
+    # the whole start: outage errors are retried, anything else ends the run at once
+    app = tc.App(unique)
+    attempts: list[int] = []
+
+    def flaky_start(*_: object) -> object:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "broker away"))
+        raise ValueError("a real mistake")
+
+    app.start = flaky_start  # type: ignore[method-assign]
+    with pytest.raises(ValueError, match="a real mistake"):
+        app.run(bootstrap)
+    assert len(attempts) == 3
