@@ -1,4 +1,8 @@
-"""``tc.App``: the pipeline's entry point (SPEC §1)."""
+"""``tc.App``: the pipeline's entry point (SPEC §1).
+
+It hands out the DSL's first handles (:mod:`.dsl`), collects the outputs they
+register, and on ``start``/``run``/``explain`` passes them to the later stages
+(:mod:`.plan`, :mod:`.compile`, :mod:`.run`)."""
 
 from __future__ import annotations
 
@@ -6,18 +10,17 @@ import logging
 import os
 import re
 import threading
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tablecast import serde as serdes
-from tablecast.pipeline import plan
-from tablecast.pipeline.dsl import GlobalTable, Stream, Table
+from tablecast.pipeline.dsl.handles import GlobalTable, Stream, Table
+from tablecast.pipeline.plan import nodes as plan
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from tablecast.pipeline.runner import Pipeline
+    from tablecast.pipeline.run.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +63,7 @@ class App:
         # now (TABLECAST_MASTER picks the master; TABLECAST_NO_SPARK=1 skips it for
         # processes that only read the App's id and never use Columns)
         if not os.environ.get("TABLECAST_NO_SPARK"):
-            from tablecast.pipeline.spark import ensure_active
+            from tablecast.pipeline.run.spark import ensure_active
 
             ensure_active()
 
@@ -136,7 +139,7 @@ class App:
         spark: SparkSession | None = None,
     ) -> Pipeline:
         """Start every materialized table's query and return at once."""
-        from tablecast.pipeline.runner import Pipeline
+        from tablecast.pipeline.run.pipeline import Pipeline
 
         return Pipeline.start(self, self.resolve_bootstrap(bootstrap_servers), master, spark)
 
@@ -157,21 +160,6 @@ class App:
 
     def explain(self) -> str:
         """The plan: each output's operators, the Spark queries, their topics and trigger."""
-        from tablecast.pipeline.planner import explain
+        from tablecast.pipeline.run.explain import explain
 
         return explain(self.id, self.outputs(), self.trigger)
-
-
-def wait_for_topic(bootstrap_servers: str, topic: str, timeout: float = 300.0) -> int:
-    """The partition count of `topic`, waiting (with progress) until it exists."""
-    from tablecast.kafka.topics import partition_count
-
-    deadline = time.monotonic() + timeout
-    while True:
-        count = partition_count(bootstrap_servers, topic)
-        if count is not None:
-            return count
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"source topic {topic!r} does not exist on {bootstrap_servers}")
-        log.info("waiting for source topic %r to exist on %s ...", topic, bootstrap_servers)
-        time.sleep(2)

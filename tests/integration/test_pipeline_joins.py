@@ -28,7 +28,7 @@ from pyspark.sql import functions as F
 
 import tablecast as tc
 from tablecast.kafka.topics import ensure_topic
-from tablecast.pipeline.runner import Pipeline
+from tablecast.pipeline.run.pipeline import Pipeline
 from tests import reference_model as ref
 
 from ..support.procs import eventually, start_node

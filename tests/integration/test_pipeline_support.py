@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, Phase, settings
 import tablecast as tc
 from tablecast.kafka.partitioner import partition_for
 from tablecast.kafka.topics import end_offsets, ensure_topic
-from tablecast.pipeline.runner import Pipeline
+from tablecast.pipeline.run.pipeline import Pipeline
 from tablecast.serde import Serde
 
 from .kafka_io import produce

@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tablecast as tc
-from tablecast.pipeline import planner
-from tablecast.pipeline.aggregation import Aggregator
-from tablecast.pipeline.pyworker import FANOUT, Run, Step, record_fn
-from tablecast.pipeline.wire import PairSerde, pack_pair, record_id, split_ids, unpack_pair
+from tablecast.pipeline.compile.aggregate import Aggregator
+from tablecast.pipeline.compile.pyworker import FANOUT, Run, Step, record_fn
+from tablecast.pipeline.plan import queries as planner
+from tablecast.pipeline.plan.wire import PairSerde, pack_pair, record_id, split_ids, unpack_pair
 from tests import reference_model as ref
 
 STR, LONG, JSON = tc.serde.string(), tc.serde.long(), tc.serde.json()
@@ -221,7 +221,8 @@ def change_row(
 
 
 def test_table_aggregate_applies_a_replayed_change_once() -> None:
-    from tablecast.pipeline.stateful import KeyState, table_aggregate
+    from tablecast.pipeline.compile.aggregate import table_aggregate
+    from tablecast.pipeline.compile.keyed import KeyState
 
     core = table_aggregate(
         Aggregator("reduce", None, lambda a, b: a + b, lambda a, b: a - b), STR, LONG, LONG
@@ -240,7 +241,8 @@ def test_table_aggregate_applies_a_replayed_change_once() -> None:
 
 
 def test_retract_emits_one_change_per_group_touched() -> None:
-    from tablecast.pipeline.stateful import KeyState, retract
+    from tablecast.pipeline.compile.aggregate import retract
+    from tablecast.pipeline.compile.keyed import KeyState
 
     core = retract()
     state = KeyState({}, b"r1")

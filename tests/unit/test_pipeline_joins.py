@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import tablecast as tc
-from tablecast.pipeline import planner
-from tablecast.pipeline.joins import LEFT, RIGHT, StreamJoin, TableJoin, ordered
-from tablecast.pipeline.stateful import KeyState
+from tablecast.pipeline.compile.join import LEFT, RIGHT, StreamJoin, TableJoin, ordered
+from tablecast.pipeline.compile.keyed import KeyState
+from tablecast.pipeline.plan import queries as planner
 from tests import reference_model as ref
 
 STR, JSON = tc.serde.string(), tc.serde.json()

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tablecast as tc
-from tablecast.pipeline import planner
-from tablecast.pipeline.stateful import KeyState
-from tablecast.pipeline.transforming import ValueState, transform_values
+from tablecast.pipeline.compile.keyed import KeyState
+from tablecast.pipeline.compile.transform import ValueState, transform_values
+from tablecast.pipeline.plan import queries as planner
 from tests import reference_model as ref
 
 STR, LONG, JSON = tc.serde.string(), tc.serde.long(), tc.serde.json()
@@ -137,7 +137,7 @@ def test_transform_step_dead_letters_unencodable_states_and_null_keys() -> None:
 
 
 def test_copies_a_restarted_upstream_query_wrote_again_are_transformed_once() -> None:
-    from tablecast.pipeline.stateful import deduplicated
+    from tablecast.pipeline.compile.keyed import deduplicated
 
     core = deduplicated(transform_values(running_total, STR, LONG, JSON))
     store: dict[Any, Any] = {}

@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 
 import tablecast as tc
 from tablecast.kafka.windowed import split_window_key
-from tablecast.pipeline import envelope as env
-from tablecast.pipeline import planner
-from tablecast.pipeline.aggregation import Aggregator
-from tablecast.pipeline.stateful import KeyState
-from tablecast.pipeline.windowing import window_core
+from tablecast.pipeline.compile import envelope as env
+from tablecast.pipeline.compile.aggregate import Aggregator
+from tablecast.pipeline.compile.keyed import KeyState
+from tablecast.pipeline.compile.window import window_core
+from tablecast.pipeline.plan import queries as planner
 from tests import reference_model as ref
 
 STR, LONG, JSON = tc.serde.string(), tc.serde.long(), tc.serde.json()
@@ -56,7 +56,7 @@ def test_windowed_aggregation_is_one_query_writing_a_window_table() -> None:
     (q,) = planner.plan_output(app.id, app.materialized["per_minute"])
     assert [s.what for s in q.steps] == ["op", "window_aggregate"]
     assert q.windowed and q.stateful and q.output.topic == "shop.table.per_minute"
-    text = planner.explain(app.id, app.outputs(), app.trigger)
+    text = app.explain()
     assert "windowed_by(tumbling(60000 ms), grace 10000 ms) count()" in text
     with pytest.raises(TypeError):
         ev.group_by_key().windowed_by("1 minute")  # type: ignore[arg-type]

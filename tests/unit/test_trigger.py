@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import tablecast as tc
-from tablecast.pipeline import planner
-from tablecast.pipeline.trigger import (
+from tablecast.pipeline.plan import queries as planner
+from tablecast.pipeline.run.trigger import (
     FALLBACK_INTERVAL,
     Trigger,
     assign,

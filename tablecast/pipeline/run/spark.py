@@ -133,7 +133,7 @@ def driver_address(submitted: bool) -> dict[str, str]:
 def package_zip(directory: Path) -> Path:
     """The tablecast package as a zip for executors' ``sys.path`` (its Python files only:
     the poms and examples stay behind)."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]  # the tablecast package
     target = directory / "tablecast.zip"
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as z:
         for path in sorted(root.rglob("*.py")):
@@ -146,15 +146,12 @@ def package_zip(directory: Path) -> Path:
 
 def ship_package(spark: SparkSession) -> None:
     """Add tablecast to the executors' Python path, once per SparkContext."""
-    import tablecast
-
     sc = spark.sparkContext
     key = sc.applicationId
     if key in _shipped:
         return
-    if ".zip" in (tablecast.__file__ or "") or "tablecast.zip" in sc.getConf().get(
-        "spark.submit.pyFiles", ""
-    ):
+    # this module's own path tells whether tablecast was loaded from a zip
+    if ".zip" in __file__ or "tablecast.zip" in sc.getConf().get("spark.submit.pyFiles", ""):
         _shipped[key] = "by spark-submit"  # --py-files tablecast.zip: Spark ships it
         return
     work = Path(tempfile.mkdtemp(prefix="tablecast-pyfiles-"))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tablecast.pipeline.pyworker import ERR, SEQ
+from tablecast.pipeline.compile.pyworker import ERR, SEQ
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType

@@ -20,20 +20,19 @@ Grouped *stream* aggregations need no topic: Spark's shuffle re-keys them.
 Joins neither: a join query reads its left input and, beside it, the other
 table's topic (its source topic, its table topic if materialized, or a
 changelog topic computed for it), and Spark's shuffle brings both sides of a
-join key together (see :mod:`tablecast.pipeline.joins`).
-The planner is pure Python, so ``tablecast explain`` needs no Spark.
+join key together (see :mod:`tablecast.pipeline.compile.join`).
+The planner is pure Python, so ``tablecast explain`` needs no Spark
+(:mod:`tablecast.pipeline.run.explain` puts its queries in words).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from typing import Literal, get_args
 
-from tablecast.pipeline import plan
-from tablecast.pipeline import trigger as triggers
-from tablecast.pipeline.wire import PairSerde
+from tablecast.pipeline.plan import nodes as plan
+from tablecast.pipeline.plan.wire import PairSerde
 from tablecast.serde import Serde
 
 
@@ -92,6 +91,14 @@ class Step:
     @property
     def stateful(self) -> bool:
         return self.what in STATEFUL
+
+    @property
+    def python(self) -> bool:
+        """A stateless step whose function is a Python callable (it runs in a Python worker)."""
+        if self.stateful:
+            return False
+        fn = getattr(self.node, "fn", None)
+        return fn is not None and not plan.is_column(fn)
 
     def describe(self) -> str:
         if self.what == "op":
@@ -277,44 +284,3 @@ def _join_side(
     ref = TopicRef(f"{app_id}.changelog.{name}", last.key, last.value, "table", "changelog")
     queries[-1].output = ref
     return queries, ref
-
-
-def explain(
-    app_id: str,
-    outputs: list[plan.Materialize | plan.To],
-    trigger: str,
-    partitions: Callable[[str], int | None] | None = None,
-    chosen: dict[str, triggers.Trigger] | None = None,
-) -> str:
-    """The plan in words; each query's trigger is `chosen`'s (a running pipeline's
-    decision) or else what its plan allows."""
-    lines = [f"App {app_id!r}: {len(outputs)} output(s); trigger {trigger!r}"]
-    mats = [o for o in outputs if isinstance(o, plan.Materialize)]
-    for out in outputs:
-        what = f"table {out.name!r}" if isinstance(out, plan.Materialize) else f"to {out.topic!r}"
-        lines.append(f"  {what}")
-        lines.append("    operators: " + " -> ".join(n.describe() for n in out.lineage()))
-        for q in plan_output(app_id, out, mats):
-            state = "stateful, RocksDB state store" if q.stateful else "stateless"
-            batches = q.writes_batches or q.reorders
-            writer = "foreachBatch -> Kafka" if batches else "Kafka sink"
-            lines.append(f"    query {q.name!r} ({state}; {writer}; update mode)")
-            count = partitions(q.input.topic) if partitions else None
-            parts = f", {count} partitions" if count else ""
-            lines.append(f"      reads  {q.input.topic} [{q.input.role}{parts}]")
-            for s in q.steps:
-                lines.append(f"      step   {s.describe()}")
-                if s.side is not None:
-                    lines.append(f"      joins  {s.side.topic} [{s.side.role}]")
-            placed = f", partitioner {plan.fn_name(q.partitioner)}" if q.partitioner else ""
-            wanted = f", {q.partitions} partitions" if q.partitions else ""
-            lines.append(f"      writes {q.output.topic} [{q.output.role}{wanted}{placed}]")
-            trig = (chosen or {}).get(q.name)
-            if trig is None:  # not running: the slots it will find are not known yet
-                trig = triggers.decide(trigger, q)
-                slots = ", given a free task slot per input partition" if trig.realtime else ""
-            else:
-                slots = ""
-            lines.append(f"      trigger: {trig.describe()}{slots}")
-            lines.append(f"      bad records -> {app_id}.dlq")
-    return "\n".join(lines)

@@ -43,17 +43,17 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType, StructField, StructType
 
-from tablecast.pipeline import envelope as env
-from tablecast.pipeline import plan
-from tablecast.pipeline.codecs import Codec
-from tablecast.pipeline.flow import Flow, ok
-from tablecast.pipeline.stateful import ERR, PART, RK, SEQ, K, KeyState, V, by_bucket
+from tablecast.pipeline.compile import envelope as env
+from tablecast.pipeline.compile.codecs import Codec
+from tablecast.pipeline.compile.flow import Flow, ok
+from tablecast.pipeline.compile.keyed import ERR, PART, RK, SEQ, K, KeyState, V, by_bucket
+from tablecast.pipeline.plan import nodes as plan
 from tablecast.serde import Serde
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from tablecast.pipeline.planner import Step
+    from tablecast.pipeline.plan.queries import Step
 
 #: the join key's bytes (in the table's key serde) and which side a row is from
 JK = "_tc_jk"

@@ -23,11 +23,22 @@ from collections.abc import Iterator
 from typing import Any
 
 from tablecast.kafka.windowed import window_key
-from tablecast.pipeline import envelope as env
-from tablecast.pipeline.aggregation import Aggregator
-from tablecast.pipeline.flow import Flow
-from tablecast.pipeline.planner import Step
-from tablecast.pipeline.stateful import ERR, OFF, TOPIC, X1, K, StateFn, V, _bad, _frame, _rows
+from tablecast.pipeline.compile import envelope as env
+from tablecast.pipeline.compile.aggregate import Aggregator
+from tablecast.pipeline.compile.flow import Flow
+from tablecast.pipeline.compile.keyed import (
+    ERR,
+    OFF,
+    TOPIC,
+    X1,
+    K,
+    StateFn,
+    V,
+    bad_row,
+    frame,
+    ordered_rows,
+)
+from tablecast.pipeline.plan.queries import Step
 from tablecast.serde import Serde
 from tablecast.windows import Windows
 
@@ -52,7 +63,7 @@ def window_core(
         live: dict[tuple[bytes, int], Any] = {}  # decoded aggregates of windows touched
         last: dict[tuple[bytes, int], tuple[Any, ...]] = {}  # the last row that changed each
         out: list[tuple[Any, ...]] = []
-        for row in _rows(pdfs):
+        for row in ordered_rows(pdfs):
             row = row[:-1]  # without the task column
             if row[ERR] is not None:
                 out.append(row[:width])
@@ -68,7 +79,7 @@ def window_core(
                     f"late record: timestamp {ts}, stream time {stream_time}, "
                     f"window size {size} ms, grace {grace_ms} ms"
                 )
-                out.append(_bad(row, why, width))
+                out.append(bad_row(row, why, width))
                 continue
             try:
                 k, v = key.deserialize(kb), value.deserialize(row[V])
@@ -79,7 +90,7 @@ def window_core(
                         live[wk] = result.deserialize(store[wk]) if wk in store else None
                     new[wk] = agg.stream_add(k, v, live[wk])
             except Exception as e:  # the user's function failed: dead-letter this record
-                out.append(_bad(row, f"{agg.agg}: {type(e).__name__}: {e}", width))
+                out.append(bad_row(row, f"{agg.agg}: {type(e).__name__}: {e}", width))
                 continue
             live.update(new)
             for wk in new:
@@ -89,7 +100,7 @@ def window_core(
             try:
                 enc = None if current is None else result.serialize(current)
             except Exception as e:  # an aggregate its serde cannot write: keep the old one
-                out.append(_bad(row, f"encode aggregate: {type(e).__name__}: {e}", width))
+                out.append(bad_row(row, f"encode aggregate: {type(e).__name__}: {e}", width))
                 continue
             if enc is None:
                 store.pop(wk, None)
@@ -104,7 +115,7 @@ def window_core(
                 del store[wk]
             state.update((pickle.dumps((stream_time, store), protocol=5),))
         if out:
-            yield _frame(out, cols)
+            yield frame(out, cols)
 
     return fn
 
@@ -136,7 +147,7 @@ def apply(flow: Flow, step: Step, partitions: int, extra: tuple[str, ...]) -> Fl
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
 
-    from tablecast.pipeline import plan
+    from tablecast.pipeline.plan import nodes as plan
 
     node = step.node
     assert isinstance(node, plan.Aggregate) and node.window is not None

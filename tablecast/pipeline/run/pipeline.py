@@ -8,7 +8,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import unquote, urlparse
 
 from tablecast.kafka import catalog
@@ -19,15 +19,15 @@ from tablecast.kafka.topics import (
     ensure_topic,
     partition_count,
 )
-from tablecast.pipeline import plan, planner
-from tablecast.pipeline import spark as spark_setup
-from tablecast.pipeline.trigger import Trigger, assign, written_by_micro_batch
+from tablecast.pipeline.plan import nodes as plan
+from tablecast.pipeline.plan import queries as planner
+from tablecast.pipeline.run import explain as explaining
+from tablecast.pipeline.run import spark as spark_setup
+from tablecast.pipeline.run.trigger import Trigger, assign, written_by_micro_batch
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming import StreamingQuery
-
-    from tablecast.pipeline.app import App
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,20 @@ PROGRESS_EVERY_S = 10.0
 
 #: task slots held by the real-time queries this process started, by query name
 _REALTIME_SLOTS: dict[str, int] = {}
+
+
+class App(Protocol):
+    """What running needs of an App (``tablecast.pipeline.app.App`` is one): the run
+    stage comes after the DSL and does not import it."""
+
+    id: str
+    trigger: str
+    on_data_loss: str
+    materialized: dict[str, plan.Materialize]
+
+    def outputs(self) -> list[plan.Materialize | plan.To]: ...
+
+    def resolve_checkpoint_dir(self) -> str: ...
 
 
 class DeadLetterCounter:
@@ -136,8 +150,7 @@ class Pipeline:
     def start(
         cls, app: App, bootstrap_servers: str, master: str | None, spark: SparkSession | None
     ) -> Pipeline:
-        from tablecast.pipeline.app import wait_for_topic
-        from tablecast.pipeline.compiler import Target, writer
+        from tablecast.pipeline.compile.query import Target, writer
 
         outputs = app.outputs()
         if not outputs:
@@ -197,9 +210,9 @@ class Pipeline:
                     spark.conf.set("spark.sql.shuffle.partitions", str(count))
                     trig = chosen[q.name]
                     target = Target(
-                        app.id, bootstrap_servers, checkpoints, trig, count, out, app.on_data_loss
+                        app.id, bootstrap_servers, checkpoints, count, out, app.on_data_loss
                     )
-                    started[q.name] = writer(spark, q, target).start()
+                    started[q.name] = trig.apply(writer(spark, q, target)).start()
                     if trig.realtime:
                         _REALTIME_SLOTS[q.name] = needs[q.name]
                     log.info(
@@ -217,7 +230,7 @@ class Pipeline:
 
     def explain(self) -> str:
         """The App's plan with the triggers its queries actually run with."""
-        return planner.explain(
+        return explaining.explain(
             self.app.id, self.app.outputs(), self.app.trigger, chosen=self.triggers
         )
 
@@ -338,3 +351,18 @@ def _choose_triggers(
     others = any(name not in _REALTIME_SLOTS for name in active)
     chosen = assign(trigger, [(q, needs[n]) for n, q in unique.items()], slots, others, old)
     return dict(zip(unique, chosen, strict=True)), needs
+
+
+def wait_for_topic(bootstrap_servers: str, topic: str, timeout: float = 300.0) -> int:
+    """The partition count of `topic`, waiting (with progress) until it exists."""
+    from tablecast.kafka.topics import partition_count
+
+    deadline = time.monotonic() + timeout
+    while True:
+        count = partition_count(bootstrap_servers, topic)
+        if count is not None:
+            return count
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"source topic {topic!r} does not exist on {bootstrap_servers}")
+        log.info("waiting for source topic %r to exist on %s ...", topic, bootstrap_servers)
+        time.sleep(2)

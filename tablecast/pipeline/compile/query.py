@@ -20,11 +20,12 @@ from pyspark.sql.streaming import DataStreamWriter
 
 from tablecast.kafka.config import spark_options
 from tablecast.kafka.topics import dlq_topic
-from tablecast.pipeline import envelope as env
-from tablecast.pipeline import joins, partitioning, sinks, stateful, stateless, windowing
-from tablecast.pipeline.flow import Flow
-from tablecast.pipeline.planner import Query, Step, TopicRef
-from tablecast.pipeline.trigger import Trigger
+from tablecast.pipeline.compile import aggregate, join, keyed, sink, stateless, window
+from tablecast.pipeline.compile import envelope as env
+from tablecast.pipeline.compile.flow import Flow
+from tablecast.pipeline.compile.transform import transform_values
+from tablecast.pipeline.plan import nodes as plan
+from tablecast.pipeline.plan.queries import Query, Step, TopicRef
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,6 @@ class Target:
     app_id: str
     bootstrap_servers: str
     checkpoints: str  # a path or a Hadoop URI (joined with "/", which Path would mangle)
-    trigger: Trigger
     partitions: int  # of the App's topics (state buckets scale with it)
     sink_partitions: int  # of the topic this query writes (a to() topic may differ)
     #: input records deleted by retention before they were read: "fail" stops the query,
@@ -88,13 +88,13 @@ def read(spark: SparkSession, q: Query, t: Target) -> tuple[Flow, tuple[str, ...
     ref = q.input
     flow = Flow(df, ref.key, ref.value, ref.kind)
     if q.reads_batches:
-        flow = flow.with_df(sinks.read_repartition_headers(df).drop("headers"))
+        flow = flow.with_df(sink.read_repartition_headers(df).drop("headers"))
         return flow, (env.OLD, env.BATCH, env.RID)
     if ref.external:
         if ref.kind == "table":
             flow = flow.fail_where(F.col("key").isNull(), "null key")
         first = q.steps[0] if q.steps else None
-        column_first = first is not None and not stateless.is_python(first)
+        column_first = first is not None and not first.python
         flow = flow.decode() if column_first else flow.validate()
     return flow, (env.TS,) if q.timed else ()
 
@@ -118,20 +118,20 @@ def transform(
         step = steps[i]
         if step.what == "join":
             assert side is not None and step.side is not None
-            flow = joins.apply(flow, side(step.side), step, partitions, extra)
+            flow = join.apply(flow, side(step.side), step, partitions, extra)
             extra = ()
             i += 1
         elif step.what == "window_aggregate":
-            flow = windowing.apply(flow, step, partitions, extra)
+            flow = window.apply(flow, step, partitions, extra)
             extra = ()
             i += 1
         elif step.stateful:
-            flow = stateful.apply(flow, step, partitions, extra)
+            flow = keyed_step(flow, step, partitions, extra)
             extra = (env.OLD, env.RID) if step.what == "retract" else ()
             i += 1
-        elif stateless.is_python(step):
+        elif step.python:
             run = [step]
-            while i + len(run) < len(steps) and stateless.is_python(steps[i + len(run)]):
+            while i + len(run) < len(steps) and steps[i + len(run)].python:
                 run.append(steps[i + len(run)])
             flow = stateless.apply_python(flow, run, extra)
             i += len(run)
@@ -141,8 +141,36 @@ def transform(
     return flow, extra
 
 
+def keyed_step(flow: Flow, step: Step, partitions: int, extra: tuple[str, ...] = ()) -> Flow:
+    """Run the per-key `step` on `flow`, keys hashed into buckets; returns encoded rows."""
+    # rows read from a stream's repartition topic carry (old, batch, rid): copies are
+    # dropped before a per-key step (a table aggregation drops them itself)
+    through = env.BATCH in extra and step.what in ("stream_aggregate", "transform_values")
+    if step.what != "table_aggregate" and not through:
+        extra = ()
+    flow = flow.envelope(*extra)
+    out_extra: tuple[str, ...] = ()
+    if step.what == "retract":
+        core = aggregate.retract()
+        out_extra = (env.OLD, env.RID)
+    elif step.what == "transform_values":
+        assert isinstance(step.node, plan.TransformValues)
+        core = transform_values(step.node.fn, flow.key, flow.value, step.value)
+    else:
+        node = step.node
+        assert isinstance(node, plan.Aggregate)
+        agg = aggregate.Aggregator.of(node)
+        stream = step.what == "stream_aggregate"
+        make = aggregate.stream_aggregate if stream else aggregate.table_aggregate
+        core = make(agg, flow.key, flow.value, step.value)
+    if through:
+        core = keyed.deduplicated(core)
+    df = keyed.by_bucket(flow.df, core, partitions, *out_extra)
+    return Flow(df, step.key, step.value, step.kind)
+
+
 def writer(spark: SparkSession, q: Query, t: Target) -> DataStreamWriter:
-    """The query's DataStreamWriter, ready to start()."""
+    """The query's DataStreamWriter, ready for its trigger (the run stage picks it)."""
     flow, extra = read(spark, q, t)
     flow, extra = transform(flow, q.steps, extra, t.partitions, lambda r: read_side(spark, r, t))
     flow = flow.envelope(*extra)
@@ -150,30 +178,30 @@ def writer(spark: SparkSession, q: Query, t: Target) -> DataStreamWriter:
     common: dict[str, Any] = spark_options(t.bootstrap_servers)
     partition = None
     if q.partitioner is not None:
-        flow, partition = partitioning.assign(flow, q.partitioner, t.sink_partitions)
+        flow, partition = partition.assign(flow, q.partitioner, t.sink_partitions)
     elif q.windowed:
-        partition = windowing.partition_column()
+        partition = window.partition_column()
     if q.output.ids:
-        flow = sinks.with_record_ids(flow, extra)
+        flow = sink.with_record_ids(flow, extra)
     if q.writes_batches or q.reorders:
-        df = sinks.observe(flow.df, q.name)
+        df = sink.observe(flow.df, q.name)
 
         def write_batch(batch: DataFrame, batch_id: int) -> None:
             # the batch id lets the reading query drop what a replay writes again
-            headers = sinks.repartition_headers(batch_id) if q.writes_batches else None
+            headers = sink.repartition_headers(batch_id) if q.writes_batches else None
             if q.reorders:
-                batch = joins.in_source_order(batch)
-            out = sinks.route(flow.with_df(batch), q, dlq, headers, partition)
+                batch = join.in_source_order(batch)
+            out = sink.route(flow.with_df(batch), q, dlq, headers, partition)
             out.write.format("kafka").options(**common).save()
 
         w = df.writeStream.foreachBatch(write_batch)
     else:
-        flow = flow.with_df(sinks.observe(flow.df, q.name))
-        out = sinks.route(flow, q, dlq, partition=partition)
+        flow = flow.with_df(sink.observe(flow.df, q.name))
+        out = sink.route(flow, q, dlq, partition=partition)
         w = out.writeStream.format("kafka").options(**common)
     w = (
         w.queryName(q.name)
         .option("checkpointLocation", f"{t.checkpoints.rstrip('/')}/{q.name}")
         .outputMode("update")
     )
-    return t.trigger.apply(w)
+    return w

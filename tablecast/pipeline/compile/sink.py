@@ -11,10 +11,10 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from tablecast.pipeline import envelope as env
-from tablecast.pipeline.codecs import Codec
-from tablecast.pipeline.flow import Flow, ok
-from tablecast.pipeline.planner import Query
+from tablecast.pipeline.compile import envelope as env
+from tablecast.pipeline.compile.codecs import Codec
+from tablecast.pipeline.compile.flow import Flow, ok
+from tablecast.pipeline.plan.queries import Query
 
 DEAD_LETTERS = "dead_letters"
 # headers of a repartition record: upstream batch id, record id, retracted value

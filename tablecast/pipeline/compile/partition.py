@@ -13,8 +13,8 @@ from typing import Any
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from tablecast.pipeline import plan
-from tablecast.pipeline.flow import Flow
+from tablecast.pipeline.compile.flow import Flow
+from tablecast.pipeline.plan import nodes as plan
 
 PARTITION = "_tc_partition"
 

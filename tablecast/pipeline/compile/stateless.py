@@ -12,21 +12,14 @@ from dataclasses import replace
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from tablecast.pipeline import envelope as env
-from tablecast.pipeline import plan
-from tablecast.pipeline.codecs import Codec
-from tablecast.pipeline.flow import BYTES, Flow, ok
-from tablecast.pipeline.planner import Step
-from tablecast.pipeline.pyworker import FANOUT, Run, record_fn
-from tablecast.pipeline.pyworker import Step as PyStep
-from tablecast.pipeline.wire import PairSerde
-
-
-def is_python(step: Step) -> bool:
-    if step.stateful:
-        return False
-    fn = getattr(step.node, "fn", None)
-    return fn is not None and not plan.is_column(fn)
+from tablecast.pipeline.compile import envelope as env
+from tablecast.pipeline.compile.codecs import Codec
+from tablecast.pipeline.compile.flow import BYTES, Flow, ok
+from tablecast.pipeline.compile.pyworker import FANOUT, Run, record_fn
+from tablecast.pipeline.compile.pyworker import Step as PyStep
+from tablecast.pipeline.plan import nodes as plan
+from tablecast.pipeline.plan.queries import Step
+from tablecast.pipeline.plan.wire import PairSerde
 
 
 def op_name(step: Step) -> str:

@@ -12,15 +12,30 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
-from tablecast.pipeline import plan
+from tablecast.pipeline.plan import nodes as plan
 from tablecast.serde import Serde
 from tablecast.windows import Windows, to_ms
 
-if TYPE_CHECKING:
-    from tablecast.pipeline.app import App
-    from tablecast.pipeline.transforming import ValueState
+
+class App(Protocol):
+    """What a handle needs of its App (``tablecast.pipeline.app.App`` is one): where
+    materialize() and to() register the outputs that run() computes."""
+
+    id: str
+
+    def _register(self, node: plan.Materialize) -> None: ...
+
+    def _register_sink(self, node: plan.To) -> None: ...
+
+
+class ValueState(Protocol):
+    """The `state` argument of a transform_values function: one key's own value."""
+
+    def get(self, default: Any = None) -> Any: ...
+
+    def set(self, value: Any) -> None: ...
 
 
 class _Handle:
