@@ -287,7 +287,6 @@ def _run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     _signals_set(stop)
     if args.master:
-        # defining the App starts Spark: the master must be known before the file loads
         os.environ["TABLECAST_MASTER"] = args.master
     probe.check(args.bootstrap_servers)
     app = load_app(args.app_file)

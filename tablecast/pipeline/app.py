@@ -58,14 +58,11 @@ class App:
         self.trigger = trigger
         self.materialized: dict[str, plan.Materialize] = {}
         self.sinks: list[plan.To] = []
-        # Column expressions (F.col, F.variant_get, ...) can only be built while a
-        # SparkContext is active, and App files build them at import: start Spark
-        # now (TABLECAST_MASTER picks the master; TABLECAST_NO_SPARK=1 skips it for
-        # processes that only read the App's id and never use Columns)
-        if not os.environ.get("TABLECAST_NO_SPARK"):
-            from tablecast.pipeline.run.spark import ensure_active
+        # App files build Column expressions as they define the App: let them, without
+        # starting Spark (only start/run do), as Spark Connect Columns until it runs
+        from tablecast.pipeline.run.spark import defer_columns
 
-            ensure_active()
+        defer_columns()
 
     # -- sources ----------------------------------------------------------
     def stream(

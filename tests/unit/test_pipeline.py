@@ -19,11 +19,6 @@ from tests import reference_model as ref
 STR, LONG, JSON = tc.serde.string(), tc.serde.long(), tc.serde.json()
 
 
-@pytest.fixture(autouse=True)
-def _no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
-    # these Apps use no Column expressions: defining them need not start Spark
-    monkeypatch.setenv("TABLECAST_NO_SPARK", "1")
-
 
 def plan(app: tc.App, name: str) -> list[planner.Query]:
     return planner.plan_output(app.id, app.materialized[name], list(app.materialized.values()))

@@ -18,10 +18,6 @@ from tests import reference_model as ref
 STR, JSON = tc.serde.string(), tc.serde.json()
 
 
-@pytest.fixture(autouse=True)
-def _no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TABLECAST_NO_SPARK", "1")
-
 
 def plan(app: tc.App, name: str) -> list[planner.Query]:
     return planner.plan_output(app.id, app.materialized[name], list(app.materialized.values()))

@@ -18,10 +18,6 @@ from tests import reference_model as ref
 STR, LONG, JSON = tc.serde.string(), tc.serde.long(), tc.serde.json()
 
 
-@pytest.fixture(autouse=True)
-def _no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TABLECAST_NO_SPARK", "1")
-
 
 def running_total(k: str, v: int, state: Any) -> dict[str, Any]:
     """Order-dependent on purpose: the last three values travel in the state."""

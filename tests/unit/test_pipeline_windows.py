@@ -21,10 +21,6 @@ from tests import reference_model as ref
 STR, LONG, JSON = tc.serde.string(), tc.serde.long(), tc.serde.json()
 
 
-@pytest.fixture(autouse=True)
-def _no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TABLECAST_NO_SPARK", "1")
-
 
 def test_sizes_are_timedeltas_or_interval_strings() -> None:
     assert tc.windows.tumbling("1 minute").size_ms == 60_000

@@ -17,7 +17,6 @@ from tablecast.pipeline.run.pipeline import local_path
 
 @pytest.fixture(autouse=True)
 def no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TABLECAST_NO_SPARK", "1")
     for name in ("TABLECAST_CHECKPOINT_DIR", "TABLECAST_STATE_DIR", "PYSPARK_GATEWAY_PORT"):
         monkeypatch.delenv(name, raising=False)
 

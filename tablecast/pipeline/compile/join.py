@@ -45,6 +45,7 @@ from pyspark.sql.types import BinaryType, StructField, StructType
 
 from tablecast.pipeline.compile import envelope as env
 from tablecast.pipeline.compile.codecs import Codec
+from tablecast.pipeline.compile.columns import classic
 from tablecast.pipeline.compile.flow import Flow, ok
 from tablecast.pipeline.compile.keyed import ERR, PART, RK, SEQ, K, KeyState, V, by_bucket
 from tablecast.pipeline.plan import nodes as plan
@@ -97,7 +98,7 @@ def _with_join_key(flow: Flow, node: plan.Join, table_key: Serde) -> Flow:
         return flow.with_df(flow.df.withColumn(JK, F.col("key")))
     if isinstance(fn, Column):
         decoded = flow.decode()
-        df = decoded.df.withColumn(JK, fn)
+        df = decoded.df.withColumn(JK, classic(fn))
         jk = Codec(table_key).encode(F.col(JK), df.schema[JK].dataType)
         return decoded.with_df(df.withColumn(JK, F.when(ok(), jk))).envelope(env.TS, JK)
     if fn is None:  # the stream's key, in the table's key serde

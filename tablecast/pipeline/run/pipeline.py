@@ -159,6 +159,7 @@ class Pipeline:
         sources = {s.topic for o in outputs for s in plan.sources(o)}
         partitions = {t: wait_for_topic(bootstrap_servers, t) for t in sorted(sources)}
         owns = spark is None
+        spark_setup.end_deferred_columns()
         if spark is None:
             spark = spark_setup.session(
                 f"tablecast-{app.id}", master, shuffle_partitions=max(partitions.values())

@@ -65,6 +65,7 @@ def session(
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         # the driver would otherwise advertise the machine's outward address
         os.environ.setdefault("SPARK_LOCAL_IP", os.environ.get("TABLECAST_DRIVER_HOST", LOOPBACK))
+    end_deferred_columns()
     from pyspark.sql import SparkSession
 
     if submitted:
@@ -172,6 +173,30 @@ def ship_file(spark: SparkSession, path: str | os.PathLike[str]) -> None:
         spark.sparkContext.addPyFile(str(Path(path).resolve()))
 
 
+#: PySpark builds Spark Connect Columns (no JVM needed) while this is in the environment
+CONNECT_COLUMNS = "SPARK_CONNECT_MODE_ENABLED"
+
+
+def defer_columns() -> None:
+    """Let Column expressions be built before Spark runs (defining an App starts nothing).
+
+    Until a SparkContext exists, PySpark builds Spark Connect Columns: expression
+    trees in plain Python, which the compiler rebuilds as classic Columns once
+    Spark runs (see :mod:`tablecast.pipeline.compile.columns`). :func:`session`
+    turns this off before it starts Spark.
+    """
+    from pyspark import SparkContext
+
+    if SparkContext._active_spark_context is None:
+        os.environ[CONNECT_COLUMNS] = "1"
+
+
+def end_deferred_columns() -> None:
+    """Columns built from now on are classic ones; and with Spark Connect's switch in the
+    environment, getOrCreate() would make a Spark Connect session (see defer_columns)."""
+    os.environ.pop(CONNECT_COLUMNS, None)
+
+
 def ensure_active(master: str | None = None) -> None:
     """Start a tablecast SparkSession unless one is active already."""
     from pyspark import SparkContext
@@ -184,8 +209,8 @@ def check_master(spark: SparkSession, master: str | None) -> None:
     """Warn when a requested master differs from the running session's."""
     if master and spark.sparkContext.master != master:
         log.warning(
-            "Spark is already running on %s, not %s: set TABLECAST_MASTER before the App "
-            "is defined (defining an App starts Spark)",
+            "Spark is already running on %s, not %s: set TABLECAST_MASTER before Spark is "
+            "started (App.run starts it unless a session is running)",
             spark.sparkContext.master,
             master,
         )
