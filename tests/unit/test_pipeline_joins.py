@@ -30,7 +30,7 @@ def test_stream_table_join_is_one_query_reading_the_table_topic_beside() -> None
         customers, lambda o, c: o
     ).to_table().materialize("enriched")
     (q,) = plan(app, "enriched")
-    assert q.input.topic == "orders" and q.timed and q.stateful
+    assert q.input.topic == "orders" and q.stateful
     assert [s.what for s in q.steps] == ["op", "join", "op"]
     side = q.steps[1].side
     assert side is not None and (side.topic, side.role) == ("customers", "source")
@@ -60,7 +60,7 @@ def test_a_join_after_an_aggregation_cuts_a_changelog() -> None:
     first, second = plan(app, "under")
     assert [s.what for s in first.steps] == ["stream_aggregate"]
     assert first.output.role == "changelog" and second.input == first.output
-    assert [s.what for s in second.steps] == ["join"] and second.timed
+    assert [s.what for s in second.steps] == ["join"]
 
 
 def test_dsl_rejects_joins_that_cannot_run() -> None:
@@ -82,7 +82,7 @@ def test_dsl_rejects_joins_that_cannot_run() -> None:
 def _row(side: int, part: int, off: int, ts: int, key: str, value: Any) -> tuple[Any, ...]:
     kb = key.encode()
     vb = None if value is None else JSON.serialize(value)
-    return (kb, vb, None, kb, vb, "t", part, off, 0, ts, kb, side)
+    return (kb, vb, None, kb, vb, "t", part, off, 0, ts, None, None, None, None, kb, side)
 
 
 def _run(core: Any, rows: list[tuple[Any, ...]], store: dict[Any, Any]) -> list[Any]:
@@ -162,8 +162,8 @@ def test_a_repartitioned_stream_joins_in_the_query_that_reads_the_topic_back() -
     first, second = plan(app, "by_customer")
     assert first.output.role == "through" and second.input == first.output
     assert [s.what for s in second.steps] == ["join", "op"]
-    # a join orders both sides by timestamp and needs no copies dropped (tables are upserts)
-    assert second.timed and not second.reads_batches
+    # the stream's records carry ids: a restarted upstream query's copies are joined once
+    assert first.output.ids and second.reads_batches
 
 
 def test_a_joined_stream_reaches_its_aggregation_with_record_ids() -> None:

@@ -81,7 +81,7 @@ def test_dsl_checks_transform_values_and_repartition_arguments() -> None:
 
 def rows_of(records: list[tuple[str | None, int]]) -> list[tuple[Any, ...]]:
     return [
-        (None if k is None else k.encode(), LONG.serialize(v), None, b"rk", b"rv", "t", 0, i, 0)
+        (None if k is None else k.encode(), LONG.serialize(v), None, b"rk", b"rv", "t", 0, i, 0, i)
         for i, (k, v) in enumerate(records)
     ]
 
@@ -139,10 +139,11 @@ def test_copies_a_restarted_upstream_query_wrote_again_are_transformed_once() ->
     store: dict[Any, Any] = {}
 
     def through(values: list[int], batch: int, first_offset: int) -> list[tuple[Any, ...]]:
-        # as read from a repartition topic: envelope + (old, batch, rid); rid names the source
+        # as read from a repartition topic: envelope + (old, batch, rid, src); rid names
+        # the source record
         rows = rows_of([("a", v) for v in values])
         return [
-            (*row[:7], first_offset + i, 0, None, batch, b"src-%d" % v)
+            (*row[:7], first_offset + i, 0, row[9], None, batch, b"src-%d" % v, None)
             for i, (v, row) in enumerate(zip(values, rows, strict=True))
         ]
 

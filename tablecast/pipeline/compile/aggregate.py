@@ -34,18 +34,21 @@ from tablecast.pipeline.compile import envelope as env
 from tablecast.pipeline.compile.keyed import (
     ERR,
     OFF,
+    OLD,
     PART,
+    RID,
     RK,
     RV,
     SEQ,
+    SRC,
     TOPIC,
-    X1,
-    X3,
+    TS,
     Core,
     KeyState,
     V,
     bad_row,
     drop_copies,
+    later,
     out_row,
 )
 from tablecast.pipeline.plan import nodes as plan
@@ -84,11 +87,14 @@ class Aggregator:
 
     # -- grouped tables ----------------------------------------------------
     def table_change(self, key: Any, old: Any, new: Any, agg: Any) -> Any:
-        if old is not None and agg is not None:
-            agg = self._subtract(key, old, agg)
-        if new is not None:
-            agg = self._add(key, new, agg)
-        return agg
+        return self.table_add(key, new, self.table_subtract(key, old, agg))
+
+    def table_subtract(self, key: Any, old: Any, agg: Any) -> Any:
+        """The aggregate without `old` (subtracted only from an aggregate that exists)."""
+        return self._subtract(key, old, agg) if old is not None and agg is not None else agg
+
+    def table_add(self, key: Any, new: Any, agg: Any) -> Any:
+        return self._add(key, new, agg) if new is not None else agg
 
     def _subtract(self, key: Any, old: Any, agg: Any) -> Any:
         if self.agg == "count":
@@ -109,59 +115,58 @@ class Aggregator:
 
 
 def stream_aggregate(agg: Aggregator, key: Serde, value: Serde, result: Serde) -> Core:
-    cols = env.COLUMNS
+    """State: (aggregate bytes, its timestamp: the largest of the records applied)."""
+    width = len(env.COLUMNS)
 
     def core(kb: bytes | None, rows: list[tuple[Any, ...]], state: KeyState) -> list[Any]:
-        current = result.deserialize(state.get[0]) if state.exists else None
+        stored = state.get if state.exists else (None, None)
+        current = None if stored[0] is None else result.deserialize(stored[0])
+        ts = stored[1] if len(stored) > 1 else None  # a state from before timestamps: none
         k = None if kb is None else key.deserialize(kb)
         out: list[tuple[Any, ...]] = []
         last = None
         for row in rows:
             if row[ERR] is not None:
-                out.append(row)
+                out.append(row[:width])
                 continue
             if kb is None:
                 continue  # Kafka Streams skips records without a key
             try:
                 v = None if row[V] is None else value.deserialize(row[V])
                 current = agg.stream_add(k, v, current)
-                last = row
             except Exception as e:  # the user's function failed: dead-letter this record
-                out.append(bad_row(row, f"{agg.agg}: {type(e).__name__}: {e}", len(cols)))
+                out.append(bad_row(row, f"{agg.agg}: {type(e).__name__}: {e}", width))
+                continue
+            if v is not None:
+                last, ts = row, later(ts, row[TS])
         if last is not None and kb is not None:
-            _store(state, out, last, kb, current, result, len(cols), lambda enc: (enc,))
+            enc = _encoded(current, result, last, out, width)
+            if enc is not _FAILED:
+                if enc is None:
+                    state.remove()
+                else:
+                    state.update((enc, ts))
+                out.append(out_row(last, kb, enc, width, ts))
         return out
 
     return core
 
 
-def _store(
-    state: Any,
-    out: list[tuple[Any, ...]],
-    last: tuple[Any, ...],
-    kb: bytes,
-    current: Any,
-    result: Serde,
-    width: int,
-    pack: Callable[[bytes | None], tuple[Any, ...]],
-    keep_empty: bool = False,
-) -> None:
-    """Store the new aggregate (or forget the key when it is gone, unless `keep_empty`:
-    a table aggregation keeps its dedup ids) and emit it as the key's new value."""
+#: an aggregate its serde could not write (the record that made it is dead-lettered)
+_FAILED = object()
+
+
+def _encoded(current: Any, result: Serde, last: tuple[Any, ...], out: list[Any], width: int) -> Any:
     try:
-        enc = None if current is None else result.serialize(current)
+        return None if current is None else result.serialize(current)
     except Exception as e:  # an aggregate its serde cannot write: keep the old state
         out.append(bad_row(last, f"encode aggregate: {type(e).__name__}: {e}", width))
-        return
-    if enc is None and not keep_empty:
-        state.remove()
-    else:
-        state.update(pack(enc))
-    out.append(out_row(last, kb, enc, width))
+        return _FAILED
 
 
 def retract() -> Core:
-    cols = [*env.COLUMNS, env.OLD, env.RID]
+    """State: the source row's last selection, packed (group key, group value)."""
+    cols = [*env.COLUMNS, env.OLD, env.RID, env.SRC]
     width = len(cols)
 
     def core(kb: bytes | None, rows: list[tuple[Any, ...]], state: KeyState) -> list[Any]:
@@ -170,7 +175,7 @@ def retract() -> Core:
         changed = False
         for row in rows:
             if row[ERR] is not None:
-                out.append((*row, None, None))
+                out.append((*row[: len(env.COLUMNS)], None, None, None))
                 continue
             if kb is None:
                 out.append(bad_row(row, "null key", width))
@@ -179,14 +184,16 @@ def retract() -> Core:
             og, ov = unpack_pair(prev) if prev is not None else (None, None)
             ng, nv = unpack_pair(new) if new is not None else (None, None)
             coords = (row[PART], row[OFF], row[SEQ])
-            base = (row[ERR], row[RK], row[RV], row[TOPIC], *coords)
+            # the change keeps the source row's timestamp; the source key travels along, so
+            # the aggregation knows whose contribution a later retraction takes back
+            base = (row[ERR], row[RK], row[RV], row[TOPIC], *coords, row[TS])
             if og is not None and og == ng:
-                out.append((og, nv, *base, ov, record_id(*coords, 1)))
+                out.append((og, nv, *base, ov, record_id(*coords, 1), kb))
             else:
                 if og is not None:
-                    out.append((og, None, *base, ov, record_id(*coords, 0)))
+                    out.append((og, None, *base, ov, record_id(*coords, 0), kb))
                 if ng is not None:
-                    out.append((ng, nv, *base, None, record_id(*coords, 1)))
+                    out.append((ng, nv, *base, None, record_id(*coords, 1), kb))
             prev = new
             changed = True
         if changed:
@@ -200,14 +207,19 @@ def retract() -> Core:
 
 
 def table_aggregate(agg: Aggregator, key: Serde, value: Serde, result: Serde) -> Core:
-    cols = env.COLUMNS
-    width = len(cols)
+    """State: (aggregate bytes, latest upstream batch applied, ids applied from it, the
+    aggregate's timestamp, held). `held` maps a source row's key to what it really
+    contributes here when that differs from what the upstream step believes: a change
+    whose adder raised was dead-lettered, so its row contributes nothing (None) and the
+    retraction that comes when the row changes again must not be subtracted; a change
+    whose subtractor raised left the old contribution in (its bytes), which is what a
+    later retraction must take back. Without it such an aggregate would drift for good."""
+    width = len(env.COLUMNS)
 
     def core(kb: bytes | None, rows: list[tuple[Any, ...]], state: KeyState) -> list[Any]:
-        if state.exists:
-            agg_b, last_batch, ids = state.get
-        else:
-            agg_b, last_batch, ids = None, -1, b""
+        stored = state.get if state.exists else (None, -1, b"")
+        agg_b, last_batch, ids = stored[:3]
+        ts, held = (stored[3], dict(stored[4] or {})) if len(stored) > 3 else (None, {})
         rows, last_batch, seen = drop_copies(rows, last_batch, split_ids(ids or b""), _rid)
         current = None if agg_b is None else result.deserialize(agg_b)
         k = None if kb is None else key.deserialize(kb)
@@ -217,27 +229,47 @@ def table_aggregate(agg: Aggregator, key: Serde, value: Serde, result: Serde) ->
             if row[ERR] is not None:
                 out.append(row[:width])
                 continue
-            rid = row[X3]
+            src = row[SRC]
+            src = None if src is None else bytes(src)
+            old_b = held.get(src, row[OLD]) if src is not None else row[OLD]
+            stage = "subtract"
             try:
-                old = None if row[X1] is None else value.deserialize(row[X1])
+                old = None if old_b is None else value.deserialize(old_b)
                 new = None if row[V] is None else value.deserialize(row[V])
-                current = agg.table_change(k, old, new, current)
-                last = row
+                after = agg.table_subtract(k, old, current)
+                stage = "add"
+                current = agg.table_add(k, new, after)
             except Exception as e:  # the user's function failed: dead-letter this change
-                part, off, _, _ = unpack_record_id(rid)
+                part, off, _, _ = unpack_record_id(row[RID])
                 why = f"{agg.agg}: {type(e).__name__}: {e} (source partition {part} offset {off})"
                 out.append(bad_row(row, why, width))
+                if src is not None:
+                    # what the row contributes now: still its old value, or (subtracted,
+                    # the addition failed) nothing
+                    held[src] = old_b if stage == "subtract" else None
+                if stage == "add":
+                    current, last, ts = after, row, later(ts, row[TS])
+                continue
+            held.pop(src, None)
+            last, ts = row, later(ts, row[TS])
         blob = b"".join(sorted(seen))
         assert len(blob) % RID_SIZE == 0
+        enc = agg_b
         if last is not None:
-            pack = lambda e: (e, last_batch, blob)  # noqa: E731
-            _store(state, out, last, kb, current, result, width, pack, keep_empty=True)
-        elif state.exists or seen:
-            state.update((agg_b, last_batch, blob))
+            enc = _encoded(current, result, last, out, width)
+            if enc is _FAILED:
+                enc = agg_b
+            else:
+                out.append(out_row(last, kb, enc, width, ts))
+        if enc is not None or seen or held:
+            # kept when the aggregate is gone too: the dedup ids and held contributions
+            state.update((enc, last_batch, blob, ts, held or None))
+        elif state.exists:
+            state.remove()
         return out
 
     return core
 
 
 def _rid(row: tuple[Any, ...]) -> bytes:
-    return bytes(row[X3])
+    return bytes(row[RID])

@@ -32,8 +32,8 @@ from tablecast.pipeline.compile import envelope as env
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-# positions in a row of env.COLUMNS (+ OLD, BATCH, RID where present)
-K, V, ERR, RK, RV, TOPIC, PART, OFF, SEQ, X1, X2, X3 = range(12)
+# positions in a row of env.COLUMNS (+ env.REPARTITION where read from such a topic)
+K, V, ERR, RK, RV, TOPIC, PART, OFF, SEQ, TS, OLD, BATCH, RID, SRC = range(14)
 
 StateFn = Callable[[tuple[Any, ...], Iterator[Any], Any], Iterator[Any]]
 Core = Callable[[Any, list[tuple[Any, ...]], "KeyState"], list[Any]]
@@ -111,13 +111,24 @@ def frame(rows: list[tuple[Any, ...]], columns: list[str]) -> Any:
 
 
 def bad_row(row: tuple[Any, ...], why: str, width: int) -> tuple[Any, ...]:
-    out = (row[K], row[V], why[:1000], *row[RK : SEQ + 1])
+    out = (row[K], row[V], why[:1000], *row[RK : TS + 1])
     return out + (None,) * (width - len(out))
 
 
-def out_row(row: tuple[Any, ...], key: bytes, value: bytes | None, width: int) -> tuple[Any, ...]:
-    out = (key, value, None, None, None, row[TOPIC], row[PART], row[OFF], 0)
+def out_row(
+    row: tuple[Any, ...], key: bytes, value: bytes | None, width: int, ts: int | None = None
+) -> tuple[Any, ...]:
+    """A new record from the last row that changed it (`ts`: its timestamp, else the row's)."""
+    out = (key, value, None, None, None, row[TOPIC], row[PART], row[OFF], 0, ts or row[TS])
     return out + (None,) * (width - len(out))
+
+
+def later(a: int | None, b: int | None) -> int | None:
+    """The larger of two timestamps, either possibly unknown (an aggregate's is its
+    inputs' largest, as in Kafka Streams)."""
+    if a is None:
+        return b
+    return a if b is None or a >= b else b
 
 
 def drop_copies(
@@ -132,11 +143,11 @@ def drop_copies(
     one after the other, so a batch older than the latest one applied is done."""
     fresh = []
     # stable: (partition, offset) order within a batch stays
-    for row in sorted(rows, key=lambda r: -1 if r[X2] is None else int(r[X2])):
-        if row[X2] is None:  # no batch id: not from a deduplicated topic
+    for row in sorted(rows, key=lambda r: -1 if r[BATCH] is None else int(r[BATCH])):
+        if row[BATCH] is None:  # no batch id: not from a deduplicated topic
             fresh.append(row)
             continue
-        batch = int(row[X2])
+        batch = int(row[BATCH])
         if batch < last_batch:
             continue
         if batch > last_batch:
@@ -149,23 +160,24 @@ def drop_copies(
     return fresh, last_batch, seen
 
 
-def _through_id(row: tuple[Any, ...]) -> bytes:
+def through_id(row: tuple[Any, ...]) -> bytes:
     # a step between the topic and here may have made several rows of one record
-    return bytes(row[X3]) + int(row[SEQ]).to_bytes(8, "big", signed=True)
+    return bytes(row[RID]) + int(row[SEQ]).to_bytes(8, "big", signed=True)
 
 
-def deduplicated(core: Core) -> Core:
-    """`core` on rows read from a stream's repartition topic (envelope + old, batch, rid),
-    each record once; what was applied is kept beside the key's state in its bucket."""
+def deduplicated(core: Core, keep_width: bool = False) -> Core:
+    """`core` on rows read from a stream's repartition topic (envelope + its columns),
+    each record once; what was applied is kept beside the key's state in its bucket.
+    The rows reach `core` as bare envelopes unless `keep_width` (a join's have more)."""
     width = len(env.COLUMNS)
 
     def wrapped(kb: bytes | None, rows: list[tuple[Any, ...]], state: KeyState) -> list[Any]:
         mark = (SEEN, kb)
         last_batch, seen = state.store.get(mark, (-1, set()))
-        rows, last_batch, seen = drop_copies(rows, last_batch, seen, _through_id)
+        rows, last_batch, seen = drop_copies(rows, last_batch, seen, through_id)
         if last_batch >= 0:
             state.store[mark] = (last_batch, seen)
-        return core(kb, [r[:width] for r in rows], state)
+        return core(kb, rows if keep_width else [r[:width] for r in rows], state)
 
     return wrapped
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tablecast.pipeline.compile.envelope import ERR, SEQ
 from tablecast.serde import Serde
 
 if TYPE_CHECKING:
@@ -175,7 +176,3 @@ class Run:
             )
             yield pa.RecordBatch.from_arrays(cols, schema=schema)
 
-
-# the envelope's bookkeeping columns (see tablecast.pipeline.envelope)
-ERR = "_tc_err"
-SEQ = "_tc_seq"

@@ -38,12 +38,13 @@ class Target:
     #: input records deleted by retention before they were read: "fail" stops the query,
     #: "skip" goes on without them (App(on_data_loss=...))
     on_data_loss: str = "fail"
+    #: the producer interceptor that gives each record its timestamp header's time (None:
+    #: not on Spark's classpath, records carry the time they were written)
+    interceptor: str | None = None
 
 
-def _load(
-    spark: SparkSession, ref: TopicRef, t: Target, timed: bool, headers: bool = False
-) -> DataFrame:
-    """A topic as the envelope's columns (plus its headers and record timestamps if asked)."""
+def _load(spark: SparkSession, ref: TopicRef, t: Target, headers: bool = False) -> DataFrame:
+    """A topic as the envelope's columns (plus its headers if asked)."""
     raw = (
         spark.readStream.format("kafka")
         .options(**spark_options(t.bootstrap_servers))
@@ -63,8 +64,8 @@ def _load(
         F.col("partition").alias(env.PART),
         F.col("offset").alias(env.OFF),
         F.lit(0).cast("bigint").alias(env.SEQ),
+        F.unix_millis(F.col("timestamp")).alias(env.TS),
         *(["headers"] if headers else []),
-        *([F.unix_millis(F.col("timestamp")).alias(env.TS)] if timed else []),
     )
 
 
@@ -84,24 +85,24 @@ def _fail_on_data_loss(ref: TopicRef, t: Target) -> str:
 
 def read(spark: SparkSession, q: Query, t: Target) -> tuple[Flow, tuple[str, ...]]:
     """The input topic as an envelope flow (plus the columns a repartition topic adds)."""
-    df = _load(spark, q.input, t, q.timed, q.reads_batches)
+    df = _load(spark, q.input, t, q.reads_batches)
     ref = q.input
     flow = Flow(df, ref.key, ref.value, ref.kind)
     if q.reads_batches:
         flow = flow.with_df(sink.read_repartition_headers(df).drop("headers"))
-        return flow, (env.OLD, env.BATCH, env.RID)
+        return flow, env.REPARTITION
     if ref.external:
         if ref.kind == "table":
             flow = flow.fail_where(F.col("key").isNull(), "null key")
         first = q.steps[0] if q.steps else None
         column_first = first is not None and not first.python
         flow = flow.decode() if column_first else flow.validate()
-    return flow, (env.TS,) if q.timed else ()
+    return flow, ()
 
 
 def read_side(spark: SparkSession, ref: TopicRef, t: Target) -> Flow:
     """A join's other table, checked like any input and with its records' timestamps."""
-    flow = Flow(_load(spark, ref, t, timed=True), ref.key, ref.value, "table")
+    flow = Flow(_load(spark, ref, t), ref.key, ref.value, "table")
     flow = flow.fail_where(F.col("key").isNull(), "null key")
     return flow.validate() if ref.external else flow
 
@@ -127,7 +128,7 @@ def transform(
             i += 1
         elif step.stateful:
             flow = keyed_step(flow, step, partitions, extra)
-            extra = (env.OLD, env.RID) if step.what == "retract" else ()
+            extra = (env.OLD, env.RID, env.SRC) if step.what == "retract" else ()
             i += 1
         elif step.python:
             run = [step]
@@ -152,7 +153,7 @@ def keyed_step(flow: Flow, step: Step, partitions: int, extra: tuple[str, ...] =
     out_extra: tuple[str, ...] = ()
     if step.what == "retract":
         core = aggregate.retract()
-        out_extra = (env.OLD, env.RID)
+        out_extra = (env.OLD, env.RID, env.SRC)
     elif step.what == "transform_values":
         assert isinstance(step.node, plan.TransformValues)
         core = transform_values(step.node.fn, flow.key, flow.value, step.value)
@@ -176,6 +177,8 @@ def writer(spark: SparkSession, q: Query, t: Target) -> DataStreamWriter:
     flow = flow.envelope(*extra)
     dlq = dlq_topic(t.app_id)
     common: dict[str, Any] = spark_options(t.bootstrap_servers)
+    if t.interceptor:
+        common["kafka.interceptor.classes"] = t.interceptor
     partition = None
     if q.partitioner is not None:
         flow, partition = partition.assign(flow, q.partitioner, t.sink_partitions)

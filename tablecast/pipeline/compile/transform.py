@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from tablecast.pipeline.compile import envelope as env
-from tablecast.pipeline.compile.keyed import ERR, RK, SEQ, Core, KeyState, V, bad_row
+from tablecast.pipeline.compile.keyed import ERR, RK, TS, Core, KeyState, V, bad_row
 from tablecast.serde import Serde
 
 
@@ -69,7 +69,7 @@ def transform_values(fn: Callable[..., Any], key: Serde, value: Serde, result: S
                 continue
             stored = st.stored
             # the source's raw bytes and coordinates stay: later steps may still dead-letter it
-            out.append((kb, enc, None, *row[RK : SEQ + 1]))
+            out.append((kb, enc, None, *row[RK : TS + 1]))
         if stored is not before:
             if stored is None:
                 state.remove()

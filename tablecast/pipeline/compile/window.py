@@ -30,25 +30,35 @@ from tablecast.pipeline.compile.keyed import (
     ERR,
     OFF,
     TOPIC,
-    X1,
+    TS,
     K,
     StateFn,
     V,
     bad_row,
+    drop_copies,
     frame,
+    later,
     ordered_rows,
+    through_id,
 )
 from tablecast.pipeline.plan.queries import Step
 from tablecast.serde import Serde
 from tablecast.windows import Windows
 
 TASK = "_tc_task"
-TS = X1  # the timestamp column follows the envelope's
 
 
 def window_core(
-    windows: Windows, grace_ms: int, agg: Aggregator, key: Serde, value: Serde, result: Serde
+    windows: Windows,
+    grace_ms: int,
+    agg: Aggregator,
+    key: Serde,
+    value: Serde,
+    result: Serde,
+    through: bool = False,
 ) -> StateFn:
+    """`through`: rows come from a stream's repartition topic with record ids, and the
+    copies a restarted upstream query wrote again are dropped (per task)."""
     cols = env.COLUMNS
     width = len(cols)
     size = windows.size_ms
@@ -56,15 +66,18 @@ def window_core(
     def fn(group: tuple[Any, ...], pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
         task = int(group[0])
         stream_time: int | None
-        if state.exists:
-            stream_time, store = pickle.loads(state.get[0])
-        else:
-            stream_time, store = None, {}
+        # (stream time, {(key, start): (aggregate, its timestamp)}, (upstream batch, ids))
+        stored = pickle.loads(state.get[0]) if state.exists else (None, {}, (-1, set()))
+        stream_time, store = stored[0], stored[1]
+        last_batch, seen = stored[2] if len(stored) > 2 else (-1, set())
         live: dict[tuple[bytes, int], Any] = {}  # decoded aggregates of windows touched
         last: dict[tuple[bytes, int], tuple[Any, ...]] = {}  # the last row that changed each
+        times: dict[tuple[bytes, int], int | None] = {}  # each window's largest timestamp
         out: list[tuple[Any, ...]] = []
-        for row in ordered_rows(pdfs):
-            row = row[:-1]  # without the task column
+        rows = [row[:-1] for row in ordered_rows(pdfs)]  # without the task column
+        if through:
+            rows, last_batch, seen = drop_copies(rows, last_batch, seen, through_id)
+        for row in rows:
             if row[ERR] is not None:
                 out.append(row[:width])
                 continue
@@ -87,7 +100,9 @@ def window_core(
                 for s in starts:
                     wk = (kb, s)
                     if wk not in live:
-                        live[wk] = result.deserialize(store[wk]) if wk in store else None
+                        enc, t = _entry(store.get(wk))
+                        live[wk] = None if enc is None else result.deserialize(enc)
+                        times[wk] = t
                     new[wk] = agg.stream_add(k, v, live[wk])
             except Exception as e:  # the user's function failed: dead-letter this record
                 out.append(bad_row(row, f"{agg.agg}: {type(e).__name__}: {e}", width))
@@ -95,6 +110,7 @@ def window_core(
             live.update(new)
             for wk in new:
                 last[wk] = row
+                times[wk] = later(times[wk], ts)
         for wk, row in last.items():
             current = live[wk]
             try:
@@ -105,19 +121,27 @@ def window_core(
             if enc is None:
                 store.pop(wk, None)
             else:
-                store[wk] = enc
+                store[wk] = (enc, times[wk])
             wkey = window_key(wk[0], wk[1])
-            out.append((wkey, enc, None, None, None, row[TOPIC], task, row[OFF], 0))
-        if stream_time is not None:
+            out.append((wkey, enc, None, None, None, row[TOPIC], task, row[OFF], 0, times[wk]))
+        if stream_time is not None or last_batch >= 0:
             # a window closed for good takes no more records: forget it
-            closed = [wk for wk in store if wk[1] + size + grace_ms <= stream_time]
+            closed = [wk for wk in store if wk[1] + size + grace_ms <= (stream_time or 0)]
             for wk in closed:
                 del store[wk]
-            state.update((pickle.dumps((stream_time, store), protocol=5),))
+            kept = (stream_time, store, (last_batch, seen))
+            state.update((pickle.dumps(kept, protocol=5),))
         if out:
             yield frame(out, cols)
 
     return fn
+
+
+def _entry(stored: Any) -> tuple[bytes | None, int | None]:
+    """A window's (aggregate, timestamp); a state from before timestamps holds bytes only."""
+    if stored is None or isinstance(stored, tuple):
+        return stored or (None, None)
+    return stored, None
 
 
 def partition_column() -> Any:
@@ -151,10 +175,11 @@ def apply(flow: Flow, step: Step, partitions: int, extra: tuple[str, ...]) -> Fl
 
     node = step.node
     assert isinstance(node, plan.Aggregate) and node.window is not None
-    assert extra == (env.TS,), f"a windowed aggregation needs the record timestamps, has {extra}"
-    flow = flow.envelope(*extra)
+    through = env.BATCH in extra
+    flow = flow.envelope(*(extra if through else ()))
     w = node.window
-    core = window_core(w.windows, w.grace_ms, Aggregator.of(node), flow.key, flow.value, step.value)
+    agg = Aggregator.of(node)
+    core = window_core(w.windows, w.grace_ms, agg, flow.key, flow.value, step.value, through)
     df = flow.df.withColumn(TASK, _task_udf(partitions)(F.col("key")))
     schema = env.schema()
     df = df.groupBy(TASK).applyInPandasWithState(

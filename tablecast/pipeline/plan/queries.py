@@ -140,11 +140,6 @@ class Query:
         return any(s.what == "window_aggregate" for s in self.steps)
 
     @property
-    def timed(self) -> bool:
-        """Reads record timestamps: windows, and joins (which order both sides by them)."""
-        return any(s.what in ("window_aggregate", "join") for s in self.steps)
-
-    @property
     def writes_batches(self) -> bool:
         """Repartition writers stamp each record with the batch id (foreachBatch)."""
         return self.output.role == "repartition" or self.output.ids
@@ -254,13 +249,14 @@ def plan_output(
 
 def _with_ids(queries: list[Query]) -> list[Query]:
     """A through topic, or a stream's changelog (a join's or transform_values' output on
-    its way to an aggregation), carries record ids when the query reading it keeps per-key
-    state (a windowed aggregation or a join does not deduplicate yet); otherwise it is
-    written by a plain Kafka sink, which Real-time Mode can run."""
+    its way to an aggregation), carries record ids when the query reading it keeps
+    state (an aggregation, windowed or not, a join, transform_values): it drops the copies
+    a restarted writer wrote again. Otherwise a plain Kafka sink writes it, which
+    Real-time Mode can run."""
     for q, nxt in pairwise(queries):
         out = q.output
         stream_topic = out.role == "through" or (out.role == "changelog" and out.kind == "stream")
-        if stream_topic and nxt.stateful and not nxt.timed:
+        if stream_topic and nxt.stateful:
             q.output = nxt.input = replace(q.output, ids=True)
     return queries
 

@@ -165,6 +165,7 @@ class Pipeline:
                 f"tablecast-{app.id}", master, shuffle_partitions=max(partitions.values())
             )
             spark_setup.check_master(spark, master)
+        interceptor = spark_setup.timestamp_interceptor(spark)
         _ensure_topic(bootstrap_servers, dlq_topic(app.id), 1)
         infos, chains = [], []
         for out in outputs:
@@ -211,7 +212,13 @@ class Pipeline:
                     spark.conf.set("spark.sql.shuffle.partitions", str(count))
                     trig = chosen[q.name]
                     target = Target(
-                        app.id, bootstrap_servers, checkpoints, count, out, app.on_data_loss
+                        app.id,
+                        bootstrap_servers,
+                        checkpoints,
+                        count,
+                        out,
+                        app.on_data_loss,
+                        interceptor,
                     )
                     started[q.name] = trig.apply(writer(spark, q, target)).start()
                     if trig.realtime:

@@ -106,6 +106,19 @@ def session(
     return spark
 
 
+def timestamp_interceptor(spark: SparkSession) -> str | None:
+    """The producer interceptor class that stamps each written record with the time of
+    its input (see tablecast/_jvm/interceptors), if Spark's jars hold it."""
+    if "tablecast-interceptors" in (spark.sparkContext.getConf().get("spark.jars") or ""):
+        return jvm.TIMESTAMP_INTERCEPTOR
+    log.warning(
+        "Spark's jars lack tablecast's producer interceptor (python -m tablecast.jvm "
+        "spark-kafka lists it): table records carry the time they were written, not the "
+        "time of the input that produced them"
+    )
+    return None
+
+
 def _check_submitted_jars() -> None:
     """spark-submit loaded the driver's classpath from its --jars already: jars added
     now would reach the executors but not the driver, so name what is missing."""
