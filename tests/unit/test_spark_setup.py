@@ -12,7 +12,7 @@ import pytest
 
 from tablecast.pipeline.app import App
 from tablecast.pipeline.run import spark as spark_setup
-from tablecast.pipeline.run.pipeline import local_path
+from tablecast.pipeline.run.layout import local_path
 
 
 @pytest.fixture(autouse=True)

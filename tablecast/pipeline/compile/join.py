@@ -77,7 +77,7 @@ TS_I, SIDE_I = UNION.index(env.TS), UNION.index(SIDE)
 WIDTH = len(env.COLUMNS)
 
 
-def apply(flow: Flow, table: Flow, step: Step, partitions: int, extra: tuple[str, ...]) -> Flow:
+def apply(flow: Flow, table: Flow, step: Step, buckets: int, extra: tuple[str, ...]) -> Flow:
     """Join `flow` (the left side) with `table`. Left rows read from a stream's repartition
     topic carry record ids (`extra`): the copies a restarted upstream query wrote are
     dropped per join key, so each record is joined once."""
@@ -98,7 +98,7 @@ def apply(flow: Flow, table: Flow, step: Step, partitions: int, extra: tuple[str
         core = TableJoin(node.joiner, flow.value, table.value, result)
     if through:
         core = deduplicated(core, keep_width=True)
-    df = by_bucket(union, core, partitions, key=JK)
+    df = by_bucket(union, core, buckets, key=JK)
     return Flow(df, step.key, step.value, step.kind)
 
 

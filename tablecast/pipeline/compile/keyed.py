@@ -37,6 +37,8 @@ K, V, ERR, RK, RV, TOPIC, PART, OFF, SEQ, TS, OLD, BATCH, RID, SRC = range(14)
 
 StateFn = Callable[[tuple[Any, ...], Iterator[Any], Any], Iterator[Any]]
 Core = Callable[[Any, list[tuple[Any, ...]], "KeyState"], list[Any]]
+#: buckets per input partition of a new stateful query (a query's checkpoint records the
+#: count it started with, and that is what it keeps: tablecast.pipeline.run.layout)
 BUCKETS_PER_PARTITION = 16
 BUCKET = "_tc_bucket"
 #: beside key k in a bucket's dict, (SEEN, k) holds what deduplicated() applied
@@ -183,14 +185,13 @@ def deduplicated(core: Core, keep_width: bool = False) -> Core:
 
 
 def by_bucket(
-    df: DataFrame, core: Core, partitions: int, *out_extra: str, key: str = "key"
+    df: DataFrame, core: Core, buckets: int, *out_extra: str, key: str = "key"
 ) -> DataFrame:
     """`core` per value of column `key`, keys hashed into buckets, state in the state store;
     the rows it returns have the envelope's columns plus `out_extra`."""
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
 
-    buckets = BUCKETS_PER_PARTITION * partitions
     df = df.withColumn(BUCKET, F.pmod(F.xxhash64(F.col(key)), F.lit(buckets)))
     schema = env.schema(*out_extra)
     return df.groupBy(BUCKET).applyInPandasWithState(

@@ -175,4 +175,3 @@ class Run:
                 [pa.field(f.name, new[f.name].type) if f.name in new else f for f in batch.schema]
             )
             yield pa.RecordBatch.from_arrays(cols, schema=schema)
-

@@ -33,7 +33,7 @@ class Target:
     app_id: str
     bootstrap_servers: str
     checkpoints: str  # a path or a Hadoop URI (joined with "/", which Path would mangle)
-    partitions: int  # of the App's topics (state buckets scale with it)
+    partitions: int  # of the App's topics (a windowed aggregation's tasks)
     sink_partitions: int  # of the topic this query writes (a to() topic may differ)
     #: input records deleted by retention before they were read: "fail" stops the query,
     #: "skip" goes on without them (App(on_data_loss=...))
@@ -41,6 +41,8 @@ class Target:
     #: the producer interceptor that gives each record its timestamp header's time (None:
     #: not on Spark's classpath, records carry the time they were written)
     interceptor: str | None = None
+    #: key buckets of its per-key steps (what its checkpoint's layout records)
+    buckets: int = 1
 
 
 def _load(spark: SparkSession, ref: TopicRef, t: Target, headers: bool = False) -> DataFrame:
@@ -112,6 +114,7 @@ def transform(
     steps: list[Step],
     extra: tuple[str, ...],
     partitions: int,
+    buckets: int,
     side: Callable[[TopicRef], Flow] | None = None,
 ) -> tuple[Flow, tuple[str, ...]]:
     i = 0
@@ -119,7 +122,7 @@ def transform(
         step = steps[i]
         if step.what == "join":
             assert side is not None and step.side is not None
-            flow = join.apply(flow, side(step.side), step, partitions, extra)
+            flow = join.apply(flow, side(step.side), step, buckets, extra)
             extra = ()
             i += 1
         elif step.what == "window_aggregate":
@@ -127,7 +130,7 @@ def transform(
             extra = ()
             i += 1
         elif step.stateful:
-            flow = keyed_step(flow, step, partitions, extra)
+            flow = keyed_step(flow, step, buckets, extra)
             extra = (env.OLD, env.RID, env.SRC) if step.what == "retract" else ()
             i += 1
         elif step.python:
@@ -142,7 +145,7 @@ def transform(
     return flow, extra
 
 
-def keyed_step(flow: Flow, step: Step, partitions: int, extra: tuple[str, ...] = ()) -> Flow:
+def keyed_step(flow: Flow, step: Step, buckets: int, extra: tuple[str, ...] = ()) -> Flow:
     """Run the per-key `step` on `flow`, keys hashed into buckets; returns encoded rows."""
     # rows read from a stream's repartition topic carry (old, batch, rid): copies are
     # dropped before a per-key step (a table aggregation drops them itself)
@@ -166,14 +169,15 @@ def keyed_step(flow: Flow, step: Step, partitions: int, extra: tuple[str, ...] =
         core = make(agg, flow.key, flow.value, step.value)
     if through:
         core = keyed.deduplicated(core)
-    df = keyed.by_bucket(flow.df, core, partitions, *out_extra)
+    df = keyed.by_bucket(flow.df, core, buckets, *out_extra)
     return Flow(df, step.key, step.value, step.kind)
 
 
 def writer(spark: SparkSession, q: Query, t: Target) -> DataStreamWriter:
     """The query's DataStreamWriter, ready for its trigger (the run stage picks it)."""
     flow, extra = read(spark, q, t)
-    flow, extra = transform(flow, q.steps, extra, t.partitions, lambda r: read_side(spark, r, t))
+    side = lambda r: read_side(spark, r, t)  # noqa: E731
+    flow, extra = transform(flow, q.steps, extra, t.partitions, t.buckets, side)
     flow = flow.envelope(*extra)
     dlq = dlq_topic(t.app_id)
     common: dict[str, Any] = spark_options(t.bootstrap_servers)

@@ -7,9 +7,7 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
-from urllib.parse import unquote, urlparse
 
 from tablecast.kafka import catalog
 from tablecast.kafka.topics import (
@@ -23,6 +21,7 @@ from tablecast.pipeline.plan import nodes as plan
 from tablecast.pipeline.plan import queries as planner
 from tablecast.pipeline.run import explain as explaining
 from tablecast.pipeline.run import spark as spark_setup
+from tablecast.pipeline.run.layout import Files, local_path, settle
 from tablecast.pipeline.run.trigger import Trigger, assign, written_by_micro_batch
 
 if TYPE_CHECKING:
@@ -200,6 +199,14 @@ class Pipeline:
             q.name: [q.input.topic, *(s.side.topic for s in q.steps if s.side is not None)]
             for q in every
         }
+        # each stateful query keeps the state layout its checkpoint was started with
+        files, base = Files(spark), checkpoints.rstrip("/")
+        buckets = {
+            q.name: settle(files, f"{base}/{q.name}", count, q.name, q.windowed).buckets
+            for count, _, queries in chains
+            for q in queries
+            if q.stateful
+        }
         pipeline = cls(
             app, spark, started, owns, counter, chosen, bootstrap_servers, inputs, listener
         )
@@ -219,6 +226,7 @@ class Pipeline:
                         out,
                         app.on_data_loss,
                         interceptor,
+                        buckets.get(q.name, 1),
                     )
                     started[q.name] = trig.apply(writer(spark, q, target)).start()
                     if trig.realtime:
@@ -322,17 +330,6 @@ class Pipeline:
             # down (rejected task results, closed channels) is noise, not news
             self.spark.sparkContext.setLogLevel("OFF")
             self.spark.stop()
-
-
-def local_path(location: str) -> Path | None:
-    """A checkpoint location as a local path: a plain path or a ``file:`` URI; None for
-    other file systems (hdfs://, s3a://…), which only Spark reads."""
-    parsed = urlparse(location)
-    if parsed.scheme == "file":
-        return Path(unquote(parsed.path))
-    if len(parsed.scheme) <= 1:  # none, or a Windows drive letter
-        return Path(location)
-    return None
 
 
 def _choose_triggers(
