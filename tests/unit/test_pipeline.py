@@ -333,3 +333,21 @@ def test_aggregates_carry_the_largest_timestamp_of_their_inputs() -> None:
     rows = [change_row(b"k", None, 1, 0, i, ts=ts)[:10] for i, ts in enumerate([7, 9, 8])]
     (out,) = stream(b"k", rows, KeyState(store, b"k"))
     assert out[9] == 9 and LONG.deserialize(out[1]) == 3
+
+
+def test_split_branches_are_filters_and_merge_writes_every_input_to_one_topic() -> None:
+    app = tc.App("a")
+    ev = app.stream("ev")
+    branches = ev.split({"big": lambda k, v: v > 5, "odd": lambda k, v: v % 2}, default="rest")
+    assert list(branches) == ["big", "odd", "rest"]
+    other = app.stream("ev2").map_values(lambda k, v: v)
+    branches["odd"].merge(other).to_table().materialize("m")
+    *sides, main, last = plan(app, "m")
+    assert [q.output.topic for q in sides] == ["a.merge.m-0"] and sides[0].input.topic == "ev2"
+    assert main.output.topic == "a.merge.m-0" and main.output.role == "merge"
+    assert last.input.topic == "a.merge.m-0" and last.output.topic == "a.table.m"
+    assert "merge(" in app.explain()
+    with pytest.raises(ValueError):
+        ev.split(by=lambda k, v: "x")  # the branch names are needed up front
+    with pytest.raises(TypeError):
+        ev.merge(app.stream("ev3", value=LONG))

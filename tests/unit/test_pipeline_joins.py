@@ -119,18 +119,23 @@ def test_stream_join_matches_the_reference_in_any_batching(
         max_size=30,
     ),
     batch=st.integers(1, 30),
+    how=st.sampled_from(["inner", "left", "outer"]),
 )
 def test_table_join_matches_the_reference_in_any_batching(
-    events: list[tuple[str, int | None]], batch: int
+    events: list[tuple[str, int | None]], batch: int, how: str
 ) -> None:
     rows = [
         _row(LEFT if side == "left" else RIGHT, 0, i, i, "k", v)
         for i, (side, v) in enumerate(events)
     ]
-    core = TableJoin(lambda a, b: a * 10 + b, JSON, JSON, JSON)
+
+    def joiner(a: int | None, b: int | None) -> list[int | None]:
+        return [a, b]
+
+    core = TableJoin(joiner, JSON, JSON, JSON, how)
     store: dict[Any, Any] = {}
     out = [r for i in range(0, len(rows), batch) for r in _run(core, rows[i : i + batch], store)]
-    want = ref.table_table_join([(s, "k", v) for s, v in events], lambda a, b: a * 10 + b)
+    want = ref.table_table_join([(s, "k", v) for s, v in events], joiner, how)
     got = [(r[0].decode(), None if r[1] is None else JSON.deserialize(r[1])) for r in out]
     assert got == want
 

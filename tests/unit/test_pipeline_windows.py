@@ -142,3 +142,27 @@ def test_copies_from_a_repartition_topic_are_counted_once() -> None:
     assert counts(rows(1, range(3))) == [3]
     assert counts(rows(1, range(3)) + rows(2, range(3, 5))) == [5]  # batch 1 again: dropped
     assert counts(rows(1, range(2))) == []
+
+
+def test_emit_final_writes_each_window_once_when_it_closes() -> None:
+    import pandas as pd
+
+    from tablecast.pipeline.compile.keyed import KeyState
+
+    w = tc.windows.tumbling(timedelta(seconds=10))
+    core = window_core(w, 5_000, Aggregator("count"), STR, LONG, LONG, final=True)
+    store: dict[Any, Any] = {}
+
+    def run(stamps: list[int]) -> list[tuple[int, int]]:
+        rows = [
+            (b"k", LONG.serialize(1), None, b"", b"", "t", 0, i, 0, ts, 0)
+            for i, ts in enumerate(stamps)
+        ]
+        cols = [*env.COLUMNS, "_tc_task"]
+        frames = core((0,), iter([pd.DataFrame(rows, columns=cols)]), KeyState(store, 0))
+        out = [r for df in frames for r in df.itertuples(index=False)]
+        return [(split_window_key(r[0])[1], LONG.deserialize(r[1])) for r in out]
+
+    assert run([1_000, 2_000, 12_000]) == []  # [0, 10 s) closes at 15 s of stream time
+    assert run([14_000, 15_000]) == [(0, 2)]
+    assert run([29_000, 31_000]) == [(10_000, 3)]  # [20 s, 30 s) is still open

@@ -95,7 +95,7 @@ def apply(flow: Flow, table: Flow, step: Step, buckets: int, extra: tuple[str, .
     if node.parent.kind == "stream":
         core = StreamJoin(node.joiner, node.how, node.is_global, flow.value, table.value, result)
     else:
-        core = TableJoin(node.joiner, flow.value, table.value, result)
+        core = TableJoin(node.joiner, flow.value, table.value, result, node.how)
     if through:
         core = deduplicated(core, keep_width=True)
     df = by_bucket(union, core, buckets, key=JK)
@@ -242,12 +242,25 @@ class StreamJoin:
 
 @dataclass(frozen=True)
 class TableJoin:
-    """The per-key step of a table-table inner join; state: both sides' latest values."""
+    """The per-key step of a table-table join; state: both sides' latest values.
+
+    A key has a result while both sides hold it (inner), while the left one does
+    (left: ``joiner(left, right or None)``), or while either does (outer:
+    ``joiner(left or None, right or None)``); a change re-emits it, and the key is
+    deleted when it stops having one (KTableKTableInner/Left/OuterJoin)."""
 
     joiner: Callable[[Any, Any], Any]
     left_value: Serde
     right_value: Serde
     result: Serde
+    how: str = "inner"
+
+    def joined(self, left: bytes | None, right: bytes | None) -> bool:
+        if self.how == "inner":
+            return left is not None and right is not None
+        if self.how == "left":
+            return left is not None
+        return left is not None or right is not None
 
     def __call__(self, kb: bytes | None, rows: list[Any], state: KeyState) -> list[Any]:
         stored = state.get if state.exists else (None, None)
@@ -259,16 +272,17 @@ class TableJoin:
             if row[ERR] is not None:
                 out.append(row[:WIDTH])
                 continue
-            joined_before = left is not None and right is not None
+            joined_before = self.joined(left, right)
             if row[SIDE_I] == LEFT:
                 left = row[V]
             else:
                 right = row[V]
             times[row[SIDE_I]] = row[TS_I]
             ts = later(*times)
-            if left is not None and right is not None:
+            if self.joined(left, right):
                 try:
-                    lv, rv = self.left_value.deserialize(left), self.right_value.deserialize(right)
+                    lv = None if left is None else self.left_value.deserialize(left)
+                    rv = None if right is None else self.right_value.deserialize(right)
                     joined = self.joiner(lv, rv)
                     enc = None if joined is None else self.result.serialize(joined)
                 except Exception as e:  # dead-lettered; the result keeps its last value

@@ -56,9 +56,12 @@ def window_core(
     value: Serde,
     result: Serde,
     through: bool = False,
+    final: bool = False,
 ) -> StateFn:
     """`through`: rows come from a stream's repartition topic with record ids, and the
-    copies a restarted upstream query wrote again are dropped (per task)."""
+    copies a restarted upstream query wrote again are dropped (per task). `final`: each
+    window is written once, when it closes (stream time reaches its end + grace), not on
+    every change (Kafka Streams' suppress(untilWindowCloses))."""
     cols = env.COLUMNS
     width = len(cols)
     size = windows.size_ms
@@ -122,13 +125,17 @@ def window_core(
                 store.pop(wk, None)
             else:
                 store[wk] = (enc, times[wk])
+            if final:
+                continue
             wkey = window_key(wk[0], wk[1])
             out.append((wkey, enc, None, None, None, row[TOPIC], task, row[OFF], 0, times[wk]))
         if stream_time is not None or last_batch >= 0:
             # a window closed for good takes no more records: forget it
             closed = [wk for wk in store if wk[1] + size + grace_ms <= (stream_time or 0)]
-            for wk in closed:
-                del store[wk]
+            for wk in sorted(closed, key=lambda w: w[1]):
+                enc, t = _entry(store.pop(wk))
+                if final and enc is not None:
+                    out.append((window_key(*wk), enc, None, None, None, None, task, 0, 0, t))
             kept = (stream_time, store, (last_batch, seen))
             state.update((pickle.dumps(kept, protocol=5),))
         if out:
@@ -179,7 +186,8 @@ def apply(flow: Flow, step: Step, partitions: int, extra: tuple[str, ...]) -> Fl
     flow = flow.envelope(*(extra if through else ()))
     w = node.window
     agg = Aggregator.of(node)
-    core = window_core(w.windows, w.grace_ms, agg, flow.key, flow.value, step.value, through)
+    final = node.emit == "final"
+    core = window_core(w.windows, w.grace_ms, agg, flow.key, flow.value, step.value, through, final)
     df = flow.df.withColumn(TASK, _task_udf(partitions)(F.col("key")))
     schema = env.schema()
     df = df.groupBy(TASK).applyInPandasWithState(

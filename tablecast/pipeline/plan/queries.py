@@ -58,7 +58,8 @@ StepKind = Literal[
 STATEFUL = tuple(k for k in get_args(StepKind) if k not in ("op", "select_group"))
 #: "through": a stream's repartition() topic (plain records, unlike a table
 #: group_by's "repartition" topic whose records carry ids for deduplication)
-Role = Literal["source", "table", "repartition", "through", "changelog", "sink"]
+#: "merge": the topic a merge()'s inputs are all written to (by one query each)
+Role = Literal["source", "table", "repartition", "through", "merge", "changelog", "sink"]
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,7 @@ def plan_output(
     app_id: str,
     out: plan.Materialize | plan.To,
     materialized: list[plan.Materialize] | None = None,
+    name: str | None = None,
 ) -> list[Query]:
     """The queries that compute `out`, in the order data flows through them.
 
@@ -172,7 +174,7 @@ def plan_output(
     starts = plan.Source | plan.Materialize
     start = max(i for i, n in enumerate(chain[:-1]) if isinstance(n, starts))
     first = chain[start]
-    base = out.name if isinstance(out, plan.Materialize) else f"to-{out.topic}"
+    base = name or (out.name if isinstance(out, plan.Materialize) else f"to-{out.topic}")
     if isinstance(first, plan.Source):
         ref = TopicRef(first.topic, first.key, first.value, first.kind, "source")
     else:
@@ -180,7 +182,8 @@ def plan_output(
         topic = table_topic(app_id, first.name)
         ref = TopicRef(topic, first.key_serde(), first.value_serde(), "table", "table")
     queries: list[Query] = []
-    sides: list[Query] = []  # what joins' other inputs need computed first
+    sides: list[Query] = []  # what joins' other inputs and merges' need computed first
+    merge_topic: str | None = None
     current = Query(f"{app_id}.{base}", ref, ref)
     key, value, kind = ref.key, ref.value, ref.kind
 
@@ -188,7 +191,7 @@ def plan_output(
         nonlocal current
         current.name = f"{app_id}.{base}.{len(queries)}"
         prefix = "repartition" if role == "through" else role
-        topic = f"{app_id}.{prefix}.{base}-{len(queries)}"
+        topic = merge_topic or f"{app_id}.{prefix}.{base}-{len(queries)}"
         current.output = TopicRef(topic, key, value, kind, role)
         queries.append(current)
         current = Query(f"{app_id}.{base}", current.output, current.output)
@@ -229,6 +232,18 @@ def plan_output(
         elif isinstance(node, plan.Repartition):
             current.partitioner, current.partitions = node.partitioner, node.partitions
             cut("through")
+        elif isinstance(node, plan.Merge):
+            # every input is written to one topic, by a query of its own; the rest of the
+            # chain reads it back
+            merge_topic = f"{app_id}.merge.{base}-{len(queries)}"
+            for i, other in enumerate(node.others):
+                sink = plan.To(other, merge_topic)
+                side_queries = plan_output(app_id, sink, materialized, f"{base}-merge{i}")
+                last = side_queries[-1]
+                last.output = replace(last.output, role="merge")
+                sides.extend(side_queries)
+            cut("merge")
+            merge_topic = None
         elif isinstance(node, plan.Join):
             name = f"{base}-join{len(sides)}"
             side_queries, side = _join_side(app_id, node, name, materialized or [])

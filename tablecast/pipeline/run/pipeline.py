@@ -122,7 +122,7 @@ def _ensure_outputs(bootstrap_servers: str, queries: list[planner.Query], count:
         config = TABLE_TOPIC_CONFIG if table_like else None
         # a to(topic) of the user's may exist already, with its own partition count
         size = _ensure_topic(bootstrap_servers, q.output.topic, q.partitions or count, config)
-        if q.output.role == "through":
+        if q.output.role in ("through", "merge"):
             count = size
         sizes.append(size)
     return sizes
