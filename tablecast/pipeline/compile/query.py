@@ -20,7 +20,7 @@ from pyspark.sql.streaming import DataStreamWriter
 
 from tablecast.kafka.config import spark_options
 from tablecast.kafka.topics import dlq_topic
-from tablecast.pipeline.compile import aggregate, join, keyed, sink, stateless, window
+from tablecast.pipeline.compile import aggregate, join, keyed, partition, sink, stateless, window
 from tablecast.pipeline.compile import envelope as env
 from tablecast.pipeline.compile.flow import Flow
 from tablecast.pipeline.compile.transform import transform_values
@@ -183,11 +183,11 @@ def writer(spark: SparkSession, q: Query, t: Target) -> DataStreamWriter:
     common: dict[str, Any] = spark_options(t.bootstrap_servers)
     if t.interceptor:
         common["kafka.interceptor.classes"] = t.interceptor
-    partition = None
+    placed = None
     if q.partitioner is not None:
-        flow, partition = partition.assign(flow, q.partitioner, t.sink_partitions)
+        flow, placed = partition.assign(flow, q.partitioner, t.sink_partitions)
     elif q.windowed:
-        partition = window.partition_column()
+        placed = window.partition_column()
     if q.output.ids:
         flow = sink.with_record_ids(flow, extra)
     if q.writes_batches or q.reorders:
@@ -198,13 +198,13 @@ def writer(spark: SparkSession, q: Query, t: Target) -> DataStreamWriter:
             headers = sink.repartition_headers(batch_id) if q.writes_batches else None
             if q.reorders:
                 batch = join.in_source_order(batch)
-            out = sink.route(flow.with_df(batch), q, dlq, headers, partition)
+            out = sink.route(flow.with_df(batch), q, dlq, headers, placed)
             out.write.format("kafka").options(**common).save()
 
         w = df.writeStream.foreachBatch(write_batch)
     else:
         flow = flow.with_df(sink.observe(flow.df, q.name))
-        out = sink.route(flow, q, dlq, partition=partition)
+        out = sink.route(flow, q, dlq, partition=placed)
         w = out.writeStream.format("kafka").options(**common)
     w = (
         w.queryName(q.name)
