@@ -425,6 +425,8 @@ def _first_match(preds: list[tuple[str, plan.Fn]], i: int) -> plan.Fn:
             return False
         return True if mine is None else bool(mine(k, v))  # type: ignore[operator]
 
+    # what explain shows for the branch's filter
+    first.__qualname__ = f"split branch {preds[i][0] if mine is not None else 'default'}"
     return first
 
 
@@ -440,6 +442,8 @@ def _named(by: plan.Fn, names: list[str], inside: bool) -> plan.Fn:
     def named(k: Any, v: Any) -> bool:
         return (by(k, v) in names) == inside  # type: ignore[operator]
 
+    what = names[0] if inside and len(names) == 1 else f"{'' if inside else 'not '}in {names}"
+    named.__qualname__ = f"split branch {plan.fn_name(by)} {what}"
     return named
 
 
