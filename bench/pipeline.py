@@ -309,7 +309,7 @@ def main(argv: list[str]) -> None:
         common.use_scratch_output()
         args.records, args.seconds = 100_000, 10.0
     from tablecast.kafka.broker import Broker, free_port
-    from tablecast.pipeline.spark import session
+    from tablecast.pipeline.run.spark import session
 
     with tempfile.TemporaryDirectory(prefix="tc-bench-pipeline-") as tmp:
         root = Path(tmp)

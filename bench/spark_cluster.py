@@ -40,7 +40,7 @@ def one(master: str, bootstrap: str, state: Path, tag: str, records: int) -> dic
     import tablecast as tc
     from bench.pipeline import drained_rate, produce
     from tablecast.kafka.topics import ensure_topic
-    from tablecast.pipeline.spark import session
+    from tablecast.pipeline.run.spark import session
 
     spark = session(f"bench-{tag}", master, shuffle_partitions=PARTITIONS)
     out: dict[str, Any] = {"master": spark.sparkContext.master}
@@ -155,7 +155,7 @@ def main(argv: list[str]) -> None:
         common.use_scratch_output()
         args.records, args.rounds = 50_000, 1
     from tablecast.kafka.broker import Broker, free_port
-    from tablecast.pipeline.standalone import StandaloneCluster
+    from tablecast.pipeline.run.standalone import StandaloneCluster
 
     result: dict[str, Any] = {"machine": machine(), "records": args.records}
     result["rounds_per_mode"] = args.rounds

@@ -1,9 +1,9 @@
 """Point-of-sale invoices: shipments, loyalty points per card, and a masked feed for Hadoop.
 
 `pos` carries invoices keyed by store id. From it:
-- HOME-DELIVERY invoices become shipment records on `shipments`;
-- PRIME customers' invoices earn loyalty points. They are re-keyed by card number
-  and repartitioned through `<app>.repartition.rewards-0` with a custom
+- HOME-DELIVERY invoices (a branch of `split`) become shipment records on `shipments`;
+- PRIME customers' invoices (split by customer type) earn loyalty points. They are
+  re-keyed by card number and repartitioned through `<app>.repartition.rewards-0` with a custom
   partitioner (the card's last four digits), so one card's points are kept in
   one place: `transform_values` keeps each card's running points in its
   persistent state, and the running totals make the queryable `rewards` table;
@@ -41,8 +41,8 @@ def shipment(store: str, invoice: dict[str, Any]) -> dict[str, Any]:
     return {"invoice": invoice["id"], "store": store, "address": invoice["address"]}
 
 
-def prime(store: str, invoice: dict[str, Any]) -> bool:
-    return invoice["customer_type"] == "PRIME"
+def customer_type(store: str, invoice: dict[str, Any]) -> str:
+    return invoice["customer_type"]
 
 
 def card_of(store: str, invoice: dict[str, Any]) -> str:
@@ -76,9 +76,12 @@ def masked_lines(store: str, invoice: dict[str, Any]) -> list[dict[str, Any]]:
 def build(app_id: str = "pos", topic: str = TOPIC) -> tc.App:
     app = tc.App(app_id)
     invoices = app.stream(topic, key=tc.serde.string(), value=tc.serde.json())
-    invoices.filter(home_delivery).map_values(shipment).to(f"{app_id}-shipments")
+    # Kafka Streams' split().branch(): one named stream per kind of invoice that matters
+    by_delivery = invoices.split({"home": home_delivery})
+    by_delivery["home"].map_values(shipment).to(f"{app_id}-shipments")
+    by_customer = invoices.split(by=customer_type, names=["PRIME"])
     rewards = (
-        invoices.filter(prime)
+        by_customer["PRIME"]
         .select_key(card_of)
         .map_values(points_of)
         .repartition(partitions=BY_CARD_PARTITIONS, partitioner=card_partition)

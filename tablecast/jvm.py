@@ -7,7 +7,9 @@ package, so an installed wheel has them):
 - ``spark-kafka``: Spark's Kafka source and sink, passed to Spark on ``spark.jars``.
 
 They stay apart because the broker and Spark's connector need different
-``kafka-clients`` versions. Each set is copied into
+``kafka-clients`` versions. ``spark-kafka`` also holds tablecast's own
+producer interceptor (``_jvm/interceptors``), compiled with ``javac`` against
+the connector's ``kafka-clients`` on first use. Each set is copied into
 ``~/.cache/tablecast/jars/<name>-<hash of its pom>`` once; a changed pom gets a
 fresh directory, so the cache never serves stale jars.
 """
@@ -72,8 +74,52 @@ def _resolve(pom: Path, target: Path) -> None:
     partial.rename(target)
 
 
+#: the producer interceptor that moves the pipeline's timestamp header into the record
+TIMESTAMP_INTERCEPTOR = "tablecast.kafka.TimestampFromHeader"
+INTERCEPTOR_SOURCES = POM_ROOT / "interceptors"
+
+
+def interceptor_jar() -> Path | None:
+    """tablecast's producer interceptors as a jar, compiled once (None without a JDK)."""
+    sources = sorted(INTERCEPTOR_SOURCES.glob("*.java"))
+    connector = jar_dir("spark-kafka")
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources) + connector.name.encode())
+    target = cache_root() / "jars" / f"interceptors-{digest.hexdigest()[:12]}"
+    jar = target / "tablecast-interceptors.jar"
+    if jar.exists():
+        return jar
+    javac = shutil.which("javac")
+    if javac is None:
+        log.warning(
+            "no javac (a JDK) here: table records carry the time they were written, not "
+            "the time of the input record that produced them"
+        )
+        return None
+    import tempfile
+    import zipfile
+
+    classpath = os.pathsep.join(str(p) for p in sorted(connector.glob("kafka-clients-*.jar")))
+    with tempfile.TemporaryDirectory(prefix="tablecast-javac-") as tmp:
+        cmd = [javac, "--release", "17", "-cp", classpath, "-d", tmp, *map(str, sources)]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"javac failed for {INTERCEPTOR_SOURCES}:\n{done.stderr[-3000:]}")
+        target.mkdir(parents=True, exist_ok=True)
+        partial = jar.with_suffix(".partial")
+        with zipfile.ZipFile(partial, "w") as z:
+            z.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\n")
+            for cls in sorted(Path(tmp).rglob("*.class")):
+                z.write(cls, cls.relative_to(tmp).as_posix())
+        partial.rename(jar)
+    return jar
+
+
 def jars(name: str) -> list[Path]:
-    return sorted(jar_dir(name).glob("*.jar"))
+    found = sorted(jar_dir(name).glob("*.jar"))
+    if name == "spark-kafka":
+        own = interceptor_jar()
+        found += [own] if own is not None else []
+    return found
 
 
 def classpath(name: str) -> str:

@@ -2,7 +2,7 @@
 
 A serde is plain Python (no Spark): serving nodes use it to parse keys from
 URLs and to render values as JSON. The pipeline maps each serde's ``format`` to
-Spark column expressions in :mod:`tablecast.pipeline.codecs`. A serde
+Spark column expressions in :mod:`tablecast.pipeline.compile.codecs`. A serde
 describes itself with :meth:`Serde.spec`, which the catalog topic carries so a
 serving node can rebuild it with :func:`from_spec` without the App file.
 """

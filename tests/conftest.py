@@ -57,7 +57,7 @@ def bootstrap(broker: Broker) -> str:
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """One SparkSession (local[2]) shared by every pipeline test."""
-    from tablecast.pipeline.spark import session
+    from tablecast.pipeline.run.spark import session
 
     s = session("tablecast-tests", "local[2]", shuffle_partitions=4)
     try:

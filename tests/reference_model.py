@@ -239,6 +239,26 @@ def window_aggregate(
     return table, late
 
 
+def window_final(
+    table: dict[tuple[Any, int], Any],
+    records: Iterable[TimedRec],
+    size: int,
+    grace: int,
+    task_of: Callable[[Any], Any],
+) -> dict[tuple[Any, int], Any]:
+    """What emit="final" (suppress until the window closes) has written: the windows of
+    `table` (window_aggregate's) that closed, i.e. whose end + grace their task's stream
+    time has reached."""
+    stream_time: dict[Any, int] = {}
+    for task, _, _, ts in records:
+        stream_time[task] = max(stream_time.get(task, ts), ts)
+    return {
+        (k, s): v
+        for (k, s), v in table.items()
+        if s + size + grace <= stream_time.get(task_of(k), -1)
+    }
+
+
 def window_count(
     records: Iterable[TimedRec], size: int, advance: int, grace: int
 ) -> tuple[dict[tuple[Any, int], int], list[TimedRec]]:
@@ -276,19 +296,27 @@ def stream_table_join(
     return out
 
 
-def table_table_join(events: Iterable[Event], joiner: Callable[[Any, Any], Any]) -> list[Rec]:
-    """Events are ("left" | "right", key, value) upserts; the result's changelog:
-    joiner(left, right) whenever a key is in both after a change, a delete when it was
-    in both and one side went away."""
+def table_table_join(
+    events: Iterable[Event], joiner: Callable[[Any, Any], Any], how: str = "inner"
+) -> list[Rec]:
+    """Events are ("left" | "right", key, value) upserts; the result's changelog. A key
+    has a result while both sides hold it (inner), while the left side does (left), or
+    while either does (outer): joiner(left, right) with None for a missing side; every
+    change re-emits it, and a key that stops having a result is deleted."""
     sides: dict[str, dict[Any, Any]] = {"left": {}, "right": {}}
     out: list[Rec] = []
+
+    def joined(k: Any) -> bool:
+        here = [k in sides["left"], k in sides["right"]]
+        return all(here) if how == "inner" else here[0] if how == "left" else any(here)
+
     for side, k, v in events:
         if k is None:
             continue
-        both_before = k in sides["left"] and k in sides["right"]
+        before = joined(k)
         _put(sides[side], k, v)
-        if k in sides["left"] and k in sides["right"]:
-            out.append((k, joiner(sides["left"][k], sides["right"][k])))
-        elif both_before:
+        if joined(k):
+            out.append((k, joiner(sides["left"].get(k), sides["right"].get(k))))
+        elif before:
             out.append((k, None))
     return out

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import runpy
 import signal
 from pathlib import Path
@@ -25,20 +24,8 @@ def load_app(path: str | Path) -> App:
 
 
 def peek_app(path: str | Path) -> App:
-    """The App of a file, for its id and tables only: without starting Spark when the
-    file builds no Column at import (defining an App otherwise starts Spark)."""
-    before = os.environ.get("TABLECAST_NO_SPARK")
-    os.environ["TABLECAST_NO_SPARK"] = "1"
-    try:
-        return load_app(path)
-    except Exception:  # it needs Spark to build its Columns: pay for it once
-        os.environ.pop("TABLECAST_NO_SPARK", None)
-        return load_app(path)
-    finally:
-        if before is None:
-            os.environ.pop("TABLECAST_NO_SPARK", None)
-        else:
-            os.environ["TABLECAST_NO_SPARK"] = before
+    """The App of a file, for its id and tables only (defining an App starts no Spark)."""
+    return load_app(path)
 
 
 def stop_on_sigterm() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from tablecast.cli.main import fail
+from tablecast.cli.errors import fail
 from tablecast.client import Client, QueryError
 
 

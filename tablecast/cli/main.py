@@ -14,6 +14,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from tablecast.cli.errors import fail
+
 DEFAULT_BOOTSTRAP = "localhost:9092"
 
 
@@ -237,12 +239,6 @@ def _stop_on_signals() -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
-def fail(message: str, code: int = 2) -> int:
-    """Every command's errors in one format: ``tablecast: error: <what went wrong>``."""
-    print(f"tablecast: error: {message}", file=sys.stderr, flush=True)
-    return code
-
-
 def _kafka(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -291,7 +287,6 @@ def _run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     _signals_set(stop)
     if args.master:
-        # defining the App starts Spark: the master must be known before the file loads
         os.environ["TABLECAST_MASTER"] = args.master
     probe.check(args.bootstrap_servers)
     app = load_app(args.app_file)
@@ -299,7 +294,7 @@ def _run(args: argparse.Namespace) -> int:
         app.state_dir = Path(args.state_dir)
     if args.checkpoint_dir:
         app.checkpoint_dir = args.checkpoint_dir
-    from tablecast.pipeline.spark import ensure_active, ship_file
+    from tablecast.pipeline.run.spark import ensure_active, ship_file
 
     ensure_active(args.master)
     from pyspark.sql import SparkSession

@@ -1,4 +1,8 @@
-"""``tc.App``: the pipeline's entry point (SPEC §1)."""
+"""``tc.App``: the pipeline's entry point (SPEC §1).
+
+It hands out the DSL's first handles (:mod:`.dsl`), collects the outputs they
+register, and on ``start``/``run``/``explain`` passes them to the later stages
+(:mod:`.plan`, :mod:`.compile`, :mod:`.run`)."""
 
 from __future__ import annotations
 
@@ -6,18 +10,17 @@ import logging
 import os
 import re
 import threading
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tablecast import serde as serdes
-from tablecast.pipeline import plan
-from tablecast.pipeline.dsl import GlobalTable, Stream, Table
+from tablecast.pipeline.dsl.handles import GlobalTable, Stream, Table
+from tablecast.pipeline.plan import nodes as plan
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from tablecast.pipeline.runner import Pipeline
+    from tablecast.pipeline.run.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +58,11 @@ class App:
         self.trigger = trigger
         self.materialized: dict[str, plan.Materialize] = {}
         self.sinks: list[plan.To] = []
-        # Column expressions (F.col, F.variant_get, ...) can only be built while a
-        # SparkContext is active, and App files build them at import: start Spark
-        # now (TABLECAST_MASTER picks the master; TABLECAST_NO_SPARK=1 skips it for
-        # processes that only read the App's id and never use Columns)
-        if not os.environ.get("TABLECAST_NO_SPARK"):
-            from tablecast.pipeline.spark import ensure_active
+        # App files build Column expressions as they define the App: let them, without
+        # starting Spark (only start/run do), as Spark Connect Columns until it runs
+        from tablecast.pipeline.run.spark import defer_columns
 
-            ensure_active()
+        defer_columns()
 
     # -- sources ----------------------------------------------------------
     def stream(
@@ -136,7 +136,7 @@ class App:
         spark: SparkSession | None = None,
     ) -> Pipeline:
         """Start every materialized table's query and return at once."""
-        from tablecast.pipeline.runner import Pipeline
+        from tablecast.pipeline.run.pipeline import Pipeline
 
         return Pipeline.start(self, self.resolve_bootstrap(bootstrap_servers), master, spark)
 
@@ -184,28 +184,6 @@ class App:
 
     def explain(self) -> str:
         """The plan: each output's operators, the Spark queries, their topics and trigger."""
-        from tablecast.pipeline.planner import explain
+        from tablecast.pipeline.run.explain import explain
 
         return explain(self.id, self.outputs(), self.trigger)
-
-
-def wait_for_topic(bootstrap_servers: str, topic: str, timeout: float = 300.0) -> int:
-    """The partition count of `topic`, waiting (with progress) until it exists."""
-    from tablecast.kafka.topics import kafka_away, partition_count
-
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            count = partition_count(bootstrap_servers, topic)
-        except Exception as e:
-            if not kafka_away(e) or time.monotonic() > deadline:
-                raise
-            log.warning("Kafka unreachable while looking for topic %r (%s); waiting", topic, e)
-            time.sleep(2)
-            continue
-        if count is not None:
-            return count
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"source topic {topic!r} does not exist on {bootstrap_servers}")
-        log.info("waiting for source topic %r to exist on %s ...", topic, bootstrap_servers)
-        time.sleep(2)

@@ -227,7 +227,7 @@ def test_a_starting_pipeline_waits_out_a_broker_outage(own_broker: Broker, uniqu
 
     import tablecast as tc
     from tablecast.kafka.topics import ensure_topic
-    from tablecast.pipeline.app import wait_for_topic
+    from tablecast.pipeline.run.pipeline import wait_for_topic
 
     bootstrap = own_broker.bootstrap_servers
     ensure_topic(bootstrap, f"{unique}-in", 3)

@@ -57,7 +57,7 @@ def test_input_lost_to_retention_stops_the_query_unless_skipped(
     end = end_offsets(bootstrap, topic)[0]
     admin.delete_records([TopicPartition(topic, 0, end)])[TopicPartition(topic, 0, end)].result(30)
 
-    caplog.set_level(logging.ERROR, logger="tablecast.pipeline.runner")
+    caplog.set_level(logging.ERROR, logger="tablecast.pipeline.run.pipeline")
     pipeline = build(unique, topic, tmp_path).start(bootstrap, spark=spark)
     try:
         (query,) = pipeline.queries.values()

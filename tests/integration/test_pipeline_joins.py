@@ -28,7 +28,7 @@ from pyspark.sql import functions as F
 
 import tablecast as tc
 from tablecast.kafka.topics import ensure_topic
-from tablecast.pipeline.runner import Pipeline
+from tablecast.pipeline.run.pipeline import Pipeline
 from tests import reference_model as ref
 
 from ..support.procs import eventually, start_node
@@ -63,6 +63,14 @@ def product_of(k: str | None, order: dict[str, Any]) -> str | None:
 
 def with_limit(customer: dict[str, Any], limit: dict[str, Any]) -> dict[str, Any]:
     return {"tier": customer["tier"], "limit": limit["limit"]}
+
+
+def with_any_limit(customer: dict[str, Any] | None, limit: dict[str, Any] | None) -> Any:
+    """A left or outer join's joiner: either side may be missing."""
+    return [
+        None if customer is None else customer["tier"],
+        None if limit is None else limit["limit"],
+    ]
 
 
 def not_banned(k: str, c: dict[str, Any]) -> bool:
@@ -133,6 +141,8 @@ def build(app: tc.App, topic: dict[str, str], out: dict[str, str]) -> None:
     product = F.variant_get(F.col("value"), "$.product", "string")
     orders.join(products, price, key=product, how="left").to(out["global_left"])
     customers.join(limits, with_limit).materialize("customer_limits")
+    customers.join(limits, with_any_limit, how="left").materialize("customer_limits_left")
+    customers.join(limits, with_any_limit, how="outer").materialize("customer_limits_outer")
     # a joined stream aggregated: through a changelog topic whose copies the sum drops
     (
         orders.join(customers, tier_of, value=STR)
@@ -192,6 +202,10 @@ def check(joins: Joins, bootstrap: str) -> None:
     tt = ref.latest(ref.table_table_join(_table_events(joins), with_limit))
     got_tt = read_table(bootstrap, f"{joins.app.id}.table.customer_limits", STR, JSON)
     assert got_tt == tt
+    for how in ("left", "outer"):
+        want_tt = ref.latest(ref.table_table_join(_table_events(joins), with_any_limit, how))
+        got = read_table(bootstrap, f"{joins.app.id}.table.customer_limits_{how}", STR, JSON)
+        assert got == want_tt, how
     products = ref.latest((k, v) for n, k, v in joins.history if n == "products")
     assert read_table(bootstrap, f"{joins.app.id}.table.products", STR, JSON) == products
     dead_letters = joins.dead_before + joins.pipeline.dead_letters.total()

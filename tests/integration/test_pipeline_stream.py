@@ -76,6 +76,21 @@ def build(app: tc.App, topic: str) -> None:
         .to_table()
         .materialize("mixed")
     )
+    # split: by predicates (first match wins, the rest to a default branch) and by name
+    by_pred = ev.split(
+        {"neg": lambda k, v: v["x"] < 0, "even": lambda k, v: v["x"] % 2 == 0}, default="rest"
+    )
+    by_col = ev.split({"neg": X < 0, "even": X % 2 == 0}, default="rest")
+    for name in ("neg", "even", "rest"):
+        by_pred[name].to_table().materialize(f"split_py_{name}")
+        by_col[name].to_table().materialize(f"split_col_{name}")
+    by_g = ev.split(by=lambda k, v: f"g{v['g']}", names=["g0", "g1"], default="other")
+    by_g["g1"].to_table().materialize("split_g1")
+    by_g["other"].to_table().materialize("split_other")
+    # merge: two re-keyed streams (disjoint keys) and the input itself through one topic
+    left = ev.select_key(lambda k, v: "a" + k)
+    right = ev.filter(X > 0).select_key(F.concat(F.lit("b"), F.col("key")))
+    left.merge(right, ev).map_values(X, value=LONG).to_table().materialize("merged")
     ev.map_values(lambda k, v: v["x"], value=LONG).to(f"{app.id}-out")
     ev.to(f"{app.id}-p0", partitioner=lambda k, v, n: n - 1)
 
@@ -91,7 +106,24 @@ def expected(history: list[tuple[str, dict[str, int]]]) -> dict[str, dict[Any, A
         ref.filter_(history, lambda k, v: v["x"] > 0), lambda k, v: {"x2": v["x"] * 2, "g": v["g"]}
     )
     mixed = ref.map_values(ref.filter_(mixed, lambda k, v: v["g"] != 1), lambda k, v: v["x2"])
+    split = {
+        "neg": ref.filter_(history, lambda k, v: v["x"] < 0),
+        "even": ref.filter_(history, lambda k, v: v["x"] >= 0 and v["x"] % 2 == 0),
+        "rest": ref.filter_(history, lambda k, v: v["x"] >= 0 and v["x"] % 2 != 0),
+    }
+    merged = [
+        *ref.select_key(history, lambda k, v: "a" + k),
+        *ref.select_key(ref.filter_(history, lambda k, v: v["x"] > 0), lambda k, v: "b" + k),
+        *history,
+    ]
+    merged_table = ref.latest(ref.map_values(merged, lambda k, v: v["x"]))
     return {
+        **{
+            f"split_{form}_{n}": ref.latest(rs) for n, rs in split.items() for form in ("py", "col")
+        },
+        "split_g1": ref.latest(ref.filter_(history, lambda k, v: v["g"] == 1)),
+        "split_other": ref.latest(ref.filter_(history, lambda k, v: v["g"] not in (0, 1))),
+        "merged": merged_table,
         "py1": ref.latest(py1),
         "col1": ref.latest(py1),
         "py2": ref.latest(two),
@@ -118,7 +150,11 @@ def test_stateless_stream_operators_match_kafka_streams(
     running: Running, bootstrap: str, records: list[tuple[str, dict[str, int]]]
 ) -> None:
     running.feed(bootstrap, records)
-    running.check(bootstrap, {name: (t, LONG) for name, t in expected(running.history).items()})
+    want = expected(running.history)
+    running.check(
+        bootstrap,
+        {name: (t, JSON if name.startswith("split") else LONG) for name, t in want.items()},
+    )
 
     # to(topic): every record, in the source's partitioning (no crash: exactly once here)
     app = running.app.id

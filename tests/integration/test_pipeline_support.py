@@ -3,6 +3,7 @@ and read a table topic back as the latest value per key."""
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -11,13 +12,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+import pytest
 from confluent_kafka import Consumer, TopicPartition
 from hypothesis import HealthCheck, Phase, settings
 
 import tablecast as tc
 from tablecast.kafka.partitioner import partition_for
 from tablecast.kafka.topics import end_offsets, ensure_topic
-from tablecast.pipeline.runner import Pipeline
+from tablecast.pipeline.run.pipeline import Pipeline
 from tablecast.serde import Serde
 
 from .kafka_io import produce
@@ -75,15 +77,24 @@ def read_table(bootstrap: str, topic: str, key: Serde, value: Serde) -> dict[Any
 
 # -- one App per module, fed by hypothesis examples that build on each other ----
 
-#: few examples (Spark is slow here), and no shrinking: an example's records are
-#: added to everything earlier examples produced, so a shrunk one means nothing
-CUMULATIVE = settings(
-    max_examples=3,
+#: examples per operator test: few in CI (Spark is slow here); the full run takes
+#: TABLECAST_EXAMPLES=50 (docs/user-guide.md, "Testing the operators")
+EXAMPLES = int(os.environ.get("TABLECAST_EXAMPLES", "3"))
+
+#: no shrinking: an example's records are added to everything earlier examples
+#: produced, so a shrunk one means nothing
+_SETTINGS = settings(
+    max_examples=EXAMPLES,
     deadline=None,
     database=None,
     phases=[Phase.generate],
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
+
+
+def CUMULATIVE(test: Callable[..., Any]) -> Callable[..., Any]:
+    """Hypothesis settings of the operator tests, and time for all their examples."""
+    return pytest.mark.timeout(300 + 180 * EXAMPLES)(_SETTINGS(test))
 
 
 @dataclass

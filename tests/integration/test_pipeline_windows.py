@@ -56,9 +56,9 @@ def reduce_higher(k: str, v: dict[str, int], a: dict[str, int] | None) -> dict[s
 def running(bootstrap: str, spark, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:  # type: ignore[no-untyped-def]
     def build(app: tc.App, topic: str) -> None:
         grouped = app.stream(topic, key=STR, value=JSON).group_by_key()
-        grouped.windowed_by(
-            tc.windows.tumbling("1 minute"), grace="30 seconds"
-        ).count().materialize("per_minute")
+        per_minute = grouped.windowed_by(tc.windows.tumbling("1 minute"), grace="30 seconds")
+        per_minute.count().materialize("per_minute")
+        per_minute.count(emit="final").materialize("per_minute_final")
         hopping = tc.windows.hopping(timedelta(minutes=2), timedelta(minutes=1))
         grouped.windowed_by(hopping, grace=timedelta(seconds=30)).aggregate(
             lambda: 0, plus, LONG
@@ -114,6 +114,12 @@ def check(bootstrap: str, running: Running) -> dict[tuple[str, int], int]:
     sums, late_h = ref.window_aggregate(h, *HOPPING, lambda: 0, plus)
     app_id = running.app.id
     assert window_table(bootstrap, f"{app_id}.table.per_minute", LONG) == counts
+    # emit="final": each closed window once, open ones not yet
+    final = ref.window_final(counts, h, MIN, 30_000, lambda k: partition_for(k.encode(), 3))
+    final_topic = f"{app_id}.table.per_minute_final"
+    assert window_table(bootstrap, final_topic, LONG) == final
+    written = [m.key() for m in read_topic(bootstrap, final_topic)]
+    assert len(written) == len(set(written)) == len(final)
     assert window_table(bootstrap, f"{app_id}.table.sum_2m", LONG) == sums
     # nothing is late within an hour's grace, so each task's order does not matter here
     rekeyed = [(0, parity(k, v), v, ts) for _, k, v, ts in h]

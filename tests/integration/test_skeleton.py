@@ -12,7 +12,7 @@ import pytest
 import tablecast as tc
 from tablecast.kafka.partitioner import partition_for
 from tablecast.kafka.topics import dlq_topic, ensure_topic
-from tablecast.pipeline.runner import Pipeline
+from tablecast.pipeline.run.pipeline import Pipeline
 
 from ..support.procs import NodeProcess, eventually, start_node
 from .kafka_io import produce, read_all

@@ -28,7 +28,7 @@ import pytest
 
 import tablecast as tc
 from tablecast.kafka.topics import ensure_topic
-from tablecast.pipeline.standalone import StandaloneCluster
+from tablecast.pipeline.run.standalone import StandaloneCluster
 from tests import reference_model as ref
 
 from ..support.procs import eventually

@@ -10,19 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tablecast as tc
-from tablecast.pipeline import planner
-from tablecast.pipeline.aggregation import Aggregator
-from tablecast.pipeline.pyworker import FANOUT, Run, Step, record_fn
-from tablecast.pipeline.wire import PairSerde, pack_pair, record_id, split_ids, unpack_pair
+from tablecast.pipeline.compile.aggregate import Aggregator
+from tablecast.pipeline.compile.pyworker import FANOUT, Run, Step, record_fn
+from tablecast.pipeline.plan import queries as planner
+from tablecast.pipeline.plan.wire import PairSerde, pack_pair, record_id, split_ids, unpack_pair
 from tests import reference_model as ref
 
 STR, LONG, JSON = tc.serde.string(), tc.serde.long(), tc.serde.json()
 
-
-@pytest.fixture(autouse=True)
-def _no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
-    # these Apps use no Column expressions: defining them need not start Spark
-    monkeypatch.setenv("TABLECAST_NO_SPARK", "1")
 
 
 def plan(app: tc.App, name: str) -> list[planner.Query]:
@@ -210,18 +205,27 @@ def test_table_aggregation_semantics_match_the_reference(changes: list[tuple[str
 
 
 def change_row(
-    group: bytes, old: int | None, new: int | None, batch: int, offset: int
+    group: bytes,
+    old: int | None,
+    new: int | None,
+    batch: int,
+    offset: int,
+    src: bytes | None = None,
+    ts: int | None = None,
 ) -> tuple[Any, ...]:
-    """A repartition record as the aggregating step reads it (envelope + old, batch, rid)."""
+    """A repartition record as the aggregating step reads it (envelope + old, batch, rid,
+    src)."""
     enc = LONG.serialize
     rid = record_id(0, offset, 0, 1)
     old_b = None if old is None else enc(old)
     new_b = None if new is None else enc(new)
-    return (group, new_b, None, group, new_b, "t", 0, offset, 0, old_b, batch, rid)
+    at = offset if ts is None else ts
+    return (group, new_b, None, group, new_b, "t", 0, offset, 0, at, old_b, batch, rid, src)
 
 
 def test_table_aggregate_applies_a_replayed_change_once() -> None:
-    from tablecast.pipeline.stateful import KeyState, table_aggregate
+    from tablecast.pipeline.compile.aggregate import table_aggregate
+    from tablecast.pipeline.compile.keyed import KeyState
 
     core = table_aggregate(
         Aggregator("reduce", None, lambda a, b: a + b, lambda a, b: a - b), STR, LONG, LONG
@@ -240,17 +244,20 @@ def test_table_aggregate_applies_a_replayed_change_once() -> None:
 
 
 def test_retract_emits_one_change_per_group_touched() -> None:
-    from tablecast.pipeline.stateful import KeyState, retract
+    from tablecast.pipeline.compile.aggregate import retract
+    from tablecast.pipeline.compile.keyed import KeyState
 
     core = retract()
     state = KeyState({}, b"r1")
 
     def row(gk: bytes | None, gv: int, offset: int) -> tuple[Any, ...]:
         v = None if gk is None else pack_pair(gk, LONG.serialize(gv))
-        return (b"r1", v, None, b"r1", b"raw", "t", 0, offset, 0)
+        return (b"r1", v, None, b"r1", b"raw", "t", 0, offset, 0, 100 + offset)
 
     out = core(b"r1", [row(b"a", 1, 0), row(b"a", 2, 1), row(b"b", 3, 2), row(None, 0, 3)], state)
-    changes = [(r[0], r[9], r[1]) for r in out]  # (group, retracted, added)
+    changes = [(r[0], r[10], r[1]) for r in out]  # (group, retracted, added)
+    # each change keeps its source row's timestamp and names the source row
+    assert [r[9] for r in out] == [100, 101, 102, 102, 103] and {r[12] for r in out} == {b"r1"}
     enc = LONG.serialize
     assert changes == [
         (b"a", None, enc(1)),
@@ -260,3 +267,87 @@ def test_retract_emits_one_change_per_group_touched() -> None:
         (b"b", enc(3), None),  # deleted
     ]
     assert not state.exists
+
+
+def test_a_dead_lettered_change_leaves_no_drift_when_its_row_changes_again() -> None:
+    """An adder that raises leaves its row contributing nothing, a subtractor that raises
+    leaves the old contribution in: the retraction that comes when the row changes next
+    takes back what is really there, not what the upstream step believes."""
+    from tablecast.pipeline.compile.aggregate import table_aggregate
+    from tablecast.pipeline.compile.keyed import KeyState
+
+    def add(a: int, b: int) -> int:
+        if b == 13:
+            raise ValueError("unlucky")
+        return a + b
+
+    failures = iter([True])  # the subtractor fails once (say, a timeout it calls out to)
+
+    def sub(a: int, b: int) -> int:
+        if b == 7 and next(failures, False):
+            raise ValueError("sticky")
+        return a - b
+
+    core = table_aggregate(Aggregator("reduce", None, add, sub), STR, LONG, LONG)
+    store: dict[Any, Any] = {}
+    state = KeyState(store, b"g")
+    offsets = iter(range(100))
+
+    def change(old: int | None, new: int | None, src: bytes, batch: int) -> list[Any]:
+        row = change_row(b"g", old, new, batch, next(offsets), src)
+        return core(b"g", [row], state)
+
+    def total(out: list[Any]) -> int | None:
+        good = [r for r in out if r[2] is None]
+        return LONG.deserialize(good[-1][1]) if good and good[-1][1] is not None else None
+
+    assert total(change(None, 4, b"r0", 1)) == 4
+    out = change(None, 13, b"r1", 1)  # the adder raises: r1 contributes nothing
+    assert out[0][2].startswith("reduce: ValueError: unlucky") and total(out) == 4
+    assert total(change(13, 5, b"r1", 2)) == 9  # 13 was never added: not subtracted
+    assert total(change(5, None, b"r1", 3)) == 4
+    assert total(change(None, 7, b"r2", 3)) == 11
+    out = change(7, 2, b"r2", 4)  # the subtractor raises: 7 stays in
+    assert out[0][2].startswith("reduce: ValueError: sticky") and total(out) is None
+    assert total(change(2, 3, b"r2", 5)) == 7  # takes back the 7 that is there, adds 3
+    assert total(change(3, None, b"r2", 6)) == 4
+    assert store[b"g"][4] is None  # nothing held any more
+
+
+def test_aggregates_carry_the_largest_timestamp_of_their_inputs() -> None:
+    from tablecast.pipeline.compile.aggregate import stream_aggregate, table_aggregate
+    from tablecast.pipeline.compile.keyed import KeyState
+
+    reduce = Aggregator("reduce", None, lambda a, b: a + b, lambda a, b: a - b)
+    core = table_aggregate(reduce, STR, LONG, LONG)
+    store: dict[Any, Any] = {}
+    rows = [
+        change_row(b"g", None, 1, 1, 0, b"r0", ts=50),
+        change_row(b"g", None, 2, 1, 1, b"r1", ts=30),
+    ]
+    (out,) = core(b"g", rows, KeyState(store, b"g"))
+    assert out[9] == 50
+    (out,) = core(b"g", [change_row(b"g", 2, None, 2, 2, b"r1", ts=40)], KeyState(store, b"g"))
+    assert out[9] == 50 and LONG.deserialize(out[1]) == 1
+    stream = stream_aggregate(Aggregator("count"), STR, LONG, LONG)
+    rows = [change_row(b"k", None, 1, 0, i, ts=ts)[:10] for i, ts in enumerate([7, 9, 8])]
+    (out,) = stream(b"k", rows, KeyState(store, b"k"))
+    assert out[9] == 9 and LONG.deserialize(out[1]) == 3
+
+
+def test_split_branches_are_filters_and_merge_writes_every_input_to_one_topic() -> None:
+    app = tc.App("a")
+    ev = app.stream("ev")
+    branches = ev.split({"big": lambda k, v: v > 5, "odd": lambda k, v: v % 2}, default="rest")
+    assert list(branches) == ["big", "odd", "rest"]
+    other = app.stream("ev2").map_values(lambda k, v: v)
+    branches["odd"].merge(other).to_table().materialize("m")
+    *sides, main, last = plan(app, "m")
+    assert [q.output.topic for q in sides] == ["a.merge.m-0"] and sides[0].input.topic == "ev2"
+    assert main.output.topic == "a.merge.m-0" and main.output.role == "merge"
+    assert last.input.topic == "a.merge.m-0" and last.output.topic == "a.table.m"
+    assert "merge(" in app.explain()
+    with pytest.raises(ValueError):
+        ev.split(by=lambda k, v: "x")  # the branch names are needed up front
+    with pytest.raises(TypeError):
+        ev.merge(app.stream("ev3", value=LONG))

@@ -10,17 +10,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import tablecast as tc
-from tablecast.pipeline import planner
-from tablecast.pipeline.joins import LEFT, RIGHT, StreamJoin, TableJoin, ordered
-from tablecast.pipeline.stateful import KeyState
+from tablecast.pipeline.compile.join import LEFT, RIGHT, StreamJoin, TableJoin, ordered
+from tablecast.pipeline.compile.keyed import KeyState
+from tablecast.pipeline.plan import queries as planner
 from tests import reference_model as ref
 
 STR, JSON = tc.serde.string(), tc.serde.json()
 
-
-@pytest.fixture(autouse=True)
-def _no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TABLECAST_NO_SPARK", "1")
 
 
 def plan(app: tc.App, name: str) -> list[planner.Query]:
@@ -34,7 +30,7 @@ def test_stream_table_join_is_one_query_reading_the_table_topic_beside() -> None
         customers, lambda o, c: o
     ).to_table().materialize("enriched")
     (q,) = plan(app, "enriched")
-    assert q.input.topic == "orders" and q.timed and q.stateful
+    assert q.input.topic == "orders" and q.stateful
     assert [s.what for s in q.steps] == ["op", "join", "op"]
     side = q.steps[1].side
     assert side is not None and (side.topic, side.role) == ("customers", "source")
@@ -64,7 +60,7 @@ def test_a_join_after_an_aggregation_cuts_a_changelog() -> None:
     first, second = plan(app, "under")
     assert [s.what for s in first.steps] == ["stream_aggregate"]
     assert first.output.role == "changelog" and second.input == first.output
-    assert [s.what for s in second.steps] == ["join"] and second.timed
+    assert [s.what for s in second.steps] == ["join"]
 
 
 def test_dsl_rejects_joins_that_cannot_run() -> None:
@@ -86,7 +82,7 @@ def test_dsl_rejects_joins_that_cannot_run() -> None:
 def _row(side: int, part: int, off: int, ts: int, key: str, value: Any) -> tuple[Any, ...]:
     kb = key.encode()
     vb = None if value is None else JSON.serialize(value)
-    return (kb, vb, None, kb, vb, "t", part, off, 0, ts, kb, side)
+    return (kb, vb, None, kb, vb, "t", part, off, 0, ts, None, None, None, None, kb, side)
 
 
 def _run(core: Any, rows: list[tuple[Any, ...]], store: dict[Any, Any]) -> list[Any]:
@@ -123,18 +119,23 @@ def test_stream_join_matches_the_reference_in_any_batching(
         max_size=30,
     ),
     batch=st.integers(1, 30),
+    how=st.sampled_from(["inner", "left", "outer"]),
 )
 def test_table_join_matches_the_reference_in_any_batching(
-    events: list[tuple[str, int | None]], batch: int
+    events: list[tuple[str, int | None]], batch: int, how: str
 ) -> None:
     rows = [
         _row(LEFT if side == "left" else RIGHT, 0, i, i, "k", v)
         for i, (side, v) in enumerate(events)
     ]
-    core = TableJoin(lambda a, b: a * 10 + b, JSON, JSON, JSON)
+
+    def joiner(a: int | None, b: int | None) -> list[int | None]:
+        return [a, b]
+
+    core = TableJoin(joiner, JSON, JSON, JSON, how)
     store: dict[Any, Any] = {}
     out = [r for i in range(0, len(rows), batch) for r in _run(core, rows[i : i + batch], store)]
-    want = ref.table_table_join([(s, "k", v) for s, v in events], lambda a, b: a * 10 + b)
+    want = ref.table_table_join([(s, "k", v) for s, v in events], joiner, how)
     got = [(r[0].decode(), None if r[1] is None else JSON.deserialize(r[1])) for r in out]
     assert got == want
 
@@ -166,8 +167,8 @@ def test_a_repartitioned_stream_joins_in_the_query_that_reads_the_topic_back() -
     first, second = plan(app, "by_customer")
     assert first.output.role == "through" and second.input == first.output
     assert [s.what for s in second.steps] == ["join", "op"]
-    # a join orders both sides by timestamp and needs no copies dropped (tables are upserts)
-    assert second.timed and not second.reads_batches
+    # the stream's records carry ids: a restarted upstream query's copies are joined once
+    assert first.output.ids and second.reads_batches
 
 
 def test_a_joined_stream_reaches_its_aggregation_with_record_ids() -> None:

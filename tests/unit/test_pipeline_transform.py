@@ -10,17 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tablecast as tc
-from tablecast.pipeline import planner
-from tablecast.pipeline.stateful import KeyState
-from tablecast.pipeline.transforming import ValueState, transform_values
+from tablecast.pipeline.compile.keyed import KeyState
+from tablecast.pipeline.compile.transform import ValueState, transform_values
+from tablecast.pipeline.plan import queries as planner
 from tests import reference_model as ref
 
 STR, LONG, JSON = tc.serde.string(), tc.serde.long(), tc.serde.json()
 
-
-@pytest.fixture(autouse=True)
-def _no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TABLECAST_NO_SPARK", "1")
 
 
 def running_total(k: str, v: int, state: Any) -> dict[str, Any]:
@@ -85,7 +81,7 @@ def test_dsl_checks_transform_values_and_repartition_arguments() -> None:
 
 def rows_of(records: list[tuple[str | None, int]]) -> list[tuple[Any, ...]]:
     return [
-        (None if k is None else k.encode(), LONG.serialize(v), None, b"rk", b"rv", "t", 0, i, 0)
+        (None if k is None else k.encode(), LONG.serialize(v), None, b"rk", b"rv", "t", 0, i, 0, i)
         for i, (k, v) in enumerate(records)
     ]
 
@@ -137,16 +133,17 @@ def test_transform_step_dead_letters_unencodable_states_and_null_keys() -> None:
 
 
 def test_copies_a_restarted_upstream_query_wrote_again_are_transformed_once() -> None:
-    from tablecast.pipeline.stateful import deduplicated
+    from tablecast.pipeline.compile.keyed import deduplicated
 
     core = deduplicated(transform_values(running_total, STR, LONG, JSON))
     store: dict[Any, Any] = {}
 
     def through(values: list[int], batch: int, first_offset: int) -> list[tuple[Any, ...]]:
-        # as read from a repartition topic: envelope + (old, batch, rid); rid names the source
+        # as read from a repartition topic: envelope + (old, batch, rid, src); rid names
+        # the source record
         rows = rows_of([("a", v) for v in values])
         return [
-            (*row[:7], first_offset + i, 0, None, batch, b"src-%d" % v)
+            (*row[:7], first_offset + i, 0, row[9], None, batch, b"src-%d" % v, None)
             for i, (v, row) in enumerate(zip(values, rows, strict=True))
         ]
 

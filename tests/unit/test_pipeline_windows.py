@@ -11,19 +11,15 @@ from hypothesis import strategies as st
 
 import tablecast as tc
 from tablecast.kafka.windowed import split_window_key
-from tablecast.pipeline import envelope as env
-from tablecast.pipeline import planner
-from tablecast.pipeline.aggregation import Aggregator
-from tablecast.pipeline.stateful import KeyState
-from tablecast.pipeline.windowing import window_core
+from tablecast.pipeline.compile import envelope as env
+from tablecast.pipeline.compile.aggregate import Aggregator
+from tablecast.pipeline.compile.keyed import KeyState
+from tablecast.pipeline.compile.window import window_core
+from tablecast.pipeline.plan import queries as planner
 from tests import reference_model as ref
 
 STR, LONG, JSON = tc.serde.string(), tc.serde.long(), tc.serde.json()
 
-
-@pytest.fixture(autouse=True)
-def _no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TABLECAST_NO_SPARK", "1")
 
 
 def test_sizes_are_timedeltas_or_interval_strings() -> None:
@@ -56,7 +52,7 @@ def test_windowed_aggregation_is_one_query_writing_a_window_table() -> None:
     (q,) = planner.plan_output(app.id, app.materialized["per_minute"])
     assert [s.what for s in q.steps] == ["op", "window_aggregate"]
     assert q.windowed and q.stateful and q.output.topic == "shop.table.per_minute"
-    text = planner.explain(app.id, app.outputs(), app.trigger)
+    text = app.explain()
     assert "windowed_by(tumbling(60000 ms), grace 10000 ms) count()" in text
     with pytest.raises(TypeError):
         ev.group_by_key().windowed_by("1 minute")  # type: ignore[arg-type]
@@ -70,7 +66,7 @@ def run_core(
 ) -> list[tuple[Any, ...]]:
     import pandas as pd
 
-    cols = [*env.COLUMNS, env.TS, "_tc_task"]
+    cols = [*env.COLUMNS, "_tc_task"]
     out = list(core((0,), iter([pd.DataFrame(rows, columns=cols)]), KeyState(store, 0)))
     return [tuple(r) for df in out for r in df.itertuples(index=False)]
 
@@ -117,3 +113,56 @@ def test_window_core_matches_the_reference_across_batches(
     assert late == len(want_late)
     # windows that closed may have been forgotten by the state, never by the table
     assert table == want
+
+
+def test_copies_from_a_repartition_topic_are_counted_once() -> None:
+    """After repartition(), a restarted upstream query writes some records again (same
+    batch and record ids): the windowed aggregation drops them."""
+    import pandas as pd
+
+    from tablecast.pipeline.compile.keyed import KeyState
+
+    w = tc.windows.tumbling(timedelta(minutes=1))
+    core = window_core(w, 0, Aggregator("count"), STR, LONG, LONG, through=True)
+    store: dict[Any, Any] = {}
+
+    def rows(batch: int, offsets: range) -> list[tuple[Any, ...]]:
+        one = LONG.serialize(1)
+        # envelope, then (old, batch, rid, src) and the task
+        return [
+            (b"k", one, None, b"", b"", "t", 0, o, 0, 1000 + o, None, batch, b"%d" % o, None, 0)
+            for o in offsets
+        ]
+
+    def counts(batch_rows: list[tuple[Any, ...]]) -> list[int]:
+        cols = [*env.COLUMNS, *env.REPARTITION, "_tc_task"]
+        frames = core((0,), iter([pd.DataFrame(batch_rows, columns=cols)]), KeyState(store, 0))
+        return [LONG.deserialize(r[1]) for df in frames for r in df.itertuples(index=False)]
+
+    assert counts(rows(1, range(3))) == [3]
+    assert counts(rows(1, range(3)) + rows(2, range(3, 5))) == [5]  # batch 1 again: dropped
+    assert counts(rows(1, range(2))) == []
+
+
+def test_emit_final_writes_each_window_once_when_it_closes() -> None:
+    import pandas as pd
+
+    from tablecast.pipeline.compile.keyed import KeyState
+
+    w = tc.windows.tumbling(timedelta(seconds=10))
+    core = window_core(w, 5_000, Aggregator("count"), STR, LONG, LONG, final=True)
+    store: dict[Any, Any] = {}
+
+    def run(stamps: list[int]) -> list[tuple[int, int]]:
+        rows = [
+            (b"k", LONG.serialize(1), None, b"", b"", "t", 0, i, 0, ts, 0)
+            for i, ts in enumerate(stamps)
+        ]
+        cols = [*env.COLUMNS, "_tc_task"]
+        frames = core((0,), iter([pd.DataFrame(rows, columns=cols)]), KeyState(store, 0))
+        out = [r for df in frames for r in df.itertuples(index=False)]
+        return [(split_window_key(r[0])[1], LONG.deserialize(r[1])) for r in out]
+
+    assert run([1_000, 2_000, 12_000]) == []  # [0, 10 s) closes at 15 s of stream time
+    assert run([14_000, 15_000]) == [(0, 2)]
+    assert run([29_000, 31_000]) == [(10_000, 3)]  # [20 s, 30 s) is still open

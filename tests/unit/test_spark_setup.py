@@ -10,14 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from tablecast.pipeline import spark as spark_setup
 from tablecast.pipeline.app import App
-from tablecast.pipeline.runner import local_path
+from tablecast.pipeline.run import spark as spark_setup
+from tablecast.pipeline.run.layout import local_path
 
 
 @pytest.fixture(autouse=True)
 def no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TABLECAST_NO_SPARK", "1")
     for name in ("TABLECAST_CHECKPOINT_DIR", "TABLECAST_STATE_DIR", "PYSPARK_GATEWAY_PORT"):
         monkeypatch.delenv(name, raising=False)
 
@@ -69,10 +68,10 @@ def test_the_package_zip_is_importable_and_holds_only_modules(tmp_path: Path) ->
     import zipfile
 
     names = zipfile.ZipFile(archive).namelist()
-    assert "tablecast/__init__.py" in names and "tablecast/pipeline/stateful.py" in names
+    assert "tablecast/__init__.py" in names and "tablecast/pipeline/compile/keyed.py" in names
     assert not [n for n in names if "_jvm" in n or "_examples" in n or "__pycache__" in n]
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import tablecast.pipeline.stateful, "
+        "import sys; sys.path.insert(0, sys.argv[1]); import tablecast.pipeline.compile.keyed, "
         "tablecast; print(tablecast.__file__)"
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

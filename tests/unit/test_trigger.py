@@ -8,11 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 import tablecast as tc
-from tablecast.pipeline import planner
-from tablecast.pipeline.trigger import (
+from tablecast.pipeline.plan import queries as planner
+from tablecast.pipeline.run.trigger import (
     FALLBACK_INTERVAL,
     Trigger,
     assign,
@@ -25,10 +23,6 @@ from tablecast.pipeline.trigger import (
 
 STR, LONG = tc.serde.string(), tc.serde.long()
 
-
-@pytest.fixture(autouse=True)
-def _no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TABLECAST_NO_SPARK", "1")
 
 
 def x_of(k: str, v: dict[str, int]) -> int:

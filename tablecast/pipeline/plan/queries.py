@@ -20,20 +20,19 @@ Grouped *stream* aggregations need no topic: Spark's shuffle re-keys them.
 Joins neither: a join query reads its left input and, beside it, the other
 table's topic (its source topic, its table topic if materialized, or a
 changelog topic computed for it), and Spark's shuffle brings both sides of a
-join key together (see :mod:`tablecast.pipeline.joins`).
-The planner is pure Python, so ``tablecast explain`` needs no Spark.
+join key together (see :mod:`tablecast.pipeline.compile.join`).
+The planner is pure Python, so ``tablecast explain`` needs no Spark
+(:mod:`tablecast.pipeline.run.explain` puts its queries in words).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from typing import Literal, get_args
 
-from tablecast.pipeline import plan
-from tablecast.pipeline import trigger as triggers
-from tablecast.pipeline.wire import PairSerde
+from tablecast.pipeline.plan import nodes as plan
+from tablecast.pipeline.plan.wire import PairSerde
 from tablecast.serde import Serde
 
 
@@ -59,7 +58,8 @@ StepKind = Literal[
 STATEFUL = tuple(k for k in get_args(StepKind) if k not in ("op", "select_group"))
 #: "through": a stream's repartition() topic (plain records, unlike a table
 #: group_by's "repartition" topic whose records carry ids for deduplication)
-Role = Literal["source", "table", "repartition", "through", "changelog", "sink"]
+#: "merge": the topic a merge()'s inputs are all written to (by one query each)
+Role = Literal["source", "table", "repartition", "through", "merge", "changelog", "sink"]
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,14 @@ class Step:
     @property
     def stateful(self) -> bool:
         return self.what in STATEFUL
+
+    @property
+    def python(self) -> bool:
+        """A stateless step whose function is a Python callable (it runs in a Python worker)."""
+        if self.stateful:
+            return False
+        fn = getattr(self.node, "fn", None)
+        return fn is not None and not plan.is_column(fn)
 
     def describe(self) -> str:
         if self.what == "op":
@@ -133,11 +141,6 @@ class Query:
         return any(s.what == "window_aggregate" for s in self.steps)
 
     @property
-    def timed(self) -> bool:
-        """Reads record timestamps: windows, and joins (which order both sides by them)."""
-        return any(s.what in ("window_aggregate", "join") for s in self.steps)
-
-    @property
     def writes_batches(self) -> bool:
         """Repartition writers stamp each record with the batch id (foreachBatch)."""
         return self.output.role == "repartition" or self.output.ids
@@ -158,6 +161,7 @@ def plan_output(
     app_id: str,
     out: plan.Materialize | plan.To,
     materialized: list[plan.Materialize] | None = None,
+    name: str | None = None,
 ) -> list[Query]:
     """The queries that compute `out`, in the order data flows through them.
 
@@ -170,7 +174,7 @@ def plan_output(
     starts = plan.Source | plan.Materialize
     start = max(i for i, n in enumerate(chain[:-1]) if isinstance(n, starts))
     first = chain[start]
-    base = out.name if isinstance(out, plan.Materialize) else f"to-{out.topic}"
+    base = name or (out.name if isinstance(out, plan.Materialize) else f"to-{out.topic}")
     if isinstance(first, plan.Source):
         ref = TopicRef(first.topic, first.key, first.value, first.kind, "source")
     else:
@@ -178,7 +182,8 @@ def plan_output(
         topic = table_topic(app_id, first.name)
         ref = TopicRef(topic, first.key_serde(), first.value_serde(), "table", "table")
     queries: list[Query] = []
-    sides: list[Query] = []  # what joins' other inputs need computed first
+    sides: list[Query] = []  # what joins' other inputs and merges' need computed first
+    merge_topic: str | None = None
     current = Query(f"{app_id}.{base}", ref, ref)
     key, value, kind = ref.key, ref.value, ref.kind
 
@@ -186,7 +191,7 @@ def plan_output(
         nonlocal current
         current.name = f"{app_id}.{base}.{len(queries)}"
         prefix = "repartition" if role == "through" else role
-        topic = f"{app_id}.{prefix}.{base}-{len(queries)}"
+        topic = merge_topic or f"{app_id}.{prefix}.{base}-{len(queries)}"
         current.output = TopicRef(topic, key, value, kind, role)
         queries.append(current)
         current = Query(f"{app_id}.{base}", current.output, current.output)
@@ -227,6 +232,18 @@ def plan_output(
         elif isinstance(node, plan.Repartition):
             current.partitioner, current.partitions = node.partitioner, node.partitions
             cut("through")
+        elif isinstance(node, plan.Merge):
+            # every input is written to one topic, by a query of its own; the rest of the
+            # chain reads it back
+            merge_topic = f"{app_id}.merge.{base}-{len(queries)}"
+            for i, other in enumerate(node.others):
+                sink = plan.To(other, merge_topic)
+                side_queries = plan_output(app_id, sink, materialized, f"{base}-merge{i}")
+                last = side_queries[-1]
+                last.output = replace(last.output, role="merge")
+                sides.extend(side_queries)
+            cut("merge")
+            merge_topic = None
         elif isinstance(node, plan.Join):
             name = f"{base}-join{len(sides)}"
             side_queries, side = _join_side(app_id, node, name, materialized or [])
@@ -247,13 +264,14 @@ def plan_output(
 
 def _with_ids(queries: list[Query]) -> list[Query]:
     """A through topic, or a stream's changelog (a join's or transform_values' output on
-    its way to an aggregation), carries record ids when the query reading it keeps per-key
-    state (a windowed aggregation or a join does not deduplicate yet); otherwise it is
-    written by a plain Kafka sink, which Real-time Mode can run."""
+    its way to an aggregation), carries record ids when the query reading it keeps
+    state (an aggregation, windowed or not, a join, transform_values): it drops the copies
+    a restarted writer wrote again. Otherwise a plain Kafka sink writes it, which
+    Real-time Mode can run."""
     for q, nxt in pairwise(queries):
         out = q.output
         stream_topic = out.role == "through" or (out.role == "changelog" and out.kind == "stream")
-        if stream_topic and nxt.stateful and not nxt.timed:
+        if stream_topic and nxt.stateful:
             q.output = nxt.input = replace(q.output, ids=True)
     return queries
 
@@ -277,44 +295,3 @@ def _join_side(
     ref = TopicRef(f"{app_id}.changelog.{name}", last.key, last.value, "table", "changelog")
     queries[-1].output = ref
     return queries, ref
-
-
-def explain(
-    app_id: str,
-    outputs: list[plan.Materialize | plan.To],
-    trigger: str,
-    partitions: Callable[[str], int | None] | None = None,
-    chosen: dict[str, triggers.Trigger] | None = None,
-) -> str:
-    """The plan in words; each query's trigger is `chosen`'s (a running pipeline's
-    decision) or else what its plan allows."""
-    lines = [f"App {app_id!r}: {len(outputs)} output(s); trigger {trigger!r}"]
-    mats = [o for o in outputs if isinstance(o, plan.Materialize)]
-    for out in outputs:
-        what = f"table {out.name!r}" if isinstance(out, plan.Materialize) else f"to {out.topic!r}"
-        lines.append(f"  {what}")
-        lines.append("    operators: " + " -> ".join(n.describe() for n in out.lineage()))
-        for q in plan_output(app_id, out, mats):
-            state = "stateful, RocksDB state store" if q.stateful else "stateless"
-            batches = q.writes_batches or q.reorders
-            writer = "foreachBatch -> Kafka" if batches else "Kafka sink"
-            lines.append(f"    query {q.name!r} ({state}; {writer}; update mode)")
-            count = partitions(q.input.topic) if partitions else None
-            parts = f", {count} partitions" if count else ""
-            lines.append(f"      reads  {q.input.topic} [{q.input.role}{parts}]")
-            for s in q.steps:
-                lines.append(f"      step   {s.describe()}")
-                if s.side is not None:
-                    lines.append(f"      joins  {s.side.topic} [{s.side.role}]")
-            placed = f", partitioner {plan.fn_name(q.partitioner)}" if q.partitioner else ""
-            wanted = f", {q.partitions} partitions" if q.partitions else ""
-            lines.append(f"      writes {q.output.topic} [{q.output.role}{wanted}{placed}]")
-            trig = (chosen or {}).get(q.name)
-            if trig is None:  # not running: the slots it will find are not known yet
-                trig = triggers.decide(trigger, q)
-                slots = ", given a free task slot per input partition" if trig.realtime else ""
-            else:
-                slots = ""
-            lines.append(f"      trigger: {trig.describe()}{slots}")
-            lines.append(f"      bad records -> {app_id}.dlq")
-    return "\n".join(lines)

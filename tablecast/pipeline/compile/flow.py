@@ -13,9 +13,9 @@ from dataclasses import dataclass, replace
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from tablecast.pipeline import envelope as env
-from tablecast.pipeline.codecs import Codec
-from tablecast.pipeline.plan import Kind
+from tablecast.pipeline.compile import envelope as env
+from tablecast.pipeline.compile.codecs import Codec
+from tablecast.pipeline.plan.nodes import Kind
 from tablecast.serde import Serde
 
 

@@ -10,17 +10,32 @@ changed key or value is written; by default the input's serde is kept.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
-from tablecast.pipeline import plan
+from tablecast.pipeline.plan import nodes as plan
 from tablecast.serde import Serde
 from tablecast.windows import Windows, to_ms
 
-if TYPE_CHECKING:
-    from tablecast.pipeline.app import App
-    from tablecast.pipeline.transforming import ValueState
+
+class App(Protocol):
+    """What a handle needs of its App (``tablecast.pipeline.app.App`` is one): where
+    materialize() and to() register the outputs that run() computes."""
+
+    id: str
+
+    def _register(self, node: plan.Materialize) -> None: ...
+
+    def _register_sink(self, node: plan.To) -> None: ...
+
+
+class ValueState(Protocol):
+    """The `state` argument of a transform_values function: one key's own value."""
+
+    def get(self, default: Any = None) -> Any: ...
+
+    def set(self, value: Any) -> None: ...
 
 
 class _Handle:
@@ -133,6 +148,61 @@ class Stream(_Handle):
         node = plan.Join(self._node, table.node, joiner, key, how, value)
         return Stream(self._app, node)
 
+    def split(
+        self,
+        by: Mapping[str, plan.Fn] | plan.Fn,
+        names: Iterable[str] | None = None,
+        default: str | None = None,
+    ) -> dict[str, Stream]:
+        """Named branches of the stream (Kafka Streams' split().branch(...)).
+
+        `by` is either a dict {name: predicate}, each record going to the first branch
+        whose predicate it matches, or a function f(key, value) -> the name of the
+        record's branch, among `names`. Records of no branch go to the `default` branch
+        if one is named, else nowhere. Predicates (or f) are all Columns or all Python
+        callables; each branch evaluates them itself (a raising one dead-letters the
+        record once per branch)."""
+        if isinstance(by, Mapping):
+            preds = list(by.items())
+            if not preds:
+                raise ValueError("split: no branch")
+            for name, pred in preds:
+                _check_fn(f"split branch {name!r}", pred)
+            columns = {plan.is_column(p) for _, p in preds}
+            if len(columns) > 1:
+                raise TypeError("split: predicates are all Columns or all Python callables")
+            picks = [(name, _first_match(preds, i)) for i, (name, _) in enumerate(preds)]
+            if default is not None:
+                picks.append((default, _first_match(preds, len(preds))))
+        else:
+            _check_fn("split", by)
+            if names is None:
+                raise ValueError("split(by=f): name the branches f returns (names=[...])")
+            declared = list(names)
+            picks = [(n, _named(by, [n], inside=True)) for n in declared]
+            if default is not None:
+                picks.append((default, _named(by, declared, inside=False)))
+        out = {name: self.filter(pred) for name, pred in picks}
+        if len(out) != len(picks):
+            raise ValueError("split: branch names must differ")
+        return out
+
+    def merge(self, *others: Stream) -> Stream:
+        """One stream of this one's records and the others' (Kafka Streams' merge): they
+        meet in the internal topic ``<app>.merge.<output>-<i>``, each input keeping its own
+        order per key. All need the same key and value serdes."""
+        if not others:
+            return self
+        for other in others:
+            if not isinstance(other, Stream):
+                raise TypeError("Stream.merge: expected Streams")
+            if (other.node.key_serde().spec(), other.node.value_serde().spec()) != (
+                self._node.key_serde().spec(),
+                self._node.value_serde().spec(),
+            ):
+                raise TypeError("Stream.merge: every stream needs the same key and value serdes")
+        return Stream(self._app, plan.Merge(self._node, tuple(o.node for o in others)))
+
     def group_by_key(self) -> GroupedStream:
         return GroupedStream(self._app, plan.GroupBy(self._node))
 
@@ -181,17 +251,24 @@ class GroupedStream(_Handle):
 
 
 class WindowedGroupedStream(_Handle):
-    """A grouped stream cut into time windows: its aggregations are window tables."""
+    """A grouped stream cut into time windows: its aggregations are window tables.
 
-    def count(self) -> WindowedTable:
-        return WindowedTable(self._app, plan.Aggregate(self._node, "count"))
+    ``emit="changes"`` (the default) writes a window's aggregate on every change;
+    ``emit="final"`` writes it once, when the window closes (stream time past its end +
+    grace), as Kafka Streams' ``suppress(untilWindowCloses(...))`` does."""
+
+    def count(self, emit: Emit = "changes") -> WindowedTable:
+        return WindowedTable(self._app, plan.Aggregate(self._node, "count", emit=_emit(emit)))
 
     def reduce(
-        self, reducer: Callable[[Any, Any], Any], value: Serde | None = None
+        self,
+        reducer: Callable[[Any, Any], Any],
+        value: Serde | None = None,
+        emit: Emit = "changes",
     ) -> WindowedTable:
         """reducer(aggregate, value) -> new aggregate; a window's first value starts it."""
         _check_callable("reduce", reducer)
-        node = plan.Aggregate(self._node, "reduce", None, reducer, value=value)
+        node = plan.Aggregate(self._node, "reduce", None, reducer, value=value, emit=_emit(emit))
         return WindowedTable(self._app, node)
 
     def aggregate(
@@ -199,11 +276,23 @@ class WindowedGroupedStream(_Handle):
         initializer: Callable[[], Any],
         aggregator: Callable[[Any, Any, Any], Any],
         value: Serde | None = None,
+        emit: Emit = "changes",
     ) -> WindowedTable:
         """aggregator(key, value, aggregate) -> new aggregate, each window from initializer()."""
         _check_callable("aggregate", initializer, aggregator)
-        node = plan.Aggregate(self._node, "aggregate", initializer, aggregator, value=value)
+        node = plan.Aggregate(
+            self._node, "aggregate", initializer, aggregator, value=value, emit=_emit(emit)
+        )
         return WindowedTable(self._app, node)
+
+
+Emit = Literal["changes", "final"]
+
+
+def _emit(emit: str) -> Emit:
+    if emit not in ("changes", "final"):
+        raise ValueError(f"emit is 'changes' or 'final', not {emit!r}")
+    return emit  # type: ignore[return-value]
 
 
 class WindowedTable(_Handle):
@@ -239,19 +328,28 @@ class Table(_Handle):
         return GroupedTable(self._app, plan.GroupBy(self._node, fn, key, value))
 
     def join(
-        self, other: Table, joiner: Callable[[Any, Any], Any], value: Serde | None = None
+        self,
+        other: Table,
+        joiner: Callable[[Any, Any], Any],
+        how: Literal["inner", "left", "outer"] = "inner",
+        value: Serde | None = None,
     ) -> Table:
-        """Inner join on the key: joiner(left, right) for keys in both tables (JSON unless
-        `value=`); an update on either side re-emits, a delete on either side deletes."""
+        """Join on the key: `joiner(left, right)` is the key's value (JSON unless `value=`)
+        while both tables hold the key (inner), while this one does (left: right may be
+        None), or while either does (outer: either may be None). An update on either side
+        re-emits; a key that stops matching is deleted (KTable-KTable joins)."""
         if not isinstance(other, Table):
             raise TypeError("Table.join: expected a Table (a global table joins streams only)")
+        if how not in ("inner", "left", "outer"):
+            raise ValueError(f"Table.join: how must be 'inner', 'left' or 'outer', not {how!r}")
         if other.node.key_serde().spec() != self._node.key_serde().spec():
             raise TypeError(
                 "Table.join: both tables need the same key serde "
                 f"({self._node.key_serde()!r} vs {other.node.key_serde()!r})"
             )
         _check_callable("join", joiner)
-        return Table(self._app, plan.Join(self._node, other.node, joiner, value=value))
+        node = plan.Join(self._node, other.node, joiner, how=how, value=value)
+        return Table(self._app, node)
 
     def to_stream(self) -> Stream:
         return Stream(self._app, plan.ToStream(self._node))
@@ -308,6 +406,45 @@ class GroupedTable(_Handle):
         _check_callable("aggregate", initializer, adder, subtractor)
         node = plan.Aggregate(self._node, "aggregate", initializer, adder, subtractor, value)
         return Table(self._app, node)
+
+
+def _first_match(preds: list[tuple[str, plan.Fn]], i: int) -> plan.Fn:
+    """Matches records whose first matching predicate is the `i`-th (i = len: none)."""
+    earlier = [p for _, p in preds[:i]]
+    mine = preds[i][1] if i < len(preds) else None
+    if plan.is_column(preds[0][1]):
+        from pyspark.sql import functions as F
+
+        cond = F.lit(True) if mine is None else F.coalesce(mine, F.lit(False))
+        for p in earlier:
+            cond = cond & ~F.coalesce(p, F.lit(False))
+        return cond
+
+    def first(k: Any, v: Any) -> bool:
+        if any(p(k, v) for p in earlier):  # type: ignore[operator]
+            return False
+        return True if mine is None else bool(mine(k, v))  # type: ignore[operator]
+
+    # what explain shows for the branch's filter
+    first.__qualname__ = f"split branch {preds[i][0] if mine is not None else 'default'}"
+    return first
+
+
+def _named(by: plan.Fn, names: list[str], inside: bool) -> plan.Fn:
+    """Matches records whose branch name `by` gives is (`inside`) or is not among `names`."""
+    if plan.is_column(by):
+        from pyspark.sql import functions as F
+
+        col = by if not isinstance(by, tuple) else by[0]
+        hit = F.coalesce(col.isin(*names), F.lit(False))
+        return hit if inside else ~hit
+
+    def named(k: Any, v: Any) -> bool:
+        return (by(k, v) in names) == inside  # type: ignore[operator]
+
+    what = names[0] if inside and len(names) == 1 else f"{'' if inside else 'not '}in {names}"
+    named.__qualname__ = f"split branch {plan.fn_name(by)} {what}"
+    return named
 
 
 def _check_fn(op: str, fn: Any) -> None:

@@ -142,6 +142,21 @@ class Repartition(Node):
 
 
 @dataclass(frozen=True, eq=False)
+class Merge(Node):
+    """stream.merge(*others): the parent's records and the other streams' in one stream."""
+
+    others: tuple[Node, ...] = ()
+
+    @property
+    def kind(self) -> Kind:
+        return "stream"
+
+    def describe(self) -> str:
+        inputs = "; ".join(" -> ".join(n.describe() for n in o.lineage()) for o in self.others)
+        return f"merge([{inputs}])"
+
+
+@dataclass(frozen=True, eq=False)
 class ToTable(Node):
     @property
     def kind(self) -> Kind:
@@ -200,6 +215,8 @@ class Aggregate(Node):
     adder: Callable[..., Any] | None = None
     subtractor: Callable[..., Any] | None = None
     value: Serde | None = None
+    #: a windowed aggregation's results: on every change, or once per window when it closes
+    emit: Literal["changes", "final"] = "changes"
 
     @property
     def kind(self) -> Kind:
@@ -229,7 +246,8 @@ class Aggregate(Node):
 
     def describe(self) -> str:
         fns = [f for f in (self.initializer, self.adder, self.subtractor) if f is not None]
-        return f"{self.agg}({', '.join(fn_name(f) for f in fns)})"
+        emit = ", emit='final'" if self.emit == "final" else ""
+        return f"{self.agg}({', '.join(fn_name(f) for f in fns)}{emit})"
 
 
 @dataclass(frozen=True, eq=False)
@@ -271,7 +289,7 @@ class Join(Node):
     joiner: Callable[[Any, Any], Any] = None  # type: ignore[assignment]
     #: stream joins: f(key, value) -> the table key (None: the stream's key)
     key_fn: Fn | None = None
-    how: Literal["inner", "left"] = "inner"
+    how: Literal["inner", "left", "outer"] = "inner"
     value: Serde | None = None
 
     @property
@@ -286,7 +304,7 @@ class Join(Node):
         side = "global_table" if self.is_global else "table"
         other = " -> ".join(n.describe() for n in self.other.lineage())
         key = f", key={fn_name(self.key_fn)}" if self.key_fn is not None else ""
-        how = f", how={self.how!r}" if self.parent and self.parent.kind == "stream" else ""
+        how = f", how={self.how!r}" if self.how != "inner" else ""
         return f"join({side}[{other}], {fn_name(self.joiner)}{key}{how})"
 
 
@@ -327,6 +345,8 @@ def sources(node: Node) -> list[Source]:
             out.append(n)
         elif isinstance(n, Join):
             out.extend(sources(n.other))
+        elif isinstance(n, Merge):
+            out.extend(s for o in n.others for s in sources(o))
     return out
 
 

@@ -65,6 +65,7 @@ def session(
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         # the driver would otherwise advertise the machine's outward address
         os.environ.setdefault("SPARK_LOCAL_IP", os.environ.get("TABLECAST_DRIVER_HOST", LOOPBACK))
+    end_deferred_columns()
     from pyspark.sql import SparkSession
 
     if submitted:
@@ -105,6 +106,19 @@ def session(
     return spark
 
 
+def timestamp_interceptor(spark: SparkSession) -> str | None:
+    """The producer interceptor class that stamps each written record with the time of
+    its input (see tablecast/_jvm/interceptors), if Spark's jars hold it."""
+    if "tablecast-interceptors" in (spark.sparkContext.getConf().get("spark.jars") or ""):
+        return jvm.TIMESTAMP_INTERCEPTOR
+    log.warning(
+        "Spark's jars lack tablecast's producer interceptor (python -m tablecast.jvm "
+        "spark-kafka lists it): table records carry the time they were written, not the "
+        "time of the input that produced them"
+    )
+    return None
+
+
 def _check_submitted_jars() -> None:
     """spark-submit loaded the driver's classpath from its --jars already: jars added
     now would reach the executors but not the driver, so name what is missing."""
@@ -133,7 +147,7 @@ def driver_address(submitted: bool) -> dict[str, str]:
 def package_zip(directory: Path) -> Path:
     """The tablecast package as a zip for executors' ``sys.path`` (its Python files only:
     the poms and examples stay behind)."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]  # the tablecast package
     target = directory / "tablecast.zip"
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as z:
         for path in sorted(root.rglob("*.py")):
@@ -146,15 +160,12 @@ def package_zip(directory: Path) -> Path:
 
 def ship_package(spark: SparkSession) -> None:
     """Add tablecast to the executors' Python path, once per SparkContext."""
-    import tablecast
-
     sc = spark.sparkContext
     key = sc.applicationId
     if key in _shipped:
         return
-    if ".zip" in (tablecast.__file__ or "") or "tablecast.zip" in sc.getConf().get(
-        "spark.submit.pyFiles", ""
-    ):
+    # this module's own path tells whether tablecast was loaded from a zip
+    if ".zip" in __file__ or "tablecast.zip" in sc.getConf().get("spark.submit.pyFiles", ""):
         _shipped[key] = "by spark-submit"  # --py-files tablecast.zip: Spark ships it
         return
     work = Path(tempfile.mkdtemp(prefix="tablecast-pyfiles-"))
@@ -175,6 +186,30 @@ def ship_file(spark: SparkSession, path: str | os.PathLike[str]) -> None:
         spark.sparkContext.addPyFile(str(Path(path).resolve()))
 
 
+#: PySpark builds Spark Connect Columns (no JVM needed) while this is in the environment
+CONNECT_COLUMNS = "SPARK_CONNECT_MODE_ENABLED"
+
+
+def defer_columns() -> None:
+    """Let Column expressions be built before Spark runs (defining an App starts nothing).
+
+    Until a SparkContext exists, PySpark builds Spark Connect Columns: expression
+    trees in plain Python, which the compiler rebuilds as classic Columns once
+    Spark runs (see :mod:`tablecast.pipeline.compile.columns`). :func:`session`
+    turns this off before it starts Spark.
+    """
+    from pyspark import SparkContext
+
+    if SparkContext._active_spark_context is None:
+        os.environ[CONNECT_COLUMNS] = "1"
+
+
+def end_deferred_columns() -> None:
+    """Columns built from now on are classic ones; and with Spark Connect's switch in the
+    environment, getOrCreate() would make a Spark Connect session (see defer_columns)."""
+    os.environ.pop(CONNECT_COLUMNS, None)
+
+
 def ensure_active(master: str | None = None) -> None:
     """Start a tablecast SparkSession unless one is active already."""
     from pyspark import SparkContext
@@ -187,8 +222,8 @@ def check_master(spark: SparkSession, master: str | None) -> None:
     """Warn when a requested master differs from the running session's."""
     if master and spark.sparkContext.master != master:
         log.warning(
-            "Spark is already running on %s, not %s: set TABLECAST_MASTER before the App "
-            "is defined (defining an App starts Spark)",
+            "Spark is already running on %s, not %s: set TABLECAST_MASTER before Spark is "
+            "started (App.run starts it unless a session is running)",
             spark.sparkContext.master,
             master,
         )

@@ -7,9 +7,7 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote, urlparse
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tablecast.kafka import catalog
 from tablecast.kafka.topics import (
@@ -19,15 +17,16 @@ from tablecast.kafka.topics import (
     ensure_topic,
     partition_count,
 )
-from tablecast.pipeline import plan, planner
-from tablecast.pipeline import spark as spark_setup
-from tablecast.pipeline.trigger import Trigger, assign, written_by_micro_batch
+from tablecast.pipeline.plan import nodes as plan
+from tablecast.pipeline.plan import queries as planner
+from tablecast.pipeline.run import explain as explaining
+from tablecast.pipeline.run import spark as spark_setup
+from tablecast.pipeline.run.layout import Files, local_path, settle
+from tablecast.pipeline.run.trigger import Trigger, assign, written_by_micro_batch
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming import StreamingQuery
-
-    from tablecast.pipeline.app import App
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +34,20 @@ PROGRESS_EVERY_S = 10.0
 
 #: task slots held by the real-time queries this process started, by query name
 _REALTIME_SLOTS: dict[str, int] = {}
+
+
+class App(Protocol):
+    """What running needs of an App (``tablecast.pipeline.app.App`` is one): the run
+    stage comes after the DSL and does not import it."""
+
+    id: str
+    trigger: str
+    on_data_loss: str
+    materialized: dict[str, plan.Materialize]
+
+    def outputs(self) -> list[plan.Materialize | plan.To]: ...
+
+    def resolve_checkpoint_dir(self) -> str: ...
 
 
 class DeadLetterCounter:
@@ -109,7 +122,7 @@ def _ensure_outputs(bootstrap_servers: str, queries: list[planner.Query], count:
         config = TABLE_TOPIC_CONFIG if table_like else None
         # a to(topic) of the user's may exist already, with its own partition count
         size = _ensure_topic(bootstrap_servers, q.output.topic, q.partitions or count, config)
-        if q.output.role == "through":
+        if q.output.role in ("through", "merge"):
             count = size
         sizes.append(size)
     return sizes
@@ -136,8 +149,7 @@ class Pipeline:
     def start(
         cls, app: App, bootstrap_servers: str, master: str | None, spark: SparkSession | None
     ) -> Pipeline:
-        from tablecast.pipeline.app import wait_for_topic
-        from tablecast.pipeline.compiler import Target, writer
+        from tablecast.pipeline.compile.query import Target, writer
 
         outputs = app.outputs()
         if not outputs:
@@ -146,11 +158,13 @@ class Pipeline:
         sources = {s.topic for o in outputs for s in plan.sources(o)}
         partitions = {t: wait_for_topic(bootstrap_servers, t) for t in sorted(sources)}
         owns = spark is None
+        spark_setup.end_deferred_columns()
         if spark is None:
             spark = spark_setup.session(
                 f"tablecast-{app.id}", master, shuffle_partitions=max(partitions.values())
             )
             spark_setup.check_master(spark, master)
+        interceptor = spark_setup.timestamp_interceptor(spark)
         _ensure_topic(bootstrap_servers, dlq_topic(app.id), 1)
         infos, chains = [], []
         for out in outputs:
@@ -185,6 +199,14 @@ class Pipeline:
             q.name: [q.input.topic, *(s.side.topic for s in q.steps if s.side is not None)]
             for q in every
         }
+        # each stateful query keeps the state layout its checkpoint was started with
+        files, base = Files(spark), checkpoints.rstrip("/")
+        buckets = {
+            q.name: settle(files, f"{base}/{q.name}", count, q.name, q.windowed).buckets
+            for count, _, queries in chains
+            for q in queries
+            if q.stateful
+        }
         pipeline = cls(
             app, spark, started, owns, counter, chosen, bootstrap_servers, inputs, listener
         )
@@ -197,9 +219,16 @@ class Pipeline:
                     spark.conf.set("spark.sql.shuffle.partitions", str(count))
                     trig = chosen[q.name]
                     target = Target(
-                        app.id, bootstrap_servers, checkpoints, trig, count, out, app.on_data_loss
+                        app.id,
+                        bootstrap_servers,
+                        checkpoints,
+                        count,
+                        out,
+                        app.on_data_loss,
+                        interceptor,
+                        buckets.get(q.name, 1),
                     )
-                    started[q.name] = writer(spark, q, target).start()
+                    started[q.name] = trig.apply(writer(spark, q, target)).start()
                     if trig.realtime:
                         _REALTIME_SLOTS[q.name] = needs[q.name]
                     log.info(
@@ -217,7 +246,7 @@ class Pipeline:
 
     def explain(self) -> str:
         """The App's plan with the triggers its queries actually run with."""
-        return planner.explain(
+        return explaining.explain(
             self.app.id, self.app.outputs(), self.app.trigger, chosen=self.triggers
         )
 
@@ -303,17 +332,6 @@ class Pipeline:
             self.spark.stop()
 
 
-def local_path(location: str) -> Path | None:
-    """A checkpoint location as a local path: a plain path or a ``file:`` URI; None for
-    other file systems (hdfs://, s3a://…), which only Spark reads."""
-    parsed = urlparse(location)
-    if parsed.scheme == "file":
-        return Path(unquote(parsed.path))
-    if len(parsed.scheme) <= 1:  # none, or a Windows drive letter
-        return Path(location)
-    return None
-
-
 def _choose_triggers(
     spark: SparkSession,
     bootstrap_servers: str,
@@ -338,3 +356,25 @@ def _choose_triggers(
     others = any(name not in _REALTIME_SLOTS for name in active)
     chosen = assign(trigger, [(q, needs[n]) for n, q in unique.items()], slots, others, old)
     return dict(zip(unique, chosen, strict=True)), needs
+
+
+def wait_for_topic(bootstrap_servers: str, topic: str, timeout: float = 300.0) -> int:
+    """The partition count of `topic`, waiting (with progress) until it exists."""
+    from tablecast.kafka.topics import kafka_away, partition_count
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            count = partition_count(bootstrap_servers, topic)
+        except Exception as e:
+            if not kafka_away(e) or time.monotonic() > deadline:
+                raise
+            log.warning("Kafka unreachable while looking for topic %r (%s); waiting", topic, e)
+            time.sleep(2)
+            continue
+        if count is not None:
+            return count
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"source topic {topic!r} does not exist on {bootstrap_servers}")
+        log.info("waiting for source topic %r to exist on %s ...", topic, bootstrap_servers)
+        time.sleep(2)

@@ -17,8 +17,8 @@ from typing import Any
 
 import orjson
 
-from tablecast.pipeline import envelope as env
-from tablecast.pipeline.stateful import ERR, RK, SEQ, Core, KeyState, V, _bad
+from tablecast.pipeline.compile import envelope as env
+from tablecast.pipeline.compile.keyed import ERR, RK, TS, Core, KeyState, V, bad_row
 from tablecast.serde import Serde
 
 
@@ -57,7 +57,7 @@ def transform_values(fn: Callable[..., Any], key: Serde, value: Serde, result: S
                 out.append(row[:width])
                 continue
             if kb is None:  # Kafka Streams' stores take no null key
-                out.append(_bad(row, "transform_values: null key", width))
+                out.append(bad_row(row, "transform_values: null key", width))
                 continue
             st = ValueState(stored)
             try:
@@ -65,11 +65,11 @@ def transform_values(fn: Callable[..., Any], key: Serde, value: Serde, result: S
                 new = fn(key.deserialize(kb), v, st)
                 enc = None if new is None else result.serialize(new)
             except Exception as e:  # the user's function failed: dead-letter, state untouched
-                out.append(_bad(row, f"transform_values: {type(e).__name__}: {e}", width))
+                out.append(bad_row(row, f"transform_values: {type(e).__name__}: {e}", width))
                 continue
             stored = st.stored
             # the source's raw bytes and coordinates stay: later steps may still dead-letter it
-            out.append((kb, enc, None, *row[RK : SEQ + 1]))
+            out.append((kb, enc, None, *row[RK : TS + 1]))
         if stored is not before:
             if stored is None:
                 state.remove()

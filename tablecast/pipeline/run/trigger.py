@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tablecast.pipeline import plan
+from tablecast.pipeline.plan import nodes as plan
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming import DataStreamWriter
 
-    from tablecast.pipeline.planner import Query
+    from tablecast.pipeline.plan.queries import Query
 
 REALTIME = "realtime"
 #: micro-batch interval of a query that cannot run in Real-time Mode
@@ -81,8 +81,6 @@ def blockers(q: Query) -> list[str]:
     Spark's own error (STREAMING_REAL_TIME_MODE.OPERATOR_OR_SINK_NOT_IN_ALLOWLIST)
     names it when such a query is started in Real-time Mode anyway.
     """
-    from tablecast.pipeline.stateless import is_python
-
     reasons = []
     if q.writes_batches:
         reasons.append("foreachBatch sink (ForeachBatchSink)")
@@ -91,7 +89,7 @@ def blockers(q: Query) -> list[str]:
         what = s.what if s.what in ("retract", "join") else s.node.describe()
         if s.stateful:
             reasons.append(f"stateful {what} (FlatMapGroupsInPandasWithStateExec)")
-        elif is_python(s):
+        elif s.python:
             reasons.append(f"Python callable {what} (MapInArrowExec)")
     if q.partitioner is not None and not plan.is_column(q.partitioner):
         part = plan.fn_name(q.partitioner)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tablecast.pipeline.compile.envelope import ERR, SEQ
 from tablecast.serde import Serde
 
 if TYPE_CHECKING:
@@ -174,8 +175,3 @@ class Run:
                 [pa.field(f.name, new[f.name].type) if f.name in new else f for f in batch.schema]
             )
             yield pa.RecordBatch.from_arrays(cols, schema=schema)
-
-
-# the envelope's bookkeeping columns (see tablecast.pipeline.envelope)
-ERR = "_tc_err"
-SEQ = "_tc_seq"

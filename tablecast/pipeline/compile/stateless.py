@@ -12,21 +12,15 @@ from dataclasses import replace
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from tablecast.pipeline import envelope as env
-from tablecast.pipeline import plan
-from tablecast.pipeline.codecs import Codec
-from tablecast.pipeline.flow import BYTES, Flow, ok
-from tablecast.pipeline.planner import Step
-from tablecast.pipeline.pyworker import FANOUT, Run, record_fn
-from tablecast.pipeline.pyworker import Step as PyStep
-from tablecast.pipeline.wire import PairSerde
-
-
-def is_python(step: Step) -> bool:
-    if step.stateful:
-        return False
-    fn = getattr(step.node, "fn", None)
-    return fn is not None and not plan.is_column(fn)
+from tablecast.pipeline.compile import envelope as env
+from tablecast.pipeline.compile.codecs import Codec
+from tablecast.pipeline.compile.columns import classic
+from tablecast.pipeline.compile.flow import BYTES, Flow, ok
+from tablecast.pipeline.compile.pyworker import FANOUT, Run, record_fn
+from tablecast.pipeline.compile.pyworker import Step as PyStep
+from tablecast.pipeline.plan import nodes as plan
+from tablecast.pipeline.plan.queries import Step
+from tablecast.pipeline.plan.wire import PairSerde
 
 
 def op_name(step: Step) -> str:
@@ -133,13 +127,14 @@ def _select_group(flow: Flow, step: Step) -> Flow:
 
 def _col(fn: plan.Fn) -> Column:
     if isinstance(fn, Column):
-        return fn
+        return classic(fn)
     raise TypeError(f"expected a Column, not {type(fn).__name__}")
 
 
 def _pair(fn: plan.Fn | None) -> tuple[Column, Column]:
     if isinstance(fn, tuple) and len(fn) == 2:
-        return fn[0], fn[1]
+        return classic(fn[0]), classic(fn[1])
     if isinstance(fn, Column):
-        return fn.getField("key"), fn.getField("value")
+        col = classic(fn)
+        return col.getField("key"), col.getField("value")
     raise TypeError("expected a pair of Columns or a struct Column with fields key and value")

@@ -20,11 +20,12 @@ from pyspark.sql.streaming import DataStreamWriter
 
 from tablecast.kafka.config import spark_options
 from tablecast.kafka.topics import dlq_topic
-from tablecast.pipeline import envelope as env
-from tablecast.pipeline import joins, partitioning, sinks, stateful, stateless, windowing
-from tablecast.pipeline.flow import Flow
-from tablecast.pipeline.planner import Query, Step, TopicRef
-from tablecast.pipeline.trigger import Trigger
+from tablecast.pipeline.compile import aggregate, join, keyed, partition, sink, stateless, window
+from tablecast.pipeline.compile import envelope as env
+from tablecast.pipeline.compile.flow import Flow
+from tablecast.pipeline.compile.transform import transform_values
+from tablecast.pipeline.plan import nodes as plan
+from tablecast.pipeline.plan.queries import Query, Step, TopicRef
 
 
 @dataclass(frozen=True)
@@ -32,18 +33,20 @@ class Target:
     app_id: str
     bootstrap_servers: str
     checkpoints: str  # a path or a Hadoop URI (joined with "/", which Path would mangle)
-    trigger: Trigger
-    partitions: int  # of the App's topics (state buckets scale with it)
+    partitions: int  # of the App's topics (a windowed aggregation's tasks)
     sink_partitions: int  # of the topic this query writes (a to() topic may differ)
     #: input records deleted by retention before they were read: "fail" stops the query,
     #: "skip" goes on without them (App(on_data_loss=...))
     on_data_loss: str = "fail"
+    #: the producer interceptor that gives each record its timestamp header's time (None:
+    #: not on Spark's classpath, records carry the time they were written)
+    interceptor: str | None = None
+    #: key buckets of its per-key steps (what its checkpoint's layout records)
+    buckets: int = 1
 
 
-def _load(
-    spark: SparkSession, ref: TopicRef, t: Target, timed: bool, headers: bool = False
-) -> DataFrame:
-    """A topic as the envelope's columns (plus its headers and record timestamps if asked)."""
+def _load(spark: SparkSession, ref: TopicRef, t: Target, headers: bool = False) -> DataFrame:
+    """A topic as the envelope's columns (plus its headers if asked)."""
     raw = (
         spark.readStream.format("kafka")
         .options(**spark_options(t.bootstrap_servers))
@@ -63,8 +66,8 @@ def _load(
         F.col("partition").alias(env.PART),
         F.col("offset").alias(env.OFF),
         F.lit(0).cast("bigint").alias(env.SEQ),
+        F.unix_millis(F.col("timestamp")).alias(env.TS),
         *(["headers"] if headers else []),
-        *([F.unix_millis(F.col("timestamp")).alias(env.TS)] if timed else []),
     )
 
 
@@ -84,24 +87,24 @@ def _fail_on_data_loss(ref: TopicRef, t: Target) -> str:
 
 def read(spark: SparkSession, q: Query, t: Target) -> tuple[Flow, tuple[str, ...]]:
     """The input topic as an envelope flow (plus the columns a repartition topic adds)."""
-    df = _load(spark, q.input, t, q.timed, q.reads_batches)
+    df = _load(spark, q.input, t, q.reads_batches)
     ref = q.input
     flow = Flow(df, ref.key, ref.value, ref.kind)
     if q.reads_batches:
-        flow = flow.with_df(sinks.read_repartition_headers(df).drop("headers"))
-        return flow, (env.OLD, env.BATCH, env.RID)
+        flow = flow.with_df(sink.read_repartition_headers(df).drop("headers"))
+        return flow, env.REPARTITION
     if ref.external:
         if ref.kind == "table":
             flow = flow.fail_where(F.col("key").isNull(), "null key")
         first = q.steps[0] if q.steps else None
-        column_first = first is not None and not stateless.is_python(first)
+        column_first = first is not None and not first.python
         flow = flow.decode() if column_first else flow.validate()
-    return flow, (env.TS,) if q.timed else ()
+    return flow, ()
 
 
 def read_side(spark: SparkSession, ref: TopicRef, t: Target) -> Flow:
     """A join's other table, checked like any input and with its records' timestamps."""
-    flow = Flow(_load(spark, ref, t, timed=True), ref.key, ref.value, "table")
+    flow = Flow(_load(spark, ref, t), ref.key, ref.value, "table")
     flow = flow.fail_where(F.col("key").isNull(), "null key")
     return flow.validate() if ref.external else flow
 
@@ -111,6 +114,7 @@ def transform(
     steps: list[Step],
     extra: tuple[str, ...],
     partitions: int,
+    buckets: int,
     side: Callable[[TopicRef], Flow] | None = None,
 ) -> tuple[Flow, tuple[str, ...]]:
     i = 0
@@ -118,20 +122,20 @@ def transform(
         step = steps[i]
         if step.what == "join":
             assert side is not None and step.side is not None
-            flow = joins.apply(flow, side(step.side), step, partitions, extra)
+            flow = join.apply(flow, side(step.side), step, buckets, extra)
             extra = ()
             i += 1
         elif step.what == "window_aggregate":
-            flow = windowing.apply(flow, step, partitions, extra)
+            flow = window.apply(flow, step, partitions, extra)
             extra = ()
             i += 1
         elif step.stateful:
-            flow = stateful.apply(flow, step, partitions, extra)
-            extra = (env.OLD, env.RID) if step.what == "retract" else ()
+            flow = keyed_step(flow, step, buckets, extra)
+            extra = (env.OLD, env.RID, env.SRC) if step.what == "retract" else ()
             i += 1
-        elif stateless.is_python(step):
+        elif step.python:
             run = [step]
-            while i + len(run) < len(steps) and stateless.is_python(steps[i + len(run)]):
+            while i + len(run) < len(steps) and steps[i + len(run)].python:
                 run.append(steps[i + len(run)])
             flow = stateless.apply_python(flow, run, extra)
             i += len(run)
@@ -141,39 +145,70 @@ def transform(
     return flow, extra
 
 
+def keyed_step(flow: Flow, step: Step, buckets: int, extra: tuple[str, ...] = ()) -> Flow:
+    """Run the per-key `step` on `flow`, keys hashed into buckets; returns encoded rows."""
+    # rows read from a stream's repartition topic carry (old, batch, rid): copies are
+    # dropped before a per-key step (a table aggregation drops them itself)
+    through = env.BATCH in extra and step.what in ("stream_aggregate", "transform_values")
+    if step.what != "table_aggregate" and not through:
+        extra = ()
+    flow = flow.envelope(*extra)
+    out_extra: tuple[str, ...] = ()
+    if step.what == "retract":
+        core = aggregate.retract()
+        out_extra = (env.OLD, env.RID, env.SRC)
+    elif step.what == "transform_values":
+        assert isinstance(step.node, plan.TransformValues)
+        core = transform_values(step.node.fn, flow.key, flow.value, step.value)
+    else:
+        node = step.node
+        assert isinstance(node, plan.Aggregate)
+        agg = aggregate.Aggregator.of(node)
+        stream = step.what == "stream_aggregate"
+        make = aggregate.stream_aggregate if stream else aggregate.table_aggregate
+        core = make(agg, flow.key, flow.value, step.value)
+    if through:
+        core = keyed.deduplicated(core)
+    df = keyed.by_bucket(flow.df, core, buckets, *out_extra)
+    return Flow(df, step.key, step.value, step.kind)
+
+
 def writer(spark: SparkSession, q: Query, t: Target) -> DataStreamWriter:
-    """The query's DataStreamWriter, ready to start()."""
+    """The query's DataStreamWriter, ready for its trigger (the run stage picks it)."""
     flow, extra = read(spark, q, t)
-    flow, extra = transform(flow, q.steps, extra, t.partitions, lambda r: read_side(spark, r, t))
+    side = lambda r: read_side(spark, r, t)  # noqa: E731
+    flow, extra = transform(flow, q.steps, extra, t.partitions, t.buckets, side)
     flow = flow.envelope(*extra)
     dlq = dlq_topic(t.app_id)
     common: dict[str, Any] = spark_options(t.bootstrap_servers)
-    partition = None
+    if t.interceptor:
+        common["kafka.interceptor.classes"] = t.interceptor
+    placed = None
     if q.partitioner is not None:
-        flow, partition = partitioning.assign(flow, q.partitioner, t.sink_partitions)
+        flow, placed = partition.assign(flow, q.partitioner, t.sink_partitions)
     elif q.windowed:
-        partition = windowing.partition_column()
+        placed = window.partition_column()
     if q.output.ids:
-        flow = sinks.with_record_ids(flow, extra)
+        flow = sink.with_record_ids(flow, extra)
     if q.writes_batches or q.reorders:
-        df = sinks.observe(flow.df, q.name)
+        df = sink.observe(flow.df, q.name)
 
         def write_batch(batch: DataFrame, batch_id: int) -> None:
             # the batch id lets the reading query drop what a replay writes again
-            headers = sinks.repartition_headers(batch_id) if q.writes_batches else None
+            headers = sink.repartition_headers(batch_id) if q.writes_batches else None
             if q.reorders:
-                batch = joins.in_source_order(batch)
-            out = sinks.route(flow.with_df(batch), q, dlq, headers, partition)
+                batch = join.in_source_order(batch)
+            out = sink.route(flow.with_df(batch), q, dlq, headers, placed)
             out.write.format("kafka").options(**common).save()
 
         w = df.writeStream.foreachBatch(write_batch)
     else:
-        flow = flow.with_df(sinks.observe(flow.df, q.name))
-        out = sinks.route(flow, q, dlq, partition=partition)
+        flow = flow.with_df(sink.observe(flow.df, q.name))
+        out = sink.route(flow, q, dlq, partition=placed)
         w = out.writeStream.format("kafka").options(**common)
     w = (
         w.queryName(q.name)
         .option("checkpointLocation", f"{t.checkpoints.rstrip('/')}/{q.name}")
         .outputMode("update")
     )
-    return t.trigger.apply(w)
+    return w

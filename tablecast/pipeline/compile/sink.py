@@ -11,16 +11,21 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from tablecast.pipeline import envelope as env
-from tablecast.pipeline.codecs import Codec
-from tablecast.pipeline.flow import Flow, ok
-from tablecast.pipeline.planner import Query
+from tablecast.pipeline.compile import envelope as env
+from tablecast.pipeline.compile.codecs import Codec
+from tablecast.pipeline.compile.flow import Flow, ok
+from tablecast.pipeline.plan.queries import Query
 
 DEAD_LETTERS = "dead_letters"
-# headers of a repartition record: upstream batch id, record id, retracted value
+# headers of a repartition record: upstream batch id, record id, retracted value, the
+# key of the source row the change came from
 BATCH_HEADER = "tablecast.batch"
 RID_HEADER = "tablecast.rid"
 OLD_HEADER = "tablecast.old"
+SRC_HEADER = "tablecast.src"
+#: every record's timestamp, moved into the record by the sink's producer interceptor
+#: (tablecast/_jvm/interceptors): Spark's Kafka sink has no timestamp column
+TS_HEADER = "tablecast.ts"
 
 
 def header(name: str, value: Column) -> Column:
@@ -54,13 +59,13 @@ def route(
     if q.output.kind == "table" or q.output.role != "sink":
         flow = flow.fail_where(F.col("key").isNull(), "null key")
     df = flow.df
+    ts = F.array(header(TS_HEADER, Codec.long_bytes(F.col(env.TS))))
+    own = ts if headers is None else F.concat(headers, ts)
     cols = [
         F.when(ok(), F.col("key")).otherwise(F.col(env.RAW_KEY)).alias("key"),
         F.when(ok(), F.col("value")).otherwise(F.col(env.RAW_VALUE)).alias("value"),
         F.when(ok(), F.lit(q.output.topic)).otherwise(F.lit(dlq)).alias("topic"),
-        F.when(ok(), headers if headers is not None else F.lit(None))
-        .otherwise(dlq_headers())
-        .alias("headers"),
+        F.when(ok(), own).otherwise(F.concat(dlq_headers(), ts)).alias("headers"),
     ]
     if partition is not None:
         cols.append(F.when(ok(), partition).alias("partition"))
@@ -74,6 +79,7 @@ def repartition_headers(batch_id: int) -> Column:
         header(BATCH_HEADER, batch),
         header(RID_HEADER, F.col(env.RID)),
         header(OLD_HEADER, F.col(env.OLD)),
+        header(SRC_HEADER, F.col(env.SRC)),
     )
     return F.filter(all_, lambda h: h.getField("value").isNotNull())
 
@@ -88,8 +94,9 @@ def with_record_ids(flow: Flow, extra: tuple[str, ...]) -> Flow:
     else:
         rid = F.concat(Codec.long_bytes(F.col(env.PART)), Codec.long_bytes(F.col(env.OFF)), seq)
     df = flow.df.withColumn(env.RID, rid)
-    if env.OLD not in df.columns:
-        df = df.withColumn(env.OLD, F.lit(None).cast("binary"))
+    for col in (env.OLD, env.SRC):
+        if col not in df.columns:
+            df = df.withColumn(col, F.lit(None).cast("binary"))
     return flow.with_df(df)
 
 
@@ -99,4 +106,11 @@ def read_repartition_headers(df: DataFrame) -> DataFrame:
         return F.try_element_at(found, F.lit(1)).getField("value")
 
     batch = Codec.long_from_bytes(get(BATCH_HEADER))
-    return df.withColumns({env.OLD: get(OLD_HEADER), env.BATCH: batch, env.RID: get(RID_HEADER)})
+    return df.withColumns(
+        {
+            env.OLD: get(OLD_HEADER),
+            env.BATCH: batch,
+            env.RID: get(RID_HEADER),
+            env.SRC: get(SRC_HEADER),
+        }
+    )

@@ -23,21 +23,45 @@ from collections.abc import Iterator
 from typing import Any
 
 from tablecast.kafka.windowed import window_key
-from tablecast.pipeline import envelope as env
-from tablecast.pipeline.aggregation import Aggregator
-from tablecast.pipeline.flow import Flow
-from tablecast.pipeline.planner import Step
-from tablecast.pipeline.stateful import ERR, OFF, TOPIC, X1, K, StateFn, V, _bad, _frame, _rows
+from tablecast.pipeline.compile import envelope as env
+from tablecast.pipeline.compile.aggregate import Aggregator
+from tablecast.pipeline.compile.flow import Flow
+from tablecast.pipeline.compile.keyed import (
+    ERR,
+    OFF,
+    TOPIC,
+    TS,
+    K,
+    StateFn,
+    V,
+    bad_row,
+    drop_copies,
+    frame,
+    later,
+    ordered_rows,
+    through_id,
+)
+from tablecast.pipeline.plan.queries import Step
 from tablecast.serde import Serde
 from tablecast.windows import Windows
 
 TASK = "_tc_task"
-TS = X1  # the timestamp column follows the envelope's
 
 
 def window_core(
-    windows: Windows, grace_ms: int, agg: Aggregator, key: Serde, value: Serde, result: Serde
+    windows: Windows,
+    grace_ms: int,
+    agg: Aggregator,
+    key: Serde,
+    value: Serde,
+    result: Serde,
+    through: bool = False,
+    final: bool = False,
 ) -> StateFn:
+    """`through`: rows come from a stream's repartition topic with record ids, and the
+    copies a restarted upstream query wrote again are dropped (per task). `final`: each
+    window is written once, when it closes (stream time reaches its end + grace), not on
+    every change (Kafka Streams' suppress(untilWindowCloses))."""
     cols = env.COLUMNS
     width = len(cols)
     size = windows.size_ms
@@ -45,15 +69,18 @@ def window_core(
     def fn(group: tuple[Any, ...], pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
         task = int(group[0])
         stream_time: int | None
-        if state.exists:
-            stream_time, store = pickle.loads(state.get[0])
-        else:
-            stream_time, store = None, {}
+        # (stream time, {(key, start): (aggregate, its timestamp)}, (upstream batch, ids))
+        stored = pickle.loads(state.get[0]) if state.exists else (None, {}, (-1, set()))
+        stream_time, store = stored[0], stored[1]
+        last_batch, seen = stored[2] if len(stored) > 2 else (-1, set())
         live: dict[tuple[bytes, int], Any] = {}  # decoded aggregates of windows touched
         last: dict[tuple[bytes, int], tuple[Any, ...]] = {}  # the last row that changed each
+        times: dict[tuple[bytes, int], int | None] = {}  # each window's largest timestamp
         out: list[tuple[Any, ...]] = []
-        for row in _rows(pdfs):
-            row = row[:-1]  # without the task column
+        rows = [row[:-1] for row in ordered_rows(pdfs)]  # without the task column
+        if through:
+            rows, last_batch, seen = drop_copies(rows, last_batch, seen, through_id)
+        for row in rows:
             if row[ERR] is not None:
                 out.append(row[:width])
                 continue
@@ -68,7 +95,7 @@ def window_core(
                     f"late record: timestamp {ts}, stream time {stream_time}, "
                     f"window size {size} ms, grace {grace_ms} ms"
                 )
-                out.append(_bad(row, why, width))
+                out.append(bad_row(row, why, width))
                 continue
             try:
                 k, v = key.deserialize(kb), value.deserialize(row[V])
@@ -76,37 +103,52 @@ def window_core(
                 for s in starts:
                     wk = (kb, s)
                     if wk not in live:
-                        live[wk] = result.deserialize(store[wk]) if wk in store else None
+                        enc, t = _entry(store.get(wk))
+                        live[wk] = None if enc is None else result.deserialize(enc)
+                        times[wk] = t
                     new[wk] = agg.stream_add(k, v, live[wk])
             except Exception as e:  # the user's function failed: dead-letter this record
-                out.append(_bad(row, f"{agg.agg}: {type(e).__name__}: {e}", width))
+                out.append(bad_row(row, f"{agg.agg}: {type(e).__name__}: {e}", width))
                 continue
             live.update(new)
             for wk in new:
                 last[wk] = row
+                times[wk] = later(times[wk], ts)
         for wk, row in last.items():
             current = live[wk]
             try:
                 enc = None if current is None else result.serialize(current)
             except Exception as e:  # an aggregate its serde cannot write: keep the old one
-                out.append(_bad(row, f"encode aggregate: {type(e).__name__}: {e}", width))
+                out.append(bad_row(row, f"encode aggregate: {type(e).__name__}: {e}", width))
                 continue
             if enc is None:
                 store.pop(wk, None)
             else:
-                store[wk] = enc
+                store[wk] = (enc, times[wk])
+            if final:
+                continue
             wkey = window_key(wk[0], wk[1])
-            out.append((wkey, enc, None, None, None, row[TOPIC], task, row[OFF], 0))
-        if stream_time is not None:
+            out.append((wkey, enc, None, None, None, row[TOPIC], task, row[OFF], 0, times[wk]))
+        if stream_time is not None or last_batch >= 0:
             # a window closed for good takes no more records: forget it
-            closed = [wk for wk in store if wk[1] + size + grace_ms <= stream_time]
-            for wk in closed:
-                del store[wk]
-            state.update((pickle.dumps((stream_time, store), protocol=5),))
+            closed = [wk for wk in store if wk[1] + size + grace_ms <= (stream_time or 0)]
+            for wk in sorted(closed, key=lambda w: w[1]):
+                enc, t = _entry(store.pop(wk))
+                if final and enc is not None:
+                    out.append((window_key(*wk), enc, None, None, None, None, task, 0, 0, t))
+            kept = (stream_time, store, (last_batch, seen))
+            state.update((pickle.dumps(kept, protocol=5),))
         if out:
-            yield _frame(out, cols)
+            yield frame(out, cols)
 
     return fn
+
+
+def _entry(stored: Any) -> tuple[bytes | None, int | None]:
+    """A window's (aggregate, timestamp); a state from before timestamps holds bytes only."""
+    if stored is None or isinstance(stored, tuple):
+        return stored or (None, None)
+    return stored, None
 
 
 def partition_column() -> Any:
@@ -136,14 +178,16 @@ def apply(flow: Flow, step: Step, partitions: int, extra: tuple[str, ...]) -> Fl
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
 
-    from tablecast.pipeline import plan
+    from tablecast.pipeline.plan import nodes as plan
 
     node = step.node
     assert isinstance(node, plan.Aggregate) and node.window is not None
-    assert extra == (env.TS,), f"a windowed aggregation needs the record timestamps, has {extra}"
-    flow = flow.envelope(*extra)
+    through = env.BATCH in extra
+    flow = flow.envelope(*(extra if through else ()))
     w = node.window
-    core = window_core(w.windows, w.grace_ms, Aggregator.of(node), flow.key, flow.value, step.value)
+    agg = Aggregator.of(node)
+    final = node.emit == "final"
+    core = window_core(w.windows, w.grace_ms, agg, flow.key, flow.value, step.value, through, final)
     df = flow.df.withColumn(TASK, _task_udf(partitions)(F.col("key")))
     schema = env.schema()
     df = df.groupBy(TASK).applyInPandasWithState(

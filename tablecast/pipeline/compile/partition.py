@@ -13,8 +13,9 @@ from typing import Any
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from tablecast.pipeline import plan
-from tablecast.pipeline.flow import Flow
+from tablecast.pipeline.compile.columns import classic
+from tablecast.pipeline.compile.flow import Flow
+from tablecast.pipeline.plan import nodes as plan
 
 PARTITION = "_tc_partition"
 
@@ -22,7 +23,9 @@ PARTITION = "_tc_partition"
 def assign(flow: Flow, partitioner: plan.Fn, partitions: int) -> tuple[Flow, Column]:
     if isinstance(partitioner, Column):
         decoded = flow.decode()
-        flow = decoded.with_df(decoded.df.withColumn(PARTITION, partitioner.cast("int"))).encode()
+        flow = decoded.with_df(
+            decoded.df.withColumn(PARTITION, classic(partitioner).cast("int"))
+        ).encode()
     else:
         flow = flow.encode()
         udf = _python(partitioner, flow, partitions)

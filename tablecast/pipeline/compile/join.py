@@ -43,42 +43,62 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType, StructField, StructType
 
-from tablecast.pipeline import envelope as env
-from tablecast.pipeline import plan
-from tablecast.pipeline.codecs import Codec
-from tablecast.pipeline.flow import Flow, ok
-from tablecast.pipeline.stateful import ERR, PART, RK, SEQ, K, KeyState, V, by_bucket
+from tablecast.pipeline.compile import envelope as env
+from tablecast.pipeline.compile.codecs import Codec
+from tablecast.pipeline.compile.columns import classic
+from tablecast.pipeline.compile.flow import Flow, ok
+from tablecast.pipeline.compile.keyed import (
+    ERR,
+    PART,
+    RK,
+    K,
+    KeyState,
+    V,
+    by_bucket,
+    deduplicated,
+    later,
+)
+from tablecast.pipeline.plan import nodes as plan
 from tablecast.serde import Serde
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from tablecast.pipeline.planner import Step
+    from tablecast.pipeline.plan.queries import Step
 
 #: the join key's bytes (in the table's key serde) and which side a row is from
 JK = "_tc_jk"
 SIDE = "_tc_side"
 LEFT, RIGHT = 0, 1
-UNION = [*env.COLUMNS, env.TS, JK, SIDE]
+#: both sides' rows: the envelope, a repartition topic's columns (the left side's, when
+#: it reads one), the join key and the side
+UNION = [*env.COLUMNS, *env.REPARTITION, JK, SIDE]
 TS_I, SIDE_I = UNION.index(env.TS), UNION.index(SIDE)
 WIDTH = len(env.COLUMNS)
 
 
-def apply(flow: Flow, table: Flow, step: Step, partitions: int, extra: tuple[str, ...]) -> Flow:
-    """Join `flow` (the left side, carrying timestamps in `extra`) with `table`."""
+def apply(flow: Flow, table: Flow, step: Step, buckets: int, extra: tuple[str, ...]) -> Flow:
+    """Join `flow` (the left side) with `table`. Left rows read from a stream's repartition
+    topic carry record ids (`extra`): the copies a restarted upstream query wrote are
+    dropped per join key, so each record is joined once."""
     node = step.node
     assert isinstance(node, plan.Join) and node.parent is not None
-    assert extra == (env.TS,), f"a join needs the record timestamps, has {extra}"
-    left = _with_join_key(flow, node, table.key).df.withColumn(SIDE, F.lit(LEFT))
-    right = table.envelope(env.TS).df.withColumns({JK: F.col("key"), SIDE: F.lit(RIGHT)})
+    through = env.BATCH in extra
+    left = _with_join_key(flow, node, table.key, extra if through else ()).df
+    right = table.envelope().df.withColumns({JK: F.col("key")})
+    nulls = {c: F.lit(None).cast(env.schema(c)[c].dataType) for c in env.REPARTITION}
+    left = left.withColumns({**({} if through else nulls), SIDE: F.lit(LEFT)})
+    right = right.withColumns({**nulls, SIDE: F.lit(RIGHT)})
     union = left.select(*UNION).unionByName(right.select(*UNION))
     result = step.value
     core: Callable[..., list[Any]]
     if node.parent.kind == "stream":
         core = StreamJoin(node.joiner, node.how, node.is_global, flow.value, table.value, result)
     else:
-        core = TableJoin(node.joiner, flow.value, table.value, result)
-    df = by_bucket(union, core, partitions, key=JK)
+        core = TableJoin(node.joiner, flow.value, table.value, result, node.how)
+    if through:
+        core = deduplicated(core, keep_width=True)
+    df = by_bucket(union, core, buckets, key=JK)
     return Flow(df, step.key, step.value, step.kind)
 
 
@@ -89,20 +109,20 @@ def in_source_order(batch: DataFrame) -> DataFrame:
     return batch.repartition(F.col("key")).sortWithinPartitions(env.PART, env.OFF, env.SEQ)
 
 
-def _with_join_key(flow: Flow, node: plan.Join, table_key: Serde) -> Flow:
-    """The left rows, enveloped with their timestamp and join key bytes."""
+def _with_join_key(flow: Flow, node: plan.Join, table_key: Serde, extra: tuple[str, ...]) -> Flow:
+    """The left rows, enveloped (with `extra` columns) and with their join key bytes."""
     fn = node.key_fn
     if fn is None and flow.key.spec() == table_key.spec():
-        flow = flow.envelope(env.TS)
+        flow = flow.envelope(*extra)
         return flow.with_df(flow.df.withColumn(JK, F.col("key")))
     if isinstance(fn, Column):
         decoded = flow.decode()
-        df = decoded.df.withColumn(JK, fn)
+        df = decoded.df.withColumn(JK, classic(fn))
         jk = Codec(table_key).encode(F.col(JK), df.schema[JK].dataType)
-        return decoded.with_df(df.withColumn(JK, F.when(ok(), jk))).envelope(env.TS, JK)
+        return decoded.with_df(df.withColumn(JK, F.when(ok(), jk))).envelope(*extra, JK)
     if fn is None:  # the stream's key, in the table's key serde
         fn = _own_key
-    flow = flow.envelope(env.TS)
+    flow = flow.envelope(*extra)
     keyer = JoinKey(fn, flow.key, flow.value, table_key)
     schema = StructType([*flow.df.schema.fields, StructField(JK, BinaryType(), True)])
     return flow.with_df(flow.df.mapInArrow(keyer.map_batches, schema))
@@ -170,13 +190,16 @@ def ordered(rows: list[tuple[Any, ...]], table_first: bool) -> list[tuple[Any, .
     return list(heapq.merge(*tables, *lefts, key=ts))
 
 
-def _emit(row: tuple[Any, ...], key: bytes, value: bytes | None) -> tuple[Any, ...]:
-    """An output row: the input row's raw bytes and coordinates, a new key and value."""
-    return (key, value, None, *row[RK : SEQ + 1])
+def _emit(
+    row: tuple[Any, ...], key: bytes, value: bytes | None, ts: int | None = None
+) -> tuple[Any, ...]:
+    """An output row: the input row's raw bytes and coordinates, a new key and value, and
+    the row's timestamp unless `ts` says otherwise."""
+    return (key, value, None, *row[RK:TS_I], row[TS_I] if ts is None else ts)
 
 
 def _bad(row: tuple[Any, ...], why: str) -> tuple[Any, ...]:
-    return (row[K], row[V], why[:1000], *row[RK : SEQ + 1])
+    return (row[K], row[V], why[:1000], *row[RK : TS_I + 1])
 
 
 @dataclass(frozen=True)
@@ -219,39 +242,58 @@ class StreamJoin:
 
 @dataclass(frozen=True)
 class TableJoin:
-    """The per-key step of a table-table inner join; state: both sides' latest values."""
+    """The per-key step of a table-table join; state: both sides' latest values.
+
+    A key has a result while both sides hold it (inner), while the left one does
+    (left: ``joiner(left, right or None)``), or while either does (outer:
+    ``joiner(left or None, right or None)``); a change re-emits it, and the key is
+    deleted when it stops having one (KTableKTableInner/Left/OuterJoin)."""
 
     joiner: Callable[[Any, Any], Any]
     left_value: Serde
     right_value: Serde
     result: Serde
+    how: str = "inner"
+
+    def joined(self, left: bytes | None, right: bytes | None) -> bool:
+        if self.how == "inner":
+            return left is not None and right is not None
+        if self.how == "left":
+            return left is not None
+        return left is not None or right is not None
 
     def __call__(self, kb: bytes | None, rows: list[Any], state: KeyState) -> list[Any]:
-        left, right = state.get if state.exists else (None, None)
+        stored = state.get if state.exists else (None, None)
+        left, right = stored[:2]
+        # each side's timestamp: a result carries the larger (a state from before them: none)
+        times = list(stored[2:4]) if len(stored) > 2 else [None, None]
         out: list[tuple[Any, ...]] = []
         for row in ordered(rows, table_first=False):
             if row[ERR] is not None:
                 out.append(row[:WIDTH])
                 continue
-            joined_before = left is not None and right is not None
+            joined_before = self.joined(left, right)
             if row[SIDE_I] == LEFT:
                 left = row[V]
             else:
                 right = row[V]
-            if left is not None and right is not None:
+            times[row[SIDE_I]] = row[TS_I]
+            ts = later(*times)
+            if self.joined(left, right):
                 try:
-                    lv, rv = self.left_value.deserialize(left), self.right_value.deserialize(right)
+                    lv = None if left is None else self.left_value.deserialize(left)
+                    rv = None if right is None else self.right_value.deserialize(right)
                     joined = self.joiner(lv, rv)
                     enc = None if joined is None else self.result.serialize(joined)
                 except Exception as e:  # dead-lettered; the result keeps its last value
                     out.append(_bad(row, f"join: {type(e).__name__}: {e}"))
                     continue
-                out.append(_emit(row, kb, enc))
+                out.append(_emit(row, kb, enc, ts))
             elif joined_before:
-                out.append(_emit(row, kb, None))
+                out.append(_emit(row, kb, None, ts))
         if kb is not None:
             if left is None and right is None:
                 state.remove()
             else:
-                state.update((left, right))
+                state.update((left, right, *times))
         return out

@@ -1,0 +1,54 @@
+"""``tablecast explain``: an App's plan in words — operators, queries, topics, triggers.
+
+Pure Python: the plan and the trigger each query would get are known without
+Spark; a running pipeline passes the triggers it actually chose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tablecast.pipeline.plan import nodes as plan
+from tablecast.pipeline.plan.queries import plan_output
+from tablecast.pipeline.run import trigger as triggers
+
+
+def explain(
+    app_id: str,
+    outputs: list[plan.Materialize | plan.To],
+    trigger: str,
+    partitions: Callable[[str], int | None] | None = None,
+    chosen: dict[str, triggers.Trigger] | None = None,
+) -> str:
+    """The plan in words; each query's trigger is `chosen`'s (a running pipeline's
+    decision) or else what its plan allows."""
+    lines = [f"App {app_id!r}: {len(outputs)} output(s); trigger {trigger!r}"]
+    mats = [o for o in outputs if isinstance(o, plan.Materialize)]
+    for out in outputs:
+        what = f"table {out.name!r}" if isinstance(out, plan.Materialize) else f"to {out.topic!r}"
+        lines.append(f"  {what}")
+        lines.append("    operators: " + " -> ".join(n.describe() for n in out.lineage()))
+        for q in plan_output(app_id, out, mats):
+            state = "stateful, RocksDB state store" if q.stateful else "stateless"
+            batches = q.writes_batches or q.reorders
+            writer = "foreachBatch -> Kafka" if batches else "Kafka sink"
+            lines.append(f"    query {q.name!r} ({state}; {writer}; update mode)")
+            count = partitions(q.input.topic) if partitions else None
+            parts = f", {count} partitions" if count else ""
+            lines.append(f"      reads  {q.input.topic} [{q.input.role}{parts}]")
+            for s in q.steps:
+                lines.append(f"      step   {s.describe()}")
+                if s.side is not None:
+                    lines.append(f"      joins  {s.side.topic} [{s.side.role}]")
+            placed = f", partitioner {plan.fn_name(q.partitioner)}" if q.partitioner else ""
+            wanted = f", {q.partitions} partitions" if q.partitions else ""
+            lines.append(f"      writes {q.output.topic} [{q.output.role}{wanted}{placed}]")
+            trig = (chosen or {}).get(q.name)
+            if trig is None:  # not running: the slots it will find are not known yet
+                trig = triggers.decide(trigger, q)
+                slots = ", given a free task slot per input partition" if trig.realtime else ""
+            else:
+                slots = ""
+            lines.append(f"      trigger: {trig.describe()}{slots}")
+            lines.append(f"      bad records -> {app_id}.dlq")
+    return "\n".join(lines)

@@ -1,0 +1,41 @@
+"""A stateful query keeps the state layout its checkpoint started with (run/layout.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tablecast.pipeline.compile import keyed
+from tablecast.pipeline.run.layout import FILE, Files, LayoutError, settle
+
+
+def test_a_new_query_records_its_layout_and_keeps_it_when_the_constant_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ck = str(tmp_path / "q")
+    first = settle(Files(), ck, 4, "q", windowed=False)
+    assert first.buckets == keyed.BUCKETS_PER_PARTITION * 4
+    assert json.loads((tmp_path / "q" / FILE).read_text())["buckets"] == first.buckets
+    import tablecast.pipeline.run.layout as layout
+
+    monkeypatch.setattr(layout, "BUCKETS_PER_PARTITION", 64)
+    assert settle(Files(), ck, 4, "q", windowed=False) == first  # the checkpoint's count
+    assert settle(Files(), str(tmp_path / "fresh"), 4, "q", windowed=False).buckets == 256
+
+
+def test_a_checkpoint_from_before_layouts_gets_the_old_fixed_count(tmp_path: Path) -> None:
+    (tmp_path / "q" / "offsets").mkdir(parents=True)
+    assert settle(Files(), f"file://{tmp_path}/q", 3, "q", windowed=False).buckets == 48
+    assert (tmp_path / "q" / FILE).exists()
+
+
+def test_what_cannot_be_carried_over_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    ck = tmp_path / "w"
+    settle(Files(), str(ck), 3, "shop.w", windowed=True)
+    with pytest.raises(LayoutError, match=r"input has 4 now\. Delete that checkpoint"):
+        settle(Files(), str(ck), 4, "shop.w", windowed=True)
+    (ck / FILE).write_text(json.dumps({"format": 99, "buckets": 3, "partitions": 3}))
+    with pytest.raises(LayoutError, match="has format 99"):
+        settle(Files(), str(ck), 3, "shop.w", windowed=True)
