@@ -51,6 +51,15 @@ def dlq_topic(app_id: str) -> str:
     return f"{app_id}.dlq"
 
 
+def status_topic(app_id: str) -> str:
+    """Where the pipeline publishes each query's progress, every batch (the console reads it)."""
+    return f"{app_id}.status"
+
+
+#: progress points are worth minutes, not a history: an hour is kept
+STATUS_CONFIG = {"cleanup.policy": "delete", "retention.ms": str(3600 * 1000)}
+
+
 def members_topic(app_id: str) -> str:
     return f"{app_id}.members"
 

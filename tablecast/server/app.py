@@ -24,6 +24,7 @@ import orjson
 
 from tablecast.cluster.node import Node
 from tablecast.cluster.signing import Signer
+from tablecast.console.api import NODE_ROUTE, Console
 from tablecast.server import openapi, params, status
 from tablecast.server.auth import Auth
 from tablecast.server.cursor import Cursors
@@ -69,6 +70,7 @@ class HttpApp:
         self._auth_metrics = auth_metrics and self._auth_on
         self.router = Router(node, Cursors(node.config.app_id.encode()), self.peers, self.waits)
         self.stats = HttpStats()
+        self.console = Console(node, self.stats, self.peers)
         self._openapi = orjson.dumps(openapi.document())
 
     async def __call__(self, scope: Any, proto: Any) -> None:
@@ -86,7 +88,7 @@ class HttpApp:
             # a signed hop was counted where the caller came in (a forged one is refused)
             limited = self.rate is not None and not from_peer and path.startswith("/v1/")
             caller = None
-            if self._auth_on and path.startswith(("/v1/", "/internal/")):
+            if self._auth_on and path.startswith(("/v1/", "/internal/", "/ui/api/")):
                 authorization = headers.get("authorization")
                 caller = self.auth.remembered(authorization)
                 if caller is None:
@@ -117,7 +119,10 @@ class HttpApp:
             log.exception("unhandled error on %s %s", scope.method, scope.path)
             answer = (500, ApiError("internal", "internal error").body(), [])
         code, body, extra = answer
-        proto.response_bytes(code, [PROMETHEUS if route == "metrics" else JSON, *extra], body)
+        if route == "ui" and code < 400:  # the console's files say their own type
+            proto.response_bytes(code, extra, body)
+        else:
+            proto.response_bytes(code, [PROMETHEUS if route == "metrics" else JSON, *extra], body)
         self.stats.record(route, code, perf_counter() - started)
 
     def match(self, method: str, path: str) -> tuple[str, Handler]:
@@ -164,6 +169,11 @@ class HttpApp:
                 return "internal_scan", lambda q, _: r.internal_scan(parts[3], q)
             if parts[4] == "count":
                 return "internal_count", lambda q, _: r.internal_count(parts[3], q)
+        elif parts[1] == "ui":
+            return self._console_route(method, path)
+        elif path == NODE_ROUTE:
+            _get(method)
+            return "internal_console", lambda q, _: self.console.node()
         elif n == 2:
             name = parts[1]
             if name == "healthz":
@@ -175,6 +185,25 @@ class HttpApp:
             if name == "openapi.json":
                 return "openapi", lambda q, _: (200, self._openapi, [])
         raise ApiError("not_found", f"no route for {method} {path}")
+
+    def _console_route(self, method: str, path: str) -> tuple[str, Handler]:
+        """/ui, /ui/static/<file> and /ui/api/<what>."""
+        _get(method)
+        c = self.console
+        if path in ("/ui", "/ui/"):
+            return "ui", lambda q, _: c.page("index.html", q)
+        if path.startswith("/ui/static/"):
+            name = path[len("/ui/static/") :]
+            return "ui", lambda q, _: c.page(name, q)
+        api = {
+            "/ui/api/node": lambda q, _: c.node(),
+            "/ui/api/nodes": lambda q, _: c.nodes(q),
+            "/ui/api/pipeline": lambda q, _: c.pipeline(q),
+            "/ui/api/deadletters": lambda q, _: c.dead_letters(q),
+        }.get(path)
+        if api is None:
+            raise ApiError("not_found", f"no route for {method} {path}")
+        return "ui_api", api
 
     def _by_query(self, what: str, table: str, req: Request) -> Answer | Awaitable[Answer]:
         key = req.params.get("key")

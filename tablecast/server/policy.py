@@ -189,6 +189,10 @@ class Grants:
     def allows_table(self, name: str) -> bool:
         return name in self._tables or EVERY in self._tables
 
+    def reads_everything(self) -> bool:
+        """Whether the token may read every key of every table (``"*": "*"``)."""
+        return EVERY in self._tables and self._tables[EVERY] is None
+
     def require_table(self, name: str) -> None:
         """403 unless the token may read some of `name` (asked before the table is looked
         up, so a caller cannot learn which tables exist that it may not read)."""

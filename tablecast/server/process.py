@@ -96,6 +96,7 @@ async def serve(
     try:
         await serve_rsgi(app, host, port, tls)
     finally:
+        app.console.close()
         app.peers.close()
         node.stop()
         log.info("node %s stopped", config.node_id)

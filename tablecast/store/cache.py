@@ -34,6 +34,8 @@ class CachedStore:
         self._bytes = 0
         self._generation = 0
         self._applied = inner.applied_offset
+        #: reads answered from the cache, and read from the store (the console shows the rate)
+        self.hits = self.misses = 0
 
     @property
     def applied_offset(self) -> int:
@@ -49,7 +51,9 @@ class CachedStore:
     def get(self, key: bytes) -> Record | None:
         record = self._records.get(key)
         if record is not None:
+            self.hits += 1
             return record
+        self.misses += 1
         generation = self._generation
         record = self.inner.get(key)
         if record is not None and not generation & 1:  # no apply was under way
