@@ -6,8 +6,11 @@ import logging
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
+
+import orjson
 
 from tablecast.kafka import catalog
 from tablecast.kafka.topics import (
@@ -21,7 +24,9 @@ from tablecast.pipeline.plan import nodes as plan
 from tablecast.pipeline.plan import queries as planner
 from tablecast.pipeline.run import explain as explaining
 from tablecast.pipeline.run import spark as spark_setup
+from tablecast.pipeline.run import status
 from tablecast.pipeline.run.layout import Files, local_path, settle
+from tablecast.pipeline.run.status import StatusPublisher
 from tablecast.pipeline.run.trigger import Trigger, assign, written_by_micro_batch
 
 if TYPE_CHECKING:
@@ -57,6 +62,8 @@ class DeadLetterCounter:
         self.counts: dict[str, int] = defaultdict(int)
         #: query id -> name (a termination event carries only the id)
         self.names: dict[str, str] = {}
+        #: called with each progress report (Spark's StreamingQueryProgress as a dict)
+        self.on_progress: Callable[[dict[str, Any]], None] | None = None
         self._lock = threading.Lock()
 
     def listener(self) -> Any:
@@ -75,6 +82,11 @@ class DeadLetterCounter:
                     with counter._lock:
                         counter.counts[p.name] += int(row["dead_letters"])
                     log.warning("query %s: %d bad record(s) -> dlq", p.name, row["dead_letters"])
+                if counter.on_progress is not None:
+                    try:
+                        counter.on_progress(orjson.loads(p.json))
+                    except Exception as e:  # progress is advisory: never fail a batch over it
+                        log.debug("progress of %s not reported: %s", p.name, e)
 
             def onQueryIdle(self, event: Any) -> None:
                 pass
@@ -144,6 +156,9 @@ class Pipeline:
     #: input end offsets each real-time query has processed all of
     _synced: dict[str, list[dict[int, int]]] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
+    _status: status.StatusPublisher | None = None
+    #: each query's latest progress point
+    _latest: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def start(
@@ -189,6 +204,7 @@ class Pipeline:
                 )
         catalog.publish(bootstrap_servers, app.id, infos)
         counter = DeadLetterCounter()
+        publisher = StatusPublisher(bootstrap_servers, app.id)
         listener = counter.listener()
         spark.streams.addListener(listener)
         checkpoints = app.resolve_checkpoint_dir()
@@ -210,6 +226,8 @@ class Pipeline:
         pipeline = cls(
             app, spark, started, owns, counter, chosen, bootstrap_servers, inputs, listener
         )
+        pipeline._status = publisher
+        counter.on_progress = pipeline._progressed
         try:
             for count, sizes, queries in chains:
                 for q, out in zip(queries, sizes, strict=True):
@@ -250,22 +268,26 @@ class Pipeline:
             self.app.id, self.app.outputs(), self.app.trigger, chosen=self.triggers
         )
 
+    def _progressed(self, progress: dict[str, Any]) -> None:
+        """A batch ended: its point goes to ``<app>.status`` (the console's pipeline page)."""
+        name = progress.get("name") or ""
+        trig = self.triggers.get(name)
+        p = status.point(
+            progress, trig.describe() if trig else "", self.dead_letters.counts.get(name, 0)
+        )
+        self._latest[name] = p
+        if self._status is not None:
+            self._status.publish(p)
+
     def _report(self) -> None:
+        """The same points in the log, every PROGRESS_EVERY_S, for queries that moved."""
         last: dict[str, int] = {}
         while not self._stop.wait(PROGRESS_EVERY_S):
-            for name, q in list(self.queries.items()):
-                p = q.lastProgress
-                if not p or last.get(name) == p["batchId"]:
+            for name, p in list(self._latest.items()):
+                if last.get(name) == p["batch"]:
                     continue
-                last[name] = p["batchId"]
-                log.info(
-                    "query %s: batch %d, %d rows, %.0f rows/s, %d bad records so far",
-                    name,
-                    p["batchId"],
-                    p["numInputRows"],
-                    p.get("processedRowsPerSecond") or 0.0,
-                    self.dead_letters.counts.get(name, 0),
-                )
+                last[name] = p["batch"]
+                log.info("%s", status.describe(p))
 
     def await_termination(self, stop: threading.Event | None = None) -> None:
         """Block until a query ends (failed: raise) or `stop` is set.
@@ -325,6 +347,9 @@ class Pipeline:
         if self._listener is not None:
             self.spark.streams.removeListener(self._listener)
             self._listener = None
+        if self._status is not None:
+            self._status.close()
+            self._status = None
         if self.owns_spark:
             # every query has stopped: what Spark logs while its executors wind
             # down (rejected task results, closed channels) is noise, not news
