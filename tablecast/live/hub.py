@@ -214,7 +214,9 @@ class Watch:
             return
         if reason is not None and reason != SLOW:
             sink.add(self.encoder.encode(ERROR, None, None, _error(reason, message)))
-            sink.flush()
+        # through the hub: a sink left in its list of touched sinks would outlive its stream
+        # (and keep granian's response open)
+        self.hub.flush()
         sink.close(reason)
 
 
@@ -284,7 +286,8 @@ class Hub:
         # counters for /metrics
         self.delivered = 0
         self.opened = 0
-        self.closed_slow = 0
+        #: streams ended, by why: client (it left), slow_consumer, shutdown, unauthorized ...
+        self.closed: dict[str, int] = {}
         self.catch_ups = 0
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -301,6 +304,8 @@ class Hub:
     def close_all(self, reason: str = "shutdown", message: str | None = None) -> None:
         """End every stream (the node stops: clients resume elsewhere with their last id)."""
         self.stopping = True
+        if self.watches:
+            log.info("ending %d watch stream(s): %s", len(self.watches), reason)
         for w in list(self.watches.values()):
             w.close(reason, message)
 
@@ -310,6 +315,12 @@ class Hub:
             task.cancel()
         self.feed.stop()
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def open_by_transport(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for w in self.watches.values():
+            counts[w.encoder.name] = counts.get(w.encoder.name, 0) + 1
+        return counts
 
     def source(self, info: TableInfo) -> tuple[Renderer, Source]:
         known = self._renderers.get(info.name)
@@ -572,8 +583,8 @@ class Hub:
         if self.watches.pop(watch.id, None) is None:
             return
         watch.catching_up = frozenset()
-        if watch.sink is not None and watch.sink.reason == SLOW:
-            self.closed_slow += 1
+        reason = (watch.sink.reason if watch.sink is not None else None) or "client"
+        self.closed[reason] = self.closed.get(reason, 0) + 1
         now = time.monotonic()
         for pf in watch.live.values():
             if watch.selection.keys is not None:
@@ -600,37 +611,47 @@ class Hub:
         slices = 10
         for turn in itertools.count():
             await asyncio.sleep(KEEPALIVE_S / slices)
-            now = time.time()
-            for w in list(self.watches.values()):
-                if w.id % slices != turn % slices or w.sink is None:
-                    continue
-                if w.expires is not None and now >= w.expires:
-                    w.close("unauthorized", "the token expired: reconnect with a fresh one")
-                    continue
-                token = w.token() if w.pos else None
-                w.sink.add(w.encoder.keep_alive(token))
-            self.flush()
+            self._keep_alive_slice(turn % slices, slices)
+
+    def _keep_alive_slice(self, turn: int, slices: int) -> None:
+        # a method of its own: a loop variable left in a long-lived coroutine's frame would
+        # keep the last watch (and its open response) alive after its stream ended
+        now = time.time()
+        for w in list(self.watches.values()):
+            if w.id % slices != turn or w.sink is None:
+                continue
+            if w.expires is not None and now >= w.expires:
+                w.close("unauthorized", "the token expired: reconnect with a fresh one")
+                continue
+            w.sink.add(w.encoder.keep_alive(w.token() if w.pos else None))
+        self.flush()
 
     async def _watchdog(self) -> None:
         while True:
             await asyncio.sleep(WATCHDOG_S)
             try:
-                now = time.monotonic()
-                streamed = []
-                for w in list(self.watches.values()):
-                    sink = w.sink
-                    if sink is None:
-                        continue
-                    if sink.behind(now):
-                        w.close(SLOW)
-                    elif isinstance(sink, StreamSink):
-                        streamed.append(w)
+                streamed = self._cut_slow_queues()
                 if streamed and self._port is not None and not self._diag_failed:
-                    await self._check_streams(streamed, now)
+                    await self._check_streams(streamed, time.monotonic())
+                del streamed
             except Exception:
                 log.exception("watch watchdog failed")
 
-    async def _check_streams(self, watches: list[Watch], now: float) -> None:
+    def _cut_slow_queues(self) -> list[StreamSink]:
+        """Close queued sinks that are too far behind; the SSE sinks, judged by TCP next."""
+        now = time.monotonic()
+        streamed = []
+        for w in list(self.watches.values()):
+            sink = w.sink
+            if sink is None:
+                continue
+            if sink.behind(now):
+                w.close(SLOW)
+            elif isinstance(sink, StreamSink):
+                streamed.append(sink)
+        return streamed
+
+    async def _check_streams(self, sinks: list[StreamSink], now: float) -> None:
         """SSE clients too far behind: compare what each connection was handed with what its
         client's TCP acknowledged (granian buffers whatever a slow client does not read)."""
         assert self.loop is not None and self._port is not None
@@ -641,9 +662,8 @@ class Hub:
             log.warning("cannot see TCP progress of SSE clients (%s): slow ones are not cut off", e)
             return
         by_peer: dict[tuple[str, int], list[StreamSink]] = {}
-        for w in watches:
-            sink = w.sink
-            if isinstance(sink, StreamSink) and sink.peer is not None and not sink.closed:
+        for sink in sinks:
+            if sink.peer is not None and not sink.closed:
                 by_peer.setdefault(sink.peer, []).append(sink)
         conns = self._conns
         for peer in conns.keys() - by_peer.keys():

@@ -97,6 +97,12 @@ class StreamSink(Sink):
         # granian queues the write and answers at once: nothing to await
         self.transport.send_bytes(data)
 
+    def close(self, reason: str | None = None) -> None:
+        super().close(reason)
+        # granian ends the response when the transport is freed: whatever still holds this
+        # sink must not hold the response open
+        self.transport = None
+
 
 class QueueSink(Sink):
     """Events for a writer that awaits its connection (WebSocket, gRPC)."""

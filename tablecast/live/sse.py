@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 
 from tablecast.live.events import SSE
@@ -31,8 +30,8 @@ async def stream(live: Live, table: str, req: Request, proto: Any) -> None:
     try:
         await asyncio.wait([sink.done, gone], return_when=asyncio.FIRST_COMPLETED)
     finally:
+        # not awaited: granian's disconnect awaitable ignores cancellation and would hold
+        # this handler (and a stopping server) until the client leaves
         gone.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await gone
         sink.close()
         live.end(watch)

@@ -229,7 +229,7 @@ class HttpApp:
     def _metrics(self, req: Request) -> Answer:
         if self._auth_metrics:
             self.auth.caller(req.headers.get("authorization"))
-        return 200, exposition(self.node, self.stats, self.rate, self.waits), []
+        return 200, exposition(self.node, self.stats, self.rate, self.waits, self.live.hub), []
 
     def _readiness(self, req: Request) -> Answer:
         code, body = status.readiness(self.node)
