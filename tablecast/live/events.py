@@ -54,7 +54,17 @@ class Renderer:
 class Change:
     """One record of a table partition: an upsert, or a delete (value None)."""
 
-    __slots__ = ("_data", "_shared", "key", "offset", "partition", "renderer", "timestamp", "value")
+    __slots__ = (
+        "_data",
+        "_shared",
+        "_value_json",
+        "key",
+        "offset",
+        "partition",
+        "renderer",
+        "timestamp",
+        "value",
+    )
 
     def __init__(
         self,
@@ -72,6 +82,7 @@ class Change:
         self.offset = offset
         self.timestamp = timestamp
         self._data: bytes | None = None
+        self._value_json: bytes | None = None
         #: per encoder: the whole event with the one-partition token, shared by its watchers
         self._shared: dict[str, Any] | None = None
 
@@ -87,8 +98,16 @@ class Change:
     ) -> Change:
         """A row whose value came already rendered as JSON (from a peer)."""
         change = cls(renderer, partition, key, None, offset, timestamp)
-        change._data = _DATA % (renderer.key(key), value_json, partition, offset, timestamp)
+        change._value_json = value_json
         return change
+
+    @property
+    def value_json(self) -> bytes:
+        """The value as JSON text (``null``: deleted)."""
+        value = self._value_json
+        if value is None:
+            value = self._value_json = self.renderer.value(self.value)
+        return value
 
     @property
     def data(self) -> bytes:
@@ -97,7 +116,7 @@ class Change:
             r = self.renderer
             data = self._data = _DATA % (
                 r.key(self.key),
-                r.value(self.value),
+                self.value_json,
                 self.partition,
                 self.offset,
                 self.timestamp,
