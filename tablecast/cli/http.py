@@ -1,14 +1,16 @@
-"""``tablecast query|tables|cluster``: the HTTP API from the shell, through ``tablecast.Client``."""
+"""``tablecast query|watch|tables|cluster``: the HTTP API from the shell, through
+``tablecast.Client``."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 import orjson
 
 from tablecast.cli.errors import fail
-from tablecast.client import Client, QueryError
+from tablecast.client import Client, QueryError, WatchError
 
 
 def run(args: argparse.Namespace) -> int:
@@ -16,6 +18,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         with Client(urls, token=args.token, verify=args.ca or True) as client:
             answer: Any
+            if args.command == "watch":
+                return _watch(client, args)
             if args.command == "query":
                 answer = client.get(args.table, args.key)
                 if answer is None:
@@ -24,9 +28,43 @@ def run(args: argparse.Namespace) -> int:
                 answer = {"tables": client.tables()}
             else:
                 answer = client.cluster()
-    except QueryError as e:
+    except (QueryError, WatchError) as e:
         return fail(str(e), 1)
     except ConnectionError as e:
         return fail(f"cannot reach {args.url}: {e}")
     print(orjson.dumps(answer, option=orjson.OPT_INDENT_2).decode())
+    return 0
+
+
+def _watch(client: Client, args: argparse.Namespace) -> int:
+    """One JSON line per snapshot row and change, flushed as it comes; a note on stderr
+    when the snapshot is complete. Runs until interrupted."""
+    if not (args.keys or args.prefix is not None or args.start or args.end):
+        return fail("watch what? give KEY..., --prefix, or --from/--to")
+    events = client.watch(
+        args.table,
+        key=args.keys or None,
+        prefix=args.prefix,
+        start=args.start,
+        end=args.end,
+        snapshot=not args.no_snapshot,
+        since=args.since,
+    )
+    for e in events:
+        if e.event == "ready":
+            print(
+                f"-- snapshot complete (id {e.id}); following changes", file=sys.stderr, flush=True
+            )
+            continue
+        line = {
+            "event": e.event,
+            "key": e.key,
+            "value": e.value,
+            "partition": e.partition,
+            "offset": e.offset,
+            "id": e.id,
+        }
+        if e.timestamp is not None:
+            line["timestamp"] = e.timestamp
+        print(orjson.dumps(line).decode(), flush=True)
     return 0

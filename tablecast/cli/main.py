@@ -150,6 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
     _opt(p, "--tls-cert", help="serve HTTPS with this certificate (PEM)")
     _opt(p, "--tls-key", help="the certificate's private key (PEM)")
     _opt(p, "--tls-ca", help="the CA that signed the nodes' certificates: peers are verified")
+    _opt(
+        p,
+        "--grpc-port",
+        type=int,
+        help="also serve gRPC (service tablecast.v1.Tables: Get, BatchGet, Range, Watch) on this "
+        "port, with the same auth (and TLS with --tls-cert)",
+    )
 
     for name, what in (("dev", "everything on one machine"), ("demo", "the stock-price demo")):
         p = sub.add_parser(name, help=what)
@@ -167,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, what in (
         ("query", "read one key"),
+        ("watch", "follow a table's rows live: a snapshot, then every change (JSON lines)"),
         ("tables", "list tables"),
         ("cluster", "show nodes"),
     ):
@@ -174,6 +182,14 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "query":
             p.add_argument("table")
             p.add_argument("key")
+        if name == "watch":
+            p.add_argument("table")
+            p.add_argument("keys", nargs="*", metavar="KEY", help="keys to follow (or --prefix)")
+            p.add_argument("--prefix", help="follow every key starting with this")
+            p.add_argument("--from", dest="start", help="follow keys from this one (inclusive)")
+            p.add_argument("--to", dest="end", help="... up to this one (exclusive)")
+            p.add_argument("--no-snapshot", action="store_true", help="only changes from now on")
+            p.add_argument("--since", help="resume after the event with this id")
         _opt(p, "--url", "http://localhost:8080", help="a node URL, or several separated by commas")
         _opt(p, "--token", help="a bearer JWT, when the nodes require auth")
         _opt(p, "--ca", help="the CA file that signed the nodes' certificates (https:// URLs)")
@@ -368,7 +384,7 @@ def _serve(args: argparse.Namespace) -> int:
         )
     auth = Auth(secret, args.auth_jwks, args.auth_audience, args.auth_issuer, policy)
     tls = (args.tls_cert, args.tls_key) if args.tls_cert else None
-    limits = process.Limits(args.rate_limit, args.max_waits, args.auth_metrics)
+    limits = process.Limits(args.rate_limit, args.max_waits, args.auth_metrics, args.grpc_port)
     process.run(config, args.host, args.port, auth, tls, limits)
     return 0
 
@@ -393,6 +409,7 @@ _COMMANDS = {
     "dev": _dev,
     "demo": _dev,
     "query": _http,
+    "watch": _http,
     "tables": _http,
     "cluster": _http,
 }

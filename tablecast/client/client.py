@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import ssl
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -22,6 +22,7 @@ import httpx
 import orjson
 
 from tablecast import serde as serdes
+from tablecast.client.watch import Resumer, WatchEvent, watch_async, watch_params, watch_sync
 from tablecast.kafka.partitioner import partition_for
 
 REFRESH_MIN_INTERVAL_S = 0.5
@@ -64,7 +65,9 @@ class Client:
         if not self.seeds:
             raise ValueError("give at least one node URL")
         headers = {"authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(timeout=timeout, headers=headers, verify=_ssl_context(verify))
+        self._headers = headers
+        self._verify = _ssl_context(verify)
+        self._http = httpx.Client(timeout=timeout, headers=headers, verify=self._verify)
         self.retries = retries
         self._tables: dict[str, dict[str, Any]] = {}
         #: (table, partition) -> node URLs, the active first
@@ -239,6 +242,69 @@ class Client:
         return self._check(
             self._send(self._nodes, "GET", f"/v1/tables/{quote(table, safe='')}/count")
         )["count"]
+
+    def watch(
+        self,
+        table: str,
+        key: Any | Sequence[Any] | None = None,
+        prefix: str | None = None,
+        start: Any = None,
+        end: Any = None,
+        snapshot: bool = True,
+        since: str | None = None,
+    ) -> Iterator[WatchEvent]:
+        """The table's rows (`key`: one key or a list; `prefix`; or keys in [`start`, `end`))
+        as a snapshot, then every change, for as long as you iterate.
+
+        Events: ``snapshot`` rows, ``ready`` once the snapshot is complete, then
+        ``change`` (``value`` None: deleted), in offset order per partition. When
+        a node fails the watch resumes on another with the last event's id, with
+        no gap and no duplicate; `since` resumes from an id you kept.
+        """
+        resumer = self._resumer(table, key, prefix, start, end, snapshot, since)
+        return watch_sync(self._http, resumer, self._maybe_refresh)
+
+    async def awatch(
+        self,
+        table: str,
+        key: Any | Sequence[Any] | None = None,
+        prefix: str | None = None,
+        start: Any = None,
+        end: Any = None,
+        snapshot: bool = True,
+        since: str | None = None,
+    ) -> AsyncIterator[WatchEvent]:
+        """:meth:`watch` for asyncio (``async for event in client.awatch(...)``)."""
+        resumer = self._resumer(table, key, prefix, start, end, snapshot, since, refresh=False)
+        async with httpx.AsyncClient(headers=self._headers, verify=self._verify) as http:
+            async for event in watch_async(http, resumer, lambda: None):
+                yield event
+
+    def _resumer(
+        self,
+        table: str,
+        key: Any,
+        prefix: str | None,
+        start: Any,
+        end: Any,
+        snapshot: bool,
+        since: str | None,
+        refresh: bool = True,
+    ) -> Resumer:
+        params = watch_params(key, prefix, start, end, snapshot, _text)
+        one = key[0] if isinstance(key, list | tuple) and key else key
+        if refresh and one is not None and not isinstance(key, set | frozenset):
+
+            def nodes() -> list[str]:
+                return self._candidates(table, one)  # its owner reads the snapshot locally
+        else:
+
+            def nodes() -> list[str]:
+                return list(dict.fromkeys([*self._nodes, *self.seeds]))
+
+        resumer = Resumer(table, params, nodes)
+        resumer.parser.last_id = since
+        return resumer
 
     def tables(self) -> list[dict[str, Any]]:
         return self._check(self._send(self._nodes, "GET", "/v1/tables"))["tables"]

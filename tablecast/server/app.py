@@ -25,6 +25,8 @@ import orjson
 from tablecast.cluster.node import Node
 from tablecast.cluster.signing import Signer
 from tablecast.console.api import NODE_ROUTE, Console
+from tablecast.live import snapshot, sse, websocket
+from tablecast.live.service import Live
 from tablecast.server import openapi, params, status
 from tablecast.server.auth import Auth
 from tablecast.server.cursor import Cursors
@@ -69,12 +71,15 @@ class HttpApp:
         #: /metrics needs a token, and /readyz without one says only whether the node is ready
         self._auth_metrics = auth_metrics and self._auth_on
         self.router = Router(node, Cursors(node.config.app_id.encode()), self.peers, self.waits)
+        self.live = Live(node, self.router)
         self.stats = HttpStats()
         self.console = Console(node, self.stats, self.peers)
         self._openapi = orjson.dumps(openapi.document())
 
     async def __call__(self, scope: Any, proto: Any) -> None:
         if scope.proto != "http":
+            if scope.proto == "ws":
+                await self._websocket(scope, proto)
             return
         started = perf_counter()
         route = "unmatched"
@@ -89,7 +94,7 @@ class HttpApp:
             limited = self.rate is not None and not from_peer and path.startswith("/v1/")
             caller = None
             if self._auth_on and path.startswith(("/v1/", "/internal/", "/ui/api/")):
-                authorization = headers.get("authorization")
+                authorization = headers.get("authorization") or _query_token(path, query)
                 caller = self.auth.remembered(authorization)
                 if caller is None:
                     if limited:
@@ -107,6 +112,12 @@ class HttpApp:
                 )
             else:
                 route, handler = self.match(scope.method, path)
+                if route == "watch":
+                    # a stream: answered by the watch itself (it parses its own query, which
+                    # may name many keys); an error before the stream starts is raised here
+                    await handler(Request(NO_PARAMS, query, headers, caller, scope), proto)
+                    self.stats.record(route, 200, perf_counter() - started)
+                    return
                 request = Request(_params(query), query, headers, caller, scope)
                 if request.params:
                     params.check(route, request.params)
@@ -153,6 +164,8 @@ class HttpApp:
                             raise ApiError("method_not_allowed", "keys:batchGet takes POST")
                         return "batch_get", lambda q, proto: self._batch_get(table, q, proto)
                     _get(method)
+                    if what == "watch":
+                        return "watch", lambda q, proto: sse.stream(self.live, table, q, proto)
                     if what == "range":
                         return "range", lambda q, _: r.range(table, q)
                     if what == "count":
@@ -169,6 +182,8 @@ class HttpApp:
                 return "internal_scan", lambda q, _: r.internal_scan(parts[3], q)
             if parts[4] == "count":
                 return "internal_count", lambda q, _: r.internal_count(parts[3], q)
+            if parts[4] == "snapshot":
+                return "internal_snapshot", lambda q, _: snapshot.answer_peer(r, parts[3], q)
         elif parts[1] == "ui":
             return self._console_route(method, path)
         elif path == NODE_ROUTE:
@@ -205,6 +220,31 @@ class HttpApp:
             raise ApiError("not_found", f"no route for {method} {path}")
         return "ui_api", api
 
+    async def _websocket(self, scope: Any, proto: Any) -> None:
+        """A WebSocket: only the watch route speaks it; auth as for HTTP (or ?access_token=)."""
+        path, query, headers = scope.path, scope.query_string, scope.headers
+        parts = path.split("/")
+        if len(parts) != 5 or parts[1:3] != ["v1", "tables"] or parts[4] != "watch":
+            proto.close(404)  # before the upgrade: a plain 404
+            return
+        caller = None
+        try:
+            if self._auth_on:
+                caller = self.auth.caller(headers.get("authorization") or _query_token(path, query))
+            if self.rate is not None:
+                self.rate.take(subject_of(caller, scope))
+        except ApiError as e:
+            proto.close(e.status)
+            return
+        started = perf_counter()
+        try:
+            await websocket.serve(
+                self.live, parts[3], Request(NO_PARAMS, query, headers, caller, scope), proto
+            )
+        except Exception:  # a broken socket must not reach granian as a stack trace
+            log.exception("websocket watch failed")
+        self.stats.record("watch_websocket", 101, perf_counter() - started)
+
     def _by_query(self, what: str, table: str, req: Request) -> Answer | Awaitable[Answer]:
         key = req.params.get("key")
         if key is None:
@@ -218,7 +258,7 @@ class HttpApp:
     def _metrics(self, req: Request) -> Answer:
         if self._auth_metrics:
             self.auth.caller(req.headers.get("authorization"))
-        return 200, exposition(self.node, self.stats, self.rate, self.waits), []
+        return 200, exposition(self.node, self.stats, self.rate, self.waits, self.live.hub), []
 
     def _readiness(self, req: Request) -> Answer:
         code, body = status.readiness(self.node)
@@ -285,6 +325,17 @@ def _plain_key_read(method: str, path: str) -> tuple[str, str] | None:
     if rest.endswith(("/windows", "/metadata")):
         return None
     return parts[3], rest
+
+
+def _query_token(path: str, query: str) -> str | None:
+    """``?access_token=`` of a watch (RFC 6750 §2.3): browsers' EventSource and WebSocket
+    cannot send an Authorization header."""
+    if not query or "access_token=" not in query or not path.endswith("/watch"):
+        return None
+    for name, value in parse_qsl(query, max_num_fields=2048):
+        if name == "access_token":
+            return "Bearer " + value
+    return None
 
 
 def _get(method: str) -> None:

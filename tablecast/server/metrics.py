@@ -22,6 +22,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from tablecast.cluster.node import Node
+from tablecast.live.hub import Hub
 from tablecast.server.ratelimit import TokenBuckets, WaitSlots
 from tablecast.store import StoreClosed
 
@@ -51,11 +52,13 @@ class NodeCollector(Collector):
         http: HttpStats,
         rate: TokenBuckets | None = None,
         waits: WaitSlots | None = None,
+        hub: Hub | None = None,
     ) -> None:
         self.node = node
         self.http = http
         self.rate = rate
         self.waits = waits
+        self.hub = hub
 
     def collect(self) -> Iterator[Metric]:
         requests = CounterMetricFamily(
@@ -166,6 +169,41 @@ class NodeCollector(Collector):
         )
         left_out.add_metric([], len(ingest.left_out) + len(ingest.catalog.bad))
         yield left_out
+        if self.hub is not None:
+            yield from _watch_metrics(self.hub)
+
+
+def _watch_metrics(hub: Hub) -> Iterator[Metric]:
+    open_ = GaugeMetricFamily(
+        "tablecast_watches", "open watches, by transport", labels=["transport"]
+    )
+    counts = hub.open_by_transport()
+    for transport in ("sse", "websocket", "grpc"):
+        open_.add_metric([transport], counts.get(transport, 0))
+    yield open_
+    closed = CounterMetricFamily(
+        "tablecast_watch_closed",
+        "watches ended, by why (client: the client left; slow_consumer: cut off for being "
+        "too far behind; shutdown; unauthorized: the token expired)",
+        labels=["reason"],
+    )
+    for reason, n in sorted(hub.closed.items()):
+        closed.add_metric([reason], n)
+    yield closed
+    for name, text, value in (
+        ("tablecast_watch_events", "change events delivered to watches", hub.delivered),
+        ("tablecast_watch_opened", "watches opened", hub.opened),
+        ("tablecast_watch_catch_ups", "watches that read the topic privately first", hub.catch_ups),
+        ("tablecast_watch_feed_records", "records the watch feed read", hub.feed.records),
+    ):
+        counter = CounterMetricFamily(name, text)
+        counter.add_metric([], value)
+        yield counter
+    fed = GaugeMetricFamily(
+        "tablecast_watch_feed_partitions", "table partitions the watch feed reads"
+    )
+    fed.add_metric([], len(hub.parts))
+    yield fed
 
 
 def exposition(
@@ -173,7 +211,8 @@ def exposition(
     http: HttpStats,
     rate: TokenBuckets | None = None,
     waits: WaitSlots | None = None,
+    hub: Hub | None = None,
 ) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(NodeCollector(node, http, rate, waits))
+    registry.register(NodeCollector(node, http, rate, waits, hub))
     return generate_latest(registry)

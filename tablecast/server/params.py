@@ -22,6 +22,7 @@ KNOWN: dict[str, frozenset[str]] = {
     "count": frozenset({"max_lag"}),
     "internal_scan": frozenset({"partitions", "start", "end", "limit", "max_lag"}),
     "internal_count": frozenset({"partitions", "max_lag"}),
+    "internal_snapshot": frozenset({"partitions", "keys", "spans", "at_least"}),
 }
 
 

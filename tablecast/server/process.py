@@ -6,6 +6,7 @@ import asyncio
 import logging
 import resource
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,15 @@ log = logging.getLogger(__name__)
 #: only well within it: see peers.MAX_IDLE_S)
 HEADER_TIMEOUT_MS = 10_000
 #: granian serves at most this many connections at once and leaves the rest in the
-#: listen backlog: a client holding many slow or idle connections must not reach it
-MAX_CONNECTIONS = 16_384
+#: listen backlog: a client holding many slow or idle connections must not reach it.
+#: A watch holds its connection for as long as it lasts, so the cap is set by open
+#: files, not by this: 20,000 watchers need 20,000 sockets (docs/operations.md)
+MAX_CONNECTIONS = 100_000
+#: open files the node keeps for itself whatever the connections: RocksDB's files,
+#: Kafka's sockets, peers, logs (and an eighth of the limit when that is more)
+RESERVED_FILES = 2_048
+#: the soft limit is raised towards the hard one up to this
+FILE_CEILING = 262_144
 
 
 def connection_cap() -> int:
@@ -35,21 +43,28 @@ def connection_cap() -> int:
 
     granian's default (the backlog, 1024) is reached by one client holding 1024
     idle connections, after which nobody is served (measured). Open files bound
-    it: RocksDB, Kafka and peers need the other half.
+    it: RocksDB, Kafka and peers keep what they need, the rest is for clients.
     """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    ceiling = 65_536 if hard == resource.RLIM_INFINITY else min(hard, 65_536)
+    ceiling = FILE_CEILING if hard == resource.RLIM_INFINITY else min(hard, FILE_CEILING)
     if soft < ceiling:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (ceiling, hard))
             soft = ceiling
         except (ValueError, OSError):
             pass  # keep the soft limit we were given
-    return max(128, min(MAX_CONNECTIONS, soft // 2))
+    return max(128, min(MAX_CONNECTIONS, soft - max(RESERVED_FILES, soft // 8)))
 
 
-async def serve_rsgi(app: Any, host: str, port: int, tls: tuple[str, str] | None = None) -> None:
-    """Serve an RSGI app on this event loop until SIGINT/SIGTERM.
+async def serve_rsgi(
+    app: Any,
+    host: str,
+    port: int,
+    tls: tuple[str, str] | None = None,
+    on_stop: Callable[[], None] | None = None,
+) -> None:
+    """Serve an RSGI app on this event loop until SIGINT/SIGTERM (`on_stop` runs first: open
+    streams end, or granian would wait for them).
 
     The benchmarks serve their constant-body baseline through this same
     function, so "the same HTTP stack" means the same settings too.
@@ -72,8 +87,14 @@ async def serve_rsgi(app: Any, host: str, port: int, tls: tuple[str, str] | None
         **ssl_files,  # type: ignore[arg-type]
     )
     loop = asyncio.get_running_loop()
+
+    def stop() -> None:
+        if on_stop is not None:
+            on_stop()
+        server.stop()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, server.stop)
+        loop.add_signal_handler(sig, stop)
     await server.serve()
 
 
@@ -93,10 +114,20 @@ async def serve(
     )
     limits = limits or Limits()
     app = HttpApp(node, auth, limits.rate, limits.waits_per_caller, limits.auth_metrics)
+    app.live.port = port
+    grpc = None
+    if limits.grpc_port is not None:
+        from tablecast.live.rpc import serve_grpc
+
+        grpc = await serve_grpc(app, host, limits.grpc_port, tls)
+        log.info("gRPC (tablecast.v1.Tables) on %s:%d", host, limits.grpc_port)
     try:
-        await serve_rsgi(app, host, port, tls)
+        await serve_rsgi(app, host, port, tls, on_stop=app.live.hub.close_all)
     finally:
         app.console.close()
+        if grpc is not None:
+            await grpc.stop(1.0)
+        app.live.hub.stop()
         app.peers.close()
         node.stop()
         log.info("node %s stopped", config.node_id)
@@ -111,6 +142,8 @@ class Limits:
     waits_per_caller: int = DEFAULT_WAITS_PER_CALLER
     #: /metrics needs a token; /readyz without one answers only its status
     auth_metrics: bool = False
+    #: serve gRPC (tablecast.v1.Tables) on this port too
+    grpc_port: int | None = None
 
 
 def run(

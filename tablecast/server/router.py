@@ -167,13 +167,19 @@ class Router:
         # yet, so when nobody is known to answer, the holder does
         return view.effective_active(slot) in (self.me, None)
 
-    async def _ask(
-        self, member: Member, method: str, target: str, req: Request, body: bytes = b""
+    async def ask(
+        self,
+        member: Member,
+        method: str,
+        target: str,
+        req: Request,
+        body: bytes = b"",
+        timeout: float = FORWARD_TIMEOUT_S,
     ) -> Answer | None:
         """A peer's answer, or None if it could not give one (unreachable, or 503)."""
         try:
             status, headers, payload = await self.peers.request(
-                member.url, method, target, req.onward_headers(), body, FORWARD_TIMEOUT_S
+                member.url, method, target, req.onward_headers(), body, timeout
             )
         except PeerUnavailable:
             return None
@@ -284,7 +290,7 @@ class Router:
                     if e.code != "partition_unavailable":
                         raise
                     continue  # released under this read: the next choice
-            answer = await self._ask(choice, "GET", target, req)  # type: ignore[arg-type]
+            answer = await self.ask(choice, "GET", target, req)  # type: ignore[arg-type]
             if answer is not None:
                 return answer
         raise unavailable(info, partition)
@@ -441,7 +447,7 @@ class Router:
         async def there(member: Member, parts: list[int]) -> bool | None:
             idx = [i for p in parts for i in by_partition[p]]
             target = f"/v1/tables/{quote(table, safe='')}/keys:batchGet"
-            answer = await self._ask(
+            answer = await self.ask(
                 member, "POST", target, req, orjson.dumps({"keys": [keys[i] for i in idx]})
             )
             if answer is None or not_refused(answer)[0] != 200:
@@ -537,7 +543,7 @@ class Router:
                     q["end"] = end.hex()
                 if max_lag is not None:
                     q["max_lag"] = str(max_lag)
-                answer = await self._ask(
+                answer = await self.ask(
                     member, "GET", f"/internal/tables/{table}/scan?{urlencode(q)}", req
                 )
                 if answer is None or not_refused(answer)[0] != 200:
@@ -590,7 +596,7 @@ class Router:
                     **({"max_lag": str(max_lag)} if max_lag is not None else {}),
                 }
             )
-            answer = await self._ask(
+            answer = await self.ask(
                 member, "GET", f"/internal/tables/{quote(table, safe='')}/count?{q}", req
             )
             if answer is None or not_refused(answer)[0] != 200:

@@ -1,0 +1,270 @@
+"""Table-topic records for watches: the node's one shared consumer, and private catch-up readers.
+
+The **feed** is one consumer thread per node that reads every table partition
+some watch on this node needs, whether or not the node holds a replica of it.
+A watch so depends on nothing but the topic: it survives the partition moving
+to another node, or its owner dying, and any node can serve any watch. The
+feed hands each batch it consumes to the event loop with one
+``call_soon_threadsafe`` (not one per record, nor per watcher), and takes the
+next batch only when the loop has taken all but a few: a loop that falls
+behind slows the feed, never the other way round.
+
+A **catch-up** reader is a private consumer for one watch that must start
+below what the feed still holds in memory (a resume with an old token): it
+reads from the watch's position until the watch can join the feed, then
+closes. At most a few run at once (see the hub).
+
+Records are checked with the table's serdes as the node's ingestion checks
+them: a record whose key or value does not decode reads as a delete, exactly
+as the stores hold it, and one whose key cannot be shown is not delivered.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from tablecast.kafka.config import client_conf
+from tablecast.live.events import Change, Check, Renderer
+
+log = logging.getLogger(__name__)
+
+BATCH = 5_000
+#: batches handed to the loop and not yet taken; the feed waits beyond this
+IN_FLIGHT = 4
+
+Slot = tuple[str, int]  # (topic, partition)
+
+
+@dataclass(frozen=True)
+class Source:
+    """How to turn one table topic's records into changes."""
+
+    topic: str
+    renderer: Renderer
+    check: Check
+
+
+@dataclass
+class Batch:
+    """What one consume gave, per partition: the changes in offset order and, when the
+    partition's end was reached, that end (every record below it has been read)."""
+
+    #: (topic, partition) -> (assignment generation, changes)
+    changes: dict[Slot, tuple[int, list[Change]]]
+    #: (topic, partition) -> (assignment generation, end offset)
+    ends: dict[Slot, tuple[int, int]]
+
+
+def _conf(bootstrap: str, group: str) -> dict[str, object]:
+    return client_conf(
+        bootstrap,
+        {
+            # offsets are never committed: every assignment names its own start
+            "group.id": group,
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+            # a fetch answers as soon as one record is there; this only bounds an idle poll
+            "fetch.wait.max.ms": 20,
+            "reconnect.backoff.max.ms": 1000,
+            "log_level": 0,
+        },
+    )
+
+
+def convert(
+    source: Source, partition: int, key: bytes | None, value: bytes | None, offset: int, ts: int
+) -> Change | None:
+    """A record as a change, read as the node's stores read it (None: never delivered)."""
+    if key is None:
+        return None
+    if source.check(key, value) is not None:
+        value = None  # unreadable: stored as a delete, so delivered as one
+    change = Change(source.renderer, partition, key, value, offset, ts)
+    try:
+        change.data  # noqa: B018 - rendered here, off the event loop, and checked once
+    except (ValueError, TypeError):
+        return None  # a key that cannot be shown (its record is skipped by the stores too)
+    return change
+
+
+def split(
+    msgs: list,  # type: ignore[type-arg]
+    sources: dict[str, Source],
+    generation: Callable[[Slot], int],
+) -> Batch:
+    grouped: dict[Slot, list[Change]] = defaultdict(list)
+    #: how far each partition was read beyond its changes (its end, or records not delivered)
+    read_to: dict[Slot, int] = {}
+    for m in msgs:
+        err = m.error()
+        slot = (m.topic(), m.partition())
+        if err is not None:
+            if err.code() == KafkaError._PARTITION_EOF:
+                read_to[slot] = max(read_to.get(slot, 0), m.offset())
+            else:
+                log.debug("watch feed: %s", err)
+            continue
+        source = sources.get(slot[0])
+        if source is None:
+            continue
+        change = convert(source, slot[1], m.key(), m.value(), m.offset(), m.timestamp()[1])
+        if change is not None:
+            grouped[slot].append(change)
+        else:
+            # nothing to deliver, but the position moves past it all the same
+            read_to[slot] = max(read_to.get(slot, 0), m.offset() + 1)
+    return Batch(
+        {slot: (generation(slot), items) for slot, items in grouped.items()},
+        {slot: (generation(slot), end) for slot, end in read_to.items()},
+    )
+
+
+class Feed:
+    """The shared consumer. `deliver(batch)` runs on the feed thread and must hand the batch
+    to the loop; the loop calls :meth:`taken` once it has dispatched it."""
+
+    def __init__(self, bootstrap: str, group: str, deliver: Callable[[Batch], None]) -> None:
+        self._consumer = Consumer(_conf(bootstrap, group))
+        self._deliver = deliver
+        self._sources: dict[str, Source] = {}
+        self._generation: dict[Slot, int] = {}
+        self._controls: list[tuple[str, Slot, int, Source | None]] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._room = threading.Semaphore(IN_FLIGHT)
+        self._assigned: set[Slot] = set()
+        self._thread = threading.Thread(target=self._run, name="tablecast-watch-feed", daemon=True)
+        self._started = False
+        self.records = 0
+
+    def start(self) -> None:
+        if not self._started:
+            self._started = True
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._room.release()
+        if self._started:
+            self._thread.join(10)
+        self._consumer.close()
+
+    def assign(self, source: Source, partition: int, offset: int, generation: int) -> None:
+        """Read `partition` of `source.topic` from `offset` on; batches carry `generation`, so
+        records of an earlier assignment of the same partition are told apart."""
+        with self._lock:
+            self._controls.append(("assign", (source.topic, partition), offset, source))
+            self._generation[(source.topic, partition)] = generation
+        self._wake.set()
+
+    def unassign(self, topic: str, partition: int) -> None:
+        with self._lock:
+            self._controls.append(("unassign", (topic, partition), 0, None))
+        self._wake.set()
+
+    def end_offset(self, topic: str, partition: int) -> int:
+        """The partition's high watermark as the broker says it now (blocking: off the loop)."""
+        _, hi = self._consumer.get_watermark_offsets(
+            TopicPartition(topic, partition), timeout=5, cached=False
+        )
+        return int(hi)
+
+    def taken(self) -> None:
+        """The loop dispatched a batch: room for the next."""
+        self._room.release()
+
+    def _apply_controls(self) -> None:
+        with self._lock:
+            controls, self._controls = self._controls, []
+        for op, slot, offset, source in controls:
+            tp = TopicPartition(slot[0], slot[1], offset)
+            if op == "assign":
+                assert source is not None
+                self._sources[source.topic] = source
+                if slot in self._assigned:
+                    self._consumer.incremental_unassign([TopicPartition(*slot)])
+                self._consumer.incremental_assign([tp])
+                self._assigned.add(slot)
+            elif slot in self._assigned:
+                self._consumer.incremental_unassign([TopicPartition(*slot)])
+                self._assigned.discard(slot)
+
+    def _run(self) -> None:
+        generation = self._generation.get
+        while not self._stop.is_set():
+            try:
+                self._apply_controls()
+                if not self._assigned:
+                    self._wake.wait(0.5)
+                    self._wake.clear()
+                    continue
+                msgs = self._consumer.consume(BATCH, 0)
+                if not msgs:
+                    msgs = self._consumer.consume(1, 0.05)
+                    if not msgs:
+                        continue
+                    msgs += self._consumer.consume(BATCH - 1, 0)
+                batch = split(msgs, self._sources, lambda slot: generation(slot, 0))
+                self.records += len(msgs)
+                while not self._room.acquire(timeout=0.5):
+                    if self._stop.is_set():
+                        return
+                if self._stop.is_set():
+                    return
+                self._deliver(batch)
+            except Exception:  # the feed must outlive one bad poll
+                log.exception("watch feed error; retrying")
+                self._stop.wait(1.0)
+
+
+class CatchUp:
+    """A private reader of some partitions of one topic, from given offsets: for one watch whose
+    position is older than what the feed holds. `on_batch(batch)` runs on this reader's thread;
+    `wanted()` says which partitions are still needed (the reader stops when none are)."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        group: str,
+        source: Source,
+        starts: dict[int, int],
+        on_batch: Callable[[Batch], None],
+        wanted: Callable[[], set[int]],
+    ) -> None:
+        self.source = source
+        self._starts = starts
+        self._on_batch = on_batch
+        self._wanted = wanted
+        self._conf = _conf(bootstrap, group)
+        self.cancelled = threading.Event()
+
+    def run(self) -> None:
+        """Read until no partition is wanted any more (run it on a worker thread)."""
+        consumer = Consumer(self._conf)
+        topic = self.source.topic
+        try:
+            consumer.assign([TopicPartition(topic, p, o) for p, o in self._starts.items()])
+            held = set(self._starts)
+            sources = {topic: self.source}
+            while not self.cancelled.is_set():
+                wanted = self._wanted()
+                gone = held - wanted
+                if gone:
+                    consumer.incremental_unassign([TopicPartition(topic, p) for p in gone])
+                    held -= gone
+                if not held:
+                    return
+                msgs = consumer.consume(BATCH, 0.2)
+                if msgs:
+                    self._on_batch(split(msgs, sources, lambda slot: 0))
+        finally:
+            consumer.close()

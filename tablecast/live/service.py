@@ -1,0 +1,176 @@
+"""Watches as the transports open them (SSE, WebSocket, gRPC): what is asked, and where it starts.
+
+``GET /v1/tables/{t}/watch?key=K[&key=K2…] | ?prefix=P | ?from=A&to=B [&snapshot=false]``
+with ``Last-Event-ID: TOKEN`` or ``?since=TOKEN`` to resume. Everything that can
+be refused (a bad parameter, a token of another watch, a key outside the
+caller's grants, no replica for the snapshot) is refused here, before the
+first byte of the stream, so it is an ordinary HTTP error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from urllib.parse import parse_qsl
+
+from tablecast.cluster.node import Node
+from tablecast.kafka.catalog import TableInfo
+from tablecast.live import snapshot
+from tablecast.live.events import Encoder, Renderer
+from tablecast.live.hub import Hub, Start, Watch
+from tablecast.live.selection import MAX_KEYS, Selection
+from tablecast.live.sinks import Sink
+from tablecast.live.token import Token, parse
+from tablecast.server.errors import ApiError
+from tablecast.server.policy import prefix_end
+from tablecast.server.router import Request, Router, forbidden_key, prefix_bytes
+
+#: the query parameters of a watch (``access_token`` is taken by auth before this)
+PARAMS = frozenset({"key", "prefix", "from", "to", "snapshot", "since", "access_token"})
+
+
+@dataclass
+class Plan:
+    """A watch ready to begin: what it selects and where it starts."""
+
+    info: TableInfo
+    renderer: Renderer
+    selection: Selection
+    start: Start
+    #: the caller's token expires then (epoch seconds; None: never, or auth off)
+    expires: float | None
+
+
+class Live:
+    def __init__(self, node: Node, router: Router) -> None:
+        self.node = node
+        self.router = router
+        c = node.config
+        self.hub = Hub(
+            c.bootstrap_servers, f"tablecast-watch-{c.app_id}-{c.node_id}", lambda: node.tables
+        )
+        #: the HTTP port, for the slow-SSE-client check (set by the process that serves)
+        self.port: int | None = None
+
+    async def prepare(
+        self, table: str, req: Request, pairs: Sequence[tuple[str, str]], last_event_id: str | None
+    ) -> Plan:
+        """Check the request and take the watch's starting point (its snapshot, or a resume)."""
+        self.hub.start(self.port)
+        info, scope = self.router.table(table, req)
+        if info.kind != "kv":
+            raise ApiError("bad_request", f"{table!r} is a window table: watches follow kv tables")
+        unknown = {k for k, _ in pairs} - PARAMS
+        if unknown:
+            raise ApiError(
+                "bad_request",
+                f"unknown query parameter(s): {', '.join(sorted(unknown))} "
+                f"(a watch takes: {', '.join(sorted(PARAMS - {'access_token'}))})",
+            )
+        params: dict[str, str] = {}
+        keys: list[str] = []
+        for name, value in pairs:
+            if name == "key":
+                keys.append(value)
+            elif name in params:
+                raise ApiError("bad_request", f"{name} is given more than once")
+            else:
+                params[name] = value
+        spans = [n for n in ("prefix", "from", "to") if n in params]
+        if keys and spans:
+            raise ApiError("bad_request", "a watch takes keys or a prefix/range, not both")
+        local = self.router.local
+        if keys:
+            if len(keys) > MAX_KEYS:
+                raise ApiError("bad_request", f"at most {MAX_KEYS} keys per watch")
+            raws = [local.key_bytes(info, k) for k in keys]
+            if scope is not None:
+                for raw, text in zip(raws, keys, strict=True):
+                    if not scope.allows(raw):
+                        raise forbidden_key(table, text)
+            selection = Selection.of_keys(info, raws)
+        else:
+            start = local.key_bytes(info, params["from"]) if "from" in params else None
+            end = local.key_bytes(info, params["to"]) if "to" in params else None
+            if "prefix" in params:
+                prefix = prefix_bytes(info, params["prefix"])
+                start = prefix if start is None else max(start, prefix)
+                after = prefix_end(prefix)
+                end = after if end is None else (end if after is None else min(end, after))
+            if start is not None and end is not None and start > end:
+                end = start  # an empty range: a watch that never sees a row
+            selection = Selection.of_span(info, start, end, scope)
+        snap = params.get("snapshot", "true")
+        if snap not in ("true", "false"):
+            raise ApiError("bad_request", "snapshot is true or false")
+        since = params.get("since") or last_event_id
+        token = None if not since else self._token(info, selection, since)
+        renderer, _ = self.hub.source(info)
+        start_at = await self._start(info, renderer, selection, req, token, snap == "true")
+        caller = req.caller
+        return Plan(info, renderer, selection, start_at, None if caller is None else caller.expires)
+
+    def _token(self, info: TableInfo, selection: Selection, text: str) -> Token:
+        token = parse(text)
+        if token.table != info.name:
+            raise ApiError(
+                "bad_request", f"the token is of table {token.table!r}, not {info.name!r}"
+            )
+        missing = set(selection.partitions) - token.offsets.keys()
+        if missing:
+            raise ApiError(
+                "bad_request",
+                f"the token does not cover partition(s) {sorted(missing)[:8]} of this watch: "
+                "it belongs to another watch",
+            )
+        return token
+
+    async def _start(
+        self,
+        info: TableInfo,
+        renderer: Renderer,
+        selection: Selection,
+        req: Request,
+        token: Token | None,
+        with_snapshot: bool,
+    ) -> Start:
+        parts = selection.partitions
+        if token is not None:
+            offsets = {p: token.offsets[p] for p in parts}
+            if token.after is None:
+                return Start([], offsets, snapshot=False)
+            rest = selection.above(token.after)
+            rows, positions = await snapshot.take(
+                self.router, info, renderer, rest, req, at_least=offsets
+            )
+            return Start(rows, positions, resumed_at=offsets, after=token.after)
+        if with_snapshot:
+            rows, positions = await snapshot.take(self.router, info, renderer, selection, req)
+            return Start(rows, positions)
+        return Start([], {p: await self._now(info, p) for p in parts})
+
+    async def _now(self, info: TableInfo, partition: int) -> int:
+        """Where "from now on" starts in a partition: the feed's position, this node's replica's,
+        or the topic's end."""
+        fed = self.hub.now(info, partition)
+        if fed is not None:
+            return fed
+        replica = self.router.local.readable(info, partition, None)
+        if replica is not None:
+            return replica.position
+        return await self.hub.end_offset(info, partition)
+
+    def begin(self, plan: Plan, encoder: Encoder, sink: Sink) -> Watch:
+        watch = Watch(self.hub, plan.info, plan.renderer, plan.selection, encoder, plan.expires)
+        self.hub.begin(watch, sink, plan.start)
+        return watch
+
+    def end(self, watch: Watch) -> None:
+        self.hub.end(watch)
+
+
+def query_pairs(query: str) -> list[tuple[str, str]]:
+    try:
+        return parse_qsl(query, keep_blank_values=True, max_num_fields=MAX_KEYS + 16)
+    except ValueError as e:
+        raise ApiError("bad_request", f"bad query string: {e}") from None

@@ -1,0 +1,153 @@
+"""Where a watch's events go: an SSE response, or a queue a WebSocket or gRPC writer drains.
+
+The hub adds events to a sink and flushes each sink it touched once per
+batch, so a watcher costs one write per batch, not one per event.
+
+Slow consumers are cut off, never waited for (docs/operations.md, "Watches"):
+a sink whose client is too far behind is closed with its reason, and the
+client resumes from the last event it did get (``Last-Event-ID``), on any node,
+with no gap. How "too far behind" is seen depends on the transport:
+
+- WebSocket and gRPC writes wait for the connection, so the events not yet
+  written pile up in the sink's queue: too many bytes there, or an oldest event
+  queued too long, closes it.
+- granian's streamed HTTP response takes every write at once (an unbounded
+  channel) and gives no signal, so an SSE sink counts the bytes it handed over
+  and the hub compares them with what the client's TCP stack acknowledged
+  (:mod:`tablecast.live.tcpdiag`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+#: a queued sink holding more than this is behind: closed
+MAX_QUEUED_BYTES = 8 * 1024 * 1024
+#: ... or one whose oldest unsent event has waited this long (seconds)
+MAX_BEHIND_S = 10.0
+
+SLOW = "slow_consumer"
+
+
+class Sink:
+    """What the hub writes to. `done` completes when the stream must end (its reason in
+    :attr:`reason`); the transport's handler waits on it."""
+
+    __slots__ = ("_touched", "done", "events", "pending", "reason")
+
+    def __init__(self, touched: Callable[[Sink], None]) -> None:
+        self.pending: list[Any] = []
+        self._touched = touched
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.reason: str | None = None
+        self.events = 0
+
+    @property
+    def closed(self) -> bool:
+        return self.done.done()
+
+    def add(self, event: Any) -> None:
+        if not self.pending:
+            self._touched(self)
+        self.pending.append(event)
+
+    def flush(self) -> None:
+        raise NotImplementedError
+
+    def close(self, reason: str | None = None) -> None:
+        if not self.done.done():
+            self.reason = reason
+            self.pending.clear()
+            self.done.set_result(None)
+
+    def behind(self, now: float) -> bool:
+        """Whether the client is too far behind (queued sinks; SSE is judged by the hub)."""
+        return False
+
+
+class StreamSink(Sink):
+    """A streamed HTTP response (SSE): each flush is one write, handed to granian at once."""
+
+    __slots__ = ("handed", "peer", "transport")
+
+    def __init__(
+        self, transport: Any, touched: Callable[[Sink], None], peer: tuple[str, int] | None
+    ) -> None:
+        super().__init__(touched)
+        self.transport = transport
+        #: the client's address and port: its TCP connection's progress is looked up by it
+        self.peer = peer
+        #: bytes handed over, counted as HTTP/1.1 chunks go on the wire
+        self.handed = 0
+
+    def flush(self) -> None:
+        pending = self.pending
+        if not pending or self.closed:
+            pending.clear()
+            return
+        data = pending[0] if len(pending) == 1 else b"".join(pending)
+        self.events += len(pending)
+        pending.clear()
+        # chunked framing: hex size, CRLF, data, CRLF
+        self.handed += len(data) + len(b"%x" % len(data)) + 4
+        # granian queues the write and answers at once: nothing to await
+        self.transport.send_bytes(data)
+
+    def close(self, reason: str | None = None) -> None:
+        super().close(reason)
+        # granian ends the response when the transport is freed: whatever still holds this
+        # sink must not hold the response open
+        self.transport = None
+
+
+class QueueSink(Sink):
+    """Events for a writer that awaits its connection (WebSocket, gRPC)."""
+
+    __slots__ = ("_wake", "oldest", "queue", "queued_bytes", "size")
+
+    def __init__(self, touched: Callable[[Sink], None], size: Callable[[Any], int] = len) -> None:
+        super().__init__(touched)
+        self.queue: deque[Any] = deque()
+        self.queued_bytes = 0
+        self.oldest = 0.0
+        self.size = size
+        self._wake = asyncio.Event()
+
+    def flush(self) -> None:
+        pending = self.pending
+        if not pending or self.closed:
+            pending.clear()
+            return
+        if not self.queue:
+            self.oldest = time.monotonic()
+        size = self.size
+        self.queued_bytes += sum(size(e) for e in pending)
+        self.queue.extend(pending)
+        pending.clear()
+        if self.queued_bytes > MAX_QUEUED_BYTES:
+            self.close(SLOW)
+            return
+        self._wake.set()
+
+    def behind(self, now: float) -> bool:
+        return bool(self.queue) and now - self.oldest > MAX_BEHIND_S
+
+    async def take(self) -> list[Any]:
+        """The events queued so far, waiting for some; empty once the sink is closed."""
+        while not self.queue:
+            if self.closed:
+                return []
+            self._wake.clear()
+            await self._wake.wait()  # set by a flush, or by close
+        items = list(self.queue)
+        self.queue.clear()
+        self.queued_bytes = 0
+        return items
+
+    def close(self, reason: str | None = None) -> None:
+        super().close(reason)
+        self._wake.set()

@@ -1,0 +1,245 @@
+"""A watch's starting point: the selected rows of each partition, exact at a known position.
+
+Each partition is read in one :meth:`Replica.read` (the replica's seqlock: the
+rows are exactly the store as of the position it returns, every record below
+applied and none above), on this node when it holds a readable replica, else
+on a peer through ``/internal/tables/{t}/snapshot`` (signed like the other
+internal routes; the peer applies the caller's grants again). The watch then
+takes changes from exactly those positions, so nothing is missed or repeated.
+
+A resume that stopped inside a snapshot needs the rest of it no older than
+what was already sent: ``at_least`` makes the reading replica wait until it
+has got that far.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from urllib.parse import quote, urlencode
+
+import orjson
+
+from tablecast.cluster.membership import Member
+from tablecast.cluster.replica import Replica
+from tablecast.kafka.catalog import TableInfo
+from tablecast.live.events import Change, Renderer
+from tablecast.live.selection import Selection
+from tablecast.server.errors import ApiError
+from tablecast.server.local import unavailable
+from tablecast.server.policy import Scope, Span
+from tablecast.server.router import ME, Request, Router, not_refused, partitions_param
+from tablecast.store import Record, StoreClosed
+
+#: rows one watch's snapshot may hold; a larger one is refused (narrow it, or snapshot=false)
+MAX_ROWS = 100_000
+#: how long a replica may take to reach a resumed snapshot's position
+AT_LEAST_WAIT_S = 5.0
+PEER_TIMEOUT_S = 10.0
+
+Positions = dict[int, int]
+
+
+async def take(
+    router: Router,
+    info: TableInfo,
+    renderer: Renderer,
+    selection: Selection,
+    req: Request,
+    at_least: Positions | None = None,
+) -> tuple[list[Change], Positions]:
+    """The selected rows in key order (over all partitions) and each partition's position."""
+    rows: list[Change] = []
+    positions: Positions = {}
+    pending = {p: router.choices(info, p, req, None) for p in selection.partitions}
+    while pending:
+        groups: dict[str, list[int]] = {}
+        peers: dict[str, Member] = {}
+        for p, choices in pending.items():
+            if not choices:
+                raise unavailable(info, p)
+            first = choices[0]
+            if isinstance(first, Member):
+                peers[first.id] = first
+                groups.setdefault(first.id, []).append(p)
+            else:
+                groups.setdefault(ME, []).append(p)
+        for p in groups.pop(ME, []):
+            got, position = await read_local(router, info, p, selection, at_least)
+            rows.extend(Change(renderer, p, k, r.value, r.offset, r.timestamp) for k, r in got)
+            positions[p] = position
+            del pending[p]
+        asked = list(groups.items())
+        answers = await asyncio.gather(
+            *(
+                _ask(router, peers[nid], info, renderer, parts, selection, req, at_least)
+                for nid, parts in asked
+            )
+        )
+        for (_, parts), answer in zip(asked, answers, strict=True):
+            if answer is None:
+                for p in parts:
+                    pending[p] = pending[p][1:]  # that peer could not: the next choice
+                continue
+            got_rows, got_positions = answer
+            rows.extend(got_rows)
+            positions.update(got_positions)
+            for p in parts:
+                del pending[p]
+        if len(rows) > MAX_ROWS:
+            raise too_many()
+    rows.sort(key=lambda c: c.key)
+    return rows, positions
+
+
+async def read_local(
+    router: Router,
+    info: TableInfo,
+    partition: int,
+    selection: Selection,
+    at_least: Positions | None,
+) -> tuple[list[tuple[bytes, Record]], int]:
+    """This node's rows of one partition and the position they are exact at."""
+    replica = router.local.require(info, partition, None)
+    want = (at_least or {}).get(partition, 0)
+    if replica.position < want:
+        replica = await _reach(router, info, partition, replica, want)
+    keys = [k for k in selection.keys or () if info.partition_of(k) == partition]
+    try:
+        if selection.keys is not None:
+            records, position = replica.read(lambda: replica.store.multi_get(keys))
+            return [(k, r) for k, r in zip(keys, records, strict=True) if r is not None], position
+        return replica.read(lambda: _scan(replica, selection.spans or ()))
+    except StoreClosed:
+        raise unavailable(info, partition) from None
+
+
+async def _reach(
+    router: Router, info: TableInfo, partition: int, replica: Replica, want: int
+) -> Replica:
+    """Wait until the replica's position reaches `want` (a resumed snapshot must not go back)."""
+    deadline = time.monotonic() + AT_LEAST_WAIT_S
+    while replica.position < want:
+        if replica.closed:
+            replica = router.local.require(info, partition, None)
+        if time.monotonic() > deadline:
+            raise ApiError(
+                "partition_unavailable",
+                f"partition {partition} of {info.name!r} has not reached offset {want} here yet",
+                [("retry-after", "1")],
+            )
+        # a position can move past a compacted gap without an apply to wake on: look again soon
+        await asyncio.sleep(0.05)
+    return replica
+
+
+def _scan(replica: Replica, spans: Sequence[Span]) -> list[tuple[bytes, Record]]:
+    out: list[tuple[bytes, Record]] = []
+    for lo, hi in spans:
+        out.extend(replica.store.scan(lo, hi, MAX_ROWS + 1 - len(out)))
+        if len(out) > MAX_ROWS:
+            raise too_many()
+    return out
+
+
+def too_many() -> ApiError:
+    return ApiError(
+        "bad_request",
+        f"the watch's snapshot holds more than {MAX_ROWS} rows: narrow the watch "
+        "(a longer prefix, a smaller range), or watch with snapshot=false and page the "
+        "current rows with /range",
+    )
+
+
+async def _ask(
+    router: Router,
+    member: Member,
+    info: TableInfo,
+    renderer: Renderer,
+    parts: list[int],
+    selection: Selection,
+    req: Request,
+    at_least: Positions | None,
+) -> tuple[list[Change], Positions] | None:
+    q = {"partitions": ",".join(map(str, parts))}
+    if selection.keys is not None:
+        q["keys"] = ",".join(k.hex() for k in selection.keys if info.partition_of(k) in parts)
+    else:
+        q["spans"] = _spans_text(selection.spans or ())
+    if at_least:
+        q["at_least"] = ",".join(f"{p}:{at_least[p]}" for p in parts if p in at_least)
+    target = f"/internal/tables/{quote(info.name, safe='')}/snapshot?{urlencode(q)}"
+    answer = await router.ask(member, "GET", target, req, timeout=PEER_TIMEOUT_S)
+    if answer is None:
+        return None
+    status, body, _ = not_refused(answer)
+    if status == 400:
+        raise ApiError("bad_request", orjson.loads(body)["error"]["message"])
+    if status != 200:
+        return None
+    doc = orjson.loads(body)
+    rows = [
+        Change.rendered(renderer, p, bytes.fromhex(k), v.encode(), offset, ts)
+        for p, k, v, offset, ts in doc["rows"]
+    ]
+    return rows, {int(p): pos for p, pos in doc["positions"].items()}
+
+
+def _spans_text(spans: Sequence[Span]) -> str:
+    """Spans as ``START-END;...`` in hex (an empty side: unbounded)."""
+    return ";".join(f"{(lo or b'').hex()}-{'' if hi is None else hi.hex()}" for lo, hi in spans)
+
+
+def parse_spans(text: str) -> list[Span]:
+    spans: list[Span] = []
+    for item in text.split(";") if text else []:
+        lo, dash, hi = item.partition("-")
+        if not dash:
+            raise ValueError(item)
+        spans.append((bytes.fromhex(lo) if lo else None, bytes.fromhex(hi) if hi else None))
+    return spans
+
+
+async def answer_peer(router: Router, table: str, req: Request) -> tuple[int, bytes, list]:  # type: ignore[type-arg]
+    """``/internal/tables/{t}/snapshot``: this node's rows and positions for a peer's watch,
+    within the caller's grants (the caller's token came along)."""
+    info, scope = router.table(table, req)
+    params = req.params
+    parts = partitions_param(info, params)
+    try:
+        if "keys" in params:
+            keys = [bytes.fromhex(k) for k in params["keys"].split(",") if k]
+            selection = Selection.of_keys(info, keys)
+            if scope is not None and not all(scope.allows(k) for k in keys):
+                raise ApiError(
+                    "forbidden", f"this token may not read some of these keys of {table!r}"
+                )
+        else:
+            spans = parse_spans(params.get("spans", ""))
+            selection = Selection(None, tuple(_clip_all(spans, scope)), tuple(parts))
+        at_least = {}
+        for item in params.get("at_least", "").split(","):
+            if item:
+                p, _, o = item.partition(":")
+                at_least[int(p)] = int(o)
+    except ValueError:
+        raise ApiError("bad_request", "keys, spans and at_least are hex and p:o lists") from None
+    vj = info.value_serde
+    raw_json = vj.format == "json"
+    rows: list[list[object]] = []
+    positions: dict[str, int] = {}
+    for p in parts:
+        got, position = await read_local(router, info, p, selection, at_least)
+        positions[str(p)] = position
+        for k, r in got:
+            value = r.value if raw_json else orjson.dumps(vj.to_json(r.value))
+            # the value as JSON text: the asking node splices it into its events as it is
+            rows.append([p, k.hex(), value.decode(), r.offset, r.timestamp])
+    return 200, orjson.dumps({"positions": positions, "rows": rows}), []
+
+
+def _clip_all(spans: Sequence[Span], scope: Scope | None) -> list[Span]:
+    if scope is None:
+        return list(spans)
+    return [s for lo, hi in spans for s in scope.clip(lo, hi)]

@@ -1,0 +1,37 @@
+"""``GET /v1/tables/{t}/watch`` as ``text/event-stream`` (SSE), on granian's streamed responses."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from tablecast.live.events import SSE
+from tablecast.live.service import Live, query_pairs
+from tablecast.live.sinks import StreamSink
+from tablecast.live.tcpdiag import peer_of
+from tablecast.server.router import Request
+
+HEADERS = [
+    ("content-type", "text/event-stream; charset=utf-8"),
+    ("cache-control", "no-cache"),
+    # a proxy (nginx) passes each event on as it comes
+    ("x-accel-buffering", "no"),
+]
+
+
+async def stream(live: Live, table: str, req: Request, proto: Any) -> None:
+    """Serve one watch until the client leaves or the watch ends (a slow client, a stopping
+    node, an expired token: the client resumes with its last event's id)."""
+    plan = await live.prepare(table, req, query_pairs(req.query), req.headers.get("last-event-id"))
+    transport = proto.response_stream(200, [*HEADERS, live.router.local.node_header])
+    sink = StreamSink(transport, live.hub.touched, peer_of(getattr(req.scope, "client", "") or ""))
+    watch = live.begin(plan, SSE, sink)
+    gone = asyncio.ensure_future(proto.client_disconnect())
+    try:
+        await asyncio.wait([sink.done, gone], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        # not awaited: granian's disconnect awaitable ignores cancellation and would hold
+        # this handler (and a stopping server) until the client leaves
+        gone.cancel()
+        sink.close()
+        live.end(watch)

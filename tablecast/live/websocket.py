@@ -1,0 +1,81 @@
+"""The watch over WebSocket, at the same path: one JSON text message per event.
+
+``{"event": "snapshot"|"ready"|"change"|"keep-alive"|"error", "id": TOKEN, "data": {...}}``
+— the SSE stream's events with the same ids (resume with ``?since=TOKEN``, as
+a browser's WebSocket cannot send ``Last-Event-ID``). A request that cannot be
+served is accepted, answered with one ``error`` message and closed, so that a
+browser, which cannot read a refused handshake's status, learns why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import orjson
+
+from tablecast.live.events import WS
+from tablecast.live.service import Live, query_pairs
+from tablecast.live.sinks import QueueSink
+from tablecast.server.errors import ApiError
+from tablecast.server.router import Request
+
+#: close codes (RFC 6455): a policy refused it; the server is going away
+POLICY_VIOLATION = 1008
+GOING_AWAY = 1001
+
+
+async def serve(live: Live, table: str, req: Request, proto: Any) -> None:
+    transport = await proto.accept()
+    try:
+        plan = await live.prepare(
+            table, req, query_pairs(req.query), req.headers.get("last-event-id")
+        )
+    except ApiError as e:
+        await _refuse(proto, transport, e)
+        return
+    sink = QueueSink(live.hub.touched)
+    watch = live.begin(plan, WS, sink)
+    reader = asyncio.ensure_future(_until_closed(transport))
+    reader.add_done_callback(lambda _: sink.close())
+    try:
+        while True:
+            events = await sink.take()
+            if not events:
+                break
+            for event in events:
+                await transport.send_str(event)
+    except Exception:  # the client went away mid-write
+        pass
+    finally:
+        sink.close()
+        live.end(watch)
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await reader
+        with contextlib.suppress(Exception):
+            proto.close(GOING_AWAY)
+
+
+async def _until_closed(transport: Any) -> None:
+    """Read (and ignore) what the client sends, until it closes: pings are answered by granian."""
+    while True:
+        message = await transport.receive()
+        if message.kind == 0:  # closed by the client
+            return
+
+
+async def _refuse(proto: Any, transport: Any, error: ApiError) -> None:
+    with contextlib.suppress(Exception):
+        await transport.send_str(
+            orjson.dumps(
+                {
+                    "event": "error",
+                    "id": None,
+                    "data": {"error": {"code": error.code, "message": error.message}},
+                }
+            ).decode()
+        )
+    with contextlib.suppress(Exception):
+        proto.close(POLICY_VIOLATION)

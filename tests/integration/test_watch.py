@@ -1,0 +1,404 @@
+"""Live tables on real nodes against the real broker: a watch is its table topic from its
+snapshot on (judged against the topic read directly), resumes on any node with no gap and no
+duplicate, survives partition hand-over, kill -9 and a rolling restart, and a slow consumer is
+cut off without slowing the others."""
+
+from __future__ import annotations
+
+import random
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+import tablecast as tc
+from tablecast import serde
+from tablecast.kafka.broker import free_port
+from tablecast.live.token import parse
+
+from ..support.procs import NodeProcess, eventually, start_node
+from ..support.sse import Stream
+from .tables import make_table
+from .watch_model import Seen, judge, read_topic
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 6
+
+
+def _updates(n: int, keys: list[str], seed: int) -> list[tuple[str, Any]]:
+    rng = random.Random(seed)
+    out: list[tuple[str, Any]] = []
+    for i in range(n):
+        key = rng.choice(keys)
+        out.append((key, None if rng.random() < 0.1 else {"n": i, "key": key}))
+    return out
+
+
+def _watch(node: NodeProcess, **params: Any) -> Stream:
+    return Stream(f"{node.url}/v1/tables/kv/watch", params=params).start()
+
+
+def _wait_positions(stream: Stream, offsets: dict[int, int], timeout: float = 30.0) -> None:
+    """Until the stream's last id (events or keep-alives) reached `offsets` in each partition."""
+
+    def there(s: Stream) -> bool:
+        if s.last_id is None:
+            return False
+        last = parse(s.last_id)
+        return last.after is None and all(last.offsets.get(p, o) >= o for p, o in offsets.items())
+
+    stream.wait_for(there, timeout)
+
+
+def _ends(bootstrap: str, topic: str) -> dict[int, int]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "watch-ends"})
+    try:
+        return {
+            p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in range(PARTITIONS)
+        }
+    finally:
+        c.close()
+
+
+@pytest.fixture(scope="module")
+def one(bootstrap: str, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    app = f"watch{time.monotonic_ns() % 10**8}"
+    logs = tmp_path_factory.mktemp("watch")
+    kv = make_table(bootstrap, app, "kv", PARTITIONS, serde.string(), serde.json())
+    keys = [f"{c}{i:02d}" for c in "abc" for i in range(30)]
+    kv.write(bootstrap, [(k, {"n": -1, "key": k}) for k in keys])
+    node = start_node(app, bootstrap, logs)
+    try:
+        node.wait_ready()
+        node.wait_caught_up(bootstrap, "kv", kv.info.topic)
+        yield node, kv, keys
+    finally:
+        node.stop()
+
+
+def test_a_watch_is_its_topic_from_its_snapshot_on(bootstrap: str, one) -> None:  # type: ignore[no-untyped-def]
+    node, kv, keys = one
+    topic = kv.info.topic
+    watches = {
+        "keys": (
+            _watch(node, key=["a01", "b07", "c29", "zz"]),
+            lambda k: k in ("a01", "b07", "c29", "zz"),
+        ),
+        "prefix": (_watch(node, prefix="b"), lambda k: k.startswith("b")),
+        "range": (_watch(node, **{"from": "a15", "to": "b15"}), lambda k: "a15" <= k < "b15"),
+        "all": (_watch(node, prefix=""), lambda k: True),
+    }
+    for stream, _ in watches.values():
+        stream.wait_for(lambda s: s.of("ready"))
+    late = _watch(node, prefix="c", snapshot="false")  # changes only, from now on
+    late.wait_for(lambda s: s.of("ready"))
+    assert late.of("snapshot") == [] and late.of("ready")[0].data == {"rows": 0}
+    kv.write(bootstrap, _updates(400, [*keys, "zz"], seed=1))
+    ends = _ends(bootstrap, topic)
+    records = read_topic(bootstrap, topic, PARTITIONS)
+    for stream, match in watches.values():
+        _wait_positions(stream, ends)
+        judge(Seen.of(stream.events), records, match)
+        stream.stop()
+    _wait_positions(late, ends)
+    judge(Seen.of(late.events), records, lambda k: k.startswith("c"))
+    late.stop()
+
+    # resume from anywhere in the stream, also from inside the snapshot: the events after it,
+    # none twice, none missing (judged by replaying both halves into one client state)
+    stream, match = watches["prefix"]
+    events = stream.events
+    for cut in (3, len([e for e in events if e.event == "snapshot"]) + 5, len(events) - 2):
+        head = events[: cut + 1]
+        for how in ("header", "since"):
+            params: dict[str, Any] = {"prefix": "b"}
+            headers = {}
+            if how == "since":
+                params["since"] = head[-1].id
+            else:
+                headers["last-event-id"] = head[-1].id
+            again = Stream(f"{node.url}/v1/tables/kv/watch", params=params, headers=headers).start()
+            _wait_positions(again, ends)
+            again.stop()
+            _same_state(head, again.events, records, match, parse(again.last_id or ""), ends)
+            if head[-1].event == "change":  # past the snapshot: exactly the rest of the stream
+                rest = [(e.event, e.id, e.data) for e in events[cut + 1 :]]
+                got = [(e.event, e.id, e.data) for e in again.events if e.event != "keep-alive"]
+                assert got[: len(rest)] == rest
+
+
+def _same_state(  # type: ignore[no-untyped-def]
+    head: list, tail: list, records: dict, match: Any, last, ends: dict[int, int]
+) -> None:
+    """Two halves of one watch, applied in order, give the table at the last id, and no record
+    arrives twice."""
+    state: dict[str, Any] = {}
+    seen_changes: set[tuple[int, int]] = set()
+    seen_rows: set[str] = set()
+    for e in [*head, *tail]:
+        if e.event in ("snapshot", "change"):
+            d = e.data
+            if e.event == "change":
+                at = (d["partition"], d["offset"])
+                assert at not in seen_changes, f"change {at} delivered twice"
+                seen_changes.add(at)
+            else:
+                assert d["key"] not in seen_rows, f"snapshot row {d['key']} sent twice"
+                seen_rows.add(d["key"])
+            if d["value"] is None:
+                state.pop(d["key"], None)
+            else:
+                state[d["key"]] = d["value"]
+    assert last.after is None and all(last.offsets[p] >= o for p, o in ends.items())
+    from .watch_model import state_at
+
+    want = {k: r.value for k, r in state_at(records, last.offsets, match).items()}
+    assert state == want
+
+
+def test_bad_watches_are_refused_before_the_stream(one) -> None:  # type: ignore[no-untyped-def]
+    node, _, _ = one
+    cases = [
+        ({"key": "a01", "prefix": "a"}, 400, "keys or a prefix"),
+        ({"key": "a01", "snapshot": "maybe"}, 400, "snapshot is true or false"),
+        ({"key": "a01", "max_lag": "1"}, 400, "unknown query parameter"),
+        ({"key": "a01", "since": "nonsense"}, 400, "not a resume token"),
+        ({"key": "a01", "since": "other@0:1"}, 400, "of table 'other'"),
+        ({"prefix": "a", "since": "kv@0:1"}, 400, "does not cover"),
+    ]
+    for params, status, says in cases:
+        r = node.get("/v1/tables/kv/watch", params=params)
+        assert r.status_code == status and says in r.json()["error"]["message"], (params, r.text)
+    assert node.get("/v1/tables/nope/watch", params={"key": "x"}).status_code == 404
+    r = httpx.post(f"{node.url}/v1/tables/kv/watch", params={"key": "x"})
+    assert r.status_code == 405
+
+
+def test_a_slow_consumer_is_cut_off_and_the_others_keep_up(bootstrap: str, one) -> None:  # type: ignore[no-untyped-def]
+    """A client that stops reading is closed once its TCP has acknowledged nothing for 10 s
+    (nothing waits on it meanwhile); a reader beside it keeps its latency; the slow one
+    resumes with the last id it got, with no gap."""
+    node, kv, _ = one
+    host, port = node.url.split("://")[1].split(":")
+    slow = socket.socket()
+    slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    slow.connect((host, int(port)))
+    slow.sendall(b"GET /v1/tables/kv/watch?key=big HTTP/1.1\r\nhost: x\r\n\r\n")
+    fast = _watch(node, key="big")
+    quiet = _watch(node, key="nobody-writes-this")
+    fast.wait_for(lambda s: s.of("ready"))
+    pad = "x" * 20_000
+    stop = threading.Event()
+
+    def write() -> None:
+        i = 0
+        while not stop.is_set():
+            kv.write(bootstrap, [("big", {"i": i, "t": time.time(), "pad": pad})])
+            i += 1
+            time.sleep(0.02)
+
+    def cut_off() -> bool:
+        text = node.get("/metrics").text
+        return 'tablecast_watch_closed_total{reason="slow_consumer"} 1.0' in text
+
+    writer = threading.Thread(target=write, daemon=True)
+    started = time.monotonic()
+    writer.start()
+    try:
+        eventually(cut_off, timeout=60, interval=0.5)
+        cut_after = time.monotonic() - started
+        time.sleep(2)  # the fast reader keeps reading past the cut
+    finally:
+        stop.set()
+        writer.join(30)
+    assert cut_after < 40
+    latencies = sorted(e.at - e.data["value"]["t"] for e in fast.of("change"))
+    assert len(latencies) > 100 and latencies[int(len(latencies) * 0.99)] < 2.0, latencies[-10:]
+    # the slow socket was closed by the node: read now, it ends; its last id resumes it
+    got = _read_to_end(slow)
+    ids = [line[4:] for line in got.split(b"\n") if line.startswith(b"id: ")]
+    assert got.endswith(b"0\r\n\r\n") and ids, got[-200:]
+    last = ids[-1].decode()
+    again = Stream(
+        f"{node.url}/v1/tables/kv/watch", params={"key": "big"}, headers={"last-event-id": last}
+    ).start()
+    resumed_from = parse(last).offsets
+    ends = _ends(bootstrap, kv.info.topic)
+    _wait_positions(again, ends)
+    again.stop()
+    records = read_topic(bootstrap, kv.info.topic, PARTITIONS)
+    (p,) = resumed_from
+    want = [r.offset for r in records[p] if r.offset >= resumed_from[p] and r.key == "big"]
+    assert [e.data["offset"] for e in again.of("change")] == want
+    # keep-alives at least every 15 s on a watch with nothing to say
+    gaps = [b - a for a, b in zip(quiet.comments, quiet.comments[1:], strict=False)]
+    assert quiet.comments and all(g <= 15 for g in gaps), gaps
+    fast.stop()
+    quiet.stop()
+
+
+def _read_to_end(sock: socket.socket, timeout: float = 30.0) -> bytes:
+    """All the node sends until it closes the response (chunked: the last chunk is empty)."""
+    sock.settimeout(timeout)
+    chunks = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        chunk = sock.recv(1 << 20)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        if chunk.endswith(b"0\r\n\r\n"):
+            break
+    sock.close()
+    return b"".join(chunks)
+
+
+class Trio:
+    """Three nodes with their own ports and data dirs, restartable by name."""
+
+    def __init__(self, app: str, bootstrap: str, logs: Path) -> None:
+        self.app, self.bootstrap, self.logs = app, bootstrap, logs
+        self.ports = {name: free_port() for name in ("a", "b", "c")}
+        self.nodes: dict[str, NodeProcess] = {}
+        self.started: list[NodeProcess] = []
+
+    def start(self, name: str, wait: bool = True) -> NodeProcess:
+        node = start_node(
+            self.app,
+            self.bootstrap,
+            self.logs,
+            "--data-dir",
+            str(self.logs / f"data-{name}"),
+            port=self.ports[name],
+        )
+        self.started.append(node)
+        if wait:
+            node.wait_ready()
+        self.nodes[name] = node
+        return node
+
+    def urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{p}" for p in self.ports.values()]
+
+
+def test_watches_survive_hand_over_kill_and_rolling_restart(
+    bootstrap: str, unique: str, logs: Path
+) -> None:
+    kv = make_table(bootstrap, unique, "kv", PARTITIONS, serde.string(), serde.json())
+    keys = [f"k{i:03d}" for i in range(120)]
+    kv.write(bootstrap, [(k, {"n": -1}) for k in keys])
+    trio = Trio(unique, bootstrap, logs)
+    trio.start("a")
+    got: list[Any] = []
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def follow() -> None:
+        try:
+            with tc.Client(trio.urls()) as client:
+                for event in client.watch("kv", prefix="k"):
+                    got.append(event)
+                    if done.is_set() and event.event == "change" and event.value == {"n": "last"}:
+                        return
+        except BaseException as e:  # reported by the test thread
+            errors.append(e)
+
+    watcher = threading.Thread(target=follow, daemon=True)
+    watcher.start()
+    eventually(lambda: any(e.event == "ready" for e in got), timeout=30)
+    writes = iter(_updates(10_000, keys, seed=7))
+
+    def write(n: int) -> None:
+        kv.write(bootstrap, [next(writes) for _ in range(n)])
+
+    try:
+        write(50)
+        trio.start("b")  # partitions move from a to b: the watch on a goes on
+        write(50)
+        trio.start("c")
+        write(50)
+        serving = got[-1].node  # the node id is its address
+        name = next(k for k, p in trio.ports.items() if serving == f"127.0.0.1:{p}")
+        victim = trio.nodes.pop(name)
+        victim.proc.send_signal(signal.SIGKILL)  # the serving node dies: resumed elsewhere
+        victim.proc.wait(10)
+        write(50)
+        eventually(lambda: got[-1].node != serving, timeout=30)
+        trio.start(name)
+        write(50)
+        for name in ("a", "b", "c"):  # rolling restart, writes going on
+            trio.nodes[name].stop()
+            write(30)
+            trio.start(name)
+            write(30)
+        done.set()
+        kv.write(bootstrap, [("k000", {"n": "last"})])
+        watcher.join(60)
+        assert not errors, errors
+        assert not watcher.is_alive(), "the watch did not reach the last write"
+        records = read_topic(bootstrap, kv.info.topic, PARTITIONS)
+        judge(Seen.of(got), records, lambda k: k.startswith("k"), complete=False)
+        last = parse(got[-1].id)
+        nodes_seen = {e.node for e in got}
+        assert len(nodes_seen) >= 2, nodes_seen
+        # complete up to the last event's position: every record below it arrived, once
+        seen_changes = [(e.partition, e.offset) for e in got if e.event == "change"]
+        assert len(seen_changes) == len(set(seen_changes))
+        ready = parse(next(e.id for e in got if e.event == "ready"))
+        want = sum(
+            1
+            for p, rs in records.items()
+            for r in rs
+            if ready.offsets[p] <= r.offset < last.offsets[p] and r.key.startswith("k")
+        )
+        assert len(seen_changes) == want
+    finally:
+        done.set()
+        for n in trio.started:
+            if n.proc.poll() is None:
+                n.stop()
+
+
+def test_an_id_from_one_node_resumes_on_another(one, bootstrap: str) -> None:  # type: ignore[no-untyped-def]
+    """Last-Event-ID from one node's stream is good on another node of the app (one that holds
+    no replica yet: it reads the topic itself)."""
+    node, kv, _ = one
+    other = start_node(node_app(node), bootstrap, Path(node.log_file).parent)
+    try:
+        other.wait_ready()
+        first = _watch(node, prefix="a")
+        first.wait_for(lambda s: s.of("ready"))
+        kv.write(bootstrap, [(f"a{i:02d}", {"round": 2, "i": i}) for i in range(10)])
+        first.wait_for(lambda s: len(s.of("change")) >= 10)
+        first.stop()
+        cut = first.events[-4]
+        kv.write(bootstrap, [(f"a{i:02d}", {"round": 3, "i": i}) for i in range(10)])
+        again = Stream(
+            f"{other.url}/v1/tables/kv/watch",
+            params={"prefix": "a"},
+            headers={"last-event-id": cut.id},
+        ).start()
+        again.wait_for(lambda s: len(s.of("change")) >= 13)
+        again.stop()
+        got = [(e.data["key"], e.data["value"]) for e in again.of("change")]
+        want = [(e.data["key"], e.data["value"]) for e in first.events[-3:]]
+        want += [(f"a{i:02d}", {"round": 3, "i": i}) for i in range(10)]
+        assert sorted(got[:13], key=orjson.dumps) == sorted(want, key=orjson.dumps)
+        assert again.of("snapshot") == [] and again.of("ready") == []
+    finally:
+        other.stop()
+
+
+def node_app(node: NodeProcess) -> str:
+    args = node.proc.args  # type: ignore[attr-defined]
+    return args[args.index("--app") + 1]
