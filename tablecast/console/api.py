@@ -70,7 +70,7 @@ class Console:
                 counts = [a + b for a, b in zip(counts, buckets, strict=True)]
         return {
             "id": node.id,
-            "url": node.config.advertised_url,
+            "url": node.config.url,
             "version": __version__,
             "started_ms": self.started_ms,
             "uptime_s": round(time.monotonic() - self._started, 1),
@@ -89,7 +89,7 @@ class Console:
             "records_applied": node.ingestor.records_applied,
         }
 
-    def node(self) -> Answer:
+    def this_node(self) -> Answer:
         return 200, orjson.dumps(self.node_detail()), []
 
     async def nodes(self, req: Request) -> Answer:

@@ -188,7 +188,7 @@ class HttpApp:
             return self._console_route(method, path)
         elif path == NODE_ROUTE:
             _get(method)
-            return "internal_console", lambda q, _: self.console.node()
+            return "internal_console", lambda q, _: self.console.this_node()
         elif n == 2:
             name = parts[1]
             if name == "healthz":
@@ -211,7 +211,7 @@ class HttpApp:
             name = path[len("/ui/static/") :]
             return "ui", lambda q, _: c.page(name, q)
         api = {
-            "/ui/api/node": lambda q, _: c.node(),
+            "/ui/api/node": lambda q, _: c.this_node(),
             "/ui/api/nodes": lambda q, _: c.nodes(q),
             "/ui/api/pipeline": lambda q, _: c.pipeline(q),
             "/ui/api/deadletters": lambda q, _: c.dead_letters(q),

@@ -54,7 +54,7 @@ KV_KEYS = [f"k{i}" for i in range(40)] + ["a/metadata"]
 
 
 def _token(claims: dict | None = None) -> str:  # type: ignore[type-arg]
-    body = {"sub": "fuzz", **(claims or {}), "exp": int(time.time() + 3600)}
+    body = {"sub": "fuzz", **(claims or {}), "exp": int(time.time() + 86_400)}
     return jwt.encode(body, SECRET, "HS256")
 
 
