@@ -4,6 +4,7 @@ Enough to read a watch; written here so the tests need no WebSocket library."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import os
 import socket
@@ -18,7 +19,11 @@ GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
 class WebSocket:
     def __init__(
-        self, url: str, params: Any = None, headers: dict[str, str] | None = None, timeout: float = 30
+        self,
+        url: str,
+        params: Any = None,
+        headers: dict[str, str] | None = None,
+        timeout: float = 30,
     ) -> None:
         parts = urlsplit(url)
         self.sock = socket.create_connection((parts.hostname, parts.port), timeout=timeout)
@@ -86,8 +91,6 @@ class WebSocket:
         self.sock.sendall(bytes([0x80 | opcode]) + size + mask + masked)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self._send(0x8, struct.pack(">H", 1000))
-        except OSError:
-            pass
         self.sock.close()
