@@ -151,6 +151,7 @@ def _print_welcome(
         f"Try:\n"
         f"  curl {first}/v1/tables\n"
         f"  curl {first}/v1/tables/{table}/keys/{key}\n"
+        f"  curl -N {first}/v1/tables/{table}/watch?key={key}    (live: every change)\n"
         f"  curl {first}/readyz\n"
         f"Ctrl-C stops everything.\n",
         flush=True,

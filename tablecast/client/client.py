@@ -277,7 +277,7 @@ class Client:
         """:meth:`watch` for asyncio (``async for event in client.awatch(...)``)."""
         resumer = self._resumer(table, key, prefix, start, end, snapshot, since, refresh=False)
         async with httpx.AsyncClient(headers=self._headers, verify=self._verify) as http:
-            async for event in watch_async(http, resumer, lambda: None):
+            async for event in watch_async(http, resumer):
                 yield event
 
     def _resumer(

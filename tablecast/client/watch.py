@@ -168,9 +168,25 @@ class Resumer:
             urls = [u for u in urls if u != self._avoid] + [self._avoid]  # type: ignore[list-item]
         return urls
 
-    def headers(self) -> dict[str, str]:
+    def request(self, url: str) -> dict[str, Any]:
+        """The stream request to `url`, resuming after the last id seen."""
         last = self.parser.last_id
-        return {"accept": "text/event-stream", **({"last-event-id": last} if last else {})}
+        headers = {"accept": "text/event-stream", **({"last-event-id": last} if last else {})}
+        return {
+            "method": "GET",
+            "url": url + self.path,
+            "params": self.params,
+            "headers": headers,
+            "timeout": httpx.Timeout(10.0, read=READ_TIMEOUT_S),
+        }
+
+    def line(self, line: str, node: str | None) -> WatchEvent | None:
+        """One line of the stream; the event it completes, if any."""
+        out = self.parser.line(line)
+        if out is None:
+            return None
+        self.served()
+        return _event(*out, node)
 
     def failed(self, url: str) -> float:
         """Note a failure of `url`; the pause before the next try (raises once it is hopeless)."""
@@ -196,21 +212,14 @@ def watch_sync(
     while True:
         for url in resumer.order():
             try:
-                with http.stream(
-                    "GET",
-                    url + resumer.path,
-                    params=resumer.params,
-                    headers=resumer.headers(),
-                    timeout=httpx.Timeout(10.0, read=READ_TIMEOUT_S),
-                ) as r:
+                with http.stream(**resumer.request(url)) as r:
                     if r.status_code != 200:
                         raise _refused(r.status_code, r.read())
                     node = r.headers.get("x-tablecast-node")
                     for line in r.iter_lines():
-                        out = resumer.parser.line(line)
-                        if out is not None:
-                            resumer.served()
-                            yield _event(*out, node)
+                        event = resumer.line(line, node)
+                        if event is not None:
+                            yield event
                 raise _Retry("the stream ended")
             except (httpx.HTTPError, _Retry):
                 pause = resumer.failed(url)
@@ -218,31 +227,20 @@ def watch_sync(
                 time.sleep(pause)
 
 
-async def watch_async(
-    http: httpx.AsyncClient, resumer: Resumer, refresh: Callable[[], None]
-) -> AsyncIterator[WatchEvent]:
+async def watch_async(http: httpx.AsyncClient, resumer: Resumer) -> AsyncIterator[WatchEvent]:
     import asyncio
 
     while True:
         for url in resumer.order():
             try:
-                async with http.stream(
-                    "GET",
-                    url + resumer.path,
-                    params=resumer.params,
-                    headers=resumer.headers(),
-                    timeout=httpx.Timeout(10.0, read=READ_TIMEOUT_S),
-                ) as r:
+                async with http.stream(**resumer.request(url)) as r:
                     if r.status_code != 200:
                         raise _refused(r.status_code, await r.aread())
                     node = r.headers.get("x-tablecast-node")
                     async for line in r.aiter_lines():
-                        out = resumer.parser.line(line)
-                        if out is not None:
-                            resumer.served()
-                            yield _event(*out, node)
+                        event = resumer.line(line, node)
+                        if event is not None:
+                            yield event
                 raise _Retry("the stream ended")
             except (httpx.HTTPError, _Retry):
-                pause = resumer.failed(url)
-                refresh()
-                await asyncio.sleep(pause)
+                await asyncio.sleep(resumer.failed(url))

@@ -42,6 +42,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from tablecast.cluster.replica import FRESH_S, STALL_S, Replica
 from tablecast.cluster.topicinfo import TopicInfo
 from tablecast.cluster.validate import Check, checker
+from tablecast.kafka import batches
 from tablecast.kafka.catalog import CatalogReader, TableInfo
 from tablecast.kafka.config import client_conf
 from tablecast.store import Write
@@ -347,14 +348,9 @@ class Ingestor:
 
     # -- reading -----------------------------------------------------------------
     def _ingest_batch(self) -> None:
-        # consume(n, timeout) waits for a full batch or the timeout, which would
-        # hold a lone record back: take what is here, else wait for one record only
-        msgs = self._consumer.consume(BATCH, 0)
+        msgs = batches.take(self._consumer, BATCH, 0.1)
         if not msgs:
-            msgs = self._consumer.consume(1, 0.1)
-            if not msgs:
-                return
-            msgs += self._consumer.consume(BATCH - 1, 0)
+            return
         slices: dict[tuple[str, int], list[Write]] = defaultdict(list)
         # ends reached are taken in after the records before them are applied: a replica's
         # position must never run ahead of its store

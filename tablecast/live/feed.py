@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+from tablecast.kafka import batches
 from tablecast.kafka.config import client_conf
 from tablecast.live.events import Change, Check, Renderer
 
@@ -207,12 +208,9 @@ class Feed:
                     self._wake.wait(0.5)
                     self._wake.clear()
                     continue
-                msgs = self._consumer.consume(BATCH, 0)
+                msgs = batches.take(self._consumer, BATCH, 0.05)
                 if not msgs:
-                    msgs = self._consumer.consume(1, 0.05)
-                    if not msgs:
-                        continue
-                    msgs += self._consumer.consume(BATCH - 1, 0)
+                    continue
                 batch = split(msgs, self._sources, lambda slot: generation(slot, 0))
                 self.records += len(msgs)
                 while not self._room.acquire(timeout=0.5):

@@ -166,6 +166,8 @@ class Watch:
         self.expires = expires
         self.sink: Sink | None = None
         self.catching_up: frozenset[int] = frozenset()
+        #: the stream is over: nothing may register it again
+        self.ended = False
 
     # -- positions -----------------------------------------------------------------
     def position(self, partition: int) -> int:
@@ -191,7 +193,7 @@ class Watch:
         else:
             self.sink.add(self.encoder.encode(CHANGE, self.token(p, change.offset + 1), change))
 
-    def take(self, changes: list[Change], floor: int | None = None) -> None:
+    def take(self, changes: list[Change]) -> None:
         """Records of one partition in offset order, for a watch not following it yet."""
         pos = self.pos
         matches = self.matches
@@ -204,9 +206,6 @@ class Watch:
                 self.deliver(c)
             else:
                 pos[p] = c.offset + 1
-        if floor is not None and changes:
-            p = changes[0].partition
-            pos[p] = max(pos[p], floor)
 
     def close(self, reason: str | None = None, message: str | None = None) -> None:
         sink = self.sink
@@ -279,6 +278,8 @@ class Hub:
         self._catch_up_slots = asyncio.Semaphore(CATCH_UPS)
         self._executor = ThreadPoolExecutor(CATCH_UPS + 1, thread_name_prefix="tablecast-watch")
         self._tasks: list[asyncio.Task[None]] = []
+        #: snapshots being finished and catch-ups: held here, as the loop keeps only weak refs
+        self._background: set[asyncio.Task[None]] = set()
         self._port: int | None = None
         self._diag_failed = False
         self._conns: dict[tuple[str, int], _Conn] = {}
@@ -311,7 +312,7 @@ class Hub:
 
     def stop(self) -> None:
         self.close_all()
-        for task in self._tasks:
+        for task in [*self._tasks, *self._background]:
             task.cancel()
         self.feed.stop()
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -431,8 +432,7 @@ class Hub:
         if start.resumed_at is not None:
             # a resume from inside a snapshot: the rows already sent are at `resumed_at`; bring
             # them to the new snapshot's positions first, then send the rest of the snapshot
-            assert self.loop is not None
-            self.loop.create_task(self._finish_snapshot(watch, start))
+            self._spawn(self._finish_snapshot(watch, start))
             return
         self._send_snapshot(watch, start)
 
@@ -465,7 +465,7 @@ class Hub:
             }
             if behind:
                 await self._read(watch, behind, until=start.positions)
-            if watch.sink is None or watch.sink.closed:
+            if watch.ended or watch.sink is None or watch.sink.closed:
                 return
             self._send_snapshot(watch, start)
         except Exception as e:  # one watch's failure must not reach the loop
@@ -484,12 +484,19 @@ class Hub:
                 behind[p] = watch.pos[p]
         self.flush()
         if behind:
-            assert self.loop is not None
-            self.loop.create_task(self._catch_up(watch, behind))
+            self._spawn(self._catch_up(watch, behind))
+
+    def _spawn(self, job: Any) -> None:
+        assert self.loop is not None
+        task = self.loop.create_task(job)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _join(self, watch: Watch, pf: PartitionFeed) -> None:
         """Replay the ring from the watch's position, then follow the feed (no await between:
         nothing can be dispatched in between)."""
+        if watch.ended:
+            return
         p = pf.partition
         watch.take(pf.since(watch.pos[p]))
         if watch.selection.keys is not None:
@@ -523,6 +530,8 @@ class Hub:
 
         def apply(batch: Batch) -> None:
             try:
+                if watch.ended:
+                    wanted.clear()
                 for (_, p), (_, changes) in batch.changes.items():
                     if p not in wanted:
                         continue
@@ -582,6 +591,7 @@ class Hub:
         """The stream ended: stop following, and let idle partitions go after the grace."""
         if self.watches.pop(watch.id, None) is None:
             return
+        watch.ended = True
         watch.catching_up = frozenset()
         reason = (watch.sink.reason if watch.sink is not None else None) or "client"
         self.closed[reason] = self.closed.get(reason, 0) + 1

@@ -134,8 +134,7 @@ class Tables:
     async def get(
         self, request: pb.GetRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetResponse:
-        params = {} if not request.HasField("max_lag") else {"max_lag": str(request.max_lag)}
-        req = await self._request(context, params)
+        req = await self._request(context, _max_lag(request))
         try:
             answer = self.router.get_key(request.table, request.key, req)
             if not isinstance(answer, tuple):
@@ -159,8 +158,7 @@ class Tables:
     async def batch_get(
         self, request: pb.BatchGetRequest, context: grpc.aio.ServicerContext
     ) -> pb.BatchGetResponse:
-        params = {} if not request.HasField("max_lag") else {"max_lag": str(request.max_lag)}
-        req = await self._request(context, params)
+        req = await self._request(context, _max_lag(request))
         try:
             info, _ = self.router.table(request.table, req)
             local = self.router.local
@@ -216,18 +214,14 @@ class Tables:
         sink = QueueSink(self.live.hub.touched, size=_size)
         watch = self.live.begin(plan, GRPC, sink)
         try:
-            while True:
-                events = await sink.take()
-                if not events:
-                    break
-                for event in events:
-                    if isinstance(event, tuple):  # the watch ended with an error
-                        _, code, message = event
-                        await _abort(
-                            context,
-                            ApiError(code if code in STATUS else "partition_unavailable", message),
-                        )
-                    yield event
+            async for event in sink.drain():
+                if isinstance(event, tuple):  # the watch ended with an error
+                    _, code, message = event
+                    await _abort(
+                        context,
+                        ApiError(code if code in STATUS else "partition_unavailable", message),
+                    )
+                yield event
             if sink.reason is not None:
                 await _abort(
                     context, ApiError("partition_unavailable", f"the watch ended: {sink.reason}")
@@ -235,6 +229,10 @@ class Tables:
         finally:
             sink.close()
             self.live.end(watch)
+
+
+def _max_lag(request: Any) -> dict[str, str]:
+    return {"max_lag": str(request.max_lag)} if request.HasField("max_lag") else {}
 
 
 def _size(event: Any) -> int:

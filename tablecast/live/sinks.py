@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 #: a queued sink holding more than this is behind: closed
@@ -135,6 +135,15 @@ class QueueSink(Sink):
 
     def behind(self, now: float) -> bool:
         return bool(self.queue) and now - self.oldest > MAX_BEHIND_S
+
+    async def drain(self) -> AsyncIterator[Any]:
+        """Every event as it is queued, until the sink is closed (the writer's loop)."""
+        while True:
+            events = await self.take()
+            if not events:
+                return
+            for event in events:
+                yield event
 
     async def take(self) -> list[Any]:
         """The events queued so far, waiting for some; empty once the sink is closed."""

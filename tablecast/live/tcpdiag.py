@@ -34,6 +34,8 @@ _MSG = struct.Struct("=BBBB")  # family, state, timer, retrans (then the socket 
 _RTA = struct.Struct("=HH")
 #: offset of tcpi_bytes_acked in struct tcp_info (Linux >= 4.1)
 _BYTES_ACKED = 120
+_U64 = struct.Struct("=Q")
+_V4_MAPPED = bytes(10) + b"\xff\xff"
 
 
 def _request(family: int, port: int) -> bytes:
@@ -67,14 +69,15 @@ def acked(port: int) -> dict[tuple[str, int], int]:
 
 def _read_dump(s: socket.socket, family: int, out: dict[tuple[str, int], int]) -> None:
     width = 4 if family == socket.AF_INET else 16
+    ntop = socket.inet_ntop
+    unpack_id, unpack_rta, unpack_hdr = _SOCKID.unpack_from, _RTA.unpack_from, _NLMSGHDR.unpack_from
+    acked_at = _RTA.size + _BYTES_ACKED
     while True:
         data = s.recv(1 << 20)
         at = 0
         while at + _NLMSGHDR.size <= len(data):
-            length, kind, _, _, _ = _NLMSGHDR.unpack_from(data, at)
-            if length < _NLMSGHDR.size:
-                return
-            if kind == NLMSG_DONE:
+            length, kind, _, _, _ = unpack_hdr(data, at)
+            if length < _NLMSGHDR.size or kind == NLMSG_DONE:
                 return
             if kind == NLMSG_ERROR:
                 (code,) = struct.unpack_from("=i", data, at + _NLMSGHDR.size)
@@ -82,20 +85,22 @@ def _read_dump(s: socket.socket, family: int, out: dict[tuple[str, int], int]) -
                     raise OSError(-code, "sock_diag refused the request")
                 return
             msg = at + _NLMSGHDR.size
-            _, dport, _, dst, _, _ = _SOCKID.unpack_from(data, msg + _MSG.size)
+            _, dport, _, dst, _, _ = unpack_id(data, msg + _MSG.size)
             # after the socket id: expires, rqueue, wqueue, uid, inode
             attrs = msg + _MSG.size + _SOCKID.size + 20
             end = at + length
             while attrs + _RTA.size <= end:
-                rta_len, rta_type = _RTA.unpack_from(data, attrs)
+                rta_len, rta_type = unpack_rta(data, attrs)
                 if rta_len < _RTA.size:
                     break
-                if rta_type == INET_DIAG_INFO and rta_len >= _RTA.size + _BYTES_ACKED + 8:
-                    (got,) = struct.unpack_from("=Q", data, attrs + _RTA.size + _BYTES_ACKED)
-                    address = ipaddress.ip_address(dst[:width])
-                    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
-                        address = address.ipv4_mapped
-                    out[(str(address), dport)] = got
+                if rta_type == INET_DIAG_INFO and rta_len >= acked_at + 8:
+                    (got,) = _U64.unpack_from(data, attrs + acked_at)
+                    raw = dst[:width]
+                    if width == 16 and raw[:12] == _V4_MAPPED:
+                        address = ntop(socket.AF_INET, raw[12:])
+                    else:
+                        address = ntop(family, raw)
+                    out[(address, dport)] = got
                 attrs += (rta_len + 3) & ~3
             at += (length + 3) & ~3
 

@@ -40,12 +40,8 @@ async def serve(live: Live, table: str, req: Request, proto: Any) -> None:
     reader = asyncio.ensure_future(_until_closed(transport))
     reader.add_done_callback(lambda _: sink.close())
     try:
-        while True:
-            events = await sink.take()
-            if not events:
-                break
-            for event in events:
-                await transport.send_str(event)
+        async for event in sink.drain():
+            await transport.send_str(event)
     except Exception:  # the client went away mid-write
         pass
     finally:

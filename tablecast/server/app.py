@@ -93,6 +93,7 @@ class HttpApp:
             # a signed hop was counted where the caller came in (a forged one is refused)
             limited = self.rate is not None and not from_peer and path.startswith("/v1/")
             caller = None
+            authorization = None
             if self._auth_on and path.startswith(("/v1/", "/internal/", "/ui/api/")):
                 authorization = headers.get("authorization") or _query_token(path, query)
                 caller = self.auth.remembered(authorization)
@@ -115,7 +116,10 @@ class HttpApp:
                 if route == "watch":
                     # a stream: answered by the watch itself (it parses its own query, which
                     # may name many keys); an error before the stream starts is raised here
-                    await handler(Request(NO_PARAMS, query, headers, caller, scope), proto)
+                    # the token goes on with its snapshot's peer calls, also when it came as
+                    # ?access_token=
+                    watch = Request(NO_PARAMS, query, headers, caller, scope, authorization)
+                    await handler(watch, proto)
                     self.stats.record(route, 200, perf_counter() - started)
                     return
                 request = Request(_params(query), query, headers, caller, scope)
@@ -228,9 +232,10 @@ class HttpApp:
             proto.close(404)  # before the upgrade: a plain 404
             return
         caller = None
+        authorization = headers.get("authorization") or _query_token(path, query)
         try:
             if self._auth_on:
-                caller = self.auth.caller(headers.get("authorization") or _query_token(path, query))
+                caller = self.auth.caller(authorization)
             if self.rate is not None:
                 self.rate.take(subject_of(caller, scope))
         except ApiError as e:
@@ -238,9 +243,8 @@ class HttpApp:
             return
         started = perf_counter()
         try:
-            await websocket.serve(
-                self.live, parts[3], Request(NO_PARAMS, query, headers, caller, scope), proto
-            )
+            request = Request(NO_PARAMS, query, headers, caller, scope, authorization)
+            await websocket.serve(self.live, parts[3], request, proto)
         except Exception:  # a broken socket must not reach granian as a stack trace
             log.exception("websocket watch failed")
         self.stats.record("watch_websocket", 101, perf_counter() - started)

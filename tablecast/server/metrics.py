@@ -204,6 +204,11 @@ def _watch_metrics(hub: Hub) -> Iterator[Metric]:
     )
     fed.add_metric([], len(hub.parts))
     yield fed
+    ring = GaugeMetricFamily(
+        "tablecast_watch_ring_bytes", "recent records the feed keeps for joining watches (estimate)"
+    )
+    ring.add_metric([], sum(pf.ring_bytes for pf in list(hub.parts.values())))
+    yield ring
 
 
 def exposition(

@@ -255,6 +255,54 @@ def document() -> dict[str, Any]:
                 ),
             )
         },
+        "/v1/tables/{table}/watch": {
+            "get": {
+                "summary": "follow rows live (SSE; the same path speaks WebSocket, one JSON "
+                'message per event `{"event", "id", "data"}`): the selected rows as `snapshot` '
+                "events, `ready`, then a `change` for every later update in offset order per "
+                "partition; every event's `id` is a resume token (Last-Event-ID or since= on any "
+                "node continues right after it); a `: keep-alive` comment at least every 15 s; "
+                "a client too far behind is cut off and resumes with its last id; with "
+                "--auth-policy only the token's rows",
+                "parameters": [
+                    TABLE,
+                    _param(
+                        "key",
+                        "query",
+                        "a key to follow (text form); repeat for more (at most 1000)",
+                        {"type": "array", "items": STR, "maxItems": 1000},
+                    ),
+                    _param("prefix", "query", "follow keys starting with these bytes"),
+                    _param("from", "query", "follow keys from this one (inclusive)"),
+                    _param("to", "query", "follow keys up to this one (exclusive)"),
+                    _param(
+                        "snapshot",
+                        "query",
+                        "false: no snapshot, changes from now on",
+                        {"enum": ["true", "false"]},
+                    ),
+                    _param("since", "query", "resume after the event with this id"),
+                    _param(
+                        "access_token",
+                        "query",
+                        "the bearer token, for browsers (EventSource and WebSocket send no header)",
+                    ),
+                    _param("Last-Event-ID", "header", "resume after the event with this id"),
+                ],
+                "responses": {
+                    "200": {
+                        "description": "`text/event-stream`: `id:`, `event:` (snapshot, ready, "
+                        "change, error) and `data:` per event — snapshot "
+                        '`{"key", "value", "partition", "offset", "timestamp"}`, ready '
+                        '`{"rows"}`, change `{"key", "value" (null: deleted), "partition", '
+                        '"offset", "timestamp"}`, error `{"error": {"code", "message"}}` '
+                        "before the stream ends (the node stopping, the token expiring)",
+                        "content": {"text/event-stream": {"schema": STR}},
+                    },
+                    **_errors(400, 401, 403, 404, 405, 429, 503),
+                },
+            }
+        },
         "/v1/cluster": _get(
             "nodes and their replicas (with --auth-policy, of the tables the token may read)",
             [],

@@ -65,7 +65,7 @@ T = TypeVar("T")
 class Request:
     """What handlers need of an HTTP request."""
 
-    __slots__ = ("caller", "headers", "params", "query", "scope")
+    __slots__ = ("authorization", "caller", "headers", "params", "query", "scope")
 
     def __init__(
         self,
@@ -74,6 +74,7 @@ class Request:
         headers: Any,
         caller: Caller | None = None,
         scope: Any = None,
+        authorization: str | None = None,
     ) -> None:
         self.params = params
         self.query = query
@@ -82,6 +83,8 @@ class Request:
         self.caller = caller
         #: the server's scope of the request (its client address)
         self.scope = scope
+        #: the bearer token when it came otherwise than as a header (a watch's ?access_token=)
+        self.authorization = authorization
 
     @property
     def forwarded(self) -> bool:
@@ -99,7 +102,7 @@ class Request:
         return subject_of(self.caller, self.scope)
 
     def onward_headers(self) -> list[tuple[str, str]]:
-        auth = self.headers.get("authorization")
+        auth = self.headers.get("authorization") or self.authorization
         return [(HOP, "1"), ("authorization", auth)] if auth else [(HOP, "1")]
 
 

@@ -69,6 +69,17 @@ def test_dev_serves_the_stock_example_and_stops_cleanly(bootstrap: str, tmp_path
         assert body["partition"] == partition_for(b"AAPL", 30)
         # the generator keeps ticking: the answer moves on
         eventually(lambda: (aapl() or {}).get("offset", -1) > body["offset"], timeout=60)
+        # the welcome's live line: a watch of that key, its snapshot, then its changes
+        watch = re.search(r"curl -N (\S+/watch\?key=\S+)", out.read_text())
+        assert watch, out.read_text()[-2000:]
+        kinds = []
+        with httpx.stream("GET", watch.group(1), timeout=30) as r:
+            for line in r.iter_lines():
+                if line.startswith("event: "):
+                    kinds.append(line[7:])
+                if "change" in kinds:
+                    break
+        assert kinds[:2] == ["snapshot", "ready"] and kinds[-1] == "change"
         children = [int(p) for p in re.findall(r"\(pid (\d+),", out.read_text())]
         assert len(children) == 3  # generator, pipeline, node
     finally:

@@ -182,6 +182,14 @@ def test_bad_watches_are_refused_before_the_stream(one) -> None:  # type: ignore
     assert node.get("/v1/tables/nope/watch", params={"key": "x"}).status_code == 404
     r = httpx.post(f"{node.url}/v1/tables/kv/watch", params={"key": "x"})
     assert r.status_code == 405
+    # anything else: a 4xx, or a stream (never a 5xx other than 503); streams are closed at once
+    rng = random.Random(3)
+    texts = ["a01", "", "a", "\u00ff", "zz", "b07/x", "%", "kv@0:1", "kv@0:1,1:2,2:3,3:4,4:5,5:6"]
+    names = ["key", "key", "prefix", "from", "to", "snapshot", "since", "other"]
+    for _ in range(60):
+        params = [(rng.choice(names), rng.choice(texts)) for _ in range(rng.randint(0, 4))]
+        with httpx.stream("GET", f"{node.url}/v1/tables/kv/watch", params=params, timeout=10) as r:
+            assert r.status_code < 500 or r.status_code == 503, (params, r.read())
 
 
 def test_a_slow_consumer_is_cut_off_and_the_others_keep_up(bootstrap: str, one) -> None:  # type: ignore[no-untyped-def]
