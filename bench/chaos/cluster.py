@@ -219,6 +219,10 @@ class Producer:
 
     def __init__(self, bootstrap: str, topic: str, rate: int, seed: int) -> None:
         self.p = tc.producer(bootstrap, {"linger.ms": 20})
+        # malformed records go through a producer of their own: flushing the shared one from
+        # the injector's thread served its delivery callbacks there, out of order with the
+        # producing thread's, and once left the producing thread stalled for good
+        self.bad = tc.producer(bootstrap)
         self.topic, self.rate = topic, rate
         self.rng = random.Random(seed ^ 0x5EED)
         #: key -> its last acknowledged input value (None: a delete)
@@ -261,8 +265,8 @@ class Producer:
 
     def raw(self, topic: str, key: bytes, value: bytes | None) -> None:
         """One record as given (malformed on purpose); not part of the acknowledged input."""
-        self.p.produce(topic, key=key, value=value)
-        self.p.flush(30)
+        self.bad.produce(topic, key=key, value=value)
+        self.bad.flush(30)
 
     def start(self) -> None:
         self.thread.start()

@@ -25,6 +25,8 @@ def test_chaos_soak_never_lies_and_never_loses(tmp_path: Path) -> None:
     ran = {e["fault"] for e in r["faults"]}
     assert ran == set(ALL), f"faults not run: {set(ALL) - ran}"
     problems = [(e["fault"], p) for e in r["faults"] for p in e["problems"]]
+    # the input kept flowing the whole time (a stalled producer would make "lost" meaningless)
+    assert r["acked"] >= 0.5 * r["rate"] * r["minutes"] * 60, (r["acked"], r["produce_failed"])
     assert r["wrong"] == 0, r["wrong_samples"][:10]
     assert r["lost"] == 0 and r["converged"], r["lost_samples"][:10]
     assert r["answered_pct"] >= 99.999, (r["failed"], r["longest_unavailable_s"], problems)
