@@ -165,13 +165,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, what in (
         ("query", "read one key"),
+        ("history", "list one key's versions (a table with a history)"),
         ("tables", "list tables"),
         ("cluster", "show nodes"),
     ):
         p = sub.add_parser(name, help=what)
-        if name == "query":
+        if name in ("query", "history"):
             p.add_argument("table")
             p.add_argument("key")
+        if name == "query":
+            p.add_argument("--as-of", help="the value valid at this time (epoch ms or ISO-8601)")
+        if name == "history":
+            p.add_argument("--from", dest="time_from", help="first time (epoch ms or ISO-8601)")
+            p.add_argument("--to", dest="time_to", help="end time, exclusive")
         _opt(p, "--url", "http://localhost:8080", help="a node URL, or several separated by commas")
         _opt(p, "--token", help="a bearer JWT, when the nodes require auth")
         _opt(p, "--ca", help="the CA file that signed the nodes' certificates (https:// URLs)")
@@ -398,6 +404,7 @@ _COMMANDS = {
     "dev": _dev,
     "demo": _dev,
     "query": _http,
+    "history": _http,
     "tables": _http,
     "cluster": _http,
 }
