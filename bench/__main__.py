@@ -23,6 +23,7 @@ BENCHES = {
     "https": "bench.https",
     "auth": "bench.auth",
     "chaos": "bench.chaos",
+    "history": "bench.history",
 }
 # the pipeline benchmark is written by another change; run it once its module exists
 if importlib.util.find_spec("bench.pipeline") is not None:

@@ -327,16 +327,17 @@ class FanOut:
         groups = [parts for _, parts in owners]
         share = [-(-n * len(ps) // info.partitions) + FAIR_SHARE_SLACK for ps in groups]
         wants = [min(n, w) for w in share]
-        got = await asyncio.gather(*(fetch(ps, w) for ps, w in zip(groups, wants, strict=True)))
+        if len(groups) == 1:  # one node answers for all: no task per group
+            got = [await fetch(groups[0], wants[0])]
+        else:
+            got = await asyncio.gather(*(fetch(ps, w) for ps, w in zip(groups, wants, strict=True)))
         pages = [rows for rows, _ in got]
         reflects = [r for _, r in got]
         todo = short_pages(pages, wants, n)
         while todo:
-            for i in todo:
-                wants[i] = min(n, wants[i] * 4)
-            again = await asyncio.gather(*(fetch(groups[i], wants[i]) for i in todo))
-            for i, (rows, r) in zip(todo, again, strict=True):
-                pages[i], reflects[i] = rows, r
+            i = todo[0]
+            wants[i] = min(n, wants[i] * 4)
+            pages[i], reflects[i] = await fetch(groups[i], wants[i])
             todo = short_pages(pages, wants, n)
         reflected = Reflected(info.name)
         for r in reflects:

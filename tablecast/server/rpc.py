@@ -152,6 +152,8 @@ class Rpc:
                         raise
                     for p in local:  # released under this read: the next choice
                         pending[p] = pending[p][1:]
+            if not groups:
+                continue  # all answered here (or moved on to their next choice)
             by_id = {c.id: c for cs in pending.values() for c in cs if isinstance(c, Member)}
             remote = list(groups.items())
             answers = await asyncio.gather(*(there(by_id[nid], parts) for nid, parts in remote))
