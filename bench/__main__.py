@@ -24,6 +24,7 @@ BENCHES = {
     "auth": "bench.auth",
     "chaos": "bench.chaos",
     "watch": "bench.watch",
+    "history": "bench.history",
 }
 # the pipeline benchmark is written by another change; run it once its module exists
 if importlib.util.find_spec("bench.pipeline") is not None:

@@ -1,4 +1,4 @@
-"""``tablecast query|watch|tables|cluster``: the HTTP API from the shell, through
+"""``tablecast query|history|watch|tables|cluster``: the HTTP API from the shell, through
 ``tablecast.Client``."""
 
 from __future__ import annotations
@@ -21,9 +21,16 @@ def run(args: argparse.Namespace) -> int:
             if args.command == "watch":
                 return _watch(client, args)
             if args.command == "query":
-                answer = client.get(args.table, args.key)
+                answer = client.get(args.table, args.key, as_of=args.as_of)
                 if answer is None:
-                    return fail(f"key {args.key!r} not found in {args.table!r}", 1)
+                    when = f" at {args.as_of}" if args.as_of else ""
+                    return fail(f"key {args.key!r} not found in {args.table!r}{when}", 1)
+            elif args.command == "history":
+                answer = {
+                    "items": list(
+                        client.history(args.table, args.key, args.time_from, args.time_to)
+                    )
+                }
             elif args.command == "tables":
                 answer = {"tables": client.tables()}
             else:

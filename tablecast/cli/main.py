@@ -175,11 +175,12 @@ def build_parser() -> argparse.ArgumentParser:
     for name, what in (
         ("query", "read one key"),
         ("watch", "follow a table's rows live: a snapshot, then every change (JSON lines)"),
+        ("history", "list one key's versions (a table with a history)"),
         ("tables", "list tables"),
         ("cluster", "show nodes"),
     ):
         p = sub.add_parser(name, help=what)
-        if name == "query":
+        if name in ("query", "history"):
             p.add_argument("table")
             p.add_argument("key")
         if name == "watch":
@@ -190,6 +191,11 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--to", dest="end", help="... up to this one (exclusive)")
             p.add_argument("--no-snapshot", action="store_true", help="only changes from now on")
             p.add_argument("--since", help="resume after the event with this id")
+        if name == "query":
+            p.add_argument("--as-of", help="the value valid at this time (epoch ms or ISO-8601)")
+        if name == "history":
+            p.add_argument("--from", dest="time_from", help="first time (epoch ms or ISO-8601)")
+            p.add_argument("--to", dest="time_to", help="end time, exclusive")
         _opt(p, "--url", "http://localhost:8080", help="a node URL, or several separated by commas")
         _opt(p, "--token", help="a bearer JWT, when the nodes require auth")
         _opt(p, "--ca", help="the CA file that signed the nodes' certificates (https:// URLs)")
@@ -410,6 +416,7 @@ _COMMANDS = {
     "demo": _dev,
     "query": _http,
     "watch": _http,
+    "history": _http,
     "tables": _http,
     "cluster": _http,
 }

@@ -11,6 +11,8 @@ What can go wrong is contained per partition:
 
 - a record that its table's serdes cannot read is counted, logged with its
   coordinates and stored as a tombstone (see :mod:`tablecast.cluster.validate`);
+  one whose index header (:mod:`tablecast.kafka.indexes`) breaks the contract is
+  counted and logged alike, and its row kept with no index values;
 - a store write that fails (disk full, an I/O error) stops that partition at the
   failed batch: it is taken off the consumer, keeps answering from what it
   holds, and is retried with backoff (a RocksDB store is reopened once the disk
@@ -37,14 +39,22 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import orjson
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 
 from tablecast.cluster.replica import FRESH_S, STALL_S, Replica
 from tablecast.cluster.topicinfo import TopicInfo
 from tablecast.cluster.validate import Check, checker
-from tablecast.kafka import batches
+from tablecast.kafka import batches, indexes
 from tablecast.kafka.catalog import CatalogReader, TableInfo
 from tablecast.kafka.config import client_conf
+from tablecast.kafka.indexes import HEADER
 from tablecast.store import Write
 
 log = logging.getLogger(__name__)
@@ -93,6 +103,8 @@ class Ingestor:
         self.desired: set[Slot] | None = None
         self._by_topic: dict[str, TableInfo] = {}
         self._checks: dict[str, Check] = {}
+        #: topic -> the table's index names, for tables that have indexes
+        self._indexed: dict[str, tuple[str, ...]] = {}
         self._catalog_seen: dict[str, TableInfo] = {}
         #: catalog entries left out, with why (logged once per reason)
         self.left_out: dict[str, str] = {}
@@ -212,7 +224,33 @@ class Ingestor:
                 log.info("table %r (%d partitions) from %s", name, info.partitions, info.topic)
             self._checks = {i.topic: checker(i) for i in usable.values()}
             self._by_topic = {t.topic: t for t in usable.values()}
+            self._indexed = {i.topic: i.indexes for i in usable.values() if i.indexes}
+            self._restart_changed_views(usable)
             self.tables = usable
+
+    def _restart_changed_views(self, usable: dict[str, TableInfo]) -> None:
+        """A table whose history or indexes the catalog changed is restored from its topic:
+        its held partitions are let go here and opened again (and started over, as their
+        stores held other views) by the next reconcile."""
+        changed = {
+            name
+            for name, info in usable.items()
+            if name in self.tables and self.tables[name].views != info.views
+        }
+        if not changed:
+            return
+        replicas = dict(self.replicas)
+        gone = [replicas.pop(slot) for slot in list(replicas) if slot[0] in changed]
+        assigned = [r for r in gone if not r.paused]
+        if assigned:
+            self._consumer.incremental_unassign(
+                [TopicPartition(r.table.topic, r.partition) for r in assigned]
+            )
+        for r in gone:
+            r.release()
+            r.store.close()
+        self.replicas = replicas
+        log.info("tables %s keep other views now: restoring them", ", ".join(sorted(changed)))
 
     # -- holding partitions ------------------------------------------------------
     def _reconcile(self) -> None:
@@ -356,6 +394,7 @@ class Ingestor:
         # position must never run ahead of its store
         ends: list[tuple[str, int, int]] = []
         checks = self._checks
+        indexed = self._indexed
         for m in msgs:
             err = m.error()
             if err is not None:
@@ -376,7 +415,11 @@ class Ingestor:
                 if why is not None:
                     self._bad(topic, m.partition(), m.offset(), why)
                     value = None  # unreadable: the key reads as absent, not as an older value
-            slices[(topic, m.partition())].append(Write(key, value, m.offset(), m.timestamp()[1]))
+            names = indexed.get(topic) if value is not None else None
+            index = self._index_entries(m, names) if names else ()
+            slices[(topic, m.partition())].append(
+                Write(key, value, m.offset(), m.timestamp()[1], index)
+            )
         for (topic, partition), writes in slices.items():
             replica = self._replica(topic, partition)
             if replica is None or replica.paused:
@@ -390,9 +433,24 @@ class Ingestor:
                 self._recovered(replica)
             replica.end_offset = max(replica.end_offset, replica.position)
             self.records_applied += len(writes)
-            replica.waiters.advanced(replica.store.applied_offset)
+            # waiters count in offsets applied: everything below the position is
+            replica.waiters.advanced(replica.position - 1)
         for topic, partition, offset in ends:
             self._reached_end(topic, partition, offset)
+
+    def _index_entries(self, m: Message, names: tuple[str, ...]) -> tuple[bytes, ...]:
+        """The record's index entries from its header; none, counted as a bad record, when
+        the header breaks the contract (the row itself is kept)."""
+        headers = m.headers()
+        raw = None
+        for name, value in headers or ():
+            if name == HEADER:
+                raw = value
+        try:
+            return indexes.entries(raw, names)
+        except indexes.BadIndex as e:
+            self._bad(m.topic(), m.partition(), m.offset(), f"bad index: {e}")
+            return ()
 
     def _replica(self, topic: str, partition: int) -> Replica | None:
         info = self._by_topic.get(topic)
@@ -424,6 +482,8 @@ class Ingestor:
         replica.end_offset = max(replica.end_offset, offset)
         replica.end_seen_at = replica.current_at = now
         replica.stale_since = None
+        # the end may lie past the last record (compacted away): reads waiting for it are due
+        replica.waiters.advanced(replica.position - 1)
         if not replica.restored and replica.position >= replica.restore_target:
             replica.restored = replica.caught_up = True
             log.info(

@@ -98,7 +98,7 @@ class Node:
             shutil.rmtree(path, ignore_errors=True)
         # the cache budget is per table: split over its partitions, whichever this node holds
         cache = self.config.cache_bytes // max(1, info.partitions)
-        return Replica(info, partition, open_store(info.store, path, cache))
+        return Replica(info, partition, open_store(info.store, path, cache, info.views))
 
     def _me(self) -> Member:
         replicas = {slot: r.state() for slot, r in self.ingestor.replicas.items()}

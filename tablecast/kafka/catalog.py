@@ -3,6 +3,12 @@
 One compacted record per table, keyed by the table's name, with a JSON value
 (:class:`TableInfo`). The pipeline writes it; serving nodes read it and so need
 neither the App file nor a JVM.
+
+Two optional fields of ``extra`` ask the nodes to keep more than the latest
+row per key (SPEC §5.4): ``"history_ms": N`` (a positive integer) keeps every
+version of every key for N ms of record time, and ``"indexes": ["NAME", ...]``
+keeps the secondary indexes whose values the table's records carry in the
+header of :mod:`tablecast.kafka.indexes`. Both are for ``kv`` tables only.
 """
 
 from __future__ import annotations
@@ -24,9 +30,11 @@ from confluent_kafka import (
 )
 
 from tablecast import serde
+from tablecast.kafka import indexes
 from tablecast.kafka.config import client_conf, producer_conf
 from tablecast.kafka.partitioner import Partitioner
 from tablecast.kafka.topics import COMPACTED, catalog_topic, ensure_topic
+from tablecast.store.base import Views
 
 log = logging.getLogger(__name__)
 
@@ -101,9 +109,27 @@ class TableInfo:
             size = info.extra.get("size_ms") if isinstance(info.extra, dict) else None
             if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
                 problems.append("a window table needs extra.size_ms > 0")
+        if isinstance(info.extra, dict):
+            problems += _view_problems(info)
         if problems:
             raise BadEntry("; ".join(problems))
         return info
+
+    @cached_property
+    def history_ms(self) -> int | None:
+        """How long every version of a key is kept (``extra["history_ms"]``); None: not kept."""
+        return self.extra.get("history_ms")
+
+    @cached_property
+    def indexes(self) -> tuple[str, ...]:
+        """The table's secondary indexes (``extra["indexes"]``): what the record header
+        :data:`tablecast.kafka.indexes.HEADER` carries values for."""
+        return tuple(self.extra.get("indexes", ()))
+
+    @cached_property
+    def views(self) -> Views:
+        """What a store of this table keeps besides the latest row per key."""
+        return Views(self.history_ms, self.indexes)
 
     # rebuilt once per table, not per request: an Avro schema is costly to parse
     @cached_property
@@ -121,7 +147,7 @@ class TableInfo:
 
     def public(self) -> dict[str, Any]:
         """The table as `GET /v1/tables` lists it."""
-        return {
+        out = {
             "name": self.name,
             "topic": self.topic,
             "partitions": self.partitions,
@@ -130,6 +156,34 @@ class TableInfo:
             "key_format": self.key["format"],
             "value_format": self.value["format"],
         }
+        if self.history_ms is not None:
+            out["history_ms"] = self.history_ms
+        if self.indexes:
+            out["indexes"] = list(self.indexes)
+        return out
+
+
+def _view_problems(info: TableInfo) -> list[str]:
+    """What is wrong with an entry's history and indexes (the contract in SPEC 5.4)."""
+    problems = []
+    history = info.extra.get("history_ms")
+    if history is not None and (
+        not isinstance(history, int) or isinstance(history, bool) or history <= 0
+    ):
+        problems.append(f"extra.history_ms {history!r} is not a positive integer (ms)")
+    names = info.extra.get("indexes")
+    if names is not None:
+        if not isinstance(names, list) or not all(
+            isinstance(n, str) and indexes.NAME.fullmatch(n) for n in names
+        ):
+            problems.append(
+                f"extra.indexes {names!r} is not a list of names (1-64 of A-Z a-z 0-9 _ . -)"
+            )
+        elif len(set(names)) != len(names):
+            problems.append(f"extra.indexes {names!r} names an index twice")
+    if (history is not None or names) and info.kind != "kv":
+        problems.append("history and indexes are kept for kv tables only")
+    return problems
 
 
 def publish(bootstrap_servers: str, app_id: str, tables: list[TableInfo]) -> None:

@@ -21,9 +21,11 @@ from tablecast.live.hub import Hub, Start, Watch
 from tablecast.live.selection import MAX_KEYS, Selection
 from tablecast.live.sinks import Sink
 from tablecast.live.token import Token, parse
+from tablecast.server.consistency import NO_OPTIONS
 from tablecast.server.errors import ApiError
+from tablecast.server.fanout import prefix_bytes
 from tablecast.server.policy import prefix_end
-from tablecast.server.router import Request, Router, forbidden_key, prefix_bytes
+from tablecast.server.router import Request, Router, forbidden_key
 
 #: the query parameters of a watch (``access_token`` is taken by auth before this)
 PARAMS = frozenset({"key", "prefix", "from", "to", "snapshot", "since", "access_token"})
@@ -155,7 +157,7 @@ class Live:
         fed = self.hub.now(info, partition)
         if fed is not None:
             return fed
-        replica = self.router.local.readable(info, partition, None)
+        replica = self.router.local.readable(info, partition, NO_OPTIONS)
         if replica is not None:
             return replica.position
         return await self.hub.end_offset(info, partition)

@@ -26,10 +26,14 @@ from tablecast.cluster.replica import Replica
 from tablecast.kafka.catalog import TableInfo
 from tablecast.live.events import Change, Renderer
 from tablecast.live.selection import Selection
+from tablecast.server.consistency import NO_OPTIONS
 from tablecast.server.errors import ApiError
+from tablecast.server.fanout import partitions_param
 from tablecast.server.local import unavailable
 from tablecast.server.policy import Scope, Span
-from tablecast.server.router import ME, Request, Router, not_refused, partitions_param
+from tablecast.server.router import Request, Router
+from tablecast.server.routing import ME
+from tablecast.server.rpc import not_refused
 from tablecast.store import Record, StoreClosed
 
 #: rows one watch's snapshot may hold; a larger one is refused (narrow it, or snapshot=false)
@@ -52,7 +56,7 @@ async def take(
     """The selected rows in key order (over all partitions) and each partition's position."""
     rows: list[Change] = []
     positions: Positions = {}
-    pending = {p: router.choices(info, p, req, None) for p in selection.partitions}
+    pending = {p: router.routing.choices(info, p, req, NO_OPTIONS) for p in selection.partitions}
     while pending:
         groups: dict[str, list[int]] = {}
         peers: dict[str, Member] = {}
@@ -101,7 +105,7 @@ async def read_local(
     at_least: Positions | None,
 ) -> tuple[list[tuple[bytes, Record]], int]:
     """This node's rows of one partition and the position they are exact at."""
-    replica = router.local.require(info, partition, None)
+    replica = router.local.require(info, partition, NO_OPTIONS)
     want = (at_least or {}).get(partition, 0)
     if replica.position < want:
         replica = await _reach(router, info, partition, replica, want)
@@ -122,7 +126,7 @@ async def _reach(
     deadline = time.monotonic() + AT_LEAST_WAIT_S
     while replica.position < want:
         if replica.closed:
-            replica = router.local.require(info, partition, None)
+            replica = router.local.require(info, partition, NO_OPTIONS)
         if time.monotonic() > deadline:
             raise ApiError(
                 "partition_unavailable",
@@ -170,7 +174,7 @@ async def _ask(
     if at_least:
         q["at_least"] = ",".join(f"{p}:{at_least[p]}" for p in parts if p in at_least)
     target = f"/internal/tables/{quote(info.name, safe='')}/snapshot?{urlencode(q)}"
-    answer = await router.ask(member, "GET", target, req, timeout=PEER_TIMEOUT_S)
+    answer = await router.rpc.ask(member, "GET", target, req, timeout=PEER_TIMEOUT_S)
     if answer is None:
         return None
     status, body, _ = not_refused(answer)

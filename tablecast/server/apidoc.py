@@ -19,15 +19,21 @@ forwarded to a node that does). Bodies are JSON; errors are
 every node serves at `/openapi.json`
 (`python -m tablecast.server.apidoc > docs/http-api.md`).
 
-Read answers carry `X-Tablecast-Node` (the node that read the store),
-`X-Tablecast-Lag` (records that replica is behind its topic),
+Read answers carry `X-Tablecast-Node` (the node that read the store, or that
+merged the answer of a read over many partitions), `X-Tablecast-Lag` (records
+the replica was behind its topic; the most of any replica read),
 `X-Tablecast-Staleness-Ms` (milliseconds since the replica was last known at
-its topic's end; 0 while it is) and, on key and window reads,
-`X-Tablecast-Position`: an opaque token of the position the answer is exact
-at — every record of the key's partition below it reflected, none after it. A key is given
+its topic's end; 0 while it is) and `X-Tablecast-Position`: an opaque token of
+the offsets the answer is exact at — `TABLE@P:O` for a read of one partition,
+`TABLE@P:O,P:O,…` for one of many — every record of those partitions below
+those offsets reflected, none after them. Pass a token back as `?after=` (or
+header `X-Tablecast-After`) on any read of the same table, on any node, and
+it is answered only from replicas at least that far (waiting up to
+`timeout_ms`, then 504): reads that never go backwards. A key is given
 by its text form in the path, URL-encoded, or — for any key text, including
-one ending in `/windows` or `/metadata`, which a decoded path cannot carry —
-as `?key=` on `/v1/tables/{table}/keys`, `/windows` and `/metadata`.
+one ending in `/windows`, `/metadata` or `/history`, which a decoded path
+cannot carry — as `?key=` on `/v1/tables/{table}/keys`, `/windows`,
+`/history` and `/metadata`.
 A query parameter a route does not take is answered with 400 naming it.
 
 With auth on, every `/v1` request needs `Authorization: Bearer <JWT>`; with

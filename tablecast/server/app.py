@@ -35,7 +35,9 @@ from tablecast.server.local import Answer
 from tablecast.server.metrics import HttpStats, exposition
 from tablecast.server.peers import SIGNATURE, PeerPool, signed_parts
 from tablecast.server.ratelimit import TokenBuckets, WaitSlots
-from tablecast.server.router import DEFAULT_WAITS_PER_CALLER, HOP, Request, Router, subject_of
+from tablecast.server.request import HOP
+from tablecast.server.router import DEFAULT_WAITS_PER_CALLER, Request, Router, subject_of
+from tablecast.server.rpc import KEY_SUB_ROUTES
 
 log = logging.getLogger(__name__)
 
@@ -155,12 +157,20 @@ class HttpApp:
                         return "windows", lambda q, _: r.windows(table, rest[:-8], q)
                     if rest.endswith("/metadata"):
                         return "metadata", lambda q, _: r.metadata(table, rest[:-9], q)
+                    if rest.endswith("/history"):
+                        return "history", lambda q, _: r.history(table, rest[:-8], q)
                     return "key", lambda q, _: r.get_key(table, rest, q)
+                if n == 6 and parts[4] == "index":
+                    _get(method)
+                    name, slash, value = parts[5].partition("/")
+                    if slash:
+                        return "index_lookup", lambda q, _: r.fan.index(table, name, value, q)
+                    return "index_range", lambda q, _: r.fan.index(table, name, None, q)
                 if n == 5:
                     what = parts[4]
-                    if what in ("keys", "windows", "metadata"):
+                    if what in _KEY_ROUTES:
                         # ?key=: any key text, including one the decoded path cannot
-                        # carry (ending in /windows or /metadata)
+                        # carry (ending in /windows, /metadata or /history)
                         _get(method)
                         return _KEY_ROUTES[what], lambda q, _: self._by_query(what, table, q)
                     if what == "keys:batchGet":
@@ -171,9 +181,9 @@ class HttpApp:
                     if what == "watch":
                         return "watch", lambda q, proto: sse.stream(self.live, table, q, proto)
                     if what == "range":
-                        return "range", lambda q, _: r.range(table, q)
+                        return "range", lambda q, _: r.fan.range(table, q)
                     if what == "count":
-                        return "count", lambda q, _: r.count(table, q)
+                        return "count", lambda q, _: r.fan.count(table, q)
             elif n == 3 and parts[2] == "tables":
                 _get(method)
                 return "tables", lambda q, _: (200, status.tables(self.node, q.grants), [])
@@ -183,9 +193,9 @@ class HttpApp:
         elif n == 5 and parts[1] == "internal" and parts[2] == "tables":
             _get(method)
             if parts[4] == "scan":
-                return "internal_scan", lambda q, _: r.internal_scan(parts[3], q)
+                return "internal_scan", lambda q, _: r.fan.internal_scan(parts[3], q)
             if parts[4] == "count":
-                return "internal_count", lambda q, _: r.internal_count(parts[3], q)
+                return "internal_count", lambda q, _: r.fan.internal_count(parts[3], q)
             if parts[4] == "snapshot":
                 return "internal_snapshot", lambda q, _: snapshot.answer_peer(r, parts[3], q)
         elif parts[1] == "ui":
@@ -257,6 +267,8 @@ class HttpApp:
             return self.router.windows(table, key, req)
         if what == "metadata":
             return self.router.metadata(table, key, req)
+        if what == "history":
+            return self.router.history(table, key, req)
         return self.router.get_key(table, key, req)
 
     def _metrics(self, req: Request) -> Answer:
@@ -289,11 +301,11 @@ class HttpApp:
             self._check_peer(
                 "POST", f"/v1/tables/{table}/keys:batchGet", req.query, body, req.headers
             )
-        return await self.router.batch_get(table, body, req)
+        return await self.router.fan.batch_get(table, body, req)
 
 
 NO_PARAMS: dict[str, str] = {}
-_KEY_ROUTES = {"keys": "key", "windows": "windows", "metadata": "metadata"}
+_KEY_ROUTES = {"keys": "key", "windows": "windows", "metadata": "metadata", "history": "history"}
 
 
 async def _read_body(req: Request, proto: Any) -> bytes:
@@ -326,7 +338,7 @@ def _plain_key_read(method: str, path: str) -> tuple[str, str] | None:
     if len(parts) != 6 or parts[4] != "keys":
         return None
     rest = parts[5]
-    if rest.endswith(("/windows", "/metadata")):
+    if rest.endswith(KEY_SUB_ROUTES):
         return None
     return parts[3], rest
 

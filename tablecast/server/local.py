@@ -1,31 +1,41 @@
-"""Reads from this node's own stores: the building blocks the router answers with."""
+"""Store lookup: reads from this node's own stores, each exact at a position it reports.
+
+Every read here goes through :meth:`Replica.read`, so what it returns is exactly
+what the table topic holds below the position it comes with; the answers'
+headers say that position (``X-Tablecast-Position``), and how far behind the
+topic's end it was known to be.
+"""
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from itertools import islice
-from typing import Any
+from typing import TypeVar
 
 import orjson
 
 from tablecast.cluster.node import Node
 from tablecast.cluster.replica import Replica
+from tablecast.kafka import positions
 from tablecast.kafka.catalog import TableInfo
 from tablecast.kafka.windowed import split_window_key, window_key
 from tablecast.serde import SerdeError
+from tablecast.server.consistency import ReadOptions, may_answer
 from tablecast.server.errors import ApiError
-from tablecast.server.policy import Scope, Span
-from tablecast.store import Record, StoreClosed
+from tablecast.server.policy import Scope
+from tablecast.server.scans import Row, Scan, check_floor
+from tablecast.store import PartitionStore, Record, StoreClosed, Version
 
 Headers = list[tuple[str, str]]
 Answer = tuple[int, bytes, Headers]
 
 RETRY_AFTER = [("retry-after", "1")]
 MAX_WINDOWS = 10_000
-#: the least a range scan reads from one partition's store at a time
+#: the least a page reads from one partition's store at first
 MIN_CHUNK = 16
+T = TypeVar("T")
 #: a key read's body; the value goes in as JSON text
 ENTRY = b'{"key":%b,"value":%b,"partition":%d,"offset":%d,"timestamp":%d}'
 
@@ -70,22 +80,27 @@ class Local:
                 "bad_request", f"key {text!r} is not a {serde.format} key: {e}"
             ) from None
 
-    def readable(self, info: TableInfo, partition: int, max_lag: int | None) -> Replica | None:
-        """This node's replica of `partition` if it may answer: caught up, or within `max_lag`,
-        or, when no node has a caught-up replica of it, one that has been restored (a
-        partition whose writes fail keeps answering what it holds, reported as stale)."""
+    def readable(self, info: TableInfo, partition: int, opts: ReadOptions) -> Replica | None:
+        """This node's replica of `partition` if it may answer under `opts` (see
+        :func:`tablecast.server.consistency.may_answer`)."""
         slot = (info.name, partition)
         replica = self.node.ingestor.replicas.get(slot)
         if replica is None or replica.closed:
             return None
-        if replica.caught_up or (max_lag is not None and replica.lag <= max_lag):
+        if replica.caught_up and opts.max_staleness_ms is None:  # nearly always
             return replica
-        if replica.restored and not self.node.view.candidates(slot):
+        if may_answer(replica, opts, False):
             return replica
+        if (
+            opts.max_staleness_ms is None
+            and replica.restored
+            and not self.node.view.candidates(slot)
+        ):
+            return replica  # no node has it caught up: what it holds, reported stale
         return None
 
-    def require(self, info: TableInfo, partition: int, max_lag: int | None) -> Replica:
-        replica = self.readable(info, partition, max_lag)
+    def require(self, info: TableInfo, partition: int, opts: ReadOptions) -> Replica:
+        replica = self.readable(info, partition, opts)
         if replica is None:
             raise unavailable(info, partition)
         return replica
@@ -96,7 +111,7 @@ class Local:
         lag = max(0, replica.end_offset - position)
         cached = replica.position_header
         if cached is None or cached[0] != position:  # reads between two applies share it
-            token = position_token(replica.table.name, replica.partition, position)
+            token = positions.token(replica.table.name, replica.partition, position)
             cached = replica.position_header = (position, ("x-tablecast-position", token))
         token = cached[1]
         if replica.stale_since is not None:  # rare: behind, or cut off from Kafka
@@ -161,17 +176,16 @@ class Local:
         self, info: TableInfo, raw: bytes, replica: Replica, time_from: int, time_to: int
     ) -> Answer:
         size = int(info.extra.get("size_ms", 0))
-        try:
-            entries, position = replica.read(
-                partial(
-                    replica.store.scan,
-                    window_key(raw, time_from),
-                    window_key(raw, time_to + 1),
-                    MAX_WINDOWS,
-                )
-            )
-        except StoreClosed:
-            raise unavailable(info, replica.partition) from None
+        entries, position = exact_read(
+            info,
+            replica,
+            partial(
+                replica.store.scan,
+                window_key(raw, time_from),
+                window_key(raw, time_to + 1),
+                MAX_WINDOWS,
+            ),
+        )
         vj = info.value_serde.to_json
         items = []
         for k, rec in entries:
@@ -181,65 +195,200 @@ class Local:
             items.append({"start": start, "end": start + size, "value": vj(rec.value)})
         return 200, orjson.dumps({"items": items}), self.headers(replica, position)
 
-    def scan(
+    def read_as_of(
+        self, info: TableInfo, raw: bytes, replica: Replica, at: int, key_text: str
+    ) -> Answer:
+        """The key's version valid at time `at` (404 if it had no value then)."""
+        store = replica.store
+
+        def read() -> Version | None:
+            check_floor(info, store, at)
+            return store.as_of(raw, at)
+
+        version, position = exact_read(info, replica, read, raw)
+        if version is None or version.value is None:
+            raise ApiError(
+                "key_not_found",
+                f"key {key_text!r} had no value in {info.name!r} at {at}",
+                self.headers(replica, position),
+            )
+        body = ENTRY % (
+            orjson.dumps(info.key_serde.to_json(raw)),
+            orjson.dumps(info.value_serde.to_json(version.value)),
+            replica.partition,
+            version.offset,
+            version.timestamp,
+        )
+        return 200, body, self.headers(replica, position)
+
+    def history(
+        self, info: TableInfo, raw: bytes, replica: Replica, start: int, end: int, limit: int
+    ) -> tuple[list[Version], Headers]:
+        """Up to `limit` versions of the key with start <= timestamp < end, oldest first."""
+        versions, position = exact_read(
+            info, replica, partial(replica.store.versions, raw, start, end, limit), raw
+        )
+        return versions, self.headers(replica, position)
+
+    def page(
         self,
         info: TableInfo,
-        partitions: Iterable[int],
-        start: bytes | None,
-        end: bytes | None,
-        limit: int,
-        max_lag: int | None,
-        scope: Scope | None = None,
-    ) -> list[tuple[bytes, Record]]:
-        """Up to `limit` entries of these local partitions in [start, end) — and within
-        `scope`, the caller's grants — merged in key order.
+        partitions: Sequence[int],
+        scan: Scan,
+        lo: bytes | None,
+        hi: bytes | None,
+        n: int,
+        opts: ReadOptions,
+    ) -> tuple[list[Row], Reflected]:
+        """The first `n` rows of these local partitions with lo <= sort key < hi, in order,
+        and the positions they are exact at.
 
-        Each partition is read a chunk at a time as the merge takes from it, so a
-        page holds about `limit` records whatever the partition count, where
-        reading `limit` from every partition first would hold partitions × limit.
+        Each partition is read in one call of its replica's exact read, first for
+        about its fair share of `n`; while one whose share ran out before the merge
+        had `n` rows, the first of them to run out is read again, from `lo`, for
+        four times as many. So every
+        partition's rows are exact at one position (a later read replaces an
+        earlier one whole), and a page reads about what it returns, where
+        reading `n` from every partition would read partitions × `n`.
         """
-        replicas = [self.require(info, p, max_lag) for p in partitions]
-        spans = [(start, end)] if scope is None else scope.clip(start, end)
-        if not replicas or not spans:
-            return []
-        # a fair share each first: evenly spread keys then take one read per partition
-        chunk = min(limit, max(MIN_CHUNK, -(-limit // len(replicas)) + 1))
-        rows = (_rows(info, r, spans, chunk, limit) for r in replicas)
-        return list(merge_sorted(rows, limit))
+        replicas = [self.require(info, p, opts) for p in partitions]
+        rows, at = read_page(info, replicas, scan, lo, hi, n)
+        reflected = Reflected(info.name)
+        for r, position in zip(replicas, at, strict=True):
+            reflected.add(r, position)
+        return rows, reflected
 
     def count(
-        self,
-        info: TableInfo,
-        partitions: Iterable[int],
-        max_lag: int | None,
-        scope: Scope | None = None,
-    ) -> int:
+        self, info: TableInfo, partitions: Iterable[int], opts: ReadOptions, scope: Scope | None
+    ) -> tuple[int, Reflected]:
         """Keys in these local partitions; with a `scope`, only those the caller may read."""
         total = 0
+        reflected = Reflected(info.name)
         for p in partitions:
-            store = self.require(info, p, max_lag).store
-            try:
-                if scope is None:
-                    total += len(store)
-                else:
-                    total += sum(store.count_range(lo, hi) for lo, hi in scope.spans)
-            except StoreClosed:
-                raise unavailable(info, p) from None
-        return total
+            replica = self.require(info, p, opts)
+            store = replica.store
+            read: Callable[[], int] = (
+                store.__len__ if scope is None else partial(_count_spans, store, scope)
+            )
+            n, position = exact_read(info, replica, read)
+            total += n
+            reflected.add(replica, position)
+        return total, reflected
 
     def multi_get(
-        self, info: TableInfo, partition: int, raws: Sequence[bytes], max_lag: int | None
-    ) -> list[Record | None]:
-        try:
-            return self.require(info, partition, max_lag).store.multi_get(raws)
-        except StoreClosed:
-            raise unavailable(info, partition) from None
+        self, info: TableInfo, partition: int, raws: Sequence[bytes], opts: ReadOptions
+    ) -> tuple[list[Record | None], Replica, int]:
+        replica = self.require(info, partition, opts)
+        records, position = exact_read(info, replica, partial(replica.store.multi_get, raws))
+        return records, replica, position
 
 
-def position_token(table: str, partition: int, position: int) -> str:
-    """``X-Tablecast-Position`` of a one-partition read: every record of `partition` below
-    `position` is reflected, none above. Opaque to clients, who pass it back as is."""
-    return f"{table}@{partition}:{position}"
+def exact_read(
+    info: TableInfo, replica: Replica, read: Callable[[], T], key: bytes | None = None
+) -> tuple[T, int]:
+    """`read()` of the replica's store, exact at the position returned with it."""
+    try:
+        return replica.read(read, key)
+    except StoreClosed:
+        raise unavailable(info, replica.partition) from None  # released under this read
+
+
+def read_page(
+    info: TableInfo,
+    replicas: Sequence[Replica],
+    scan: Scan,
+    lo: bytes | None,
+    hi: bytes | None,
+    n: int,
+) -> tuple[list[Row], list[int]]:
+    """The first `n` rows of these replicas with lo <= sort key < hi, in order, and the
+    position each replica's rows are exact at (see :meth:`Local.page`)."""
+    if not replicas:
+        return [], []
+    first = min(n, max(MIN_CHUNK, -(-n // len(replicas)) + 1))
+    wants = [first] * len(replicas)
+    pages: list[list[Row]] = [[] for _ in replicas]
+    at = [0] * len(replicas)
+    todo = list(range(len(replicas)))
+    while todo:
+        for i in todo:
+            r = replicas[i]
+            pages[i], at[i] = exact_read(info, r, partial(scan.read, r.store, lo, hi, wants[i]))
+        todo = short_pages(pages, wants, n)
+        for i in todo:
+            wants[i] = min(n, wants[i] * 4)
+    return merged(pages, n), at
+
+
+class Reflected:
+    """What a read of several partitions reflects: each partition's position, and the
+    worst lag and staleness among the replicas read (the answer's headers)."""
+
+    __slots__ = ("lag", "offsets", "staleness_ms", "table")
+
+    def __init__(self, table: str) -> None:
+        self.table = table
+        self.offsets: dict[int, int] = {}
+        self.lag = 0
+        self.staleness_ms = 0
+
+    def add(self, replica: Replica, position: int) -> None:
+        self.offsets[replica.partition] = position
+        self.lag = max(self.lag, replica.end_offset - position)
+        self.staleness_ms = max(self.staleness_ms, replica.staleness_ms())
+
+    def add_answer(self, headers: Headers) -> None:
+        """What a peer said its part of the answer reflects (its answer's headers)."""
+        for name, value in headers:
+            try:
+                if name == "x-tablecast-position":
+                    self.offsets.update(positions.parse(value).offsets)
+                elif name == "x-tablecast-lag":
+                    self.lag = max(self.lag, int(value))
+                elif name == "x-tablecast-staleness-ms":
+                    self.staleness_ms = max(self.staleness_ms, int(value))
+            except ValueError:
+                continue  # a peer of another version: its part shows no position
+
+    def merge(self, other: Reflected) -> None:
+        self.offsets.update(other.offsets)
+        self.lag = max(self.lag, other.lag)
+        self.staleness_ms = max(self.staleness_ms, other.staleness_ms)
+
+    def headers(self, node_header: tuple[str, str]) -> Headers:
+        out = [
+            node_header,
+            ("x-tablecast-lag", str(self.lag)),
+            ("x-tablecast-staleness-ms", str(self.staleness_ms)),
+        ]
+        if self.offsets:
+            token = positions.Position(self.table, self.offsets).text()
+            out.append(("x-tablecast-position", token))
+        return out
+
+
+def _count_spans(store: PartitionStore, scope: Scope) -> int:
+    return sum(store.count_range(lo, hi) for lo, hi in scope.spans)
+
+
+def short_pages(pages: Sequence[Sequence[Row]], wants: Sequence[int], n: int) -> list[int]:
+    """The source to read again for more, if any: of the sources whose page may hide rows
+    among the first `n` of the merge — those that gave all they were asked for, fewer
+    than `n`, and end before the `n`-th row — the one that ends first (reading it again
+    moves the `n`-th row, which may settle the others)."""
+    firsts = heapq.nsmallest(n, (row[0] for page in pages for row in page))
+    boundary = firsts[-1] if len(firsts) >= n else None
+    short = [
+        i
+        for i, page in enumerate(pages)
+        if len(page) >= wants[i] < n and (boundary is None or page[-1][0] < boundary)
+    ]
+    return [min(short, key=lambda i: pages[i][-1][0])] if short else []
+
+
+def merged(pages: Iterable[Iterable[Row]], n: int) -> list[Row]:
+    """The first `n` rows of pages each sorted by sort key, in that order."""
+    return list(islice(heapq.merge(*pages, key=lambda row: row[0]), n))
 
 
 def unavailable(info: TableInfo, partition: int) -> ApiError:
@@ -248,28 +397,3 @@ def unavailable(info: TableInfo, partition: int) -> ApiError:
         f"partition {partition} of {info.name!r} has no replica ready yet",
         RETRY_AFTER,
     )
-
-
-def _rows(
-    info: TableInfo, replica: Replica, spans: Sequence[Span], chunk: int, most: int
-) -> Iterator[tuple[bytes, Record]]:
-    """A partition's entries within `spans` (sorted, disjoint), read `chunk` at a time; the
-    chunk doubles up to `most` while the merge keeps taking from this partition."""
-    for lo, hi in spans:
-        while True:
-            try:
-                rows = replica.store.scan(lo, hi, chunk)
-            except StoreClosed:
-                raise unavailable(info, replica.partition) from None
-            yield from rows
-            if len(rows) < chunk:
-                break
-            lo = rows[-1][0] + b"\x00"  # the least key after the last one read
-            chunk = min(chunk * 2, most)
-
-
-def merge_sorted(
-    pages: Iterable[Iterable[tuple[bytes, Any]]], limit: int
-) -> Iterator[tuple[bytes, Any]]:
-    """The first `limit` entries of pages each sorted by key, in key order."""
-    return islice(heapq.merge(*pages, key=lambda kv: kv[0]), limit)

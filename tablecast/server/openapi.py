@@ -1,4 +1,4 @@
-"""``/openapi.json``: the HTTP API of SPEC §3 as an OpenAPI 3.1 document."""
+"""``/openapi.json``: the HTTP API of SPEC §3 and §5.4 as an OpenAPI 3.1 document."""
 
 from __future__ import annotations
 
@@ -36,14 +36,22 @@ def _errors(*codes: int) -> dict[str, Any]:
         405: "method not allowed",
         408: "the body did not arrive within 10 s",
         413: "body larger than 1 MiB",
-        429: "over --rate-limit, or too many min_offset waits of this caller (Retry-After)",
-        503: "no replica ready (Retry-After)",
-        504: "min_offset not reached in time",
+        429: "over --rate-limit, or too many after/min_offset waits of this caller (Retry-After)",
+        503: "no replica ready, or none within max_staleness_ms (Retry-After)",
+        504: "after or min_offset not reached within timeout_ms",
     }
     return {str(c): _json(ERROR, meaning[c]) for c in codes}
 
 
-INT = {"type": "integer"}
+REDIRECTED = {
+    "description": "redirect=true: the same read on the node that answers it (Location)",
+    "content": {
+        "application/json": {
+            "schema": {"type": "object", "properties": {"redirect": {"type": "string"}}}
+        }
+    },
+}
+INT: dict[str, Any] = {"type": "integer"}
 STR = {"type": "string"}
 BOOL = {"type": "boolean"}
 KEY_ERRORS = (400, 401, 403, 404, 405, 429, 503, 504)
@@ -73,7 +81,8 @@ def _get(
     operation: dict[str, Any] = {"summary": summary}
     if parameters:
         operation["parameters"] = parameters
-    operation["responses"] = {"200": _json(ok, ok_description), **_errors(*errors)}
+    redirect = {"307": REDIRECTED} if REDIRECT in parameters else {}
+    operation["responses"] = {"200": _json(ok, ok_description), **redirect, **_errors(*errors)}
     return {"get": operation}
 
 
@@ -84,19 +93,49 @@ KEY = _param(
     "the key's text form, URL-encoded (string as is, long as digits, JSON as JSON text)",
 )
 KEY_QUERY = _param("key", "query", "the key's text form", required=True)
+INDEX = _param("index", "path", "the index name (the table's indexes in /v1/tables)")
 MAX_LAG = _param(
     "max_lag",
     "query",
     "let a replica at most this many records behind answer",
     {"type": "integer", "minimum": 0},
 )
+MAX_STALENESS = _param(
+    "max_staleness_ms",
+    "query",
+    "let a replica last known at its topic's end at most this many ms ago answer (a standby "
+    "too), and none staler",
+    {"type": "integer", "minimum": 0},
+)
 MIN_OFFSET = _param("min_offset", "query", "PARTITION:OFFSET the replica must have applied first")
+AFTER = _param(
+    "after",
+    "query",
+    "a position token (an X-Tablecast-Position, as it came): answer only from replicas at "
+    "least that far, waiting up to timeout_ms (also as header X-Tablecast-After)",
+)
 TIMEOUT = _param(
     "timeout_ms",
     "query",
-    "how long min_offset may wait",
+    "how long after or min_offset may wait (default 1000)",
     {"type": "integer", "minimum": 0, "maximum": 30000},
 )
+REDIRECT = _param(
+    "redirect",
+    "query",
+    "true: answer 307 to the node that answers the read instead of forwarding it",
+    {"enum": ["true", "false"]},
+)
+#: the consistency options every read route takes (tablecast.server.consistency)
+READ = [MAX_LAG, MAX_STALENESS, MIN_OFFSET, AFTER, TIMEOUT, REDIRECT]
+AS_OF = _param(
+    "as_of",
+    "query",
+    "a time (epoch ms or ISO-8601): answer as the table was then (a table with a history; "
+    "400 before the history it keeps)",
+)
+LIMIT = _param("limit", "query", "page size", {**INT, "minimum": 1, "maximum": 10000})
+CURSOR = _param("cursor", "query", "next_cursor of the previous page")
 
 
 def document() -> dict[str, Any]:
@@ -119,6 +158,8 @@ def document() -> dict[str, Any]:
         kind={"enum": ["kv", "window"]},
         key_format=STR,
         value_format=STR,
+        history_ms=INT,
+        indexes=_array(STR),
         **{"global": {"type": "boolean"}},
     )
     replica = _object(
@@ -129,6 +170,17 @@ def document() -> dict[str, Any]:
         lag=INT,
     )
     epoch_ms = {"type": "integer", "minimum": 0}
+    history = _object(
+        items=_array(_object(value=ANY, timestamp=INT, offset=INT)),
+        next_cursor={"type": ["string", "null"]},
+    )
+    history_params = [
+        _param("from", "query", "first record time (inclusive), epoch ms or ISO-8601"),
+        _param("to", "query", "end record time (exclusive), epoch ms or ISO-8601"),
+        LIMIT,
+        CURSOR,
+        *READ,
+    ]
     paths: dict[str, Any] = {
         "/v1/tables": _get(
             "list tables (with --auth-policy, those the token may read)",
@@ -138,17 +190,25 @@ def document() -> dict[str, Any]:
             (401, 429),
         ),
         "/v1/tables/{table}/keys/{key}": _get(
-            "read one key",
-            [TABLE, KEY, MAX_LAG, MIN_OFFSET, TIMEOUT],
+            "read one key (with as_of, its value at that time)",
+            [TABLE, KEY, AS_OF, *READ],
             record,
-            "the key's latest value",
+            "the key's latest value, or with as_of the version valid then",
+            KEY_ERRORS,
+        ),
+        "/v1/tables/{table}/keys/{key}/history": _get(
+            "a key's versions by record timestamp, oldest first; a delete is a version with a "
+            "null value (a table with a history)",
+            [TABLE, KEY, *history_params],
+            history,
+            "a page of versions",
             KEY_ERRORS,
         ),
         "/v1/tables/{table}/keys:batchGet": {
             "post": {
                 "summary": "read many keys, answers in request order; a key outside the "
                 "token's grants (--auth-policy) answers found false, forbidden true, no value",
-                "parameters": [TABLE, MAX_LAG],
+                "parameters": [TABLE, *READ],
                 "requestBody": {
                     "required": True,
                     "content": {
@@ -162,7 +222,8 @@ def document() -> dict[str, Any]:
                         ),
                         "results",
                     ),
-                    **_errors(400, 401, 403, 404, 405, 408, 413, 429, 503),
+                    "307": REDIRECTED,
+                    **_errors(400, 401, 403, 404, 405, 408, 413, 429, 503, 504),
                 },
             }
         },
@@ -174,21 +235,66 @@ def document() -> dict[str, Any]:
                 _param("from", "query", "first key (inclusive)"),
                 _param("to", "query", "end key (exclusive)"),
                 _param("prefix", "query", "keys starting with these bytes"),
-                _param("limit", "query", "page size", {**INT, "minimum": 1, "maximum": 10000}),
-                _param("cursor", "query", "next_cursor of the previous page"),
-                MAX_LAG,
+                LIMIT,
+                CURSOR,
+                AS_OF,
                 _param(
                     "owned",
                     "query",
                     "true: only the partitions this node is active for",
                     {"enum": ["true", "false"]},
                 ),
+                *READ,
             ],
             _object(
                 items=_array(_object(key=ANY, value=ANY)),
                 next_cursor={"type": ["string", "null"]},
             ),
             "a page",
+            KEY_ERRORS,
+        ),
+        "/v1/tables/{table}/index/{index}/{value}": _get(
+            "the rows whose value under the index is this one, by key, over all partitions "
+            "(with --auth-policy, only the keys the token may read)",
+            [
+                TABLE,
+                INDEX,
+                _param(
+                    "value",
+                    "path",
+                    "the index value: a JSON number, a JSON string (quoted), or else the text "
+                    "as it is",
+                ),
+                LIMIT,
+                CURSOR,
+                *READ,
+            ],
+            _object(
+                items=_array(_object(key=ANY, value=ANY)),
+                next_cursor={"type": ["string", "null"]},
+            ),
+            "a page",
+            KEY_ERRORS,
+        ),
+        "/v1/tables/{table}/index/{index}": _get(
+            "the rows whose value under the index is in [from, to), by value (numbers before "
+            "strings) then key, over all partitions (with --auth-policy, only the keys the "
+            "token may read)",
+            [
+                TABLE,
+                INDEX,
+                _param("from", "query", "first index value (inclusive), written as in the path"),
+                _param("to", "query", "end index value (exclusive)"),
+                LIMIT,
+                CURSOR,
+                *READ,
+            ],
+            _object(
+                items=_array(_object(index=ANY, key=ANY, value=ANY)),
+                next_cursor={"type": ["string", "null"]},
+            ),
+            "a page",
+            KEY_ERRORS,
         ),
         "/v1/tables/{table}/keys/{key}/windows": _get(
             "a window table's windows for a key, by start time",
@@ -197,16 +303,18 @@ def document() -> dict[str, Any]:
                 KEY,
                 _param("from", "query", "earliest window start, epoch ms", epoch_ms),
                 _param("to", "query", "latest window start, epoch ms", epoch_ms),
-                MAX_LAG,
+                *READ,
             ],
             _object(items=_array(_object(start=INT, end=INT, value=ANY))),
             "windows",
+            KEY_ERRORS,
         ),
         "/v1/tables/{table}/count": _get(
             "number of keys (with --auth-policy, of the keys the token may read)",
-            [TABLE, MAX_LAG],
+            [TABLE, *READ],
             _object(count=INT),
             "count",
+            KEY_ERRORS,
         ),
         "/v1/tables/{table}/keys/{key}/metadata": _get(
             "where a key lives",
@@ -228,18 +336,26 @@ def document() -> dict[str, Any]:
                 (
                     "keys",
                     "read one key",
-                    [MAX_LAG, MIN_OFFSET, TIMEOUT],
+                    [AS_OF, *READ],
                     record,
-                    "the key's latest value",
+                    "the key's latest value, or with as_of the version valid then",
                     KEY_ERRORS,
                 ),
                 (
                     "windows",
                     "a window table's windows for a key",
-                    [MAX_LAG],
+                    [*READ],
                     _object(items=_array(_object(start=INT, end=INT, value=ANY))),
                     "windows",
-                    (400, 401, 403, 404, 405, 429, 503),
+                    KEY_ERRORS,
+                ),
+                (
+                    "history",
+                    "a key's versions",
+                    history_params,
+                    history,
+                    "a page of versions",
+                    KEY_ERRORS,
                 ),
                 (
                     "metadata",

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import NamedTuple, Protocol
+
+import orjson
 
 
 class StoreClosed(Exception):
@@ -25,6 +28,32 @@ class Write(NamedTuple):
     value: bytes | None
     offset: int
     timestamp: int
+    #: the row's index entries (:func:`tablecast.kafka.indexes.entries`); () for none
+    index: tuple[bytes, ...] = ()
+
+
+class Version(NamedTuple):
+    """One version of a key in a table's history: a None value says it was deleted then."""
+
+    value: bytes | None
+    offset: int
+    timestamp: int
+
+
+@dataclass(frozen=True)
+class Views:
+    """What a store keeps besides the latest row per key (DESIGN decision 10): every version
+    for `history_ms` by record timestamp, and the index entries of the named indexes."""
+
+    history_ms: int | None = None
+    indexes: tuple[str, ...] = ()
+
+    def fingerprint(self) -> bytes:
+        """How a store records which views it holds: one built for others starts over."""
+        return orjson.dumps([self.history_ms, sorted(self.indexes)])
+
+
+NO_VIEWS = Views()
 
 
 class PartitionStore(Protocol):
@@ -61,6 +90,39 @@ class PartitionStore(Protocol):
         ...
 
     def apply(self, writes: Sequence[Write]) -> None: ...
+
+    # -- history (Views.history_ms) --------------------------------------------
+    @property
+    def views(self) -> Views: ...
+
+    @property
+    def history_floor(self) -> int | None:
+        """The earliest time :meth:`as_of` answers exactly: stream time (the largest record
+        timestamp applied) less the history's retention; None without a history."""
+        ...
+
+    def as_of(self, key: bytes, at: int) -> Version | None:
+        """The version of `key` valid at time `at` (the latest with timestamp <= at)."""
+        ...
+
+    def versions(self, key: bytes, start: int, end: int, limit: int) -> list[Version]:
+        """Up to `limit` versions of `key` with start <= timestamp < end, oldest first."""
+        ...
+
+    def scan_as_of(
+        self, start: bytes | None, end: bytes | None, at: int, limit: int
+    ) -> list[tuple[bytes, Version]]:
+        """Up to `limit` keys in start <= key < end with a value (not a delete) valid at
+        `at`, ascending by key bytes."""
+        ...
+
+    # -- indexes (Views.indexes) -----------------------------------------------
+    def index_scan(
+        self, name: str, start: bytes | None, end: bytes | None, limit: int
+    ) -> list[tuple[bytes, Record]]:
+        """Up to `limit` rows of index `name` with start <= encoded value + key < end, in that
+        order: (encoded value + key, the row's record)."""
+        ...
 
     @property
     def synced_ms(self) -> int: ...

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tablecast.store.base import PartitionStore, Record, Write
+from tablecast.store.base import PartitionStore, Record, Version, Views, Write
 
 #: dict slot, key and Record object overhead per entry, beyond the bytes themselves
 ENTRY_OVERHEAD = 200
@@ -82,6 +82,31 @@ class CachedStore:
 
     def count_range(self, start: bytes | None, end: bytes | None) -> int:
         return self.inner.count_range(start, end)
+
+    # history and index reads go to the store: they are not the point reads the cache is for
+    @property
+    def views(self) -> Views:
+        return self.inner.views
+
+    @property
+    def history_floor(self) -> int | None:
+        return self.inner.history_floor
+
+    def as_of(self, key: bytes, at: int) -> Version | None:
+        return self.inner.as_of(key, at)
+
+    def versions(self, key: bytes, start: int, end: int, limit: int) -> list[Version]:
+        return self.inner.versions(key, start, end, limit)
+
+    def scan_as_of(
+        self, start: bytes | None, end: bytes | None, at: int, limit: int
+    ) -> list[tuple[bytes, Version]]:
+        return self.inner.scan_as_of(start, end, at, limit)
+
+    def index_scan(
+        self, name: str, start: bytes | None, end: bytes | None, limit: int
+    ) -> list[tuple[bytes, Record]]:
+        return self.inner.index_scan(name, start, end, limit)
 
     def apply(self, writes: Sequence[Write]) -> None:
         if not writes:

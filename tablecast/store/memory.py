@@ -8,7 +8,9 @@ from typing import Any, NoReturn
 
 from sortedcontainers import SortedDict
 
-from tablecast.store.base import Record, StoreClosed, Write, last_per_key
+from tablecast.store.base import NO_VIEWS, Record, StoreClosed, Version, Views, Write, last_per_key
+from tablecast.store.indexes import MemoryIndexes, rows_of
+from tablecast.store.versions import MemoryVersions
 
 
 class _Closed:
@@ -26,12 +28,17 @@ _CLOSED: Any = _Closed()
 
 
 class MemoryStore:
-    def __init__(self) -> None:
+    def __init__(self, views: Views = NO_VIEWS) -> None:
         self._data: SortedDict = SortedDict()
         self._applied = -1
         # point reads are single dict lookups (atomic under the GIL); scans walk
-        # the sorted index, which must not change under them
+        # the sorted index, which must not change under them, and so do history and
+        # index reads
         self._lock = threading.Lock()
+        self.views = views
+        self._history = MemoryVersions(views.history_ms) if views.history_ms else None
+        self._indexes = MemoryIndexes() if views.indexes else None
+        self._closed = False
 
     @property
     def applied_offset(self) -> int:
@@ -76,12 +83,49 @@ class MemoryStore:
             return
         with self._lock:
             data = self._data
-            for w in last_per_key(writes).values():
+            last = last_per_key(writes)
+            for w in last.values():
                 if w.value is None:
                     data.pop(w.key, None)
                 else:
                     data[w.key] = Record(w.value, w.offset, w.timestamp)
+            if self._history is not None:
+                self._history.apply(writes)
+            if self._indexes is not None:
+                self._indexes.apply(last)
             self._applied = max(self._applied, writes[-1].offset)
+
+    @property
+    def history_floor(self) -> int | None:
+        return None if self._history is None else self._history.floor
+
+    def _views(self) -> tuple[MemoryVersions | None, MemoryIndexes | None]:
+        if self._closed:
+            raise StoreClosed("the store was closed")
+        return self._history, self._indexes
+
+    def as_of(self, key: bytes, at: int) -> Version | None:
+        with self._lock:
+            return _history(self._views()[0]).as_of(key, at)
+
+    def versions(self, key: bytes, start: int, end: int, limit: int) -> list[Version]:
+        with self._lock:
+            return _history(self._views()[0]).versions(key, start, end, limit)
+
+    def scan_as_of(
+        self, start: bytes | None, end: bytes | None, at: int, limit: int
+    ) -> list[tuple[bytes, Version]]:
+        with self._lock:
+            return _history(self._views()[0]).scan_as_of(start, end, at, limit)
+
+    def index_scan(
+        self, name: str, start: bytes | None, end: bytes | None, limit: int
+    ) -> list[tuple[bytes, Record]]:
+        with self._lock:
+            indexes = self._views()[1]
+            if indexes is None or name not in self.views.indexes:
+                raise ValueError(f"this store keeps no index {name!r}")
+            return rows_of(indexes.scan(name, start, end, limit), self.multi_get)
 
     def __len__(self) -> int:
         return len(self._data)
@@ -91,3 +135,10 @@ class MemoryStore:
         # holding the old dict finishes with a consistent answer, later ones raise
         with self._lock:
             self._data = _CLOSED
+            self._closed = True
+
+
+def _history(history: MemoryVersions | None) -> MemoryVersions:
+    if history is None:
+        raise ValueError("this store keeps no history")
+    return history

@@ -8,6 +8,9 @@ stored as offset (8 bytes) + timestamp (8 bytes) + the record's value. The
 bookkeeping also holds when the store was last known in sync with its topic
 (wall-clock ms), which decides whether a store reopened after an absence may
 resume or must restore from scratch (compaction may have dropped tombstones).
+A table's history (:mod:`tablecast.store.versions`) and indexes
+(:mod:`tablecast.store.indexes`) live under prefixes of their own in the same
+database and are written in the same WriteBatch as the rows they derive from.
 
 A failed write (disk full, an I/O error) raises and leaves the store as it was
 before the batch; RocksDB then refuses further writes until it is reopened.
@@ -16,10 +19,12 @@ before the batch; RocksDB then refuses further writes until it is reopened.
 from __future__ import annotations
 
 import logging
+import shutil
 import struct
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from rocksdict import (
     BlockBasedOptions,
@@ -32,12 +37,25 @@ from rocksdict import (
     WriteBatch,
 )
 
-from tablecast.store.base import Record, StoreClosed, Write, last_per_key
+from tablecast.store.base import (
+    NO_VIEWS,
+    Record,
+    StoreClosed,
+    Version,
+    Views,
+    Write,
+    last_per_key,
+)
+from tablecast.store.indexes import RocksIndexes, rows_of
+from tablecast.store.versions import RocksVersions
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DATA = b"\x01"
 META = b"\x00meta"
+#: which views (history, indexes) the store holds: a store opened for others starts over
+VIEWS = b"\x00views"
 _HEADER = struct.Struct(">qq")
 _META = struct.Struct(">qqq")  # applied offset, key count, in sync with the topic at (epoch ms)
 _META_V1 = struct.Struct(">qq")  # written before the sync time was kept
@@ -72,18 +90,33 @@ def _options() -> Options:
 
 
 class RocksDBStore:
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, views: Views = NO_VIEWS) -> None:
         Path(path).mkdir(parents=True, exist_ok=True)
         self.path = Path(path)
+        self.views = views
         self._db = Rdict(str(path), _options())
         self._closed = False
+        held = self._db.get(VIEWS) or NO_VIEWS.fingerprint()  # older stores held none
+        if held != views.fingerprint():
+            # the catalog changed what the table keeps: rebuild it all from the topic
+            log.info("the store at %s held other views; starting it over", path)
+            self._db.close()
+            shutil.rmtree(path, ignore_errors=True)
+            Path(path).mkdir(parents=True, exist_ok=True)
+            self._db = Rdict(str(path), _options())
+            self._db.put(VIEWS, views.fingerprint())
         meta = self._db.get(META)
         if meta is None:
             self._applied, self._count, self._synced = -1, 0, 0
+            self._db.put(VIEWS, views.fingerprint())
         elif len(meta) == _META_V1.size:
             (self._applied, self._count), self._synced = _META_V1.unpack(meta), 0
         else:
             self._applied, self._count, self._synced = _META.unpack(meta)
+        self._history = (
+            RocksVersions(self._db, views.history_ms, self._iterator) if views.history_ms else None
+        )
+        self._indexes = RocksIndexes(self._db, self._iterator) if views.indexes else None
 
     @property
     def applied_offset(self) -> int:
@@ -143,15 +176,42 @@ class RocksDBStore:
 
     def _seek(self, start: bytes | None, end: bytes | None) -> tuple[RdictIter, bytes | None]:
         """An iterator at the first data key >= start, and the raw key it must stay below."""
+        it = self._iterator()
+        it.seek(DATA + (start or b""))
+        return it, (DATA + end if end is not None else None)
+
+    def _iterator(self) -> RdictIter:
         # an iterator keeps the database alive, so only its creation can meet a close
         if self._closed:
             raise StoreClosed("the store was closed")
         try:
-            it = self._db.iter()
+            return self._db.iter()
         except (DbClosedError, RuntimeError) as e:
             raise _closed_or(e, self._closed) from None
-        it.seek(DATA + (start or b""))
-        return it, (DATA + end if end is not None else None)
+
+    # -- history and indexes ----------------------------------------------------
+    @property
+    def history_floor(self) -> int | None:
+        return None if self._history is None else self._history.floor
+
+    def as_of(self, key: bytes, at: int) -> Version | None:
+        return _need(self._history, "history").as_of(key, at)
+
+    def versions(self, key: bytes, start: int, end: int, limit: int) -> list[Version]:
+        return _need(self._history, "history").versions(key, start, end, limit)
+
+    def scan_as_of(
+        self, start: bytes | None, end: bytes | None, at: int, limit: int
+    ) -> list[tuple[bytes, Version]]:
+        return _need(self._history, "history").scan_as_of(start, end, at, limit)
+
+    def index_scan(
+        self, name: str, start: bytes | None, end: bytes | None, limit: int
+    ) -> list[tuple[bytes, Record]]:
+        if name not in self.views.indexes:
+            raise ValueError(f"this store keeps no index {name!r}")
+        found = _need(self._indexes, "index").scan(name, start, end, limit)
+        return rows_of(found, self.multi_get)
 
     def apply(self, writes: Sequence[Write]) -> None:
         if not writes:
@@ -170,10 +230,15 @@ class RocksDBStore:
             else:
                 batch.put(DATA + key, _HEADER.pack(w.offset, w.timestamp) + w.value)
                 count += before is None
+        if self._indexes is not None:
+            self._indexes.stage(last, batch)
+        stream_time = self._history.stage(writes, batch) if self._history is not None else None
         applied = max(self._applied, writes[-1].offset)
         batch.put(META, _META.pack(applied, count, self._synced))
         self._db.write(batch)
         self._applied, self._count = applied, count
+        if stream_time is not None:
+            self._history.stream_time = stream_time  # type: ignore[union-attr]
 
     def __len__(self) -> int:
         if self._closed:
@@ -196,6 +261,12 @@ class RocksDBStore:
                 log.warning("closing the store at %s: %s", self.path, e)
                 return
         log.error("the store at %s stayed in use; not closed", self.path)
+
+
+def _need(view: T | None, what: str) -> T:
+    if view is None:
+        raise ValueError(f"this store keeps no {what}")
+    return view
 
 
 def _closed_or(error: Exception, closed: bool) -> Exception:

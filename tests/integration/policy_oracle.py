@@ -52,11 +52,11 @@ def violations(method: str, url: str, status: int, body: bytes) -> list[str]:
         table, rest = segments[3], "/".join(segments[4:])
         if table != TABLE:
             return [f"{method} {path} answered 200 on a table not granted"]
-        if rest.startswith("keys/") and rest.endswith(("/metadata", "/windows")):
+        if rest.startswith("keys/") and rest.endswith(("/metadata", "/windows", "/history")):
             key = rest[5:].rsplit("/", 1)[0]
             if not _allowed(key):
                 bad.append(f"{path} answered for key {key!r}")
-        elif rest in ("metadata", "windows") and not _allowed(query.get("key")):
+        elif rest in ("metadata", "windows", "history") and not _allowed(query.get("key")):
             bad.append(f"{path} answered for key {query.get('key')!r}")
         elif rest.startswith("keys") and "key" in doc and not _allowed(doc["key"]):
             bad.append(f"{path} returned key {doc['key']!r}")
@@ -64,12 +64,15 @@ def violations(method: str, url: str, status: int, body: bytes) -> list[str]:
             for item in doc["results"]:
                 if (item.get("found") or "value" in item) and not _allowed(item["key"]):
                     bad.append(f"batchGet returned key {item['key']!r}")
-        elif rest == "range":
-            bad += [f"range returned {x['key']!r}" for x in doc["items"] if not _allowed(x["key"])]
+        elif rest == "range" or rest.startswith("index/"):
+            bad += [f"{rest} returned {x['key']!r}" for x in doc["items"] if not _allowed(x["key"])]
         elif rest == "scan":
-            for hex_key, _ in doc["items"]:
-                if not bytes.fromhex(hex_key).startswith(PREFIX.encode()):
-                    bad.append(f"internal scan returned {bytes.fromhex(hex_key)!r}")
+            for sort_hex, item in doc["items"]:
+                if "view" in query:  # a view's items say their key; otherwise [key hex, value]
+                    if not _allowed(item["key"]):
+                        bad.append(f"internal scan returned {item['key']!r}")
+                elif not bytes.fromhex(sort_hex).startswith(PREFIX.encode()):
+                    bad.append(f"internal scan returned {bytes.fromhex(sort_hex)!r}")
         if "count" in doc and doc["count"] > GRANTED_ROWS:
             bad.append(f"{path} counted {doc['count']} rows, more than the {GRANTED_ROWS} granted")
     return bad

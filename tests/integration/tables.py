@@ -83,3 +83,49 @@ def write_windows(bootstrap: str, model: TableModel, records: list[tuple[str, in
         )
         model.rows[raw] = value
     assert p.flush(30) == 0
+
+
+@dataclass
+class Logged:
+    """One table-topic record as written, with where it landed."""
+
+    key: bytes
+    value: bytes | None
+    timestamp: int
+    #: the index header's values ({name: value | [values] | None}); None: no header
+    index: dict[str, Any] | None
+    partition: int = -1
+    offset: int = -1
+
+
+def write_logged(bootstrap: str, topic: str, records: list[Logged]) -> list[Logged]:
+    """Produce `records` with their timestamps and index headers, as the pipeline would, and
+    fill in the partition and offset each was acknowledged at."""
+    from confluent_kafka import Producer
+
+    from tablecast.kafka import indexes
+    from tablecast.kafka.partitioner import PRODUCER_CONFIG
+
+    p = Producer({"bootstrap.servers": bootstrap, **PRODUCER_CONFIG})
+
+    def acked(record: Logged) -> Any:
+        def done(err: Any, msg: Any) -> None:
+            assert err is None, err
+            record.partition, record.offset = msg.partition(), msg.offset()
+
+        return done
+
+    for r in records:
+        headers = None if r.index is None else [(indexes.HEADER, indexes.encode_header(r.index))]
+        p.produce(
+            topic,
+            key=r.key,
+            value=r.value,
+            timestamp=r.timestamp,
+            headers=headers,
+            on_delivery=acked(r),
+        )
+        p.poll(0)
+    assert p.flush(30) == 0
+    assert all(r.offset >= 0 for r in records)
+    return records

@@ -145,7 +145,7 @@ class Load:
 
     def _monotonic(self) -> None:
         """Read a key, then again elsewhere with min_offset at what the first read saw:
-        the waits in router._after_offset meet replicas released under them."""
+        the waits in consistency.reach meet replicas released under them."""
         rng = random.Random(3)
         with httpx.Client(timeout=10) as http:
             while not self._stop.is_set():

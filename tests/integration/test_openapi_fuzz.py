@@ -1,8 +1,10 @@
 """No input gets a 5xx (beyond the SPEC's 503/504), on any route, from any node — and with a
 policy on, no answer ever carries a row the policy forbids.
 
-- schemathesis generates requests from the node's own /openapi.json — key-value, window and
-  Avro-keyed tables, with auth off, auth on, and auth with a policy (``--auth-policy``)
+- schemathesis generates requests from the node's own /openapi.json — a key-value table with
+  a history and indexes (so every route has data: history, as_of, index lookups and
+  ranges), window and Avro-keyed tables, with auth off, auth on, and auth with a policy
+  (``--auth-policy``)
   that grants one key prefix of one table — against the node that does not own most
   partitions, so forwarding and fan-out are exercised; with the policy, every answer is
   judged by ``policy_oracle.violations`` (a schemathesis check loaded as a hook);
@@ -37,7 +39,7 @@ from tablecast import serde
 
 from ..support.procs import NodeProcess, eventually, start_node
 from . import policy_oracle
-from .tables import make_table
+from .tables import Logged, make_table, write_logged
 
 pytestmark = pytest.mark.integration
 
@@ -64,9 +66,31 @@ def two_nodes(request, bootstrap: str, tmp_path_factory: pytest.TempPathFactory)
     mode = request.param
     app = f"fuzz{mode.replace('-', '')}{time.monotonic_ns() % 10**6}"
     logs = tmp_path_factory.mktemp("fuzz")
-    kv = make_table(bootstrap, app, "kv", 6, serde.string(), serde.json(), store="memory")
-    kv.write(
-        bootstrap, [(k, {"i": i}) for i, k in enumerate(KV_KEYS[:-1])] + [(KV_KEYS[-1], {"odd": 1})]
+    kv = make_table(
+        bootstrap,
+        app,
+        "kv",
+        6,
+        serde.string(),
+        serde.json(),
+        store="memory",
+        extra={"history_ms": 3_600_000, "indexes": ["n", "tag"]},
+    )
+    now = int(time.time() * 1000)
+    rows = [(k, {"i": i}) for i, k in enumerate(KV_KEYS[:-1])] + [(KV_KEYS[-1], {"odd": 1})]
+    write_logged(
+        bootstrap,
+        kv.info.topic,
+        [  # two versions of each key, the later one stamped earlier, with index values
+            Logged(
+                k.encode(),
+                orjson.dumps(v),
+                now - 60_000 + 1000 * (i % 7) - 500 * version,
+                {"n": i % 5, "tag": ["a", f"t{i % 3}"]} if version else {"n": 2.5},
+            )
+            for version in (0, 1)
+            for i, (k, v) in enumerate(rows)
+        ],
     )
     make_table(
         bootstrap,
@@ -146,6 +170,20 @@ def test_awkward_keys_and_parameters(two_nodes) -> None:  # type: ignore[no-unty
     assert node.get("/v1/tables/kv/metadata", params={"key": "a/metadata"}).status_code == 200
     r = node.get("/v1/tables/kv/keys/k1", params={"max-lag": "3"})
     assert r.status_code == 400 and "max-lag" in r.json()["error"]["message"]
+    # history and indexes of the kv table (two versions per key, the last one by offset
+    # stamped earlier), from the node that owns few of its partitions
+    history = node.get("/v1/tables/kv/history", params={"key": "a/metadata"}).json()["items"]
+    assert [v["value"] for v in history] == [{"odd": 1}, {"odd": 1}]
+    assert history[0]["offset"] > history[1]["offset"]  # oldest by time first
+    items = node.get("/v1/tables/kv/index/tag", params={"limit": 1000}).json()["items"]
+    assert len(items) == 2 * len(KV_KEYS) and items[0]["index"] == "a"
+    assert {x["key"] for x in node.get("/v1/tables/kv/index/n/2").json()["items"]} == {
+        k for i, k in enumerate(KV_KEYS) if i % 5 == 2
+    }
+    for bad in ({"as_of": "yesterday"}, {"after": "nope"}, {"after": "kv@0:x"}, {"redirect": "x"}):
+        assert node.get("/v1/tables/kv/range", params=bad).status_code == 400
+    assert node.get("/v1/tables/kv/index/nope/1").status_code == 404
+    assert node.get("/v1/tables/win/keys/x/history").status_code == 400
     for to in (str(2**64), "-1", "9" * 40):
         assert node.get("/v1/tables/win/keys/x/windows", params={"to": to}).status_code == 400
     assert (
@@ -174,7 +212,9 @@ _text = st.text(st.characters(codec="utf-8"), max_size=30)
     route=st.sampled_from(["scan", "count"]),
     table=st.sampled_from(["kv", "win", "avro", "nope", ""]),
     params=st.dictionaries(
-        st.sampled_from(["partitions", "start", "end", "limit", "max_lag", "other"]),
+        st.sampled_from(
+            ["partitions", "start", "end", "limit", "max_lag", "view", "index", "as_of", "other"]
+        ),
         st.one_of(
             _text,
             st.integers().map(str),
@@ -195,7 +235,9 @@ _bound = st.one_of(_key, st.sampled_from(["k0", "k19", "k2", "k1/", "k1~"]), _te
 @settings(max_examples=INTERNAL_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     which=st.integers(0, 1),
-    route=st.sampled_from(["key", "metadata", "batch", "range", "count", "scan", "icount"]),
+    route=st.sampled_from(
+        ["key", "metadata", "history", "index", "batch", "range", "count", "scan", "icount"]
+    ),
     key=_key,
     keys=st.lists(_key, max_size=12),
     params=st.dictionaries(
@@ -225,10 +267,18 @@ def test_the_policy_never_shows_a_forbidden_row(  # type: ignore[no-untyped-def]
         path = {
             "key": f"/v1/tables/kv/keys/{k}",
             "metadata": f"/v1/tables/kv/keys/{k}/metadata",
+            "history": f"/v1/tables/kv/keys/{k}/history",
+            "index": "/v1/tables/kv/index/tag",
             "range": "/v1/tables/kv/range",
             "count": "/v1/tables/kv/count",
         }[route]
-        q = {n: v for n, v in params.items() if n != "partitions"} if route == "range" else {}
+        q = (
+            {n: v for n, v in params.items() if n != "partitions" and n != "prefix"}
+            if route in ("range", "index")
+            else {}
+        )
+        if route == "range" and "prefix" in params:
+            q["prefix"] = params["prefix"]
         r = node.get(path, params=q)
     _check_answer(r)
     assert not policy_oracle.violations(
@@ -247,6 +297,9 @@ def test_the_policy_shows_every_granted_row(two_nodes) -> None:  # type: ignore[
         items = n.get("/v1/tables/kv/range", params={"limit": 1000}).json()["items"]
         assert [x["key"] for x in items] == granted
         assert n.get("/v1/tables/kv/count").json() == {"count": len(granted)}
+        items = n.get("/v1/tables/kv/index/tag/a", params={"limit": 1000}).json()["items"]
+        assert [x["key"] for x in items] == granted  # every row has tag "a"
+        assert n.get("/v1/tables/kv/keys/k10/history").json()["items"]
 
 
 RAW_CASES = [

@@ -17,7 +17,7 @@ from tablecast.kafka.catalog import TableInfo
 from tablecast.server.auth import Auth
 from tablecast.server.errors import ApiError
 from tablecast.server.policy import Policy, PolicyError, Scope, prefix_end
-from tablecast.server.router import not_refused
+from tablecast.server.rpc import not_refused
 
 POLICY = {
     "rules": [

@@ -1,4 +1,5 @@
-"""A range page reads about what it returns from the stores, not partitions × limit."""
+"""A range page reads about what it returns from the stores, not partitions × limit, and each
+partition's rows come from one read exact at the position reported for it."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ from typing import Any
 from tablecast import serde
 from tablecast.cluster.replica import Replica
 from tablecast.kafka.catalog import TableInfo
-from tablecast.server.local import MIN_CHUNK, _rows, merge_sorted
+from tablecast.server.local import MIN_CHUNK, read_page
 from tablecast.server.policy import Scope
+from tablecast.server.scans import Scan
 from tablecast.store import MemoryStore, Write
 
 PARTITIONS = 12
@@ -38,9 +40,8 @@ def _replicas(keys_of: dict[int, list[bytes]]) -> list[Replica]:
 
 
 def _page(replicas: list[Replica], limit: int, scope: Scope | None = None) -> list[bytes]:
-    spans = [(None, None)] if scope is None else scope.clip(None, None)
-    chunk = min(limit, max(MIN_CHUNK, -(-limit // len(replicas)) + 1))
-    rows = merge_sorted((_rows(INFO, r, spans, chunk, limit) for r in replicas), limit)
+    rows, positions = read_page(INFO, replicas, Scan(INFO, scope), None, None, limit)
+    assert positions == [r.position for r in replicas]
     return [k for k, _ in rows]
 
 
@@ -60,6 +61,7 @@ def test_skewed_keys_double_the_chunk_of_the_busy_partition() -> None:
     keys = {0: [b"a%05d" % i for i in range(5000)], 5: [b"z"]}
     replicas = _replicas(keys)
     assert _page(replicas, 1000) == keys[0][:1000]
+    # the busy partition is read again from the start, each time 4 times as much
     assert _read(replicas) <= 2 * 1000 + PARTITIONS * MIN_CHUNK
 
 

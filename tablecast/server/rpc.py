@@ -1,0 +1,200 @@
+"""The RPC layer: asking peers, forwarding a read to its owner or redirecting to it, and
+fanning a read of many partitions out to the nodes that answer for them.
+
+A peer that cannot be reached or answers 503 is skipped for the next choice
+at once, so a dead node costs a retry, not a failed query. A 401 or 403 of a
+peer is the caller's answer (:func:`not_refused`): the nodes share one
+policy, so another node would refuse alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TypeVar
+from urllib.parse import quote, urlencode
+
+import orjson
+
+from tablecast.cluster.membership import Member
+from tablecast.kafka.catalog import TableInfo
+from tablecast.server.consistency import ReadOptions
+from tablecast.server.errors import ApiError
+from tablecast.server.local import Answer, unavailable
+from tablecast.server.peers import PeerPool, PeerUnavailable
+from tablecast.server.request import Request
+from tablecast.server.routing import ME, Choice, Routing
+
+PASS_HEADERS = (
+    b"x-tablecast-node",
+    b"x-tablecast-lag",
+    b"x-tablecast-staleness-ms",
+    b"x-tablecast-position",
+    b"retry-after",
+)
+FORWARD_TIMEOUT_S = 2.0
+#: how long an internal call may take beyond the wait for ``after`` it passes on
+WAIT_SLACK_S = 1.0
+T = TypeVar("T")
+
+
+class Rpc:
+    def __init__(self, peers: PeerPool, routing: Routing) -> None:
+        self.peers = peers
+        self.routing = routing
+
+    async def ask(
+        self,
+        member: Member,
+        method: str,
+        target: str,
+        req: Request,
+        body: bytes = b"",
+        opts: ReadOptions | None = None,
+        timeout: float = FORWARD_TIMEOUT_S,
+    ) -> Answer | None:
+        """A peer's answer, or None if it could not give one (unreachable, or 503)."""
+        if opts is not None and opts.at_least:  # it may wait for `after` that long first
+            timeout += opts.timeout_ms / 1000 + WAIT_SLACK_S
+        try:
+            status, headers, payload = await self.peers.request(
+                member.url, method, target, req.onward_headers(), body, timeout
+            )
+        except PeerUnavailable:
+            return None
+        if status == 503:
+            return None
+        passed = [(k.decode(), v.decode()) for k, v in headers if k in PASS_HEADERS]
+        return status, payload, passed
+
+    async def elsewhere(
+        self,
+        info: TableInfo,
+        partition: int,
+        choices: list[Choice],
+        target: str,
+        req: Request,
+        opts: ReadOptions,
+        here: Callable[[], Answer | Awaitable[Answer]],
+    ) -> Answer:
+        """Redirect to, or forward to, the first choice that answers."""
+        if opts.redirect:
+            peers = [c for c in choices if isinstance(c, Member)]
+            if not peers:
+                raise unavailable(info, partition)
+            return self.redirect(peers[0], target, req)
+        if req.query:
+            target += "?" + req.query
+        for choice in choices:
+            if choice == ME:  # the active is gone and this node holds a standby
+                try:
+                    return await maybe(here())
+                except ApiError as e:
+                    if e.code != "partition_unavailable":
+                        raise
+                    continue  # released under this read: the next choice
+            answer = await self.ask(choice, "GET", target, req, opts=opts)  # type: ignore[arg-type]
+            if answer is not None:
+                return answer
+        raise unavailable(info, partition)
+
+    @staticmethod
+    def redirect(member: Member, path: str, req: Request) -> Answer:
+        """307 to the same read on `member` (without ``redirect``, so it answers there)."""
+        onward = {k: v for k, v in req.params.items() if k != "redirect"}
+        location = member.url + path + ("?" + urlencode(onward) if onward else "")
+        return 307, b'{"redirect":' + orjson.dumps(location) + b"}", [("location", location)]
+
+    def redirect_fan_out(
+        self, info: TableInfo, partitions: Iterable[int], req: Request, opts: ReadOptions, path: str
+    ) -> Answer | None:
+        """With ``redirect=true``, the 307 for a read of many partitions when one other
+        node answers for all of them; None when this node answers (no single owner)."""
+        if not opts.redirect:
+            return None
+        groups = self.routing.groups(info, partitions, req, opts)
+        if len(groups) == 1 and isinstance(groups[0][0], Member):
+            return self.redirect(groups[0][0], path, req)
+        return None
+
+    async def gather(
+        self,
+        info: TableInfo,
+        partitions: Iterable[int],
+        req: Request,
+        opts: ReadOptions,
+        here: Callable[[list[int]], T | Awaitable[T]],
+        there: Callable[[Member, list[int]], Awaitable[T | None]],
+    ) -> list[T]:
+        """One result per group of partitions answered together, each by its first able
+        choice: this node (`here`), or a peer (`there`; None moves on to the next choice)."""
+        routing = self.routing
+        pending = {p: routing.choices(info, p, req, opts) for p in partitions}
+        results: list[T] = []
+        while pending:
+            groups: dict[str, list[int]] = {}
+            for p, choices in pending.items():
+                if not choices:
+                    raise unavailable(info, p)
+                first = choices[0]
+                groups.setdefault(first if isinstance(first, str) else first.id, []).append(p)
+            local = groups.pop(ME, [])
+            if local:
+                try:
+                    results.append(await maybe(here(local)))
+                    for p in local:
+                        del pending[p]
+                except ApiError as e:
+                    if e.code != "partition_unavailable":
+                        raise
+                    for p in local:  # released under this read: the next choice
+                        pending[p] = pending[p][1:]
+            if not groups:
+                continue  # all answered here (or moved on to their next choice)
+            by_id = {c.id: c for cs in pending.values() for c in cs if isinstance(c, Member)}
+            remote = list(groups.items())
+            answers = await asyncio.gather(*(there(by_id[nid], parts) for nid, parts in remote))
+            for (_, parts), answer in zip(remote, answers, strict=True):
+                for p in parts:
+                    if answer is None:
+                        pending[p] = pending[p][1:]  # that peer failed: the next choice
+                    else:
+                        del pending[p]
+                if answer is not None:
+                    results.append(answer)
+        return results
+
+
+async def maybe(answer: T | Awaitable[T]) -> T:
+    return await answer if isinstance(answer, Awaitable) else answer  # type: ignore[return-value]
+
+
+def key_target(table: str, key_text: str, sub: str) -> str:
+    """The path a key read is forwarded to (the request's query string follows it).
+
+    A key whose text ends like a sub-route reached us as ``?key=``, which the
+    query string carries on: forward it in that form too, since the owner sees
+    the path decoded.
+    """
+    t = quote(table, safe="")
+    if key_text.endswith(KEY_SUB_ROUTES):
+        return f"/v1/tables/{t}/{sub or 'keys'}"
+    return f"/v1/tables/{t}/keys/{quote(key_text, safe='')}" + (f"/{sub}" if sub else "")
+
+
+#: what a key's path may end with to name a route of that key rather than the key itself
+KEY_SUB_ROUTES = ("/windows", "/metadata", "/history")
+
+
+def not_refused(answer: Answer) -> Answer:
+    """A peer's answer, unless it refused the caller: a 401 or 403 is raised as the peer
+    gave it. The reading node judged the caller, and another node would judge alike (the
+    nodes share one policy), so a fan-out must not take it for a node to route around."""
+    status, body, _ = answer
+    if status not in (401, 403):
+        return answer
+    try:
+        error = orjson.loads(body)["error"]
+        raise ApiError("unauthorized" if status == 401 else "forbidden", str(error["message"]))
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        raise ApiError("forbidden", "a node refused this caller") from None
