@@ -21,7 +21,7 @@ from tablecast.console.feed import ConsoleFeed
 from tablecast.server.errors import ApiError
 from tablecast.server.metrics import BUCKETS, HttpStats
 from tablecast.server.peers import PeerPool, PeerUnavailable
-from tablecast.server.router import Request
+from tablecast.server.request import Request
 
 Answer = tuple[int, bytes, list[tuple[str, str]]]
 

@@ -23,7 +23,7 @@ from tablecast.live.service import query_pairs
 from tablecast.live.sinks import QueueSink
 from tablecast.proto import tables_pb2 as pb
 from tablecast.server.errors import ApiError
-from tablecast.server.router import Request, subject_of
+from tablecast.server.request import Request, subject_of
 
 if TYPE_CHECKING:
     from tablecast.server.app import HttpApp
@@ -166,7 +166,7 @@ class Tables:
         except ApiError as e:
             await _abort(context, e)
         body = orjson.dumps({"keys": keys})
-        doc, _ = await self._answer(context, self.router.batch_get(request.table, body, req))
+        doc, _ = await self._answer(context, self.router.fan.batch_get(request.table, body, req))
         out = pb.BatchGetResponse()
         for item in doc["results"]:
             result = out.results.add(key=key_text(item["key"]), found=item["found"])
@@ -188,7 +188,7 @@ class Tables:
         if request.cursor:
             params["cursor"] = request.cursor
         req = await self._request(context, params)
-        doc, _ = await self._answer(context, self.router.range(request.table, req))
+        doc, _ = await self._answer(context, self.router.fan.range(request.table, req))
         out = pb.RangeResponse(next_cursor=doc["next_cursor"] or "")
         for item in doc["items"]:
             out.items.add(key=key_text(item["key"]), value=orjson.dumps(item["value"]).decode())

@@ -25,7 +25,8 @@ from tablecast.server.consistency import NO_OPTIONS
 from tablecast.server.errors import ApiError
 from tablecast.server.fanout import prefix_bytes
 from tablecast.server.policy import prefix_end
-from tablecast.server.router import Request, Router, forbidden_key
+from tablecast.server.request import Request
+from tablecast.server.router import Router, forbidden_key
 
 #: the query parameters of a watch (``access_token`` is taken by auth before this)
 PARAMS = frozenset({"key", "prefix", "from", "to", "snapshot", "since", "access_token"})

@@ -31,7 +31,8 @@ from tablecast.server.errors import ApiError
 from tablecast.server.fanout import partitions_param
 from tablecast.server.local import unavailable
 from tablecast.server.policy import Scope, Span
-from tablecast.server.router import Request, Router
+from tablecast.server.request import Request
+from tablecast.server.router import Router
 from tablecast.server.routing import ME
 from tablecast.server.rpc import not_refused
 from tablecast.store import Record, StoreClosed

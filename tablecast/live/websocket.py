@@ -19,7 +19,7 @@ from tablecast.live.events import WS
 from tablecast.live.service import Live, query_pairs
 from tablecast.live.sinks import QueueSink
 from tablecast.server.errors import ApiError
-from tablecast.server.router import Request
+from tablecast.server.request import Request
 
 #: close codes (RFC 6455): a policy refused it; the server is going away
 POLICY_VIOLATION = 1008
