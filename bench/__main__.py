@@ -25,6 +25,7 @@ BENCHES = {
     "chaos": "bench.chaos",
     "watch": "bench.watch",
     "history": "bench.history",
+    "console": "bench.console",
 }
 # the pipeline benchmark is written by another change; run it once its module exists
 if importlib.util.find_spec("bench.pipeline") is not None:
@@ -38,6 +39,7 @@ QUICK = {
     "https": ["--seconds", "2", "--keys", "20000", "--rounds", "3"],
     "auth": ["--seconds", "2", "--keys", "20000", "--rounds", "3"],
     "chaos": ["--minutes", "3"],
+    "console": ["--rounds", "3", "--keys", "200"],
 }
 
 log = logging.getLogger("bench")
