@@ -22,6 +22,7 @@ import tablecast as tc
 from tablecast.cli.supervisor import stop_process
 from tablecast.kafka.broker import Broker, free_port
 from tablecast.kafka.topics import ensure_topic, table_topic
+from tests.support.apt import apt_install
 from tests.support.procs import NodeProcess, start_node
 
 log = logging.getLogger("bench.chaos")
@@ -149,6 +150,8 @@ class Cluster:
     def _prepare_faketime(self) -> None:
         if self.faketime_node is None:
             return
+        if not os.path.exists(FAKETIME_LIB):
+            apt_install("libfaketime")
         if not os.path.exists(FAKETIME_LIB) or shutil.which("cc") is None:
             self.notes.append("faketime: skipped, needs libfaketime and cc")
             self.faketime_node = None

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+from .apt import apt_install
 
 
 def chromium() -> str:
@@ -22,21 +22,12 @@ def chromium() -> str:
     found = shutil.which("chromium")
     if found:
         return found
-    if os.geteuid() != 0:
-        pytest.skip("the console's browser tests need Debian's chromium (apt-get install chromium)")
-    print("[tests] installing Debian's chromium for the console tests (once) ...", file=sys.stderr)
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    done = subprocess.run(
-        ["apt-get", "install", "-y", "-q", "chromium"], env=env, capture_output=True, text=True
-    )
-    if done.returncode != 0:  # a stale package index: refresh it once
-        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True)
-        done = subprocess.run(
-            ["apt-get", "install", "-y", "-q", "chromium"], env=env, capture_output=True, text=True
-        )
+    problem = apt_install("chromium")
+    if problem and os.geteuid() != 0:
+        pytest.skip(f"the console's browser tests need Debian's chromium: {problem}")
     found = shutil.which("chromium")
     if not found:
-        pytest.fail(f"apt-get install chromium failed: {done.stderr[-2000:]}")
+        pytest.fail(f"apt-get install chromium failed: {problem}")
     return found
 
 
