@@ -23,7 +23,7 @@ from tablecast.live.service import query_pairs
 from tablecast.live.sinks import QueueSink
 from tablecast.proto import tables_pb2 as pb
 from tablecast.server.errors import ApiError
-from tablecast.server.router import Request, subject_of
+from tablecast.server.request import Request, subject_of
 
 if TYPE_CHECKING:
     from tablecast.server.app import HttpApp

@@ -35,8 +35,8 @@ from tablecast.server.local import Answer
 from tablecast.server.metrics import HttpStats, exposition
 from tablecast.server.peers import SIGNATURE, PeerPool, signed_parts
 from tablecast.server.ratelimit import TokenBuckets, WaitSlots
-from tablecast.server.request import HOP
-from tablecast.server.router import DEFAULT_WAITS_PER_CALLER, Request, Router, subject_of
+from tablecast.server.request import HOP, subject_of
+from tablecast.server.router import DEFAULT_WAITS_PER_CALLER, Request, Router
 from tablecast.server.rpc import KEY_SUB_ROUTES
 
 log = logging.getLogger(__name__)
