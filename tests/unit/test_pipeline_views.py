@@ -16,6 +16,7 @@ from tablecast.kafka.indexes import BadIndex, decode_header
 from tablecast.pipeline.compile.index import header_of
 from tablecast.pipeline.plan import queries as planner
 from tablecast.pipeline.run.pipeline import table_info
+from tablecast.pipeline.run.trigger import blockers
 
 
 def entry(app: tc.App, name: str) -> catalog.TableInfo:
@@ -46,6 +47,11 @@ def test_the_catalog_entry_carries_history_and_index_names() -> None:
     (q,) = planner.plan_output(app.id, app.materialized["bookings"], [])
     assert [n for n, _ in q.indexes] == ["train", "stops.all"]
     assert "history_ms=7200000" in app.explain() and "'train':" in app.explain()
+    # the callable index runs in a Python UDF, which Real-time Mode cannot run
+    assert [r for r in blockers(q) if "index" in r] == [
+        "Python index 'train' test_the_catalog_entry_carries_history_and_index_names.<locals>."
+        "<lambda> (ArrowEvalPythonExec)"
+    ]
 
 
 @pytest.mark.parametrize(

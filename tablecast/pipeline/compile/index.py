@@ -100,7 +100,8 @@ def _check_type(name: str, dtype: DataType) -> None:
     if not isinstance(inner, _ATOMS):
         raise TypeError(
             f"index {name!r}: a Column of {dtype.simpleString()} has no index values; "
-            "return a string, an integer, a float or an array of them (cast it)"
+            "return a string, an integer, a float or an array of them (cast it; of a JSON "
+            "value take a field with F.variant_get(F.col('value'), '$.field', 'string'))"
         )
 
 
