@@ -129,3 +129,53 @@ def check_versions(node: NodeProcess, base: int, b1: Any, b1_moved: Any, b2: Any
     res = node.get(f"/v1/tables/{TABLE}/keys/B1/history")
     versions = [(v["timestamp"] - base, v["value"]) for v in res.json()["items"]]
     assert versions == [(1000, b1), (5000, b1_moved)]
+
+
+def test_index_headers_and_refusals_of_both_forms(spark: Any) -> None:
+    """Column and callable indexes on one flow (no Kafka): the headers a node reads, and the
+    rows whose values the contract refuses marked for the dead-letter topic with the reason."""
+    from tablecast.pipeline.compile import envelope as env
+    from tablecast.pipeline.compile import index
+    from tablecast.pipeline.compile.flow import Flow
+
+    value = tc.serde.json("x double, s string, tags array<string>, p long")
+    rows = {
+        "k1": {"x": 4.0, "s": "a", "tags": ["p", None, "q"], "p": 7},
+        "k2": {"x": -1.0, "s": "b", "tags": [], "p": 1},  # sqrt(-1): NaN
+        "k3": {"x": 1.0, "s": "y" * 1100, "tags": [], "p": 1},  # over 1024 bytes
+        "k4": {"x": 1.0, "s": "c", "tags": ["t"] * 1001, "p": 1},  # over 1000 values
+        "k5": None,  # a tombstone: no header
+        "k6": {"x": 1.0, "s": "d", "tags": []},  # the callable raises KeyError
+        "k7": {"x": None, "s": None, "tags": [None], "p": None},  # no value anywhere
+    }
+    data = [
+        (k.encode(), None if v is None else orjson.dumps(v), None, None, None, "t", 0, i, 0, 0)
+        for i, (k, v) in enumerate(rows.items())
+    ]
+    df = spark.createDataFrame(data, env.schema())
+    indexes = (
+        ("x", F.col("value.x")),
+        ("root", F.sqrt(F.col("value.x"))),
+        ("s", F.col("value.s")),
+        ("tags", F.col("value.tags")),
+        ("py", lambda k, v: v["p"]),
+    )
+    flow, headers = index.apply(Flow(df, STR, value, "table"), indexes)
+    got = {
+        r["key"].decode(): (r[env.ERR], r[index.INDEX], len(r["h"]))
+        for r in flow.df.select("key", env.ERR, index.INDEX, headers.alias("h")).collect()
+    }
+    k1_err, k1_header, k1_headers = got.pop("k1")
+    assert k1_err is None and k1_headers == 1
+    assert orjson.loads(k1_header) == {"x": 4.0, "root": 2.0, "s": "a", "tags": ["p", "q"], "py": 7}
+    assert got["k5"] == got["k7"] == (None, None, 0)
+    reasons = {k: (err or "").split(":")[0] for k, (err, _, _) in got.items()}
+    assert reasons == {
+        "k2": "index root",
+        "k3": "index s",
+        "k4": "index tags",
+        "k5": "",
+        "k6": "index",
+        "k7": "",
+    }
+    assert "KeyError" in got["k6"][0]

@@ -82,6 +82,7 @@ def _columns(flow: Flow, columns: list[tuple[str, plan.Fn]]) -> Flow:
         _check_type(name, dtype)
         if isinstance(dtype, ArrayType):
             col = F.filter(col, lambda x: x.isNotNull())  # None in a list adds no value
+            col = F.when(F.size(col) > 0, col)  # nor does an empty list: no name at all
         tmp = f"_tc_ix_{len(fields)}"
         df = df.withColumn(tmp, col)
         flow = flow.with_df(df)
