@@ -12,8 +12,9 @@ A tombstone gets no header. A callable that raises, or a value the contract
 refuses (a bool, NaN, a dict, a nested list, a string over 1024 bytes, more
 than 1000 values), sends the record to the dead-letter topic — what a failing
 operator does — so a table never holds a row whose index values were lost
-silently. ``None`` inside a list is skipped: a list of optional fields reads
-naturally either way, and it adds no value. A Column of a type the contract
+silently. ``None`` inside a list is skipped and an empty list is no value
+(what the node makes of them anyway), so a list of optional fields is not a
+bad record. A Column of a type the contract
 has no values for (boolean, struct, map, decimal, ...) is refused when the
 query is built.
 """
