@@ -2,7 +2,10 @@
 
 `bookings` has 9 partitions; key = customer id, value = {"ts": epoch ms, "train": ...}.
 Two tables:
-- `latest-booking`: customer → the latest booking;
+- `latest-booking`: customer → the latest booking, with a week of history (what a
+  customer had booked at any time:  /v1/tables/latest-booking/keys/c042?as_of=<epoch ms>,
+  or every version:  /v1/tables/latest-booking/keys/c042/history) and an index by train
+  (whose latest booking is on a train:  /v1/tables/latest-booking/index/train/IC%20512);
 - `bookings-by-time`: one row per booking under the composite key
   "<customer>|<ts as 13 digits>", so a customer's bookings between two times are a
   range query:  /v1/tables/bookings-by-time/range?from=c042|1700000000000&to=c042|1700086400000
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import random
 import time
+from datetime import timedelta
 from typing import Any
 
 import tablecast as tc
@@ -31,7 +35,11 @@ def booking_key(customer: str, booking: dict[str, Any]) -> str:
 def build(app_id: str = "railway", topic: str = TOPIC) -> tc.App:
     app = tc.App(app_id)
     bookings = app.stream(topic, key=tc.serde.string(), value=tc.serde.json())
-    bookings.to_table().materialize("latest-booking")
+    bookings.to_table().materialize(
+        "latest-booking",
+        history=timedelta(days=7),
+        indexes={"train": lambda customer, booking: booking["train"]},
+    )
     bookings.select_key(booking_key).to_table().materialize("bookings-by-time")
     return app
 

@@ -7,12 +7,15 @@ exchange quoted which price when. The table `prices` maps a symbol to
     tablecast dev examples/stock_prices.py --generate     (or: tablecast demo)
 
 and ask for a symbol:  curl http://localhost:8080/v1/tables/prices/keys/AAPL
+or for its board as it was a minute ago (the table keeps 10 minutes of versions):
+    curl "http://localhost:8080/v1/tables/prices/keys/AAPL?as_of=$(( ($(date +%s) - 60) * 1000 ))"
 """
 
 from __future__ import annotations
 
 import random
 import time
+from datetime import timedelta
 from typing import Any
 
 import tablecast as tc
@@ -52,7 +55,10 @@ def quote_board(symbol: str, tick: dict[str, Any], board: dict[str, Any]) -> dic
 def build(app_id: str = "stocks", topic: str = TOPIC) -> tc.App:
     app = tc.App(app_id)
     ticks = app.stream(topic, key=tc.serde.string(), value=tc.serde.json())
-    ticks.group_by_key().aggregate(dict, quote_board).materialize("prices", store="memory")
+    # 10 minutes of versions, not more: the demo's 200 ticks/s are kept in memory
+    ticks.group_by_key().aggregate(dict, quote_board).materialize(
+        "prices", store="memory", history=timedelta(minutes=10)
+    )
     return app
 
 

@@ -4,6 +4,7 @@ answers checked against a reference computed independently from the input (issue
 from __future__ import annotations
 
 import random
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -135,6 +136,17 @@ def test_railway_bookings_latest_and_by_period(bootstrap: str, unique: str, run_
     with tc.Client(node.url) as client:
         for customer, history in bookings.items():
             assert client.get("latest-booking", customer)["value"] == history[-1]
+            # a version per record time (records of one millisecond keep the last)
+            versions = [v["value"] for v in client.history("latest-booking", customer)]
+            assert versions[-1] == history[-1] and set(map(orjson.dumps, versions)) <= set(
+                map(orjson.dumps, history)
+            )
+        by_train: dict[str, set[str]] = {}
+        for customer, history in bookings.items():
+            by_train.setdefault(history[-1]["train"], set()).add(customer)
+        for train, customers in by_train.items():
+            assert {k for k, _ in client.index("latest-booking", "train", train)} == customers
+        for customer, history in bookings.items():
             every = list(client.range("bookings-by-time", prefix=f"{customer}|"))
             assert [v for _, v in every] == history
             lo, hi = history[0]["ts"] + 1, base + 200 * 60_000
@@ -226,6 +238,9 @@ def test_stock_prices_board_from_any_node(bootstrap: str, unique: str, run_of: A
     for symbol, board in boards.items():  # many readers, any node: the same board
         for node in nodes:
             assert node.get(f"/v1/tables/prices/keys/{symbol}").json()["value"] == board
+        # with its history: as of now, the board is the latest version
+        now = {"as_of": str(int(time.time() * 1000))}
+        assert nodes[0].get(f"/v1/tables/prices/keys/{symbol}", params=now).json()["value"] == board
 
 
 def test_point_of_sale(bootstrap: str, unique: str, run_of: Any) -> None:

@@ -20,7 +20,16 @@ from pyspark.sql.streaming import DataStreamWriter
 
 from tablecast.kafka.config import spark_options
 from tablecast.kafka.topics import dlq_topic
-from tablecast.pipeline.compile import aggregate, join, keyed, partition, sink, stateless, window
+from tablecast.pipeline.compile import (
+    aggregate,
+    index,
+    join,
+    keyed,
+    partition,
+    sink,
+    stateless,
+    window,
+)
 from tablecast.pipeline.compile import envelope as env
 from tablecast.pipeline.compile.flow import Flow
 from tablecast.pipeline.compile.transform import transform_values
@@ -190,12 +199,16 @@ def writer(spark: SparkSession, q: Query, t: Target) -> DataStreamWriter:
         placed = window.partition_column()
     if q.output.ids:
         flow = sink.with_record_ids(flow, extra)
+    # a table's index values ride with its records (last: they are of the rows written)
+    indexed = None
+    if q.indexes:
+        flow, indexed = index.apply(flow, q.indexes)
     if q.writes_batches or q.reorders:
         df = sink.observe(flow.df, q.name)
 
         def write_batch(batch: DataFrame, batch_id: int) -> None:
             # the batch id lets the reading query drop what a replay writes again
-            headers = sink.repartition_headers(batch_id) if q.writes_batches else None
+            headers = sink.repartition_headers(batch_id) if q.writes_batches else indexed
             if q.reorders:
                 batch = join.in_source_order(batch)
             out = sink.route(flow.with_df(batch), q, dlq, headers, placed)
@@ -204,7 +217,7 @@ def writer(spark: SparkSession, q: Query, t: Target) -> DataStreamWriter:
         w = df.writeStream.foreachBatch(write_batch)
     else:
         flow = flow.with_df(sink.observe(flow.df, q.name))
-        out = sink.route(flow, q, dlq, partition=placed)
+        out = sink.route(flow, q, dlq, indexed, placed)
         w = out.writeStream.format("kafka").options(**common)
     w = (
         w.queryName(q.name)

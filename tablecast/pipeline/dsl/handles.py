@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any, Literal, Protocol
 
+from tablecast.pipeline.dsl import views
 from tablecast.pipeline.plan import nodes as plan
 from tablecast.serde import Serde
 from tablecast.windows import Windows, to_ms
@@ -300,11 +301,17 @@ class WindowedTable(_Handle):
     window start as 8 bytes big-endian (Kafka Streams' windowed key format)."""
 
     def materialize(
-        self, name: str, store: Literal["rocksdb", "memory"] = "rocksdb"
+        self,
+        name: str,
+        store: Literal["rocksdb", "memory"] = "rocksdb",
+        history: timedelta | None = None,
+        indexes: views.Indexes | None = None,
     ) -> WindowedTable:
-        """Make this window table queryable under `name` (GET .../keys/{key}/windows)."""
+        """Make this window table queryable under `name` (GET .../keys/{key}/windows).
+        `history` and `indexes` are refused: they are for key-value tables."""
         if store not in ("rocksdb", "memory"):
             raise ValueError(f"store must be 'rocksdb' or 'memory', not {store!r}")
+        views.refuse_on_windows(history, indexes)
         node = plan.Materialize(self._node, name, store)
         self._app._register(node)
         return WindowedTable(self._app, node)
@@ -354,11 +361,26 @@ class Table(_Handle):
     def to_stream(self) -> Stream:
         return Stream(self._app, plan.ToStream(self._node))
 
-    def materialize(self, name: str, store: Literal["rocksdb", "memory"] = "rocksdb") -> Table:
-        """Make this table queryable under `name` and return it."""
+    def materialize(
+        self,
+        name: str,
+        store: Literal["rocksdb", "memory"] = "rocksdb",
+        history: timedelta | None = None,
+        indexes: views.Indexes | None = None,
+    ) -> Table:
+        """Make this table queryable under `name` and return it.
+
+        `history` keeps every version of a key for that long, by record timestamp (the
+        event time), for ``?as_of=`` and ``/history`` reads. `indexes` ({name: f}) gives
+        each row values to be found by (``/index/{name}/{value}``): f is a Python
+        callable f(key, value) or a Column over key/value, returning a string, an int,
+        a finite float, a list of them, or None (no value). A callable that raises or a
+        value the contract refuses (a bool, NaN, a dict, ...) sends the record to the
+        dead-letter topic, as any failing operator does."""
         if store not in ("rocksdb", "memory"):
             raise ValueError(f"store must be 'rocksdb' or 'memory', not {store!r}")
-        node = plan.Materialize(self._node, name, store)
+        history_ms, idx = views.checked(history, indexes)
+        node = plan.Materialize(self._node, name, store, history_ms=history_ms, indexes=idx)
         self._app._register(node)
         return Table(self._app, node)
 
@@ -369,11 +391,17 @@ class GlobalTable(_Handle):
     queryable, with every node answering every key locally."""
 
     def materialize(
-        self, name: str, store: Literal["rocksdb", "memory"] = "rocksdb"
+        self,
+        name: str,
+        store: Literal["rocksdb", "memory"] = "rocksdb",
+        history: timedelta | None = None,
+        indexes: views.Indexes | None = None,
     ) -> GlobalTable:
+        """As Table.materialize (history and indexes too), every node holding all of it."""
         if store not in ("rocksdb", "memory"):
             raise ValueError(f"store must be 'rocksdb' or 'memory', not {store!r}")
-        node = plan.Materialize(self._node, name, store)
+        history_ms, idx = views.checked(history, indexes)
+        node = plan.Materialize(self._node, name, store, history_ms=history_ms, indexes=idx)
         self._app._register(node)
         return GlobalTable(self._app, node)
 

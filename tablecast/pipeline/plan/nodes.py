@@ -255,9 +255,29 @@ class Materialize(Node):
     name: str = ""
     store: Literal["rocksdb", "memory"] = "rocksdb"
     extra: dict[str, Any] = field(default_factory=dict)
+    #: keep every version of a key this long by record time (SPEC 5.4); None: the latest only
+    history_ms: int | None = None
+    #: secondary indexes: (name, f(key, value) -> value | list | None), Column or callable
+    indexes: tuple[tuple[str, Fn], ...] = ()
 
     def describe(self) -> str:
-        return f"materialize({self.name!r}, store={self.store!r})"
+        views = ""
+        if self.history_ms is not None:
+            views += f", history_ms={self.history_ms}"
+        if self.indexes:
+            named = ", ".join(f"{n!r}: {fn_name(f)}" for n, f in self.indexes)
+            views += f", indexes={{{named}}}"
+        return f"materialize({self.name!r}, store={self.store!r}{views})"
+
+    def catalog_extra(self) -> dict[str, Any]:
+        """What the catalog entry's ``extra`` says of this table's history and indexes
+        (the form tablecast.kafka.catalog checks and the nodes read)."""
+        out: dict[str, Any] = dict(self.extra)
+        if self.history_ms is not None:
+            out["history_ms"] = self.history_ms
+        if self.indexes:
+            out["indexes"] = [n for n, _ in self.indexes]
+        return out
 
 
 @dataclass(frozen=True, eq=False)

@@ -130,6 +130,8 @@ class Query:
     partitioner: plan.Fn | None = None
     #: partitions of the output topic when it is created (None: the source's count)
     partitions: int | None = None
+    #: a table's secondary indexes, whose values its records carry in a header
+    indexes: tuple[tuple[str, plan.Fn], ...] = ()
 
     @property
     def stateful(self) -> bool:
@@ -255,6 +257,7 @@ def plan_output(
             raise NotImplementedError(f"{node.describe()} is not supported by the planner yet")
     if isinstance(out, plan.Materialize):
         current.output = TopicRef(table_topic(app_id, out.name), key, value, "table", "table")
+        current.indexes = out.indexes
     else:
         current.output = TopicRef(out.topic, out.key_serde(), out.value_serde(), kind, "sink")
         current.partitioner = out.partitioner

@@ -140,6 +140,22 @@ def _ensure_outputs(bootstrap_servers: str, queries: list[planner.Query], count:
     return sizes
 
 
+def table_info(out: plan.Materialize, topic: str, partitions: int) -> catalog.TableInfo:
+    """The catalog entry of a materialized table: what serving nodes read to serve it."""
+    window = plan.window_of(out)
+    return catalog.TableInfo(
+        name=out.name,
+        topic=topic,
+        partitions=partitions,
+        key=out.key_serde().spec(),
+        value=out.value_serde().spec(),
+        store=out.store,
+        kind="window" if window else "kv",
+        is_global=plan.source_of(out).is_global,
+        extra={"size_ms": window.windows.size_ms} if window else out.catalog_extra(),
+    )
+
+
 @dataclass
 class Pipeline:
     app: App
@@ -188,20 +204,7 @@ class Pipeline:
             sizes = _ensure_outputs(bootstrap_servers, queries, count)
             chains.append((count, sizes, queries))
             if isinstance(out, plan.Materialize):
-                window = plan.window_of(out)
-                infos.append(
-                    catalog.TableInfo(
-                        name=out.name,
-                        topic=queries[-1].output.topic,
-                        partitions=sizes[-1],
-                        key=out.key_serde().spec(),
-                        value=out.value_serde().spec(),
-                        store=out.store,
-                        kind="window" if window else "kv",
-                        is_global=plan.source_of(out).is_global,
-                        extra={"size_ms": window.windows.size_ms} if window else {},
-                    )
-                )
+                infos.append(table_info(out, queries[-1].output.topic, sizes[-1]))
         catalog.publish(bootstrap_servers, app.id, infos)
         counter = DeadLetterCounter()
         publisher = StatusPublisher(bootstrap_servers, app.id)

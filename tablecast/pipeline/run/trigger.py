@@ -94,6 +94,9 @@ def blockers(q: Query) -> list[str]:
     if q.partitioner is not None and not plan.is_column(q.partitioner):
         part = plan.fn_name(q.partitioner)
         reasons.append(f"Python partitioner {part} (ArrowEvalPythonExec)")
+    for name, fn in q.indexes:
+        if not plan.is_column(fn):  # the sink's pandas UDF (compile/index.py)
+            reasons.append(f"Python index {name!r} {plan.fn_name(fn)} (ArrowEvalPythonExec)")
     serdes = [q.input.key, q.input.value, q.output.key, q.output.value]
     serdes += [sd for s in q.steps for sd in (s.key, s.value)]
     if any(sd.format == "avro" for sd in serdes):
