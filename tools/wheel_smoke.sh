@@ -67,10 +67,11 @@ say "the demo printed:"
 grep "curl " "$work/demo.out"
 status=0
 while read -r url; do
-  code=$(curl -s -o "$work/answer" -w '%{http_code}' "$url")
+  # a watch line (curl -N) streams until stopped: its first seconds are enough
+  code=$(curl -s --max-time 5 -o "$work/answer" -w '%{http_code}' "$url" || true)
   echo "  $url -> $code $(head -c 200 "$work/answer")"
   [ "$code" = 200 ] || status=1
-done < <(grep -o "curl [^ ]*" "$work/demo.out" | cut -d' ' -f2)
+done < <(grep -o "curl \(-N \)\?[^ ]*" "$work/demo.out" | awk '{print $NF}')
 [ "$status" = 0 ] || { echo "FAIL: a curl line did not answer 200"; exit 1; }
 
 say "SIGTERM to the demo (pid $demo_pid) ..."
