@@ -22,7 +22,7 @@ import tablecast as tc
 from tablecast.cli.supervisor import stop_process
 from tablecast.kafka.broker import Broker, free_port
 from tablecast.kafka.topics import ensure_topic, table_topic
-from tests.support.apt import apt_install
+from tests.support.apt import FAKETIME_LIB, faketime
 from tests.support.procs import NodeProcess, start_node
 
 log = logging.getLogger("bench.chaos")
@@ -30,7 +30,6 @@ log = logging.getLogger("bench.chaos")
 PARTITIONS = 6
 KEYS = 3000
 TABLE = "t"
-FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
 CND_SHIM = Path(__file__).resolve().parents[2] / "tests" / "support" / "cnd_shim.c"
 
 APP = """
@@ -150,9 +149,7 @@ class Cluster:
     def _prepare_faketime(self) -> None:
         if self.faketime_node is None:
             return
-        if not os.path.exists(FAKETIME_LIB):
-            apt_install("libfaketime")
-        if not os.path.exists(FAKETIME_LIB) or shutil.which("cc") is None:
+        if faketime() is None or shutil.which("cc") is None:
             self.notes.append("faketime: skipped, needs libfaketime and cc")
             self.faketime_node = None
             return

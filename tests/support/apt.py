@@ -20,3 +20,14 @@ def apt_install(package: str) -> str | None:
         subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True)
         done = subprocess.run(command, env=env, capture_output=True, text=True)
     return None if done.returncode == 0 else done.stderr[-2000:]
+
+
+#: libfaketime's thread-safe build, which the clock-skew tests preload into a node
+FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
+
+
+def faketime() -> str | None:
+    """libfaketime's path, installed first if it is missing and we may; None if unavailable."""
+    if not os.path.exists(FAKETIME_LIB):
+        apt_install("libfaketime")
+    return FAKETIME_LIB if os.path.exists(FAKETIME_LIB) else None
