@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -35,6 +36,7 @@ from bench.common import (
     write_section,
 )
 from bench.stack import Stack, short_key
+from tests.support.apt import apt_install
 
 log = logging.getLogger("bench")
 PAGES = ("cluster", "tables", "live", "pipeline", "deadletters")
@@ -53,10 +55,14 @@ def args_of(argv: list[str]) -> argparse.Namespace:
 
 def pinned_chromium(where: Path) -> str:
     """A wrapper that runs Debian's chromium on the load core, so it never shares the node's."""
-    from tests.support.browser import chromium
-
+    found = shutil.which("chromium")
+    if found is None:
+        problem = apt_install("chromium")
+        found = shutil.which("chromium")
+        if found is None:
+            raise SystemExit(f"bench console needs Debian's chromium: {problem}")
     script = where / "chromium-pinned"
-    script.write_text(f'#!/bin/sh\nexec taskset -c {LOAD_CPU} {chromium()} "$@"\n')
+    script.write_text(f'#!/bin/sh\nexec taskset -c {LOAD_CPU} {found} "$@"\n')
     script.chmod(0o755)
     return str(script)
 
