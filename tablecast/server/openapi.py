@@ -66,6 +66,11 @@ def _object(*required: str, **properties: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
+def _page(row: dict[str, Any]) -> dict[str, Any]:
+    """A page of rows: the rows, and the cursor of the next page (null after the last)."""
+    return _object(items=_array(row), next_cursor={"type": ["string", "null"]})
+
+
 def _array(items: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
     return {"type": "array", **({"items": items} if items is not None else {}), **extra}
 
@@ -170,10 +175,7 @@ def document() -> dict[str, Any]:
         lag=INT,
     )
     epoch_ms = {"type": "integer", "minimum": 0}
-    history = _object(
-        items=_array(_object(value=ANY, timestamp=INT, offset=INT)),
-        next_cursor={"type": ["string", "null"]},
-    )
+    history = _page(_object(value=ANY, timestamp=INT, offset=INT))
     history_params = [
         _param("from", "query", "first record time (inclusive), epoch ms or ISO-8601"),
         _param("to", "query", "end record time (exclusive), epoch ms or ISO-8601"),
@@ -246,10 +248,7 @@ def document() -> dict[str, Any]:
                 ),
                 *READ,
             ],
-            _object(
-                items=_array(_object(key=ANY, value=ANY)),
-                next_cursor={"type": ["string", "null"]},
-            ),
+            _page(_object(key=ANY, value=ANY)),
             "a page",
             KEY_ERRORS,
         ),
@@ -269,10 +268,7 @@ def document() -> dict[str, Any]:
                 CURSOR,
                 *READ,
             ],
-            _object(
-                items=_array(_object(key=ANY, value=ANY)),
-                next_cursor={"type": ["string", "null"]},
-            ),
+            _page(_object(key=ANY, value=ANY)),
             "a page",
             KEY_ERRORS,
         ),
@@ -289,10 +285,7 @@ def document() -> dict[str, Any]:
                 CURSOR,
                 *READ,
             ],
-            _object(
-                items=_array(_object(index=ANY, key=ANY, value=ANY)),
-                next_cursor={"type": ["string", "null"]},
-            ),
+            _page(_object(index=ANY, key=ANY, value=ANY)),
             "a page",
             KEY_ERRORS,
         ),
