@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,6 +23,7 @@ from bench.common import (
     save,
     verdict,
     wait_http,
+    with_cpu,
     write_section,
     wrk,
 )
@@ -76,8 +75,8 @@ def forwarded(stack: Stack, seconds: int, keys: int, rounds: int = 3) -> dict[st
     wrk(url_a + "/", remote_script, 2)
     local_runs, remote_runs = [], []
     for _ in range(rounds):
-        local_runs.append(_with_cpu(wrk, url_a + "/", local_script, seconds, pids=(a.pid, b.pid)))
-        remote_runs.append(_with_cpu(wrk, url_a + "/", remote_script, seconds, pids=(a.pid, b.pid)))
+        local_runs.append(with_cpu(wrk, url_a + "/", local_script, seconds, pids=(a.pid, b.pid)))
+        remote_runs.append(with_cpu(wrk, url_a + "/", remote_script, seconds, pids=(a.pid, b.pid)))
         log.info(
             "local %.0f req/s, forwarded %.0f req/s", local_runs[-1]["rps"], remote_runs[-1]["rps"]
         )
@@ -93,20 +92,6 @@ def forwarded(stack: Stack, seconds: int, keys: int, rounds: int = 3) -> dict[st
             "forwarded": [r["rps"] for r in remote_runs],
         },
     }
-
-
-def _with_cpu(run: Any, *args: Any, pids: tuple[int, ...]) -> dict[str, Any]:
-    """A wrk run plus the CPU each node process spent per request during it (µs)."""
-    before = [_cpu_seconds(p) for p in pids]
-    result = run(*args)
-    spent = [_cpu_seconds(p) - b for p, b in zip(pids, before, strict=True)]
-    result["cpu_us_per_request"] = [s / max(result["requests"], 1) * 1e6 for s in spent]
-    return result
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def failover(stack: Stack, keys: int, standbys: int, seconds: float = 12.0) -> dict[str, Any]:

@@ -134,6 +134,24 @@ end
 """
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU a process (all its threads) has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def with_cpu(run: Any, *args: Any, pids: tuple[int, ...]) -> dict[str, Any]:
+    """A wrk run plus the CPU each node process spent per request during it (µs).
+
+    CPU per request is what another process on the server core cannot move much,
+    where req/s drops with every time slice it takes: the steadier cost figure."""
+    before = [cpu_seconds(p) for p in pids]
+    result = run(*args)
+    spent = [cpu_seconds(p) - b for p, b in zip(pids, before, strict=True)]
+    result["cpu_us_per_request"] = [s / max(result["requests"], 1) * 1e6 for s in spent]
+    return result
+
+
 def wait_http(url: str, timeout: float = 120.0, proc: subprocess.Popen | None = None) -> float:
     """Seconds until `url` answers 200."""
     started = time.monotonic()

@@ -26,7 +26,6 @@ import resource
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -35,6 +34,7 @@ import orjson
 from bench.common import (
     LOAD_CPU,
     command,
+    cpu_seconds,
     facts_line,
     machine,
     pinned,
@@ -92,11 +92,6 @@ def produce(bootstrap: str, topic: str, keys: int, rate: int) -> None:
             time.sleep(delay)
         elif delay < -1:
             next_at = time.monotonic()  # fell behind (a pause): do not burst to catch up
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def metric(url: str, name: str) -> float:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -201,18 +201,31 @@ class Grants:
 
     def scope(self, info: TableInfo) -> Scope | None:
         """The token's readable part of the table; None when that is all of it."""
-        hit = self._scopes.get(info.name)
-        if hit is not None and hit[0] is info:  # the same catalog entry: the same key format
-            return hit[1]
-        self.require_table(info.name)
-        own, every = self._tables.get(info.name, frozenset()), self._tables.get(EVERY, frozenset())
+        return self.table_scope(info.name, lambda _: info)[1]
+
+    def table_scope(
+        self, name: str, lookup: Callable[[str], TableInfo]
+    ) -> tuple[TableInfo, Scope | None]:
+        """The table `lookup(name)` and the token's readable part of it (None: all of it).
+
+        403 before the lookup when the token may read none of it, so no 404 tells a
+        caller which tables exist. A table asked before was granted then: one dict
+        lookup, and the scope is reused while the catalog entry (its key format) is
+        the same object."""
+        hit = self._scopes.get(name)
+        if hit is None:
+            self.require_table(name)
+        info = lookup(name)
+        if hit is not None and hit[0] is info:
+            return info, hit[1]
+        own, every = self._tables.get(name, frozenset()), self._tables.get(EVERY, frozenset())
         if own is None or every is None:
             scope = None
         else:
             scope = Scope.of(own | every, info.key_serde.format)
         if len(self._scopes) < 1024:  # a token names few tables; bound it all the same
-            self._scopes[info.name] = (info, scope)
-        return scope
+            self._scopes[name] = (info, scope)
+        return info, scope
 
     def __repr__(self) -> str:
         return f"Grants({self._tables!r})"

@@ -70,9 +70,7 @@ class Router:
         grants = req.grants
         if grants is None:
             return self.local.table(name), None
-        grants.require_table(name)  # before the lookup: no 404 tells what exists
-        info = self.local.table(name)
-        return info, grants.scope(info)
+        return grants.table_scope(name, self.local.table)
 
     def _key(self, table: str, key_text: str, req: Request) -> tuple[TableInfo, bytes]:
         """The table and the key's bytes, for a key the caller may read."""
@@ -88,7 +86,7 @@ class Router:
         if caller is None or caller.grants is None:  # the hot path without a policy: no call
             info, scope = self.local.table(table), None
         else:
-            info, scope = self.table(table, req)
+            info, scope = caller.grants.table_scope(table, self.local.table)
         if info.kind != "kv":
             raise ApiError(
                 "bad_request", f"{table!r} is a window table: read /keys/{{key}}/windows"
