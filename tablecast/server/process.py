@@ -16,6 +16,7 @@ from granian.http import HTTP1Settings
 from granian.server.embed import Server
 
 from tablecast.cluster.node import Node, NodeConfig
+from tablecast.server import collector
 from tablecast.server.app import HttpApp
 from tablecast.server.auth import Auth
 from tablecast.server.router import DEFAULT_WAITS_PER_CALLER
@@ -121,9 +122,12 @@ async def serve(
 
         grpc = await serve_grpc(app, host, limits.grpc_port, tls)
         log.info("gRPC (tablecast.v1.Tables) on %s:%d", host, limits.grpc_port)
+    collector.tune()
+    collecting = asyncio.get_running_loop().create_task(collector.collect_periodically())
     try:
         await serve_rsgi(app, host, port, tls, on_stop=app.live.hub.close_all)
     finally:
+        collecting.cancel()
         app.console.close()
         if grpc is not None:
             await grpc.stop(1.0)
