@@ -19,9 +19,12 @@ from bench.common import (
     machine,
     median,
     random_key_script,
+    ratio_spread,
     save,
+    settled,
     verdict,
     wait_http,
+    with_cpu,
     write_section,
     wrk,
 )
@@ -43,7 +46,7 @@ def http_stacks(stack: Stack, seconds: int) -> dict[str, Any]:
     return out
 
 
-def point_get(stack: Stack, seconds: int, keys: int, rounds: int = 5) -> dict[str, Any]:
+def point_get(stack: Stack, seconds: int, keys: int, rounds: int = 7) -> dict[str, Any]:
     """Node GET (read cache on, as by default, and off) and the constant baseline.
 
     The three are alternated `rounds` times and the median of each counts. All
@@ -66,9 +69,9 @@ def point_get(stack: Stack, seconds: int, keys: int, rounds: int = 5) -> dict[st
     wrk(base_url + "/", None, 2)
     gets, colds, constants = [], [], []
     for _ in range(rounds):
-        gets.append(wrk(url + "/", script, seconds))
+        gets.append(with_cpu(wrk, url + "/", script, seconds, pids=(proc.pid,)))
         colds.append(wrk(cold_url + "/", script, seconds))
-        constants.append(wrk(base_url + "/", None, seconds))
+        constants.append(with_cpu(wrk, base_url + "/", None, seconds, pids=(base_proc.pid,)))
         log.info(
             "GET %.0f req/s (no cache %.0f), constant %.0f req/s",
             gets[-1]["rps"],
@@ -85,6 +88,14 @@ def point_get(stack: Stack, seconds: int, keys: int, rounds: int = 5) -> dict[st
         "ratio": get["rps"] / constant["rps"],
         "ratio_nocache": cold["rps"] / constant["rps"],
         "round_ratios": [g["rps"] / c["rps"] for g, c in zip(gets, constants, strict=True)],
+        "spread": ratio_spread([g["rps"] / c["rps"] for g, c in zip(gets, constants, strict=True)]),
+        # requests per CPU-second, node over constant: the cost ratio other load cannot move
+        "cpu_spread": ratio_spread(
+            [
+                c["cpu_us_per_request"][0] / g["cpu_us_per_request"][0]
+                for g, c in zip(gets, constants, strict=True)
+            ]
+        ),
         "rounds": {
             "get": [g["rps"] for g in gets],
             "get_nocache": [g["rps"] for g in colds],
@@ -145,6 +156,31 @@ def restart(stack: Stack, rows: int) -> dict[str, Any]:
     return {"rows": rows, **restart_killed(stack, proc, url, data)}
 
 
+def recovery(stack: Stack, rows: int) -> dict[str, Any]:
+    """kill -9 a node a quarter of the way through ingesting `rows`, start it again: how many
+    records it replays and how long until it is ready (recovery, not just reopening)."""
+    app = APP + "-recovery"
+    stack.table("recovery", rows, app=app)
+    data = stack.dir / "node-recovery"
+    proc, url = stack.node(data, app=app)
+    while True:
+        try:
+            done = applied(url)
+        except Exception:  # not up yet
+            done = 0.0
+        if done >= rows / 4:
+            break
+        if proc.poll() is not None:
+            raise RuntimeError(f"node {url} exited with {proc.returncode}")
+        time.sleep(0.05)
+    log.info("recovery: kill -9 after %.0f of %d records applied", done, rows)
+    return {
+        "rows": rows,
+        "applied_before_kill": done,
+        **restart_killed(stack, proc, url, data, app),
+    }
+
+
 def restart_killed(
     stack: Stack, proc: subprocess.Popen[bytes], url: str, data: Path, app: str = APP
 ) -> dict[str, Any]:
@@ -179,12 +215,14 @@ def main(argv: list[str]) -> None:
         }
         result["ingest"] = ingest(stack, args.ingest)
         result["restart"] = restart(stack, args.restart)
+        result["recovery"] = recovery(stack, args.restart)
     save("serving", result)
     write_section("serving", render(result, args))
 
 
 def render(r: dict[str, Any], args: argparse.Namespace) -> str:
     s, g, i, rs, h = r["stacks"], r["point_get"], r["ingest"], r["restart"], r["handler"]
+    rc = r["recovery"]
     rows = "\n".join(
         f"| {name} | {x['rps']:,.0f} | {x['p50_us'] / 1000:.2f} | {x['p99_us'] / 1000:.2f} |"
         for name, x in s.items()
@@ -208,11 +246,18 @@ same stack returning a constant body in the same run:
 | GET /v1/tables/points/keys/{{k}} | {g["get"]["rps"]:,.0f} | {g["get"]["p50_us"] / 1000:.2f} | {g["get"]["p99_us"] / 1000:.2f} |
 | same, read cache off (`--cache-mb 0`) | {g["get_nocache"]["rps"]:,.0f} | {g["get_nocache"]["p50_us"] / 1000:.2f} | {g["get_nocache"]["p99_us"] / 1000:.2f} |
 | constant body (granian RSGI) | {g["constant"]["rps"]:,.0f} | {g["constant"]["p50_us"] / 1000:.2f} | {g["constant"]["p99_us"] / 1000:.2f} |
-| ratio, default node (target ≥ 0.60) | {g["ratio"]:.2f} — {verdict(g["ratio"] >= 0.6)} | | |
-| ratio, read cache off | {g["ratio_nocache"]:.2f} | | |
+| ratio, default node (median run) | {g["ratio"]:.2f} | | |
+| ratio, read cache off (median run) | {g["ratio_nocache"]:.2f} | | |
 
-Medians of {len(g["round_ratios"])} alternating rounds; the default node's ratio per round:
-{", ".join(f"{x:.2f}" for x in g["round_ratios"])}. The {args.keys:,} keys fit the default read
+The default node's ratio to the constant body per round (alternating, {len(g["round_ratios"])}
+rounds): {", ".join(f"{x:.2f}" for x in g["round_ratios"])}; median
+{g["spread"]["ratio_median"]:.2f}, interquartile range {g["spread"]["ratio_iqr"][0]:.2f}–{g["spread"]["ratio_iqr"][1]:.2f}.
+Requests per CPU-second of the node over the constant server's, per round:
+{", ".join(f"{x:.2f}" for x in g["cpu_spread"]["ratios"])}; median
+{g["cpu_spread"]["ratio_median"]:.2f}, interquartile range {g["cpu_spread"]["ratio_iqr"][0]:.2f}–{g["cpu_spread"]["ratio_iqr"][1]:.2f}.
+Target ≥ 0.60: by req/s **{settled(g["spread"]["ratio_iqr"], 0.6)}**, by CPU per request
+**{settled(g["cpu_spread"]["ratio_iqr"], 0.6)}** ("met" only when the whole interquartile range
+clears it). Hot: the {args.keys:,} keys fit the default read
 cache (64 MB per table), so the default node answers from it after the warm-up; the cache-off
 node reads RocksDB (block cache) on every request.
 Errors: {g["get"]["errors"]} socket, {g["get"]["non2xx"]} non-2xx.
@@ -223,12 +268,17 @@ thread CPU time, which other load on the machine barely moves): GET
 body {h["cache"]["constant_us"]:.2f} µs. The rest of a request's cost is granian's and the event
 loop's, the same for both.
 
-**Ingest** into RocksDB, {i["rows"]:,} records of 100-byte JSON, one node pinned to one core:
-{i["rps_applying"]:,.0f} records/s while applying ({i["rps_wall"]:,.0f}/s from process start to
-ready, {i["wall_s"]:.1f} s) — target ≥ 200,000/s: {verdict(i["rps_applying"] >= 200_000)}.
+**Ingest** into RocksDB, {i["rows"]:,} records of 100-byte JSON, one node pinned to one core,
+from process start to ready (wall clock): {i["rps_wall"]:,.0f} records/s ({i["wall_s"]:.1f} s) —
+target ≥ 200,000/s: {verdict(i["rps_wall"] >= 200_000)}. While applying (the process start and
+the catalog read left out): {i["rps_applying"]:,.0f} records/s.
 
-**Restart after kill -9** of a node holding {rs["rows"]:,} keys (RocksDB): ready again in
-{rs["ready_s"]:.2f} s (records replayed: {rs["replayed"]:.0f}) — target ≤ 5 s: {verdict(rs["ready_s"] <= 5)}.
+**Restart after kill -9** of a ready node holding {rs["rows"]:,} keys (RocksDB): ready again in
+{rs["ready_s"]:.2f} s, records replayed: {rs["replayed"]:,.0f} — this measures reopening the store,
+not recovery. **Recovery**: kill -9 of a node after {rc["applied_before_kill"]:,.0f} of
+{rc["rows"]:,} records were applied; started again, it applied {rc["replayed"]:,.0f} records and
+was ready in {rc["ready_s"]:.2f} s ({rc["replayed"] / max(rc["ready_s"], 1e-3):,.0f} records/s) —
+target ≤ 5 s: {verdict(rc["ready_s"] <= 5)}.
 """
 
 
