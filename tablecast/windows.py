@@ -7,8 +7,9 @@ timestamp (size / advance of them). Sizes are ``datetime.timedelta`` or Spark
 interval strings ("1 minute", "30 seconds", "1 hour 30 minutes").
 
 ``join(before, after, grace)``: the window of a stream-stream join (Kafka Streams'
-JoinWindows.ofTimeDifferenceAndGrace): a record of this stream meets records of the
-other with the same key and ``other.ts - before <= this.ts <= other.ts + after``.
+JoinWindows.ofTimeDifferenceAndGrace, before()/after()): a record of this stream meets
+records of the other with the same key and ``this.ts - before <= other.ts <= this.ts +
+after`` (JoinWindows' ``stream1.ts - before <= stream2.ts <= stream1.ts + after``).
 """
 
 from __future__ import annotations
@@ -110,10 +111,10 @@ def hopping(size: timedelta | str, advance: timedelta | str) -> Windows:
 
 @dataclass(frozen=True)
 class JoinWindows:
-    """A stream-stream join's window, in ms: records of the left stream at `ts` meet
-    right records in [ts - before, ts + after]; either side takes records while stream
-    time is at most its window's end (ts + after for a left record, ts + before for a
-    right one) + grace."""
+    """A stream-stream join's window, in ms: a left record at `ts` meets the right records
+    in [ts - before, ts + after] (so a right one at `ts` the left ones in [ts - after,
+    ts + before]); a record is taken while stream time is at most its window's end
+    (ts + after for a left record, ts + before for a right one) + grace."""
 
     before_ms: int
     after_ms: int

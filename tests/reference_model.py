@@ -338,12 +338,13 @@ def stream_stream_join(
 ) -> tuple[list[TimedOut], list[StreamEvent]]:
     """The joined stream (in output order) and the records dropped as late.
 
-    A left record at t meets every right record r of its key with
-    r - before <= t <= r + after, whichever came first, once per pair: joiner(l, r) at
-    max(t, r). Stream time is the task's highest timestamp over both sides; records
-    without key or value are skipped and do not move it. A left record is late once
-    stream time is past t + after + grace, a right one past t + before + grace (its
-    window of left timestamps is [t - after, t + before]). When stream time passes that
+    A left record at t meets every right record at r of its key with
+    t - before <= r <= t + after (JoinWindows' "stream1.ts - before <= stream2.ts <=
+    stream1.ts + after"), whichever came first, once per pair: joiner(l, r) at max(t, r).
+    Stream time is the task's highest timestamp over both sides; records without key or
+    value are skipped and do not move it. A left record is late once
+    stream time is past t + after + grace, a right one past t + before + grace (the left
+    timestamps it meets are [t - after, t + before]). When stream time passes that
     close time, a left record (left and outer joins) or right record (outer) that met
     nothing is written once as joiner(l, None) / joiner(None, r) with its timestamp,
     before the record that moved stream time is joined; records closing together are
@@ -377,7 +378,7 @@ def stream_stream_join(
             if r["side"] == side or r["k"] != k:
                 continue
             lt, rt = (ts, r["ts"]) if side == "left" else (r["ts"], ts)
-            if rt - before <= lt <= rt + after:
+            if lt - before <= rt <= lt + after:
                 r["done"] = me["done"] = True
                 pair = (v, r["v"]) if side == "left" else (r["v"], v)
                 out.append((k, joiner(*pair), max(ts, r["ts"])))

@@ -197,6 +197,16 @@ def test_stream_join_matches_the_reference_in_any_batching(
     assert all(r[2].startswith("late record") for r in bad) and len(bad) == len(late)
 
 
+def test_after_is_how_far_a_right_record_may_follow_a_left_one() -> None:
+    # JoinWindows: stream1.ts - before <= stream2.ts <= stream1.ts + after
+    join = StreamStreamJoin(JoinWindows(0, 10, 100), "inner", _joiner, JSON, JSON, JSON)
+    fn, state = core(join, (False, False)), _State()
+    assert _run(fn, [_row(LEFT, 0, 0, 100, "k", 1)], state) == []
+    assert _run(fn, [_row(RIGHT, 1, 0, 95, "k", 2)], state) == []
+    (joined,) = _run(fn, [_row(RIGHT, 1, 1, 110, "k", 3)], state)
+    assert JSON.deserialize(joined[1]) == [1, 3]
+
+
 def test_a_left_record_waits_for_its_window_to_close_before_it_is_written_alone() -> None:
     join = StreamStreamJoin(JoinWindows(10, 10, 5), "left", _joiner, JSON, JSON, JSON)
     fn, state = core(join, (False, False)), _State()
@@ -210,3 +220,15 @@ def test_a_left_record_waits_for_its_window_to_close_before_it_is_written_alone(
     assert JSON.deserialize(alone[1]) == [3, None] and alone[9] == 120
     (late,) = _run(fn, [_row(LEFT, 0, 2, 150, "k", 4)], state)
     assert late[2].startswith("late record: timestamp 150, stream time 200")
+
+
+def test_results_of_a_left_and_a_right_row_at_the_same_offset_have_different_ids() -> None:
+    # record ids downstream are (partition, offset, seq), and both topics have offset 1
+    join = StreamStreamJoin(JoinWindows(10, 10, 0), "inner", _joiner, JSON, JSON, JSON)
+    fn, state = core(join, (False, False)), _State()
+    out = _run(fn, [_row(RIGHT, 0, 0, 100, "k", 1), _row(LEFT, 0, 0, 101, "k", 2)], state)
+    out += _run(fn, [_row(LEFT, 0, 1, 102, "k", 3)], state)
+    out += _run(fn, [_row(RIGHT, 0, 1, 103, "k", 4)], state)
+    assert [JSON.deserialize(r[1]) for r in out] == [[2, 1], [3, 1], [2, 4], [3, 4]]
+    ids = [(r[6], r[7], r[8]) for r in out]
+    assert len(set(ids)) == len(ids), ids

@@ -22,8 +22,10 @@ to close. A record:
   ``joiner(value, None)`` / ``joiner(None, value)`` with its own timestamp —
   never earlier, so no spurious result is written for a record whose match is
   still to come (Kafka Streams >= 3.1);
-- then meets the other side's records of its key within the window, oldest
-  first: ``joiner(left, right)`` each, with the later timestamp of the two.
+- then meets the other side's records of its key within the window
+  (``left.ts - before <= right.ts <= left.ts + after``, Kafka Streams'
+  JoinWindows), oldest first: ``joiner(left, right)`` each, with the later
+  timestamp of the two.
 
 The state lives in the checkpoint with the offsets, so a restarted query
 continues exactly; rows read from a topic with record ids (a derived other
@@ -112,7 +114,7 @@ class StreamStreamJoin:
     def meets(self, side: int, ts: int, other_ts: int) -> bool:
         w = self.window
         left_ts, right_ts = (ts, other_ts) if side == LEFT else (other_ts, ts)
-        return right_ts - w.before_ms <= left_ts <= right_ts + w.after_ms
+        return left_ts - w.before_ms <= right_ts <= left_ts + w.after_ms
 
     def joined(self, side: int, value: bytes | None, other: bytes | None) -> bytes | None:
         """joiner(left, right) as bytes; either may be missing (None)."""
@@ -195,8 +197,11 @@ class StreamStreamJoin:
 
 def _out(row: tuple[Any, ...], kb: bytes, value: bytes | None, ts: int, n: int) -> tuple[Any, ...]:
     """A result, with the coordinates of the row that made it: its seq numbers the results
-    of one row, so a record id downstream is the same when a restart computes it again."""
-    return (kb, value, None, None, None, row[TOPIC], row[PART], row[OFF], n, ts)
+    of one row, so a record id downstream (partition, offset, seq) is the same when a
+    restart computes it again. The two sides' topics share partition and offset numbers:
+    the side is in the seq, or a left and a right row's results would have one id."""
+    seq = 2 * n + row[SIDE_I]
+    return (kb, value, None, None, None, row[TOPIC], row[PART], row[OFF], seq, ts)
 
 
 def core(join: StreamStreamJoin, through: tuple[bool, bool]) -> StateFn:

@@ -143,7 +143,7 @@ class Stream(_Handle):
 
         With a stream and `window=tc.windows.join(before, after, grace)` (Kafka Streams'
         KStream-KStream join): records with the same key meet when
-        ``other.ts - before <= this.ts <= other.ts + after``, each pair once, as
+        ``this.ts - before <= other.ts <= this.ts + after``, each pair once, as
         `joiner(this_value, other_value)` with the later timestamp of the two. A left
         join also writes `joiner(value, None)` once for a record of this stream that met
         nothing by the time its window closed (stream time past ts + after + grace); an
