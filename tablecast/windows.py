@@ -5,6 +5,11 @@
 record belongs to every window [start, start + size) that contains its
 timestamp (size / advance of them). Sizes are ``datetime.timedelta`` or Spark
 interval strings ("1 minute", "30 seconds", "1 hour 30 minutes").
+
+``join(before, after, grace)``: the window of a stream-stream join (Kafka Streams'
+JoinWindows.ofTimeDifferenceAndGrace, before()/after()): a record of this stream meets
+records of the other with the same key and ``this.ts - before <= other.ts <= this.ts +
+after`` (JoinWindows' ``stream1.ts - before <= stream2.ts <= stream1.ts + after``).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import re
 from dataclasses import dataclass
 from datetime import timedelta
 
-__all__ = ["Windows", "hopping", "to_ms", "tumbling"]
+__all__ = ["JoinWindows", "Windows", "hopping", "join", "to_ms", "tumbling"]
 
 _UNITS = {
     "ms": 1,
@@ -102,3 +107,44 @@ def tumbling(size: timedelta | str) -> Windows:
 
 def hopping(size: timedelta | str, advance: timedelta | str) -> Windows:
     return Windows(to_ms(size), to_ms(advance))
+
+
+@dataclass(frozen=True)
+class JoinWindows:
+    """A stream-stream join's window, in ms: a left record at `ts` meets the right records
+    in [ts - before, ts + after] (so a right one at `ts` the left ones in [ts - after,
+    ts + before]); a record is taken while stream time is at most its window's end
+    (ts + after for a left record, ts + before for a right one) + grace."""
+
+    before_ms: int
+    after_ms: int
+    grace_ms: int = 0
+
+    def __post_init__(self) -> None:
+        if self.before_ms < 0 or self.after_ms < 0 or self.grace_ms < 0:
+            raise ValueError("a join window's before, after and grace must not be negative")
+
+    @property
+    def retention_ms(self) -> int:
+        """How long a record can still meet a record that is not late (Kafka Streams'
+        join window store retention: window size + grace)."""
+        return self.before_ms + self.after_ms + self.grace_ms
+
+    def describe(self) -> str:
+        b, a, g = self.before_ms, self.after_ms, self.grace_ms
+        return f"join(before {b} ms, after {a} ms, grace {g} ms)"
+
+
+def join(
+    before: timedelta | str | None = None,
+    after: timedelta | str | None = None,
+    grace: timedelta | str = timedelta(0),
+) -> JoinWindows:
+    """The window of ``stream.join(other_stream, joiner, window=...)``. Give one of before
+    and after for a symmetric window (Kafka Streams' JoinWindows.of), both for an
+    asymmetric one (its before()/after())."""
+    if before is None and after is None:
+        raise ValueError("windows.join: give before=, after= or both")
+    before_ms = to_ms(before if before is not None else after)  # type: ignore[arg-type]
+    after_ms = to_ms(after if after is not None else before)  # type: ignore[arg-type]
+    return JoinWindows(before_ms, after_ms, to_ms(grace))

@@ -320,3 +320,67 @@ def table_table_join(
         elif before:
             out.append((k, None))
     return out
+
+
+# -- KStream-KStream joins (JoinWindows.ofTimeDifferenceAndGrace, KS >= 3.1) ------
+#: (task, "left" | "right", key, value, timestamp ms) in the order the task takes them
+StreamEvent = tuple[Any, str, Any, Any, int]
+TimedOut = tuple[Any, Any, int]  # (key, joined value, timestamp)
+
+
+def stream_stream_join(
+    events: Iterable[StreamEvent],
+    before: int,
+    after: int,
+    grace: int,
+    joiner: Callable[[Any, Any], Any],
+    how: str = "inner",
+) -> tuple[list[TimedOut], list[StreamEvent]]:
+    """The joined stream (in output order) and the records dropped as late.
+
+    A left record at t meets every right record at r of its key with
+    t - before <= r <= t + after (JoinWindows' "stream1.ts - before <= stream2.ts <=
+    stream1.ts + after"), whichever came first, once per pair: joiner(l, r) at max(t, r).
+    Stream time is the task's highest timestamp over both sides; records without key or
+    value are skipped and do not move it. A left record is late once
+    stream time is past t + after + grace, a right one past t + before + grace (the left
+    timestamps it meets are [t - after, t + before]). When stream time passes that
+    close time, a left record (left and outer joins) or right record (outer) that met
+    nothing is written once as joiner(l, None) / joiner(None, r) with its timestamp,
+    before the record that moved stream time is joined; records closing together are
+    written oldest first, arrivals breaking ties."""
+    seen: dict[Any, list[dict[str, Any]]] = {}  # task -> records taken so far
+    now: dict[Any, int] = {}
+    out: list[TimedOut] = []
+    late: list[StreamEvent] = []
+    alone = {"left": how in ("left", "outer"), "right": how == "outer"}
+    reach = {"left": after, "right": before}
+    for event in events:
+        task, side, k, v, ts = event
+        if k is None or v is None:
+            continue
+        now[task] = max(now.get(task, ts), ts)
+        if ts + reach[side] + grace < now[task]:
+            late.append(event)
+            continue
+        mine = seen.setdefault(task, [])
+        closing = [
+            r
+            for r in mine
+            if alone[r["side"]] and not r["done"] and r["ts"] + reach[r["side"]] + grace < now[task]
+        ]
+        for r in sorted(closing, key=lambda r: (r["ts"], r["n"])):
+            r["done"] = True
+            pair = (r["v"], None) if r["side"] == "left" else (None, r["v"])
+            out.append((r["k"], joiner(*pair), r["ts"]))
+        me = {"side": side, "k": k, "v": v, "ts": ts, "n": len(mine), "done": False}
+        for r in sorted(mine, key=lambda r: (r["ts"], r["n"])):
+            if r["side"] == side or r["k"] != k:
+                continue
+            lt, rt = (ts, r["ts"]) if side == "left" else (r["ts"], ts)
+            if lt - before <= rt <= lt + after:
+                r["done"] = me["done"] = True
+                pair = (v, r["v"]) if side == "left" else (r["v"], v)
+                out.append((k, joiner(*pair), max(ts, r["ts"])))
+        mine.append(me)
+    return out, late

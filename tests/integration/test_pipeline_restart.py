@@ -195,3 +195,101 @@ def test_repartition_records_written_twice_are_applied_once(
         assert read_table(bootstrap, f"{unique}.table.sums", STR, LONG) == want
     finally:
         pipeline.stop()
+
+
+JOIN_APP = """
+import tablecast as tc
+
+app = tc.App({app!r}, trigger="300 milliseconds")
+key, value = tc.serde.string(), tc.serde.json()
+left = app.stream({left!r}, key=key, value=value)
+right = app.stream({right!r}, key=key, value=value)
+window = tc.windows.join("1 second", grace="1 hour")
+joined = left.join(right, lambda l, r: l["n"] * 100003 + (0 if r is None else r["n"]),
+                   how="left", window=window, value=tc.serde.long())
+joined.group_by_key().count().materialize("results")
+joined.group_by_key().reduce(lambda a, b: a + b).materialize("checksums")
+"""
+
+
+def test_kill_9_of_the_driver_leaves_stream_join_results_exact(
+    bootstrap: str, unique: str, tmp_path: Path
+) -> None:
+    """A left stream-stream join, counted and summed per key: a result lost or written
+    twice (the join's state or its changelog's copies after a kill) changes a count or a
+    checksum. The grace (an hour) is far wider than any reordering of the two topics'
+    records across micro-batches, so the answer does not depend on where batches are cut;
+    records an hour later close every window, writing the left records that met nothing."""
+    from confluent_kafka import Producer
+
+    from tablecast.kafka.partitioner import PRODUCER_CONFIG, partition_for
+
+    topics = {side: f"{unique}-{side}" for side in ("left", "right")}
+    for topic in topics.values():
+        ensure_topic(bootstrap, topic, 3)
+    app_file = tmp_path / "app.py"
+    app_file.write_text(JOIN_APP.format(app=unique, **topics))
+    state, log = tmp_path / "state", tmp_path / "pipeline.log"
+    rng = random.Random(7)
+    base = (int(time.time() * 1000) // 1000 - 24 * 3600) * 1000  # within retention
+    events: list[ref.StreamEvent] = []
+    producer = Producer({"bootstrap.servers": bootstrap, **PRODUCER_CONFIG})
+
+    def send(records: list[tuple[str, str]], later: int = 0) -> None:
+        for side, k in records:
+            n, ts = len(events), base + 2 * len(events) + later
+            producer.produce(topics[side], orjson.dumps({"n": n}), k.encode(), timestamp=ts)
+            producer.poll(0)
+            events.append((partition_for(k.encode(), 3), side, k, {"n": n}, ts))
+        assert producer.flush(30) == 0
+
+    def batch(n: int) -> list[tuple[str, str]]:
+        return [(rng.choice(["left", "right"]), f"j{rng.randrange(200)}") for _ in range(n)]
+
+    proc = start(app_file, bootstrap, state, log)
+    try:
+        send(batch(2000))
+        results = f"{unique}.table.results"
+        eventually(lambda: sum(end_offsets(bootstrap, results).values()) > 0, 180)
+        changelog = f"{unique}.changelog.results-0"
+        # 1. while the join query is writing a batch's results (its restart writes them
+        #    again, which the count must drop); 2. at some other moment
+        for moment in ("mid-write", "later"):
+            written = sum(end_offsets(bootstrap, changelog).values())
+            send(batch(15000))
+            if moment == "mid-write":
+                deadline = time.monotonic() + 120
+                while sum(end_offsets(bootstrap, changelog).values()) == written:
+                    assert time.monotonic() < deadline, "the batch never reached the changelog"
+                    time.sleep(0.02)
+            else:
+                time.sleep(4.0)
+            kill_group(proc, signal.SIGKILL)
+            proc = start(app_file, bootstrap, state, log)
+        send(batch(2000))
+        # a left record in every task, 3 hours on: every window closes
+        closers = {partition_for(f"close{i}".encode(), 3): f"close{i}" for i in range(20)}
+        assert len(closers) == 3
+        send([("left", k) for k in closers.values()], later=3 * 3600 * 1000)
+        joined, late = ref.stream_stream_join(
+            sorted(events, key=lambda e: e[4]),
+            1000,
+            1000,
+            3600 * 1000,
+            lambda left, right: left["n"] * 100003 + (0 if right is None else right["n"]),
+            "left",
+        )
+        assert not late
+        counts = ref.stream_count((k, v) for k, v, _ in joined)
+        sums = ref.stream_reduce(((k, v) for k, v, _ in joined), lambda a, b: a + b)
+        alone = sum(1 for _, v, _ in joined if v % 100003 == 0)
+        assert alone > 0 and len(joined) > alone  # both kinds of result are in the answer
+        for name, want in (("results", counts), ("checksums", sums)):
+
+            def exact(t: str = f"{unique}.table.{name}", w: Any = want) -> bool:
+                return read_table(bootstrap, t, STR, LONG) == w
+
+            eventually(exact, 240, 2.0)
+        assert proc.poll() is None, log.read_text()[-3000:]
+    finally:
+        kill_group(proc, signal.SIGTERM)

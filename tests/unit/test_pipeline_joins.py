@@ -18,7 +18,6 @@ from tests import reference_model as ref
 STR, JSON = tc.serde.string(), tc.serde.json()
 
 
-
 def plan(app: tc.App, name: str) -> list[planner.Query]:
     return planner.plan_output(app.id, app.materialized[name], list(app.materialized.values()))
 
@@ -69,8 +68,8 @@ def test_dsl_rejects_joins_that_cannot_run() -> None:
     products = app.global_table("p")
     with pytest.raises(ValueError, match="how"):
         orders.join(customers, lambda a, b: a, how="outer")  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="Table or a GlobalTable"):
-        orders.join(orders, lambda a, b: a)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="a Table, a GlobalTable or a Stream"):
+        orders.join(lambda a, b: a, lambda a, b: a)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="global table"):
         customers.join(products, lambda a, b: a)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="same key serde"):

@@ -28,6 +28,7 @@ from tablecast.pipeline.compile import (
     partition,
     sink,
     stateless,
+    stream_join,
     window,
 )
 from tablecast.pipeline.compile import envelope as env
@@ -118,6 +119,16 @@ def read_side(spark: SparkSession, ref: TopicRef, t: Target) -> Flow:
     return flow.validate() if ref.external else flow
 
 
+def read_stream_side(spark: SparkSession, ref: TopicRef, t: Target) -> tuple[Flow, tuple[str, ...]]:
+    """A stream-stream join's other stream, checked like any input (records without a key
+    are the join's to ignore), with the record ids its topic carries if any."""
+    df = _load(spark, ref, t, ref.ids)
+    flow = Flow(df, ref.key, ref.value, "stream")
+    if ref.ids:
+        return flow.with_df(sink.read_repartition_headers(df).drop("headers")), env.REPARTITION
+    return (flow.validate() if ref.external else flow), ()
+
+
 def transform(
     flow: Flow,
     steps: list[Step],
@@ -125,6 +136,7 @@ def transform(
     partitions: int,
     buckets: int,
     side: Callable[[TopicRef], Flow] | None = None,
+    stream_side: Callable[[TopicRef], tuple[Flow, tuple[str, ...]]] | None = None,
 ) -> tuple[Flow, tuple[str, ...]]:
     i = 0
     while i < len(steps):
@@ -132,6 +144,12 @@ def transform(
         if step.what == "join":
             assert side is not None and step.side is not None
             flow = join.apply(flow, side(step.side), step, buckets, extra)
+            extra = ()
+            i += 1
+        elif step.what == "stream_join":
+            assert stream_side is not None and step.side is not None
+            other, other_extra = stream_side(step.side)
+            flow = stream_join.apply(flow, other, step, partitions, extra, other_extra)
             extra = ()
             i += 1
         elif step.what == "window_aggregate":
@@ -186,7 +204,8 @@ def writer(spark: SparkSession, q: Query, t: Target) -> DataStreamWriter:
     """The query's DataStreamWriter, ready for its trigger (the run stage picks it)."""
     flow, extra = read(spark, q, t)
     side = lambda r: read_side(spark, r, t)  # noqa: E731
-    flow, extra = transform(flow, q.steps, extra, t.partitions, t.buckets, side)
+    stream_side = lambda r: read_stream_side(spark, r, t)  # noqa: E731
+    flow, extra = transform(flow, q.steps, extra, t.partitions, t.buckets, side, stream_side)
     flow = flow.envelope(*extra)
     dlq = dlq_topic(t.app_id)
     common: dict[str, Any] = spark_options(t.bootstrap_servers)

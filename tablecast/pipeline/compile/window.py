@@ -158,7 +158,7 @@ def partition_column() -> Any:
     return F.col(env.PART)
 
 
-def _task_udf(partitions: int) -> Any:
+def task_udf(partitions: int) -> Any:
     from pyspark.sql.functions import pandas_udf
 
     from tablecast.kafka.partitioner import Partitioner
@@ -188,7 +188,7 @@ def apply(flow: Flow, step: Step, partitions: int, extra: tuple[str, ...]) -> Fl
     agg = Aggregator.of(node)
     final = node.emit == "final"
     core = window_core(w.windows, w.grace_ms, agg, flow.key, flow.value, step.value, through, final)
-    df = flow.df.withColumn(TASK, _task_udf(partitions)(F.col("key")))
+    df = flow.df.withColumn(TASK, task_udf(partitions)(F.col("key")))
     schema = env.schema()
     df = df.groupBy(TASK).applyInPandasWithState(
         core, schema, "store binary", "update", GroupStateTimeout.NoTimeout

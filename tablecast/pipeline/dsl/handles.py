@@ -17,7 +17,7 @@ from typing import Any, Literal, Protocol
 from tablecast.pipeline.dsl import views
 from tablecast.pipeline.plan import nodes as plan
 from tablecast.serde import Serde
-from tablecast.windows import Windows, to_ms
+from tablecast.windows import JoinWindows, Windows, to_ms
 
 
 class App(Protocol):
@@ -128,25 +128,69 @@ class Stream(_Handle):
 
     def join(
         self,
-        table: Table | GlobalTable,
+        other: Table | GlobalTable | Stream,
         joiner: Callable[[Any, Any], Any],
         key: plan.Fn | None = None,
-        how: Literal["inner", "left"] = "inner",
+        how: Literal["inner", "left", "outer"] = "inner",
         value: Serde | None = None,
+        window: JoinWindows | None = None,
     ) -> Stream:
-        """Each record meets the table's latest value for its key at processing time:
-        `joiner(stream_value, table_value)` is the new value (JSON unless `value=`).
-        `key(k, v)` picks the table key (default: the record's key). An inner join drops
-        records without a match; a left join calls joiner(value, None) for them. Records
-        with a None value are ignored, as in Kafka Streams."""
-        if not isinstance(table, Table | GlobalTable):
-            raise TypeError("Stream.join: expected a Table or a GlobalTable")
+        """With a table: each record meets the table's latest value for its key at
+        processing time: `joiner(stream_value, table_value)` is the new value (JSON unless
+        `value=`). `key(k, v)` picks the table key (default: the record's key). An inner
+        join drops records without a match; a left join calls joiner(value, None) for
+        them. Records with a None value are ignored, as in Kafka Streams.
+
+        With a stream and `window=tc.windows.join(before, after, grace)` (Kafka Streams'
+        KStream-KStream join): records with the same key meet when
+        ``this.ts - before <= other.ts <= this.ts + after``, each pair once, as
+        `joiner(this_value, other_value)` with the later timestamp of the two. A left
+        join also writes `joiner(value, None)` once for a record of this stream that met
+        nothing by the time its window closed (stream time past ts + after + grace); an
+        outer join does so for both sides (`joiner(None, other_value)`). Records without
+        key or value are ignored; a record later than its window's grace goes to the
+        dead-letter topic."""
+        if isinstance(other, Stream):
+            return self._join_stream(other, joiner, key, how, value, window)
+        if not isinstance(other, Table | GlobalTable):
+            raise TypeError("Stream.join: expected a Table, a GlobalTable or a Stream")
+        if window is not None:
+            raise ValueError("Stream.join: window= is for stream-stream joins, not a table")
         if how not in ("inner", "left"):
             raise ValueError(f"Stream.join: how must be 'inner' or 'left', not {how!r}")
         _check_callable("join", joiner)
         if key is not None:
             _check_fn("join", key)
-        node = plan.Join(self._node, table.node, joiner, key, how, value)
+        node = plan.Join(self._node, other.node, joiner, key, how, value)
+        return Stream(self._app, node)
+
+    def _join_stream(
+        self,
+        other: Stream,
+        joiner: Callable[[Any, Any], Any],
+        key: plan.Fn | None,
+        how: str,
+        value: Serde | None,
+        window: JoinWindows | None,
+    ) -> Stream:
+        if window is None:
+            raise ValueError(
+                "Stream.join: joining a stream needs window=tc.windows.join(before, after, grace)"
+            )
+        if not isinstance(window, JoinWindows):
+            raise TypeError("Stream.join: window= takes tc.windows.join(...)")
+        if key is not None:
+            # Kafka Streams joins streams on their keys: select_key() first to re-key one
+            raise ValueError("Stream.join: key= is for table joins; select_key() a stream first")
+        if how not in ("inner", "left", "outer"):
+            raise ValueError(f"Stream.join: how must be 'inner', 'left' or 'outer', not {how!r}")
+        if other.node.key_serde().spec() != self._node.key_serde().spec():
+            raise TypeError(
+                "Stream.join: both streams need the same key serde "
+                f"({self._node.key_serde()!r} vs {other.node.key_serde()!r})"
+            )
+        _check_callable("join", joiner)
+        node = plan.Join(self._node, other.node, joiner, None, how, value, window)  # type: ignore[arg-type]
         return Stream(self._app, node)
 
     def split(

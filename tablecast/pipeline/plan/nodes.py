@@ -16,7 +16,7 @@ from pyspark.sql import Column
 
 from tablecast import serde as serdes
 from tablecast.serde import Serde
-from tablecast.windows import Windows
+from tablecast.windows import JoinWindows, Windows
 
 #: what operators accept: a Column over `key`/`value` (a pair of Columns, or a
 #: struct with fields key/value, where an operator returns a record), or a
@@ -302,8 +302,9 @@ class To(Node):
 
 @dataclass(frozen=True, eq=False)
 class Join(Node):
-    """stream.join(table | global table) or table.join(table): the parent is the left
-    input, `other` the table whose latest value per key each left record meets."""
+    """stream.join(table | global table), table.join(table) or stream.join(stream,
+    window=...): the parent is the left input, `other` the table whose latest value per
+    key each left record meets, or the stream whose records within `window` it meets."""
 
     other: Node = None  # type: ignore[assignment]
     joiner: Callable[[Any, Any], Any] = None  # type: ignore[assignment]
@@ -311,6 +312,8 @@ class Join(Node):
     key_fn: Fn | None = None
     how: Literal["inner", "left", "outer"] = "inner"
     value: Serde | None = None
+    #: a stream-stream join's window (None: the other side is a table)
+    window: JoinWindows | None = None
 
     @property
     def is_global(self) -> bool:
@@ -322,10 +325,13 @@ class Join(Node):
 
     def describe(self) -> str:
         side = "global_table" if self.is_global else "table"
+        if self.window is not None:
+            side = "stream"
         other = " -> ".join(n.describe() for n in self.other.lineage())
         key = f", key={fn_name(self.key_fn)}" if self.key_fn is not None else ""
         how = f", how={self.how!r}" if self.how != "inner" else ""
-        return f"join({side}[{other}], {fn_name(self.joiner)}{key}{how})"
+        window = f", window={self.window.describe()}" if self.window is not None else ""
+        return f"join({side}[{other}], {fn_name(self.joiner)}{key}{how}{window})"
 
 
 def fn_name(fn: Any) -> str:

@@ -53,6 +53,7 @@ StepKind = Literal[
     "window_aggregate",
     "transform_values",
     "join",
+    "stream_join",
 ]
 #: every step but the stateless ones keeps per-key state in Spark's state store
 STATEFUL = tuple(k for k in get_args(StepKind) if k not in ("op", "select_group"))
@@ -118,6 +119,8 @@ class Step:
             return f"{w} {self.node.describe()} [applyInPandasWithState by key's partition]"
         if self.what == "join":
             return f"{self.node.describe()} [applyInPandasWithState by join key, tables in state]"
+        if self.what == "stream_join":
+            return f"{self.node.describe()} [applyInPandasWithState by key's partition: windows]"
         return f"{self.node.describe()} [applyInPandasWithState by group key, adds and retracts]"
 
 
@@ -141,6 +144,12 @@ class Query:
     def windowed(self) -> bool:
         """Reads record timestamps; writes each window to its inner key's partition."""
         return any(s.what == "window_aggregate" for s in self.steps)
+
+    @property
+    def per_task(self) -> bool:
+        """Keeps its state per input partition (a task): windows and stream-stream joins,
+        whose stream time is a task's, so the input's partition count must not change."""
+        return any(s.what in ("window_aggregate", "stream_join") for s in self.steps)
 
     @property
     def writes_batches(self) -> bool:
@@ -246,6 +255,11 @@ def plan_output(
                 sides.extend(side_queries)
             cut("merge")
             merge_topic = None
+        elif isinstance(node, plan.Join) and node.window is not None:
+            name = f"{base}-join{len(sides)}"
+            side_queries, side = _stream_side(app_id, node, name, materialized or [])
+            sides.extend(side_queries)
+            add("stream_join", node, node.key_serde(), node.value_serde(), "stream", side)
         elif isinstance(node, plan.Join):
             name = f"{base}-join{len(sides)}"
             side_queries, side = _join_side(app_id, node, name, materialized or [])
@@ -277,6 +291,24 @@ def _with_ids(queries: list[Query]) -> list[Query]:
         if stream_topic and nxt.stateful:
             q.output = nxt.input = replace(q.output, ids=True)
     return queries
+
+
+def _stream_side(
+    app_id: str, join: plan.Join, name: str, materialized: list[plan.Materialize]
+) -> tuple[list[Query], TopicRef]:
+    """The topic holding a stream-stream join's other stream, and the queries that compute
+    it if it is derived: they write ``<app>.changelog.<name>`` with record ids, so the join
+    drops the copies a restarted writer wrote again (as after a repartition())."""
+    other = join.other
+    if isinstance(other, plan.Source):
+        return [], TopicRef(other.topic, other.key, other.value, "stream", "source")
+    topic = f"{app_id}.changelog.{name}"
+    queries = plan_output(app_id, plan.To(other, topic), materialized, name)
+    last = queries[-1].output
+    ref = TopicRef(topic, last.key, last.value, "stream", "changelog", ids=True)
+    queries[-1].output = ref
+    queries[-1].partitioner = None
+    return queries, ref
 
 
 def _join_side(

@@ -221,7 +221,7 @@ class Pipeline:
         # each stateful query keeps the state layout its checkpoint was started with
         files, base = Files(spark), checkpoints.rstrip("/")
         buckets = {
-            q.name: settle(files, f"{base}/{q.name}", count, q.name, q.windowed).buckets
+            q.name: settle(files, f"{base}/{q.name}", count, q.name, q.per_task).buckets
             for count, _, queries in chains
             for q in queries
             if q.stateful
