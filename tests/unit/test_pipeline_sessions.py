@@ -215,3 +215,22 @@ def test_emit_final_at_the_edge_of_grace_as_kafka_streams() -> None:
             inner, s, e = split_session_key(r[0])
             decoded.append(((STR.deserialize(inner), s, e), LONG.deserialize(r[1])))
         assert Counter(decoded) == Counter(want)
+
+
+def test_catalog_and_ingestion_take_session_tables() -> None:
+    """A node accepts a session table's entry and checks its keys' 16-byte suffix."""
+    from tablecast.cluster.validate import checker
+    from tablecast.kafka.catalog import BadEntry, TableInfo
+
+    app = tc.App("shop")
+    grouped = app.stream("events", key=STR, value=JSON).group_by_key()
+    grouped.windowed_by(tc.windows.session("1 minute")).count().materialize("visits")
+    info = table_info(app.materialized["visits"], "shop.table.visits", 3)
+    parsed = TableInfo.checked("visits", info.to_json())
+    assert parsed.extra == {"session_gap_ms": 60_000}
+    check = checker(parsed)
+    assert check(session_key(b"user", 1, 2), LONG.serialize(3)) is None
+    assert check(b"user" + bytes(8), LONG.serialize(3)) is not None  # a start, no end
+    broken = info.to_json().replace(b'"session_gap_ms":60000', b'"session_gap_ms":0')
+    with pytest.raises(BadEntry, match="session_gap_ms"):
+        TableInfo.checked("visits", broken)
