@@ -172,12 +172,9 @@ def session_core(
             taken = ts if taken is None else max(taken, ts)
             kept = [s for s in sessions if s not in hit]
             if enc is not None:
-                new: Session = (start, end, enc, False)
-                if final and end + grace_ms <= taken:
-                    # a closed session updated at its edge: suppress lets it through again
-                    out.append(final_row(kb, new, task))
-                    new = (start, end, enc, True)
-                kept.append(new)
+                # not yet written as final, also when it closed already (updated at the
+                # edge of grace): suppress lets it through again, at the latest below
+                kept.append((start, end, enc, False))
                 touched[(kb, start, end)] = row
             kept.sort()
             if kept:
