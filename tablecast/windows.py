@@ -3,7 +3,9 @@
 ``tumbling(size)``: back-to-back windows [n*size, (n+1)*size).
 ``hopping(size, advance)``: windows of `size` starting every `advance`, so a
 record belongs to every window [start, start + size) that contains its
-timestamp (size / advance of them). Sizes are ``datetime.timedelta`` or Spark
+timestamp (size / advance of them). ``session(gap)``: per key, records less
+than `gap` apart (end inclusive) share a session, which grows and merges as
+records arrive (Kafka Streams' SessionWindows). Sizes are ``datetime.timedelta`` or Spark
 interval strings ("1 minute", "30 seconds", "1 hour 30 minutes").
 
 ``join(before, after, grace)``: the window of a stream-stream join (Kafka Streams'
@@ -18,7 +20,16 @@ import re
 from dataclasses import dataclass
 from datetime import timedelta
 
-__all__ = ["JoinWindows", "Windows", "hopping", "join", "to_ms", "tumbling"]
+__all__ = [
+    "JoinWindows",
+    "SessionWindows",
+    "Windows",
+    "hopping",
+    "join",
+    "session",
+    "to_ms",
+    "tumbling",
+]
 
 _UNITS = {
     "ms": 1,
@@ -148,3 +159,24 @@ def join(
     before_ms = to_ms(before if before is not None else after)  # type: ignore[arg-type]
     after_ms = to_ms(after if after is not None else before)  # type: ignore[arg-type]
     return JoinWindows(before_ms, after_ms, to_ms(grace))
+
+
+# -- session windows ----------------------------------------------------------
+@dataclass(frozen=True)
+class SessionWindows:
+    """Kafka Streams' SessionWindows.ofInactivityGap: a session [start, end] (both
+    inclusive) takes a record at ts when start - gap <= ts <= end + gap, and a record that
+    bridges two sessions merges them."""
+
+    gap_ms: int
+
+    def __post_init__(self) -> None:
+        if self.gap_ms <= 0:
+            raise ValueError("a session window's inactivity gap must be positive")
+
+    def describe(self) -> str:
+        return f"session(gap {self.gap_ms} ms)"
+
+
+def session(gap: timedelta | str) -> SessionWindows:
+    return SessionWindows(to_ms(gap))

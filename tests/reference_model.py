@@ -265,6 +265,119 @@ def window_count(
     return window_aggregate(records, size, advance, grace, lambda: 0, lambda k, v, a: a + 1)
 
 
+# -- session windows (SessionWindows + KStreamSessionWindowAggregate + suppress) --
+SessionKey = tuple[Any, int, int]  # (key, start, end), end inclusive
+
+
+def session_changelog(
+    records: Iterable[TimedRec],
+    gap: int,
+    grace: int,
+    init: Callable[[], Any],
+    add: Callable[[Any, Any, Any], Any],
+    merge: Callable[[Any, Any, Any], Any],
+) -> tuple[list[tuple[Any, SessionKey, Any, int]], list[TimedRec]]:
+    """What KStreamSessionWindowAggregate forwards, as (task, session, aggregate or None,
+    record timestamp), and the records it drops as late.
+
+    Per record (null keys and values skipped): stream time = max(stream time, ts); the
+    session store's findSessions(key, ts - gap, ts + gap) gives the key's sessions with
+    end >= ts - gap and start <= ts + gap that the store still keeps: its retention is
+    gap + grace, measured on its own clock, the largest session end put into it (a session
+    with end <= that clock - retention is not found). agg = merge(init(), each found
+    session's aggregate in order); the merged window spans ts and them. If its end <
+    stream time - grace the record is late; otherwise each found session is removed
+    (forwarded as a tombstone with its end as timestamp) unless the merged window is just
+    [ts, ts], and the merged session with add(k, v, agg) is put and forwarded (timestamp:
+    its end)."""
+    sessions: dict[Any, dict[tuple[int, int], Any]] = {}
+    observed: dict[Any, int] = {}
+    store_clock: dict[Any, int] = {}
+    out: list[tuple[Any, SessionKey, Any, int]] = []
+    late: list[TimedRec] = []
+    for rec in records:
+        task, k, v, ts = rec
+        if k is None or v is None:
+            continue
+        now = observed[task] = max(observed.get(task, ts), ts)
+        clock = store_clock.get(task)
+        mine = sessions.setdefault(k, {})
+        found = sorted(
+            (s, e)
+            for (s, e) in mine
+            if e >= ts - gap and s <= ts + gap and (clock is None or e > clock - (gap + grace))
+        )
+        agg = init()
+        lo, hi = ts, ts
+        for s, e in found:
+            agg = merge(k, agg, mine[(s, e)])
+            lo, hi = min(lo, s), max(hi, e)
+        if hi < now - grace:
+            late.append(rec)
+            continue
+        if (lo, hi) != (ts, ts):
+            for s, e in found:
+                del mine[(s, e)]
+                out.append((task, (k, s, e), None, e))
+        agg = add(k, v, agg)
+        if agg is not None:
+            mine[(lo, hi)] = agg
+        store_clock[task] = hi if clock is None else max(clock, hi)
+        out.append((task, (k, lo, hi), agg, hi))
+    return out, late
+
+
+def session_table(changelog: Iterable[tuple[Any, SessionKey, Any, int]]) -> dict[SessionKey, Any]:
+    """The session table emit="changes" writes: the latest value per session key."""
+    table: dict[SessionKey, Any] = {}
+    for _, sk, agg, _ in changelog:
+        _put(table, sk, agg)
+    return table
+
+
+def suppress_final(
+    changelog: Iterable[tuple[Any, SessionKey, Any, int]], grace: int
+) -> list[tuple[SessionKey, Any]]:
+    """What suppress(untilWindowCloses(unbounded())) lets through, per task: each record is
+    buffered by its window key (replacing what is buffered), its clock is the largest
+    record timestamp it has been sent, and after each record it evicts every buffered
+    record whose window end <= clock - grace; evicted tombstones are dropped."""
+    clock: dict[Any, int] = {}
+    buffers: dict[Any, dict[SessionKey, Any]] = {}
+    out: list[tuple[SessionKey, Any]] = []
+    for task, sk, agg, ts in changelog:
+        now = clock[task] = max(clock.get(task, ts), ts)
+        buf = buffers.setdefault(task, {})
+        buf[sk] = agg
+        for key in [key for key in buf if key[2] <= now - grace]:
+            value = buf.pop(key)
+            if value is not None:
+                out.append((key, value))
+    return out
+
+
+def session_count(
+    records: Iterable[TimedRec], gap: int, grace: int
+) -> tuple[list[tuple[Any, SessionKey, Any, int]], list[TimedRec]]:
+    return session_changelog(
+        records, gap, grace, lambda: 0, lambda k, v, a: a + 1, lambda k, a, b: a + b
+    )
+
+
+def session_reduce(
+    records: Iterable[TimedRec], gap: int, grace: int, reducer: Callable[[Any, Any], Any]
+) -> tuple[list[tuple[Any, SessionKey, Any, int]], list[TimedRec]]:
+    """SessionWindowedKStreamImpl.reduce: an aggregate from null whose merger is the
+    reducer-as-aggregator (a null aggregate takes the other side as is)."""
+
+    def as_agg(k: Any, v: Any, a: Any) -> Any:
+        return v if a is None else reducer(a, v)
+
+    return session_changelog(
+        records, gap, grace, lambda: None, as_agg, lambda k, a, b: as_agg(k, b, a)
+    )
+
+
 # -- joins (KStreamKTableJoin, KStreamGlobalKTableJoin, KTableKTableInnerJoin) -----
 Event = tuple[str, Any, Any]  # (side, key, value) in the order the join task takes them
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import orjson
 
 from tablecast.kafka.catalog import TableInfo
+from tablecast.kafka.windowed import SESSION_SUFFIX
 from tablecast.serde import SerdeError
 
 #: (key, value) -> the reason the record is bad, or None
@@ -59,13 +60,15 @@ def _string_json(key: bytes, value: bytes | None, loads: Callable = orjson.loads
 def _key_check(info: TableInfo) -> Callable[[bytes], str | None]:
     serde = info.key_serde
     window = info.kind == "window"
+    # a session's key ends with its start and its end
+    suffix = SESSION_SUFFIX if "session_gap_ms" in info.extra else WINDOW_SUFFIX
     fmt = serde.format
 
     def check(key: bytes) -> str | None:
         if window:
-            if len(key) < WINDOW_SUFFIX:
+            if len(key) < suffix:
                 return "bad key: shorter than a window start"
-            key = key[:-WINDOW_SUFFIX]
+            key = key[:-suffix]
         if fmt == "bytes":
             return None
         try:

@@ -106,9 +106,11 @@ class TableInfo:
             except Exception as e:  # fastavro raises many kinds on a bad schema
                 problems.append(f"{side} serde: {e}")
         if info.kind == "window":
-            size = info.extra.get("size_ms") if isinstance(info.extra, dict) else None
+            extra = info.extra if isinstance(info.extra, dict) else {}
+            # a session table's windows have no one size: their keys carry start and end
+            size = extra.get("session_gap_ms", extra.get("size_ms"))
             if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
-                problems.append("a window table needs extra.size_ms > 0")
+                problems.append("a window table needs extra.size_ms or session_gap_ms > 0")
         if isinstance(info.extra, dict):
             problems += _view_problems(info)
         if problems:

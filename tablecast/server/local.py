@@ -20,7 +20,12 @@ from tablecast.cluster.node import Node
 from tablecast.cluster.replica import Replica
 from tablecast.kafka import positions
 from tablecast.kafka.catalog import TableInfo
-from tablecast.kafka.windowed import split_window_key, window_key
+from tablecast.kafka.windowed import (
+    SESSION_SUFFIX,
+    split_session_key,
+    split_window_key,
+    window_key,
+)
 from tablecast.serde import SerdeError
 from tablecast.server.consistency import ReadOptions, may_answer
 from tablecast.server.errors import ApiError
@@ -187,12 +192,19 @@ class Local:
             ),
         )
         vj = info.value_serde.to_json
+        sessions = "session_gap_ms" in info.extra
+        suffix = SESSION_SUFFIX if sessions else 8
         items = []
         for k, rec in entries:
-            if len(k) != len(raw) + 8:
+            if len(k) != len(raw) + suffix:
                 continue  # a longer key that shares these bytes, not one of this key's windows
-            _, start = split_window_key(k)
-            items.append({"start": start, "end": start + size, "value": vj(rec.value)})
+            if sessions:
+                # a session's end is inclusive (its last record's time), as in Kafka Streams
+                _, start, end = split_session_key(k)
+            else:
+                _, start = split_window_key(k)
+                end = start + size
+            items.append({"start": start, "end": end, "value": vj(rec.value)})
         return 200, orjson.dumps({"items": items}), self.headers(replica, position)
 
     def read_as_of(

@@ -293,3 +293,106 @@ def test_kill_9_of_the_driver_leaves_stream_join_results_exact(
         assert proc.poll() is None, log.read_text()[-3000:]
     finally:
         kill_group(proc, signal.SIGTERM)
+
+
+# -- session windows: kill -9 mid-stream, the session tables exact ---------------
+SESSION_APP = """
+import tablecast as tc
+
+app = tc.App({app!r}, trigger="300 milliseconds")
+grouped = app.stream({topic!r}, key=tc.serde.string(), value=tc.serde.json()).group_by_key()
+sessions = grouped.windowed_by(tc.windows.session("2 seconds"), grace="3 seconds")
+sessions.count().materialize("visits")
+sessions.count(emit="final").materialize("visits_final")
+sessions.aggregate(list, lambda k, v, a: [*a, v["n"]], merger=lambda k, a, b: a + b).materialize(
+    "ns"
+)
+"""
+
+
+def test_kill_9_mid_stream_leaves_session_tables_exact(
+    bootstrap: str, unique: str, tmp_path: Path
+) -> None:
+    """Sessions merge across micro-batches and some records are late: after SIGKILL the
+    restarted queries replay from their checkpoints, and every session table (the final
+    results' too) equals the reference model's; late records are dead-lettered."""
+    from confluent_kafka import Producer
+
+    from tablecast.kafka.partitioner import partition_for
+    from tablecast.kafka.windowed import split_session_key
+
+    topic = f"{unique}-clicks"
+    ensure_topic(bootstrap, topic, 3)
+    app_file = tmp_path / "app.py"
+    app_file.write_text(SESSION_APP.format(app=unique, topic=topic))
+    state, log = tmp_path / "state", tmp_path / "pipeline.log"
+    rng = random.Random(11)
+    base = (int(time.time()) - 86_400) * 1000  # a day ago: within the broker's retention
+    history: list[tuple[int, str, dict[str, int], int]] = []
+
+    def send(n: int) -> None:
+        p = Producer({"bootstrap.servers": bootstrap})
+        for _ in range(n):
+            # time moves 20 ms a record; some records arrive up to 6 s late (grace: 3 s)
+            at = base + len(history) * 20 - (rng.randrange(6000) if rng.random() < 0.1 else 0)
+            k = f"u{rng.randrange(200)}"
+            v = {"n": len(history)}
+            part = partition_for(k.encode(), 3)
+            p.produce(topic, key=k.encode(), value=orjson.dumps(v), partition=part, timestamp=at)
+            history.append((part, k, v, at))
+            p.poll(0)
+        assert p.flush(30) == 0
+
+    def sessions(name: str, value: tc.serde.Serde) -> dict[tuple[str, int, int], Any]:
+        table: dict[tuple[str, int, int], Any] = {}
+        for m in sorted(
+            read_topic(bootstrap, f"{unique}.table.{name}"),
+            key=lambda m: (m.partition(), m.offset()),
+        ):
+            inner, s, e = split_session_key(m.key())
+            table.pop((inner.decode(), s, e), None)
+            if m.value() is not None:
+                table[(inner.decode(), s, e)] = value.deserialize(m.value())
+        return table
+
+    proc = start(app_file, bootstrap, state, log)
+    try:
+        send(2000)
+        eventually(lambda: sum(end_offsets(bootstrap, f"{unique}.table.visits").values()) > 0, 180)
+        for pause in (1.5, 4.0):  # kills at different moments of a large batch
+            written = sum(end_offsets(bootstrap, f"{unique}.table.ns").values())
+            send(20000)
+            # a restarted driver's first batch replays the last one too: slow on 2 cores
+            deadline = time.monotonic() + 240
+            while sum(end_offsets(bootstrap, f"{unique}.table.ns").values()) == written:
+                assert time.monotonic() < deadline, "the batch never reached the table"
+                time.sleep(0.05)
+            time.sleep(pause)
+            kill_group(proc, signal.SIGKILL)
+            proc = start(app_file, bootstrap, state, log)
+        send(2000)
+        counts, late = ref.session_count(history, 2000, 3000)
+        ns, _ = ref.session_changelog(
+            history, 2000, 3000, list, lambda k, v, a: [*a, v["n"]], lambda k, a, b: a + b
+        )
+        final: dict[Any, Any] = {}
+        for sk, c in ref.suppress_final(counts, 3000):
+            final[sk] = c
+        assert late and any(c is None for _, _, c, _ in counts), "late records and merges"
+        want = {
+            "visits": (ref.session_table(counts), LONG),
+            "ns": (ref.session_table(ns), JSON),
+            "visits_final": (final, LONG),
+        }
+        for name, (table, value) in want.items():
+
+            def exact(n: str = name, w: Any = table, v: Any = value) -> bool:
+                return sessions(n, v) == w
+
+            eventually(exact, 240, 2.0)
+        # each of the three queries dead-letters every late record (a replay may repeat one)
+        dlq = {orjson.loads(m.value())["n"] for m in read_topic(bootstrap, f"{unique}.dlq")}
+        assert dlq == {v["n"] for _, _, v, _ in late}
+        assert proc.poll() is None, log.read_text()[-3000:]
+    finally:
+        kill_group(proc, signal.SIGTERM)

@@ -41,9 +41,10 @@ from tablecast.pipeline.compile.keyed import (
     ordered_rows,
     through_id,
 )
+from tablecast.pipeline.compile.session import SessionAggregator, session_core
 from tablecast.pipeline.plan.queries import Step
 from tablecast.serde import Serde
-from tablecast.windows import Windows
+from tablecast.windows import SessionWindows, Windows
 
 TASK = "_tc_task"
 
@@ -185,9 +186,17 @@ def apply(flow: Flow, step: Step, partitions: int, extra: tuple[str, ...]) -> Fl
     through = env.BATCH in extra
     flow = flow.envelope(*(extra if through else ()))
     w = node.window
-    agg = Aggregator.of(node)
     final = node.emit == "final"
-    core = window_core(w.windows, w.grace_ms, agg, flow.key, flow.value, step.value, through, final)
+    core: StateFn
+    if isinstance(w.windows, SessionWindows):
+        # the same tasks, stream time and output partitions; sessions merge instead
+        sagg = SessionAggregator.of(node)
+        args = (flow.key, flow.value, step.value, through, final)
+        core = session_core(w.windows, w.grace_ms, sagg, *args)
+    else:
+        agg = Aggregator.of(node)
+        args = (flow.key, flow.value, step.value, through, final)
+        core = window_core(w.windows, w.grace_ms, agg, *args)
     df = flow.df.withColumn(TASK, task_udf(partitions)(F.col("key")))
     schema = env.schema()
     df = df.groupBy(TASK).applyInPandasWithState(

@@ -17,7 +17,7 @@ from typing import Any, Literal, Protocol
 from tablecast.pipeline.dsl import views
 from tablecast.pipeline.plan import nodes as plan
 from tablecast.serde import Serde
-from tablecast.windows import JoinWindows, Windows, to_ms
+from tablecast.windows import JoinWindows, SessionWindows, Windows, to_ms
 
 
 class App(Protocol):
@@ -263,13 +263,16 @@ class Stream(_Handle):
 
 class GroupedStream(_Handle):
     def windowed_by(
-        self, windows: Windows, grace: timedelta | str = timedelta(0)
+        self, windows: Windows | SessionWindows, grace: timedelta | str = timedelta(0)
     ) -> WindowedGroupedStream:
-        """Aggregate per (key, window) on the records' Kafka timestamps (tc.windows.tumbling
-        or hopping). A window takes records while stream time (the highest timestamp seen in
-        its key's partition) is before its end + `grace`; later records go to the DLQ."""
-        if not isinstance(windows, Windows):
-            raise TypeError("windowed_by: expected tc.windows.tumbling(...) or hopping(...)")
+        """Aggregate per (key, window) on the records' Kafka timestamps (tc.windows.tumbling,
+        hopping or session). A window takes records while stream time (the highest timestamp
+        seen in its key's partition) is before its end + `grace`; later records go to the
+        DLQ. A session takes them while stream time <= its end + `grace`."""
+        if not isinstance(windows, Windows | SessionWindows):
+            raise TypeError(
+                "windowed_by: expected tc.windows.tumbling(...), hopping(...) or session(...)"
+            )
         grace_ms = to_ms(grace)
         if grace_ms < 0:
             raise ValueError("windowed_by: grace must not be negative")
@@ -322,13 +325,33 @@ class WindowedGroupedStream(_Handle):
         aggregator: Callable[[Any, Any, Any], Any],
         value: Serde | None = None,
         emit: Emit = "changes",
+        merger: Callable[[Any, Any, Any], Any] | None = None,
     ) -> WindowedTable:
-        """aggregator(key, value, aggregate) -> new aggregate, each window from initializer()."""
+        """aggregator(key, value, aggregate) -> new aggregate, each window from initializer().
+        Session windows need merger(key, agg1, agg2) -> the aggregate of two sessions that a
+        record bridges (Kafka Streams' Merger); time windows refuse one."""
         _check_callable("aggregate", initializer, aggregator)
+        session = self._sessions()
+        if session and merger is None:
+            raise TypeError("aggregate over session windows needs merger=f(key, agg1, agg2)")
+        if not session and merger is not None:
+            raise TypeError("merger= is for session windows: time windows never merge")
+        if merger is not None:
+            _check_callable("aggregate merger", merger)
         node = plan.Aggregate(
-            self._node, "aggregate", initializer, aggregator, value=value, emit=_emit(emit)
+            self._node,
+            "aggregate",
+            initializer,
+            aggregator,
+            value=value,
+            emit=_emit(emit),
+            merger=merger,
         )
         return WindowedTable(self._app, node)
+
+    def _sessions(self) -> bool:
+        assert isinstance(self._node, plan.WindowedBy)
+        return isinstance(self._node.windows, SessionWindows)
 
 
 Emit = Literal["changes", "final"]
@@ -342,7 +365,8 @@ def _emit(emit: str) -> Emit:
 
 class WindowedTable(_Handle):
     """A table keyed by (key, window start): its records' keys are the key's bytes and the
-    window start as 8 bytes big-endian (Kafka Streams' windowed key format)."""
+    window start as 8 bytes big-endian (Kafka Streams' windowed key format); a session
+    table's keys carry the session's start, then its end (8 bytes each)."""
 
     def materialize(
         self,

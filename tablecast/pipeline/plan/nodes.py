@@ -16,7 +16,7 @@ from pyspark.sql import Column
 
 from tablecast import serde as serdes
 from tablecast.serde import Serde
-from tablecast.windows import JoinWindows, Windows
+from tablecast.windows import JoinWindows, SessionWindows, Windows
 
 #: what operators accept: a Column over `key`/`value` (a pair of Columns, or a
 #: struct with fields key/value, where an operator returns a record), or a
@@ -199,7 +199,7 @@ class GroupBy(Node):
 class WindowedBy(Node):
     """grouped_stream.windowed_by(windows, grace): the aggregate is kept per (key, window)."""
 
-    windows: Windows = None  # type: ignore[assignment]
+    windows: Windows | SessionWindows = None  # type: ignore[assignment]
     grace_ms: int = 0
 
     def describe(self) -> str:
@@ -217,6 +217,8 @@ class Aggregate(Node):
     value: Serde | None = None
     #: a windowed aggregation's results: on every change, or once per window when it closes
     emit: Literal["changes", "final"] = "changes"
+    #: a session-windowed aggregate's merger(key, agg1, agg2): two sessions a record bridges
+    merger: Callable[[Any, Any, Any], Any] | None = None
 
     @property
     def kind(self) -> Kind:
@@ -245,9 +247,11 @@ class Aggregate(Node):
         return self.value or super().value_serde()
 
     def describe(self) -> str:
-        fns = [f for f in (self.initializer, self.adder, self.subtractor) if f is not None]
-        emit = ", emit='final'" if self.emit == "final" else ""
-        return f"{self.agg}({', '.join(fn_name(f) for f in fns)}{emit})"
+        fns = (self.initializer, self.adder, self.subtractor, self.merger)
+        parts = [fn_name(f) for f in fns if f is not None]
+        if self.emit == "final":
+            parts.append("emit='final'")  # alone it read "count(, emit='final')"
+        return f"{self.agg}({', '.join(parts)})"
 
 
 @dataclass(frozen=True, eq=False)

@@ -28,6 +28,7 @@ from tablecast.pipeline.run import status
 from tablecast.pipeline.run.layout import Files, local_path, settle
 from tablecast.pipeline.run.status import StatusPublisher
 from tablecast.pipeline.run.trigger import Trigger, assign, written_by_micro_batch
+from tablecast.windows import SessionWindows
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -152,8 +153,16 @@ def table_info(out: plan.Materialize, topic: str, partitions: int) -> catalog.Ta
         store=out.store,
         kind="window" if window else "kv",
         is_global=plan.source_of(out).is_global,
-        extra={"size_ms": window.windows.size_ms} if window else out.catalog_extra(),
+        extra=window_extra(window) if window else out.catalog_extra(),
     )
+
+
+def window_extra(window: plan.WindowedBy) -> dict[str, int]:
+    """What a node needs to answer /windows: a window's size, or that keys are sessions."""
+    w = window.windows
+    if isinstance(w, SessionWindows):
+        return {"session_gap_ms": w.gap_ms}
+    return {"size_ms": w.size_ms}
 
 
 @dataclass
