@@ -37,7 +37,7 @@ class Sink:
     """What the hub writes to. `done` completes when the stream must end (its reason in
     :attr:`reason`); the transport's handler waits on it."""
 
-    __slots__ = ("_touched", "done", "events", "pending", "reason")
+    __slots__ = ("_touched", "done", "events", "last_write", "pending", "reason")
 
     def __init__(self, touched: Callable[[Sink], None]) -> None:
         self.pending: list[Any] = []
@@ -45,6 +45,8 @@ class Sink:
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.reason: str | None = None
         self.events = 0
+        #: when the hub last flushed events to it (monotonic): a busy stream needs no keep-alive
+        self.last_write = 0.0
 
     @property
     def closed(self) -> bool:
