@@ -112,6 +112,18 @@ def frame(rows: list[tuple[Any, ...]], columns: list[str]) -> Any:
     return pd.DataFrame(cells, columns=columns, copy=False)
 
 
+def records(
+    rows: list[tuple[Any, ...]], out: list[tuple[Any, ...]], width: int
+) -> Iterator[tuple[Any, ...]]:
+    """The rows a keyed step works on: an upstream error row goes straight to `out` (the
+    dead-letter path), a row without key or value is skipped, as Kafka Streams does."""
+    for row in rows:
+        if row[ERR] is not None:
+            out.append(row[:width])
+        elif row[K] is not None and row[V] is not None:
+            yield row
+
+
 def bad_row(row: tuple[Any, ...], why: str, width: int) -> tuple[Any, ...]:
     out = (row[K], row[V], why[:1000], *row[RK : TS + 1])
     return out + (None,) * (width - len(out))

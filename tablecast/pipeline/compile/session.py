@@ -36,7 +36,6 @@ from typing import Any
 from tablecast.kafka.windowed import session_key
 from tablecast.pipeline.compile import envelope as env
 from tablecast.pipeline.compile.keyed import (
-    ERR,
     OFF,
     TOPIC,
     TS,
@@ -47,6 +46,7 @@ from tablecast.pipeline.compile.keyed import (
     drop_copies,
     frame,
     ordered_rows,
+    records,
     through_id,
 )
 from tablecast.pipeline.plan import nodes as plan
@@ -133,14 +133,8 @@ def session_core(
         rows = [row[:-1] for row in ordered_rows(pdfs)]  # without the task column
         if through:
             rows, last_batch, seen = drop_copies(rows, last_batch, seen, through_id)
-        for row in rows:
-            if row[ERR] is not None:
-                out.append(row[:width])
-                continue
-            kb = row[K]
-            if kb is None or row[V] is None:
-                continue  # Kafka Streams skips records without key or value
-            kb = bytes(kb)
+        for row in records(rows, out, width):
+            kb = bytes(row[K])
             ts = int(row[TS])
             stream_time = ts if stream_time is None else max(stream_time, ts)
             sessions = store.get(kb, [])

@@ -27,7 +27,6 @@ from tablecast.pipeline.compile import envelope as env
 from tablecast.pipeline.compile.aggregate import Aggregator
 from tablecast.pipeline.compile.flow import Flow
 from tablecast.pipeline.compile.keyed import (
-    ERR,
     OFF,
     TOPIC,
     TS,
@@ -39,6 +38,7 @@ from tablecast.pipeline.compile.keyed import (
     frame,
     later,
     ordered_rows,
+    records,
     through_id,
 )
 from tablecast.pipeline.compile.session import SessionAggregator, session_core
@@ -81,13 +81,8 @@ def window_core(
         rows = [row[:-1] for row in ordered_rows(pdfs)]  # without the task column
         if through:
             rows, last_batch, seen = drop_copies(rows, last_batch, seen, through_id)
-        for row in rows:
-            if row[ERR] is not None:
-                out.append(row[:width])
-                continue
+        for row in records(rows, out, width):
             kb = row[K]
-            if kb is None or row[V] is None:
-                continue  # Kafka Streams skips records without key or value
             ts = int(row[TS])
             stream_time = ts if stream_time is None else max(stream_time, ts)
             starts = [s for s in windows.starts(ts) if s + size + grace_ms > stream_time]
