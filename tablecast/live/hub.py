@@ -28,11 +28,11 @@ import logging
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any
+from typing import Any, TypeVar
 
 from tablecast.cluster.validate import checker
 from tablecast.kafka.catalog import TableInfo
@@ -68,6 +68,7 @@ MAX_UNACKED_BYTES = 8 * 1024 * 1024
 MAX_STALLED_S = 10.0
 
 _offset = attrgetter("offset")
+_T = TypeVar("_T")
 
 
 class PartitionFeed:
@@ -220,6 +221,13 @@ class Watch:
         # (and keep granian's response open)
         self.hub.flush()
         sink.close(reason)
+
+
+async def _chunks(items: list[_T]) -> AsyncIterator[list[_T]]:
+    """`items` CHUNK at a time, the loop delivering events between one and the next."""
+    for i in range(0, len(items), CHUNK):
+        yield items[i : i + CHUNK]
+        await asyncio.sleep(0)
 
 
 def _error(code: str, message: str | None) -> dict[str, Any]:
@@ -629,13 +637,10 @@ class Hub:
         half = KEEPALIVE_S / 2
         while True:
             await asyncio.sleep(half)
-            watches = list(self.watches.values())
-            for i in range(0, len(watches), CHUNK):
-                self._keep_alive_chunk(watches[i : i + CHUNK], half)
-                await asyncio.sleep(0)
-            # a list left in a long-lived coroutine's frame would keep ended watches (and
-            # their open responses) alive until the next pass
-            del watches
+            # the list lives in the generator, not in this long-lived frame, where it would
+            # keep ended watches (and their open responses) alive until the next pass
+            async for chunk in _chunks(list(self.watches.values())):
+                self._keep_alive_chunk(chunk, half)
 
     def _keep_alive_chunk(self, watches: list[Watch], silent_s: float) -> None:
         now, since = time.time(), time.monotonic() - silent_s
@@ -666,9 +671,8 @@ class Hub:
         CHUNK watches at a time, events delivered in between."""
         now = time.monotonic()
         streamed: list[StreamSink] = []
-        watches = list(self.watches.values())
-        for i in range(0, len(watches), CHUNK):
-            for w in watches[i : i + CHUNK]:
+        async for chunk in _chunks(list(self.watches.values())):
+            for w in chunk:
                 sink = w.sink
                 if sink is None:
                     continue
@@ -676,7 +680,6 @@ class Hub:
                     w.close(SLOW)
                 elif isinstance(sink, StreamSink):
                     streamed.append(sink)
-            await asyncio.sleep(0)
         return streamed
 
     async def _check_streams(self, sinks: list[StreamSink], now: float) -> None:
@@ -696,10 +699,8 @@ class Hub:
         conns = self._conns
         for peer in conns.keys() - by_peer.keys():
             del conns[peer]
-        peers = list(by_peer.items())
-        for i in range(0, len(peers), CHUNK):
-            await asyncio.sleep(0)  # events go out between chunks
-            for peer, group in peers[i : i + CHUNK]:
+        async for chunk in _chunks(list(by_peer.items())):
+            for peer, group in chunk:
                 got = acked.get(peer)
                 if got is None or any(s.closed for s in group):
                     continue
