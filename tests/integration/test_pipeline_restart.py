@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,35 @@ def kill_group(proc: subprocess.Popen[bytes], sig: int) -> None:
         proc.wait(30)
 
 
+def kill_twice(
+    proc: subprocess.Popen[bytes],
+    bootstrap: str,
+    topic: str,
+    send_batch: Callable[[], None],
+    restart: Callable[[], subprocess.Popen[bytes]],
+) -> subprocess.Popen[bytes]:
+    """SIGKILL the driver twice, each time after sending a batch: 1. while a query is
+    writing it to `topic` (its restart writes those records again); 2. at some other
+    moment. Returns the driver started again after the second kill."""
+    try:
+        for moment in ("mid-write", "later"):
+            written = sum(end_offsets(bootstrap, topic).values())
+            send_batch()
+            if moment == "mid-write":
+                deadline = time.monotonic() + 120
+                while sum(end_offsets(bootstrap, topic).values()) == written:
+                    assert time.monotonic() < deadline, f"the batch never reached {topic}"
+                    time.sleep(0.02)
+            else:
+                time.sleep(4.0)
+            kill_group(proc, signal.SIGKILL)
+            proc = restart()
+    except BaseException:
+        kill_group(proc, signal.SIGTERM)  # the caller's cleanup holds only the first driver
+        raise
+    return proc
+
+
 def batch(rng: random.Random, n: int) -> list[tuple[str, dict[str, Any] | None]]:
     return [
         (
@@ -113,20 +143,14 @@ def test_kill_9_of_the_driver_leaves_every_table_exact(
         eventually(lambda: sum(end_offsets(bootstrap, sums).values()) > 0, 180)
         # large batches, and kills at different moments while the queries work on them
         repartition = f"{unique}.repartition.sums-0"
-        # 1. while the group-by's first query is writing a batch to the repartition
-        #    topic (its restart writes those records again); 2. at some other moment
-        for moment in ("mid-write", "later"):
-            written = sum(end_offsets(bootstrap, repartition).values())
-            send(batch(rng, 40000))
-            if moment == "mid-write":
-                deadline = time.monotonic() + 120
-                while sum(end_offsets(bootstrap, repartition).values()) == written:
-                    assert time.monotonic() < deadline, "the batch never reached the topic"
-                    time.sleep(0.02)
-            else:
-                time.sleep(4.0)
-            kill_group(proc, signal.SIGKILL)
-            proc = start(app_file, bootstrap, state, log)
+        # the group-by's first query writes the batch to the repartition topic
+        proc = kill_twice(
+            proc,
+            bootstrap,
+            repartition,
+            lambda: send(batch(rng, 40000)),
+            lambda: start(app_file, bootstrap, state, log),
+        )
         send(batch(rng, 3000))
         want = {
             "sums": (
@@ -252,20 +276,15 @@ def test_kill_9_of_the_driver_leaves_stream_join_results_exact(
         results = f"{unique}.table.results"
         eventually(lambda: sum(end_offsets(bootstrap, results).values()) > 0, 180)
         changelog = f"{unique}.changelog.results-0"
-        # 1. while the join query is writing a batch's results (its restart writes them
-        #    again, which the count must drop); 2. at some other moment
-        for moment in ("mid-write", "later"):
-            written = sum(end_offsets(bootstrap, changelog).values())
-            send(batch(15000))
-            if moment == "mid-write":
-                deadline = time.monotonic() + 120
-                while sum(end_offsets(bootstrap, changelog).values()) == written:
-                    assert time.monotonic() < deadline, "the batch never reached the changelog"
-                    time.sleep(0.02)
-            else:
-                time.sleep(4.0)
-            kill_group(proc, signal.SIGKILL)
-            proc = start(app_file, bootstrap, state, log)
+        # the join query writes the batch's results (again after a restart, which the
+        # count must drop)
+        proc = kill_twice(
+            proc,
+            bootstrap,
+            changelog,
+            lambda: send(batch(15000)),
+            lambda: start(app_file, bootstrap, state, log),
+        )
         send(batch(2000))
         # a left record in every task, 3 hours on: every window closes
         closers = {partition_for(f"close{i}".encode(), 3): f"close{i}" for i in range(20)}
