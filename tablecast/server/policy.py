@@ -199,10 +199,6 @@ class Grants:
         if not self.allows_table(name):
             raise ApiError("forbidden", f"this token may not read table {name!r}")
 
-    def scope(self, info: TableInfo) -> Scope | None:
-        """The token's readable part of the table; None when that is all of it."""
-        return self.table_scope(info.name, lambda _: info)[1]
-
     def table_scope(
         self, name: str, lookup: Callable[[str], TableInfo]
     ) -> tuple[TableInfo, Scope | None]:
