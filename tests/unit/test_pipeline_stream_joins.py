@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import tablecast as tc
 from tablecast.pipeline.compile.join import LEFT, RIGHT
+from tablecast.pipeline.compile.keyed import frame
 from tablecast.pipeline.compile.stream_join import StreamStreamJoin, core
 from tablecast.pipeline.plan import queries as planner
 from tablecast.windows import JoinWindows
@@ -118,18 +119,6 @@ class _State:
         self.stored = tuple(pickle.loads(pickle.dumps(value)))
 
 
-class _Frame:
-    def __init__(self, rows: list[tuple[Any, ...]]) -> None:
-        self.rows = rows
-
-    def to_numpy(self, dtype: Any) -> Any:
-        import numpy as np
-
-        cells = np.empty((len(self.rows), len(self.rows[0])), dtype=object)
-        cells[:] = self.rows
-        return cells
-
-
 def _joiner(a: Any, b: Any) -> list[Any]:
     return [a, b]
 
@@ -138,7 +127,7 @@ def _run(fn: Any, rows: list[tuple[Any, ...]], state: _State) -> list[tuple[Any,
     if not rows:
         return []
     out = []
-    for pdf in fn((0,), iter([_Frame(rows)]), state):
+    for pdf in fn((0,), iter([frame(rows, [str(i) for i in range(len(rows[0]))])]), state):
         out.extend(pdf.itertuples(index=False, name=None))
     return out
 

@@ -92,11 +92,12 @@ def bucketed(core: Core, columns: list[str], group: int = K) -> StateFn:
 
 
 def ordered_rows(pdfs: Iterator[Any]) -> list[tuple[Any, ...]]:
-    # per-group cost is what limits these steps: plain tuples and a Python sort
-    # are ~50x cheaper than pandas' sort_values/itertuples on the typical tiny group
+    # per-group cost is what limits these steps: plain tuples and a Python sort are ~50x
+    # cheaper than pandas' sort_values/itertuples on the typical tiny group, and zipping
+    # column lists ~3x cheaper than DataFrame.to_numpy(object) on a large one
     rows: list[tuple[Any, ...]] = []
     for pdf in pdfs:
-        rows.extend(map(tuple, pdf.to_numpy(dtype=object).tolist()))
+        rows.extend(zip(*[col.tolist() for _, col in pdf.items()], strict=True))
     if len(rows) > 1:
         rows.sort(key=lambda r: (r[PART], r[OFF], r[SEQ]))
     return rows
@@ -106,7 +107,8 @@ def frame(rows: list[tuple[Any, ...]], columns: list[str]) -> Any:
     import numpy as np
     import pandas as pd
 
-    # an object array: no per-column type inference (Arrow gets the types from the schema)
+    # one 2-D object array: no per-column type inference (Arrow gets the types from the
+    # schema); measured cheaper than a typed array per column, conversion included
     cells = np.empty((len(rows), len(columns)), dtype=object)
     cells[:] = rows
     return pd.DataFrame(cells, columns=columns, copy=False)
