@@ -9,7 +9,12 @@
   persistent state, and the running totals make the queryable `rewards` table;
   each new total is also announced on `notifications`;
 - every invoice, its card number masked, is flattened into one record per line
-  on `hadoop-sink`.
+  on `hadoop-sink`;
+- a card that buys at the coffee counter and in the electronics department
+  within 20 minutes of each other earns a promotion: the two departments'
+  invoices, re-keyed by card, meet in a windowed stream-stream join (Kafka
+  Streams in Action's coffee-and-electronics join) and each pair is written
+  to `promotions`.
 
     tablecast dev examples/point_of_sale.py --generate
     curl localhost:8080/v1/tables/rewards/keys/4000123412341234
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import random
 import time
+from datetime import timedelta
 from typing import Any
 
 import tablecast as tc
@@ -26,6 +32,7 @@ import tablecast as tc
 TOPIC = "pos"
 PARTITIONS = 6
 BY_CARD_PARTITIONS = 4
+PROMOTION_WINDOW = timedelta(minutes=20)
 
 
 def card_partition(card: str, points: Any, partitions: int) -> int:
@@ -61,6 +68,19 @@ def earn(card: str, points: int, state: Any) -> dict[str, int]:
     return rewards
 
 
+def department(card: str, invoice: dict[str, Any]) -> str:
+    return invoice["department"]
+
+
+def promotion(coffee: dict[str, Any], electronics: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "card": coffee["card"],
+        "coffee": coffee["id"],
+        "electronics": electronics["id"],
+        "spent": round(coffee["total"] + electronics["total"], 2),
+    }
+
+
 def notification(card: str, rewards: dict[str, int] | None) -> dict[str, Any] | None:
     return None if rewards is None else {"card": card, "points": rewards["points"]}
 
@@ -91,6 +111,14 @@ def build(app_id: str = "pos", topic: str = TOPIC) -> tc.App:
     )
     rewards.to_stream().map_values(notification).to(f"{app_id}-notifications")
     invoices.flat_map_values(masked_lines).to(f"{app_id}-hadoop-sink")
+    # KStream-KStream join: one promotion per coffee and electronics invoice of a card
+    # that are at most 20 minutes apart (either first)
+    by_department = invoices.select_key(card_of).split(
+        by=department, names=["coffee", "electronics"]
+    )
+    by_department["coffee"].join(
+        by_department["electronics"], promotion, window=tc.windows.join(before=PROMOTION_WINDOW)
+    ).to(f"{app_id}-promotions")
     return app
 
 
@@ -116,6 +144,7 @@ def invoice(i: int, rng: random.Random) -> tuple[str, dict[str, Any]]:
         "card": rng.choice(CARDS),
         "customer_type": rng.choice(["PRIME", "NON-PRIME"]),
         "delivery": rng.choice(["HOME-DELIVERY", "STORE-PICKUP"]),
+        "department": rng.choice(["coffee", "electronics", "grocery"]),
         "address": {"city": rng.choice(["Lyon", "Paris", "Lille"])},
         "lines": lines,
         "total": round(sum(x["qty"] * x["price"] for x in lines), 2),

@@ -290,3 +290,71 @@ def test_point_of_sale(bootstrap: str, unique: str, run_of: Any) -> None:
         for m in sorted(notes, key=lambda m: m.offset())
     }
     assert last == {card: r["points"] for card, r in rewards.items()}
+    # every coffee and electronics invoice of one card, produced seconds apart, is a promotion
+    of = {d: [i for _, i in invoices if i["department"] == d] for d in ("coffee", "electronics")}
+    pairs = sorted(
+        (c["card"], c["id"], e["id"])
+        for c in of["coffee"]
+        for e in of["electronics"]
+        if c["card"] == e["card"]
+    )
+    assert pairs, "the sample has no card that bought both"
+    got = sorted(
+        (m.key().decode(), p["coffee"], p["electronics"])
+        for m in read_all(bootstrap, f"{unique}-promotions", len(pairs))
+        for p in [orjson.loads(m.value())]
+    )
+    assert got == pairs
+
+
+def test_shop_revenue_cities_and_visits(bootstrap: str, unique: str, run_of: Any) -> None:
+    ex = example("shop")
+    pos, people = f"{unique}-pos", f"{unique}-customers"
+    for topic in (pos, people):
+        ensure_topic(bootstrap, topic, ex.PARTITIONS)
+    rng = random.Random(11)
+    moves = [(f"c{rng.randrange(12)}", rng.choice(ex.CITIES)) for _ in range(40)]
+    city = dict(moves)  # each customer's latest city
+    run = run_of(ex.build(unique, pos, people))
+    node = run.node()
+    produce(bootstrap, people, [(c.encode(), orjson.dumps({"city": t})) for c, t in moves])
+    # the customers are in the join's state before any invoice comes
+    run.settle("customers_per_city")
+    wire = tc.serde.avro(ex.INVOICE, confluent=True)
+    invoices = [
+        {
+            "store": f"store-{rng.randrange(4)}",
+            "customer": c,
+            "total": round(rng.uniform(-20, 200), 2),
+        }
+        for c in [rng.choice(sorted(city)) for _ in range(120)]
+    ]
+    produce(bootstrap, pos, [(i["customer"].encode(), wire.serialize(i)) for i in invoices])
+    run.settle("revenue", "revenue_per_city", "visits")
+
+    def sums(by: Any, rows: list[dict[str, Any]]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for r in rows:
+            out[by(r)] = out.get(by(r), 0.0) + r["total"]
+        return out
+
+    with tc.Client(node.url) as client:
+        # a city everyone moved away from stays at 0, as in Kafka Streams
+        per_city = {t: n for t, n in client.range("customers_per_city") if n}
+        assert per_city == Counter(city.values())
+        expected = sums(lambda i: i["store"], [i for i in invoices if i["total"] > 0])
+        got = dict(client.range("revenue"))
+        assert got.keys() == expected.keys()
+        assert all(abs(got[s] - v) < 0.05 for s, v in expected.items())
+        # every invoice (a negative total too) joins its customer's city
+        expected = sums(lambda i: city[i["customer"]], invoices)
+        got = dict(client.range("revenue_per_city"))
+        assert got.keys() == expected.keys()
+        assert all(abs(got[c] - v) < 0.05 for c, v in expected.items())
+        # produced seconds apart, a customer's invoices are one visit
+        for c in sorted({i["customer"] for i in invoices}):
+            mine = [i for i in invoices if i["customer"] == c]
+            (window,) = client.windows("visits", c)
+            assert window["value"]["invoices"] == len(mine)
+            assert abs(window["value"]["spent"] - sum(i["total"] for i in mine)) < 0.05
+            assert window["start"] <= window["end"]
