@@ -45,6 +45,7 @@ from bench.common import (
     random_key_script,
     rss_bytes,
     save,
+    settled,
     verdict,
     wait_http,
     write_section,
@@ -408,54 +409,71 @@ def _short(frame: str) -> str:
 # ---------------------------------------------------------------- figures
 
 
+#: the HTTP servers the Kafka Streams peer runs behind: the JDK's, Jetty (seed 001's stack)
+#: and Reactor Netty (under seed 000's Spring reactive web); the headline is the fastest
+KS_FRONTS = ("jdk", "jetty", "netty")
+
+
 def point_gets(
     keys: int,
     seconds: int,
     rounds: int,
     node: str,
-    ks_url: str,
+    ks_urls: dict[str, str],
     redis: rp.RedisServer,
     constant: str,
 ) -> dict[str, Any]:
-    """Point GETs of random keys, one server at a time on core 0, alternated `rounds` times."""
+    """Point GETs of random keys, one server at a time on core 0, alternated `rounds` times.
+
+    The Kafka Streams peer runs behind each of :data:`KS_FRONTS`; ``kafka_streams`` is the
+    one with the highest median, and the ratios are against it."""
     tc_script, ks_script = key_script(tc_path(), keys), key_script("/keys/", keys)
     # warm-ups: the JVM's JIT above all, then caches and connection pools
-    ks_warm = warm_up(ks_url + "/", ks_script, CONNECTIONS)
+    ks_warm = {f: warm_up(url + "/", ks_script, CONNECTIONS) for f, url in ks_urls.items()}
     wrk(node + "/", tc_script, 3, CONNECTIONS)
     wrk(constant + "/", None, 2, CONNECTIONS)
     guess = rp.benchmark(redis, keys, 200_000, clients=CONNECTIONS, cpus=LOAD_CPU).rps
-    runs: dict[str, list[dict[str, Any]]] = {
-        k: []
-        for k in (
-            "tablecast",
-            "kafka_streams",
-            "redis",
-            "constant",
-            "tablecast_h2load",
-            "kafka_streams_h2load",
-        )
-    }
+    fronts = [f"kafka_streams_{f}" for f in ks_urls]
+    names = ["tablecast", *fronts, "redis", "constant", "tablecast_h2load", "kafka_streams_h2load"]
+    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in names}
     for n in range(rounds):
         runs["tablecast"].append(wrk(node + "/", tc_script, seconds, CONNECTIONS))
-        runs["kafka_streams"].append(wrk(ks_url + "/", ks_script, seconds, CONNECTIONS))
+        for f, url in ks_urls.items():
+            runs[f"kafka_streams_{f}"].append(wrk(url + "/", ks_script, seconds, CONNECTIONS))
         runs["redis"].append(redis_get(redis, keys, seconds, guess))
         runs["constant"].append(wrk(constant + "/", None, seconds, CONNECTIONS))
         runs["tablecast_h2load"].append(h2load(node, tc_path(), keys, seconds))
-        runs["kafka_streams_h2load"].append(h2load(ks_url, "/keys/", keys, seconds))
+        # the second load generator only checks wrk is not what sets the figures: one front
+        runs["kafka_streams_h2load"].append(h2load(ks_urls["jdk"], "/keys/", keys, seconds))
         log.info(
             "round %d: %s", n + 1, ", ".join(f"{k} {v[-1]['rps']:,.0f}" for k, v in runs.items())
         )
     out: dict[str, Any] = {k: median(v) for k, v in runs.items()}
     out["rounds"] = {k: [r["rps"] for r in v] for k, v in runs.items()}
-    out["kafka_streams_warm_up"] = ks_warm
+    fastest = max(fronts, key=lambda k: out[k]["rps"])
+    out["kafka_streams"] = out[fastest]
+    out["kafka_streams_server"] = fastest.removeprefix("kafka_streams_")
+    out["kafka_streams_warm_up"] = ks_warm[out["kafka_streams_server"]]
+    out["kafka_streams_warm_ups"] = ks_warm
     rr = out["rounds"]
-    out["ratio"] = {
-        "vs_kafka_streams": round_ratio(rr["tablecast"], rr["kafka_streams"]),
-        "vs_redis": round_ratio(rr["tablecast"], rr["redis"]),
-        "vs_constant": round_ratio(rr["tablecast"], rr["constant"]),
-        "vs_kafka_streams_h2load": round_ratio(rr["tablecast_h2load"], rr["kafka_streams_h2load"]),
+    pairs = {
+        "vs_kafka_streams": (rr["tablecast"], rr[fastest]),
+        "vs_redis": (rr["tablecast"], rr["redis"]),
+        "vs_constant": (rr["tablecast"], rr["constant"]),
+        "vs_kafka_streams_h2load": (rr["tablecast_h2load"], rr["kafka_streams_h2load"]),
+        **{f"vs_{k}": (rr["tablecast"], rr[k]) for k in fronts},
     }
+    out["ratio"] = {k: round_ratio(a, b) for k, (a, b) in pairs.items()}
+    out["ratio_iqr"] = {k: ratio_iqr(a, b) for k, (a, b) in pairs.items()}
     return out
+
+
+def ratio_iqr(ours: list[float], theirs: list[float]) -> list[float]:
+    """The interquartile range of the rounds' own ratios (one round: its ratio twice)."""
+    ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
+    if len(ratios) < 2:
+        return ratios * 2
+    return [round(q, 3) for q in common.ratio_spread(ratios)["ratio_iqr"]]
 
 
 def round_ratio(ours: list[float], theirs: list[float]) -> float:
@@ -767,18 +785,33 @@ def main(argv: list[str]) -> None:
         # one node, one Kafka Streams instance, Redis and the constant ceiling, all on core 0
         node_proc, node = stack.node(work / "node1", None, app=APP)
         wait_http(node + "/readyz", timeout=300, proc=node_proc)
-        with (
-            ks.start(stack.bootstrap, topic, 1, work_dir=work / "ks1", cpus=SERVER_CPU) as ks1,
-            rp.start(work / "redis", cpus=SERVER_CPU) as redis,
-        ):
-            ks1.wait_caught_up(stack.bootstrap)
+        with contextlib.ExitStack() as peers:
+            # one instance per HTTP server, each its own application reading the same topic
+            ks_fronts = {
+                f: peers.enter_context(
+                    ks.start(
+                        stack.bootstrap,
+                        topic,
+                        1,
+                        work_dir=work / f"ks1-{f}",
+                        application_id=f"anchors-{f}-{os.getpid()}",
+                        cpus=SERVER_CPU,
+                        http=f,
+                    )
+                )
+                for f in KS_FRONTS
+            }
+            redis = peers.enter_context(rp.start(work / "redis", cpus=SERVER_CPU))
+            for cluster in ks_fronts.values():
+                cluster.wait_caught_up(stack.bootstrap)
             rp.load_numbered(redis, args.keys, value_of)
-            r["checked_keys"] = check_same(args.keys, [node], ks1.urls, redis)
+            ks_urls = {f: c.urls[0] for f, c in ks_fronts.items()}
+            r["checked_keys"] = check_same(args.keys, [node], list(ks_urls.values()), redis)
             const_proc, constant = stack.baseline("granian-rsgi")
-            ks_url = ks1.urls[0]
             r["point_get"] = pg = point_gets(
-                args.keys, args.seconds, args.rounds, node, ks_url, redis, constant
+                args.keys, args.seconds, args.rounds, node, ks_urls, redis, constant
             )
+            ks_url = ks_urls[pg["kafka_streams_server"]]
             peaks = {
                 "tablecast": pg["tablecast"]["rps"],
                 "kafka_streams": pg["kafka_streams"]["rps"],
@@ -1075,10 +1108,16 @@ def _frames(profile: dict[str, Any]) -> str:
     return f"{profile['samples']:,} samples. Own time: {own}. Including callees: {total}."
 
 
-def targets(r: dict[str, Any], fwd: float) -> list[tuple[str, str, bool, str]]:
-    """(target, measured, met, why it is missed) for each of the issue's targets."""
+def targets(r: dict[str, Any], fwd: float) -> list[tuple[str, str, str, str]]:
+    """(target, measured, verdict, why it is not met) for each of the issue's targets: a
+    ratio of rounds is met only when its whole interquartile range clears the target."""
     pg, hp = r["point_get"], r["half_peak"]
     ratio, loads, fo = pg["ratio"], r["loads"], r["failover"]
+    iqr = pg.get("ratio_iqr") or {k: [v, v] for k, v in ratio.items()}
+
+    def with_iqr(name: str) -> str:
+        return f"{ratio[name]:.2f}× (IQR {iqr[name][0]:.2f}–{iqr[name][1]:.2f})"
+
     us = {k: 1e6 / pg[k]["rps"] for k in ("tablecast", "kafka_streams", "redis", "constant")}
     p99 = hp["tablecast"]["p99_us"] / 1e3
     floor = hp["constant"]["p99_us"] / 1e3
@@ -1091,15 +1130,17 @@ def targets(r: dict[str, Any], fwd: float) -> list[tuple[str, str, bool, str]]:
     return [
         (
             f"point GET ≥ {TARGETS['vs_kafka_streams']}× Kafka Streams",
-            f"{ratio['vs_kafka_streams']:.2f}× (h2load: {ratio['vs_kafka_streams_h2load']:.2f}×)",
-            ratio["vs_kafka_streams"] >= TARGETS["vs_kafka_streams"],
+            f"{with_iqr('vs_kafka_streams')} vs its fastest server "
+            f"({pg.get('kafka_streams_server', 'jdk')}; h2load: "
+            f"{ratio['vs_kafka_streams_h2load']:.2f}×)",
+            settled(iqr["vs_kafka_streams"], TARGETS["vs_kafka_streams"]),
             hot_path + f"Kafka Streams' JIT-compiled path {us['kafka_streams']:.1f} µs in all. "
             "Profile of the hot path below.",
         ),
         (
             f"point GET ≥ {TARGETS['vs_redis']}× Redis per core",
-            f"{ratio['vs_redis']:.2f}×",
-            ratio["vs_redis"] >= TARGETS["vs_redis"],
+            with_iqr("vs_redis"),
+            settled(iqr["vs_redis"], TARGETS["vs_redis"]),
             hot_path + f"Redis answers a GET in {us['redis']:.1f} µs of its core, so even the "
             f"constant body reaches only {us['redis'] / us['constant']:.2f}× Redis: HTTP and "
             "Python per request, not the store, set the gap.",
@@ -1107,7 +1148,7 @@ def targets(r: dict[str, Any], fwd: float) -> list[tuple[str, str, bool, str]]:
         (
             f"p99 ≤ {TARGETS['p99_half_peak_ms']:g} ms at half of peak",
             f"{p99:.2f} ms at {hp['tablecast']['rps']:,.0f} req/s",
-            p99 <= TARGETS["p99_half_peak_ms"],
+            verdict(p99 <= TARGETS["p99_half_peak_ms"]),
             f"hey against the constant body at the same rate sees p99 {floor:.2f} ms: "
             + (
                 "the load generator and this shared 2-core machine alone exceed the target; "
@@ -1121,7 +1162,7 @@ def targets(r: dict[str, Any], fwd: float) -> list[tuple[str, str, bool, str]]:
         (
             f"forwarded ≥ {TARGETS['forwarded']}× local",
             f"{fwd:.2f}× (derived from the 3-node run)",
-            fwd >= TARGETS["forwarded"],
+            verdict(fwd >= TARGETS["forwarded"]),
             "a forwarded request costs the node that takes it an outbound request and a "
             "response parse in Python (`PeerPool.request` in the three-node profile) and the "
             "owner a full local GET, all on the same core here.",
@@ -1129,14 +1170,17 @@ def targets(r: dict[str, Any], fwd: float) -> list[tuple[str, str, bool, str]]:
         (
             f"ingest ≥ {TARGETS['ingest_rps']:,} records/s",
             f"{ingest:,.0f}/s ({loads[0]['rows']:,} keys, RocksDB)",
-            ingest >= TARGETS["ingest_rps"],
+            verdict(ingest >= TARGETS["ingest_rps"]),
             "see the ingest profile below: decoding each record from librdkafka into Python "
             "objects and the store's write batches are per-record Python work on one core.",
         ),
         (
             f"restart ≤ {TARGETS['restart_s']:g} s for 5M keys",
             f"{biggest['restart']['ready_s']:.2f} s for {biggest['rows']:,} keys",
-            biggest["restart"]["ready_s"] <= TARGETS["restart_s"] and biggest["rows"] >= 5_000_000,
+            verdict(
+                biggest["restart"]["ready_s"] <= TARGETS["restart_s"]
+                and biggest["rows"] >= 5_000_000
+            ),
             (
                 f"measured only up to {biggest['rows']:,} keys in this run (--sizes)."
                 if biggest["rows"] < 5_000_000
@@ -1147,7 +1191,7 @@ def targets(r: dict[str, Any], fwd: float) -> list[tuple[str, str, bool, str]]:
         (
             "failover: 0 failed queries with a standby",
             f"{fo[0]['failed']} failed of {fo[0]['queries']:,}",
-            fo[0]["failed"] == 0,
+            verdict(fo[0]["failed"] == 0),
             "queries failed while the killed node's partitions moved to their standbys; see "
             "the cluster section.",
         ),
@@ -1228,6 +1272,38 @@ def three_rows(tn: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+#: how the section names each HTTP server of the Kafka Streams peer
+KS_FRONT_NAMES = {
+    "jdk": "JDK httpserver, 200 threads",
+    "jetty": "Jetty 12",
+    "netty": "Reactor Netty",
+}
+
+
+def ks_rows(pg: dict[str, Any]) -> str:
+    """A row per HTTP server the Kafka Streams peer ran behind (one, in older results)."""
+    fronts = [
+        k.removeprefix("kafka_streams_")
+        for k in pg["rounds"]
+        if k.startswith("kafka_streams_") and k.removeprefix("kafka_streams_") in KS_FRONT_NAMES
+    ]
+    if not fronts:
+        return _row(
+            "Kafka Streams IQ, 1 instance",
+            "wrk",
+            pg["kafka_streams"],
+            pg["ratio"]["vs_kafka_streams"],
+        )
+    rows = []
+    for f in fronts:
+        mark = " (fastest: the headline)" if f == pg.get("kafka_streams_server") else ""
+        label = f"Kafka Streams IQ, 1 instance, {KS_FRONT_NAMES[f]}{mark}"
+        rows.append(
+            _row(label, "wrk", pg[f"kafka_streams_{f}"], pg["ratio"][f"vs_kafka_streams_{f}"])
+        )
+    return "\n".join(rows)
+
+
 def render(r: dict[str, Any]) -> str:
     a, pg, tn, hp, fr = r["args"], r["point_get"], r["three_nodes"], r["half_peak"], r["freshness"]
     tc = pg["tablecast"]
@@ -1239,8 +1315,8 @@ def render(r: dict[str, Any]) -> str:
     fo = r["failover"]
     mem = memory_rows(r)
     checks = targets(r, fwd)
-    summary = "\n".join(f"| {label} | {m} | {verdict(ok)} |" for label, m, ok, _ in checks)
-    missed = "\n".join(f"- **{label}**: {why}" for label, _, ok, why in checks if not ok)
+    summary = "\n".join(f"| {label} | {m} | {v} |" for label, m, v, _ in checks)
+    missed = "\n".join(f"- **{label}**: {why}" for label, _, v, why in checks if v != "met")
     missed = missed or "- none."
     rounds = "; ".join(f"{k} {', '.join(f'{x:,.0f}' for x in v)}" for k, v in pg["rounds"].items())
     loads_rows = "\n".join(
@@ -1284,7 +1360,7 @@ Streams instance and Redis (and by all 3 + 3 in the cluster run, through their f
 | server | load | req/s | p50 ms | p99 ms | tablecast ÷ this |
 |---|---|---|---|---|---|
 {_row("tablecast, 1 node", "wrk", tc, 1.0)}
-{_row("Kafka Streams IQ, 1 instance", "wrk", pg["kafka_streams"], ratio["vs_kafka_streams"])}
+{ks_rows(pg)}
 {_row("Redis GET", "redis-benchmark", pg["redis"], ratio["vs_redis"])}
 {
             _row(
@@ -1295,7 +1371,7 @@ Streams instance and Redis (and by all 3 + 3 in the cluster run, through their f
             )
         }
 {_row("tablecast, 1 node", "h2load", pg["tablecast_h2load"], None)}
-{_row("Kafka Streams IQ, 1 instance", "h2load", pg["kafka_streams_h2load"], None)}
+{_row("Kafka Streams IQ, 1 instance (JDK server)", "h2load", pg["kafka_streams_h2load"], None)}
 
 Redis speaks RESP, so it is loaded by its own C client; the HTTP servers by wrk, and again by a
 second C client (h2load, tablecast ÷ Kafka Streams = {ratio["vs_kafka_streams_h2load"]:.2f}) to

@@ -135,13 +135,18 @@ class Stack:
         log.info("produced %d rows to %s in %.1fs", rows, topic, time.monotonic() - started)
 
     def node(
-        self, data_dir: Path, port: int | None = None, *extra: str, app: str = APP
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        *extra: str,
+        app: str = APP,
+        cpus: str = SERVER_CPU,
     ) -> tuple[subprocess.Popen[bytes], str]:
         port = port or free_port()
         log_file = open(self.dir / f"node-{port}.log", "ab")  # noqa: SIM115 - lives as long as the node
         proc = subprocess.Popen(
             pinned(
-                SERVER_CPU,
+                cpus,
                 [
                     sys.executable,
                     "-m",

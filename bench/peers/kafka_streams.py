@@ -303,9 +303,12 @@ def command(
     standby_replicas: int = 0,
     props: Mapping[str, str] | None = None,
     jvm_opts: Sequence[str] = (),
+    http: str = "jdk",
 ) -> list[str]:
     """The command line of one instance (``taskset -c cpus`` first when `cpus` is given).
 
+    `http` is the HTTP server: "jdk" (com.sun.net.httpserver), "jetty" (Jetty 12, seed
+    001's stack) or "netty" (Reactor Netty, under seed 000's Spring reactive web).
     `props` are extra Kafka Streams settings (``--prop k=v``); `jvm_opts` go to
     ``java`` before ``-jar``. Under taskset the JVM sees one CPU and picks its
     collector and thread counts for that by itself.
@@ -334,6 +337,8 @@ def command(
         str(stream_threads),
         "--standby-replicas",
         str(standby_replicas),
+        "--http",
+        http,
     ]
     if http_threads is not None:
         cmd += ["--http-threads", str(http_threads)]
@@ -355,7 +360,7 @@ def start_instance(
     """Start one instance (not waiting for it); its state and log go under `work_dir`.
 
     `options` are :func:`command`'s keywords (heap, stream_threads, http_threads,
-    standby_replicas, props, jvm_opts). Reusing a `port` and `work_dir` restarts an
+    standby_replicas, props, jvm_opts, http). Reusing a `port` and `work_dir` restarts an
     instance on its old state, for restart-to-ready measurements.
     """
     port = port or free_port()

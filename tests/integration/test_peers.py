@@ -28,8 +28,9 @@ PARTITIONS = 6
 KEYS = 300
 
 
+@pytest.mark.parametrize("http", ["jdk", "jetty", "netty"])
 def test_kafka_streams_instances_answer_latest_values_and_forward(
-    bootstrap: str, unique: str, tmp_path: Path
+    bootstrap: str, unique: str, tmp_path: Path, http: str
 ) -> None:
     topic = f"{unique}-input"
     ensure_topic(bootstrap, topic, PARTITIONS)
@@ -49,7 +50,9 @@ def test_kafka_streams_instances_answer_latest_values_and_forward(
     produce(bootstrap, topic, [(k.encode(), orjson.dumps(v)) for k, v in odd.items()])
     expected.update(odd)
 
-    with ks.start(bootstrap, topic, n=2, work_dir=tmp_path, application_id=unique) as cluster:
+    with ks.start(
+        bootstrap, topic, n=2, work_dir=tmp_path, application_id=unique, http=http
+    ) as cluster:
         cluster.wait_caught_up(bootstrap)
         hosts = cluster.instances[0].get("/hosts").json()["hosts"]
         owned = {h["host"]: h["active"] for h in hosts}

@@ -1,10 +1,6 @@
 package dev.tablecast.peers;
 
-import com.sun.net.httpserver.HttpExchange;
-import com.sun.net.httpserver.HttpServer;
 import java.io.IOException;
-import java.io.OutputStream;
-import java.net.InetSocketAddress;
 import java.net.URI;
 import java.net.http.HttpClient;
 import java.net.http.HttpRequest;
@@ -18,10 +14,9 @@ import java.util.List;
 import java.util.Map;
 import java.util.Properties;
 import java.util.TreeMap;
+import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.CountDownLatch;
-import java.util.concurrent.ExecutorService;
-import java.util.concurrent.Executors;
 import java.util.stream.Collectors;
 import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.serialization.Serdes;
@@ -117,42 +112,34 @@ public final class InteractiveQueries {
     return p;
   }
 
-  void run() throws IOException, InterruptedException {
+  void run() throws Exception {
     streams.setStateListener((now, before) -> log.info("state {} -> {}", before, now));
     streams.setGlobalStateRestoreListener(new RestoreProgress());
-    HttpServer server =
-        HttpServer.create(new InetSocketAddress(config.bind, config.port), 1024);
-    ExecutorService pool = Executors.newFixedThreadPool(config.httpThreads);
-    server.setExecutor(pool);
-    server.createContext("/keys/", ex -> handle(ex, this::key));
-    server.createContext("/ready", ex -> handle(ex, this::ready));
-    server.createContext("/hosts", ex -> handle(ex, this::hosts));
-    server.createContext("/positions", ex -> handle(ex, this::positions));
-
+    HttpFront front = HttpFront.of(config.http);
     CountDownLatch stopped = new CountDownLatch(1);
     Runtime.getRuntime()
         .addShutdownHook(
             new Thread(
                 () -> {
                   log.info("stopping");
-                  server.stop(0);
+                  front.stop();
                   // leave the group: otherwise a restarted instance waits out the old
                   // member's session timeout (45 s) before its partitions move back
                   streams.close(
                       CloseOptions.groupMembershipOperation(
                               CloseOptions.GroupMembershipOperation.LEAVE_GROUP)
                           .withTimeout(Duration.ofSeconds(10)));
-                  pool.shutdownNow();
                   stopped.countDown();
                 }));
     streams.start();
-    server.start();
+    front.start(config, this::route);
     log.info(
-        "serving {} from topic {} on http://{}:{} as {}",
+        "serving {} from topic {} on http://{}:{} ({}) as {}",
         STORE,
         config.topic,
         config.bind,
         config.port,
+        config.http,
         config.applicationServer);
     stopped.await();
   }
@@ -164,59 +151,71 @@ public final class InteractiveQueries {
     }
   }
 
-  interface Handler {
-    Reply apply(HttpExchange ex) throws Exception;
-  }
-
-  private void handle(HttpExchange ex, Handler handler) throws IOException {
-    Reply reply;
+  /**
+   * The answer to a request, whichever HTTP server carries it: the store reads are synchronous
+   * (a RocksDB get), a forward completes when the owner answers.
+   */
+  CompletableFuture<Reply> route(String method, String rawPath, boolean forwarded) {
     try {
-      if (!"GET".equals(ex.getRequestMethod())) {
-        reply = Reply.json(405, error("method_not_allowed", ex.getRequestMethod()));
-      } else {
-        reply = handler.apply(ex);
+      if (!"GET".equals(method)) {
+        return done(Reply.json(405, error("method_not_allowed", method)));
       }
-    } catch (InvalidStateStoreException e) {
-      // the store is closed, migrating or not local any more: a rebalance
-      reply = Reply.json(503, error("unavailable", String.valueOf(e.getMessage())));
-    } catch (IOException e) {
-      reply = Reply.json(502, error("forward_failed", String.valueOf(e)));
+      if (rawPath.startsWith("/keys/")) {
+        return key(rawPath, forwarded).exceptionally(InteractiveQueries::failed);
+      }
+      return done(
+          switch (rawPath) {
+            case "/ready" -> ready();
+            case "/hosts" -> hosts();
+            case "/positions" -> positions();
+            default -> Reply.json(404, error("not_found", rawPath));
+          });
     } catch (Exception e) {
-      log.warn("request {} failed", ex.getRequestURI(), e);
-      reply = Reply.json(500, error("internal", String.valueOf(e)));
-    }
-    ex.getResponseHeaders().set("Content-Type", "application/json");
-    if (reply.servedBy != null) {
-      ex.getResponseHeaders().set(SERVED_BY, reply.servedBy);
-    }
-    ex.sendResponseHeaders(reply.status, reply.body.length);
-    try (OutputStream out = ex.getResponseBody()) {
-      out.write(reply.body);
+      return done(failed(e));
     }
   }
 
-  private Reply key(HttpExchange ex) throws Exception {
-    String key = ex.getRequestURI().getPath().substring("/keys/".length());
+  private static CompletableFuture<Reply> done(Reply reply) {
+    return CompletableFuture.completedFuture(reply);
+  }
+
+  private static Reply failed(Throwable e) {
+    Throwable cause = e instanceof java.util.concurrent.CompletionException && e.getCause() != null
+        ? e.getCause() : e;
+    if (cause instanceof InvalidStateStoreException) {
+      // the store is closed, migrating or not local any more: a rebalance
+      return Reply.json(503, error("unavailable", String.valueOf(cause.getMessage())));
+    }
+    if (cause instanceof IOException) {
+      return Reply.json(502, error("forward_failed", String.valueOf(cause)));
+    }
+    LoggerFactory.getLogger(InteractiveQueries.class).warn("request failed", cause);
+    return Reply.json(500, error("internal", String.valueOf(cause)));
+  }
+
+  private CompletableFuture<Reply> key(String rawPath, boolean forwarded) {
+    String key =
+        java.net.URLDecoder.decode(
+            rawPath.substring("/keys/".length()).replace("+", "%2B"), StandardCharsets.UTF_8);
     if (key.isEmpty()) {
-      return Reply.json(400, error("bad_request", "no key"));
+      return done(Reply.json(400, error("bad_request", "no key")));
     }
     KeyQueryMetadata meta = streams.queryMetadataForKey(STORE, key, KEYS);
     if (meta == null || KeyQueryMetadata.NOT_AVAILABLE.equals(meta)) {
-      return Reply.json(503, error("unavailable", "no owner known for the key yet"));
+      return done(Reply.json(503, error("unavailable", "no owner known for the key yet")));
     }
-    boolean forwarded = ex.getRequestHeaders().containsKey(FORWARDED);
     if (!self.equals(meta.activeHost()) && !forwarded) {
-      return forward(meta.activeHost(), ex.getRequestURI().getRawPath());
+      return forward(meta.activeHost(), rawPath);
     }
     String value = store(meta.partition()).get(key);
     String servedBy = config.applicationServer;
     if (value == null) {
-      return new Reply(
-          404, error("key_not_found", key).getBytes(StandardCharsets.UTF_8), servedBy);
+      return done(
+          new Reply(404, error("key_not_found", key).getBytes(StandardCharsets.UTF_8), servedBy));
     }
     // the value is JSON text already: embed it as is
     String body = "{\"key\":" + quote(key) + ",\"value\":" + value + "}";
-    return new Reply(200, body.getBytes(StandardCharsets.UTF_8), servedBy);
+    return done(new Reply(200, body.getBytes(StandardCharsets.UTF_8), servedBy));
   }
 
   /** The store of one partition; reading only it skips probing every local partition. */
@@ -231,29 +230,32 @@ public final class InteractiveQueries {
                     .withPartition(p)));
   }
 
-  private Reply forward(HostInfo owner, String rawPath) throws IOException, InterruptedException {
+  /** The owner's answer, without holding a thread while it comes (an event loop must not). */
+  private CompletableFuture<Reply> forward(HostInfo owner, String rawPath) {
     HttpRequest request =
         HttpRequest.newBuilder(URI.create("http://" + owner.host() + ":" + owner.port() + rawPath))
             .header(FORWARDED, config.applicationServer)
             .timeout(Duration.ofSeconds(5))
             .GET()
             .build();
-    HttpResponse<byte[]> response =
-        forwarder.send(request, HttpResponse.BodyHandlers.ofByteArray());
-    return new Reply(
-        response.statusCode(),
-        response.body(),
-        response.headers().firstValue(SERVED_BY).orElse(null));
+    return forwarder
+        .sendAsync(request, HttpResponse.BodyHandlers.ofByteArray())
+        .thenApply(
+            response ->
+                new Reply(
+                    response.statusCode(),
+                    response.body(),
+                    response.headers().firstValue(SERVED_BY).orElse(null)));
   }
 
-  private Reply ready(HttpExchange ex) {
+  private Reply ready() {
     KafkaStreams.State state = streams.state();
     String body = "{\"state\":" + quote(state.name()) + "}";
     return Reply.json(state == KafkaStreams.State.RUNNING ? 200 : 503, body);
   }
 
   /** Every instance of the application and the input partitions it owns (active and standby). */
-  private Reply hosts(HttpExchange ex) {
+  private Reply hosts() {
     Collection<StreamsMetadata> all = streams.streamsMetadataForStore(STORE);
     List<String> items = new ArrayList<>();
     for (StreamsMetadata m : all) {
@@ -281,7 +283,7 @@ public final class InteractiveQueries {
    * The input-topic offset each local active store has applied, per partition, from the stores'
    * IQv2 positions: lets a harness wait until the table holds everything produced.
    */
-  private Reply positions(HttpExchange ex) {
+  private Reply positions() {
     // any key will do: the answer's position is the store's, not the key's
     KeyQuery<String, String> probe = KeyQuery.withKey("");
     StateQueryResult<String> result =
@@ -386,6 +388,7 @@ public final class InteractiveQueries {
       int streamThreads,
       int httpThreads,
       int standbyReplicas,
+      String http,
       Map<String, String> extra) {
 
     static Config parse(String[] args, Map<String, String> env) {
@@ -449,6 +452,9 @@ public final class InteractiveQueries {
           // interactive-queries examples run on; idle threads cost nothing.
           Integer.parseInt(get.apply("http-threads", String.valueOf(Math.max(200, 4 * cores)))),
           Integer.parseInt(get.apply("standby-replicas", "0")),
+          // the HTTP server: the JDK's, Jetty (seed 001's stack) or Reactor Netty (seed
+          // 000's Spring reactive web runs on it)
+          get.apply("http", "jdk"),
           extra);
     }
   }
@@ -472,7 +478,7 @@ public final class InteractiveQueries {
           "usage: java -jar kafka-streams-iq.jar --topic T [--bootstrap-servers B]"
               + " [--application-id A] [--port P] [--bind H] [--state-dir D]"
               + " [--application-server H:P] [--stream-threads N] [--http-threads N]"
-              + " [--standby-replicas N] [--prop k=v ...]   (or env IQ_TOPIC, IQ_PORT, ...)");
+              + " [--standby-replicas N] [--http jdk|jetty|netty] [--prop k=v ...]   (or env IQ_TOPIC, IQ_PORT, ...)");
       System.exit(2);
       return;
     }
