@@ -26,6 +26,7 @@ BENCHES = {
     "watch": "bench.watch",
     "history": "bench.history",
     "console": "bench.console",
+    "concurrency": "bench.concurrency",
 }
 # the pipeline benchmark is written by another change; run it once its module exists
 if importlib.util.find_spec("bench.pipeline") is not None:

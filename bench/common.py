@@ -105,9 +105,10 @@ _WRK_REPORT = """
 done = function(summary, latency, requests)
   local e = summary.errors
   io.write(string.format(
-    '{"requests": %d, "duration_us": %d, "p50_us": %d, "p90_us": %d, "p99_us": %d, "errors": %d, "non2xx": %d}\\n',
+    '{"requests": %d, "duration_us": %d, "p50_us": %d, "p90_us": %d, "p99_us": %d, "p999_us": %d, "errors": %d, "non2xx": %d}\\n',
     summary.requests, summary.duration, latency:percentile(50), latency:percentile(90),
-    latency:percentile(99), e.connect + e.read + e.write + e.timeout, e.status))
+    latency:percentile(99), latency:percentile(99.9), e.connect + e.read + e.write + e.timeout,
+    e.status))
 end
 """
 
