@@ -254,19 +254,24 @@ def test_retract_emits_one_change_per_group_touched() -> None:
         v = None if gk is None else pack_pair(gk, LONG.serialize(gv))
         return (b"r1", v, None, b"r1", b"raw", "t", 0, offset, 0, 100 + offset)
 
-    out = core(b"r1", [row(b"a", 1, 0), row(b"a", 2, 1), row(b"b", 3, 2), row(None, 0, 3)], state)
-    changes = [(r[0], r[10], r[1]) for r in out]  # (group, retracted, added)
-    # each change keeps its source row's timestamp and names the source row
-    assert [r[9] for r in out] == [100, 101, 102, 102, 103] and {r[12] for r in out} == {b"r1"}
+    def changes(*rows: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        out = core(b"r1", list(rows), state)
+        # each change names the source row and keeps the timestamp of its last record
+        assert {r[12] for r in out} <= {b"r1"} and {r[9] for r in out} <= {100 + rows[-1][7]}
+        return [(r[0], r[10], r[1]) for r in out]  # (group, retracted, added)
+
     enc = LONG.serialize
-    assert changes == [
-        (b"a", None, enc(1)),
-        (b"a", enc(1), enc(2)),  # same group: one record, subtract then add
-        (b"a", enc(2), None),  # moved: retracted from a ...
-        (b"b", None, enc(3)),  # ... added to b
-        (b"b", enc(3), None),  # deleted
+    # several records of the row in one batch: one change, from before to after the batch
+    assert changes(row(b"a", 1, 0), row(b"a", 2, 1), row(b"b", 3, 2)) == [(b"b", None, enc(3))]
+    assert changes(row(b"b", 4, 3)) == [(b"b", enc(3), enc(4))]  # same group: one record
+    assert changes(row(b"c", 9, 4), row(b"a", 5, 5)) == [
+        (b"b", enc(4), None),  # moved: retracted from b ...
+        (b"a", None, enc(5)),  # ... added to a (c, passed through, never saw it)
     ]
+    assert changes(row(None, 0, 6)) == [(b"a", enc(5), None)]  # deleted
     assert not state.exists
+    # added and deleted within one batch: nothing happened
+    assert changes(row(b"a", 1, 7), row(None, 0, 8)) == []
 
 
 def test_a_dead_lettered_change_leaves_no_drift_when_its_row_changes_again() -> None:

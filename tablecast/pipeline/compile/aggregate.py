@@ -165,42 +165,49 @@ def _encoded(current: Any, result: Serde, last: tuple[Any, ...], out: list[Any],
 
 
 def retract() -> Core:
-    """State: the source row's last selection, packed (group key, group value)."""
+    """State: the source row's last selection, packed (group key, group value).
+
+    A source row changed several times in one micro-batch makes one change: from its
+    selection before the batch to its selection after it, stamped with its last record
+    (as Kafka Streams' record cache forwards a KTable's latest value per key at each
+    commit, not every update). The aggregates come out the same for an adder and a
+    subtractor that undo each other, which a table aggregation relies on anyway; the
+    repartition topic and the aggregation downstream see one change per source row and
+    batch instead of one per record."""
     cols = [*env.COLUMNS, env.OLD, env.RID, env.SRC]
     width = len(cols)
 
     def core(kb: bytes | None, rows: list[tuple[Any, ...]], state: KeyState) -> list[Any]:
-        prev = state.get[0] if state.exists else None
+        before = state.get[0] if state.exists else None
         out: list[tuple[Any, ...]] = []
-        changed = False
+        last = None
         for row in rows:
             if row[ERR] is not None:
                 out.append((*row[: len(env.COLUMNS)], None, None, None))
-                continue
-            if kb is None:
+            elif kb is None:
                 out.append(bad_row(row, "null key", width))
-                continue
-            new = row[V]
-            og, ov = unpack_pair(prev) if prev is not None else (None, None)
-            ng, nv = unpack_pair(new) if new is not None else (None, None)
-            coords = (row[PART], row[OFF], row[SEQ])
-            # the change keeps the source row's timestamp; the source key travels along, so
-            # the aggregation knows whose contribution a later retraction takes back
-            base = (row[ERR], row[RK], row[RV], row[TOPIC], *coords, row[TS])
-            if og is not None and og == ng:
-                out.append((og, nv, *base, ov, record_id(*coords, 1), kb))
             else:
-                if og is not None:
-                    out.append((og, None, *base, ov, record_id(*coords, 0), kb))
-                if ng is not None:
-                    out.append((ng, nv, *base, None, record_id(*coords, 1), kb))
-            prev = new
-            changed = True
-        if changed:
-            if prev is None:
-                state.remove()
-            else:
-                state.update((prev,))
+                last = row
+        if last is None:
+            return out
+        new = last[V]
+        og, ov = unpack_pair(before) if before is not None else (None, None)
+        ng, nv = unpack_pair(new) if new is not None else (None, None)
+        coords = (last[PART], last[OFF], last[SEQ])
+        # the change keeps the source row's timestamp; the source key travels along, so
+        # the aggregation knows whose contribution a later retraction takes back
+        base = (last[ERR], last[RK], last[RV], last[TOPIC], *coords, last[TS])
+        if og is not None and og == ng:
+            out.append((og, nv, *base, ov, record_id(*coords, 1), kb))
+        else:
+            if og is not None:
+                out.append((og, None, *base, ov, record_id(*coords, 0), kb))
+            if ng is not None:
+                out.append((ng, nv, *base, None, record_id(*coords, 1), kb))
+        if new is None:
+            state.remove()
+        else:
+            state.update((new,))
         return out
 
     return core
