@@ -497,3 +497,48 @@ def stream_stream_join(
                 out.append((k, joiner(*pair), max(ts, r["ts"])))
         mine.append(me)
     return out, late
+
+
+# -- cogroup -------------------------------------------------------------------
+#: a cogrouped record: (input index, partition, key, value, timestamp)
+CogroupEvent = tuple[int, int, Any, Any, int]
+
+
+def task_order(batch: Iterable[CogroupEvent]) -> list[CogroupEvent]:
+    """The order a Kafka Streams task takes the records it has buffered (PartitionGroup):
+    each input partition's records in offset order (`batch`'s order), and next always
+    the head of the partition whose head has the lowest timestamp. Kafka Streams leaves
+    equal timestamps to its priority queue; tablecast promises the earlier input (in
+    cogroup()), then the lower partition, and so does this model."""
+    queues: dict[tuple[int, int], list[CogroupEvent]] = {}
+    for e in batch:
+        queues.setdefault((e[0], e[1]), []).append(e)
+    out: list[CogroupEvent] = []
+    while any(queues.values()):
+        pick = min((q[0][4], name) for name, q in queues.items() if q)[1]
+        out.append(queues[pick].pop(0))
+    return out
+
+
+def cogroup_aggregate(
+    events: Iterable[CogroupEvent],
+    init: Callable[[], Any],
+    aggregators: list[Callable[[Any, Any, Any], Any]],
+) -> dict[Any, tuple[Any, int]]:
+    """CogroupedKStream.aggregate: one KStreamAggregate per input over one timestamped
+    store, records in processing order. A record without key or value is skipped; else
+    the aggregate (init() when the key has none) becomes aggregators[input](key, value,
+    aggregate), with timestamp max(the stored one, the record's), the record's own when
+    the key had none; a None aggregate deletes the key. The store: {key: (aggregate,
+    timestamp)}."""
+    store: dict[Any, tuple[Any, int]] = {}
+    for i, _, k, v, ts in events:
+        if k is None or v is None:
+            continue
+        old = store.get(k)
+        new = aggregators[i](k, v, init() if old is None else old[0])
+        if new is None:
+            store.pop(k, None)
+        else:
+            store[k] = (new, ts if old is None else max(ts, old[1]))
+    return store

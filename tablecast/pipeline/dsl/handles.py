@@ -298,6 +298,97 @@ class GroupedStream(_Handle):
         return Table(self._app, node)
 
 
+Cogrouped = tuple[GroupedStream, Callable[[Any, Any, Any], Any]]
+
+
+class CogroupedStream:
+    """Grouped streams cogrouped (Kafka Streams' CogroupedKStream): each keeps its own
+    aggregator(key, value, aggregate), all share one aggregate per key.
+
+    Built by ``app.cogroup((grouped_a, aggregator_a), (grouped_b, aggregator_b), ...)``;
+    ``.cogroup(grouped_c, aggregator_c)`` adds another input, ``.aggregate(initializer)``
+    makes the table."""
+
+    def __init__(self, app: App, inputs: tuple[Cogrouped, ...]) -> None:
+        self._app = app
+        self._inputs = _checked_cogroup(app, inputs)
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"({g!r}, {plan.fn_name(f)})" for g, f in self._inputs)
+        return f"<CogroupedStream {shown}>"
+
+    def cogroup(
+        self, grouped: GroupedStream, aggregator: Callable[[Any, Any, Any], Any]
+    ) -> CogroupedStream:
+        """These inputs and `grouped` with its own aggregator (Kafka Streams' chained form)."""
+        return CogroupedStream(self._app, (*self._inputs, (grouped, aggregator)))
+
+    def aggregate(self, initializer: Callable[[], Any], value: Serde | None = None) -> Table:
+        """The table of one aggregate per key: a record of input i (key and value not None)
+        makes it ``aggregator_i(key, value, aggregate)``, from initializer() when the key
+        has none; a None result deletes the key, and its next record starts over from
+        initializer(). Values are JSON unless `value=`. Records of all inputs are taken in
+        the order described in the user guide ("Cogrouping")."""
+        _check_callable("cogroup aggregate", initializer)
+        first, *rest = self._inputs
+        node = plan.Cogroup(
+            first[0].node,
+            others=tuple(g.node for g, _ in rest),  # type: ignore[misc]
+            aggregators=tuple(f for _, f in self._inputs),
+            initializer=initializer,
+            value=value,
+        )
+        return Table(self._app, node)
+
+    def windowed_by(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(
+            "cogroup(...).windowed_by(...) is not supported yet: aggregate each grouped "
+            "stream in its windows and join the window tables, or cogroup without windows"
+        )
+
+
+def _checked_cogroup(app: App, inputs: tuple[Any, ...]) -> tuple[Cogrouped, ...]:
+    """Kafka Streams' rules: grouped streams (not tables, not windowed: windows come after
+    cogroup), each once, one key serde for all, an aggregator each."""
+    if not inputs:
+        raise TypeError("cogroup: pass (grouped_stream, aggregator) pairs, at least one")
+    out: list[Cogrouped] = []
+    for pair in inputs:
+        if not (isinstance(pair, tuple) and len(pair) == 2):
+            raise TypeError(
+                "cogroup: each input is a pair (grouped_stream, aggregator(key, value, agg)), "
+                f"not {type(pair).__name__}"
+            )
+        grouped, aggregator = pair
+        if isinstance(grouped, GroupedTable):
+            raise TypeError(
+                "cogroup: a grouped table cannot be cogrouped (Kafka Streams cogroups "
+                "KGroupedStreams only: a table's changes need subtractors); use "
+                "table.to_stream().group_by_key() to aggregate its changes as events"
+            )
+        if isinstance(grouped, WindowedGroupedStream):
+            raise TypeError(
+                "cogroup: cogroup grouped streams, not windowed ones (Kafka Streams windows "
+                "the cogrouped stream: cogroup(...).windowed_by(...))"
+            )
+        if not isinstance(grouped, GroupedStream):
+            raise TypeError(
+                "cogroup: expected a grouped stream (stream.group_by_key() or group_by(f)), "
+                f"not {type(grouped).__name__}"
+            )
+        if grouped._app is not app:
+            raise ValueError("cogroup: every grouped stream must come from this App")
+        if any(g.node is grouped.node for g, _ in out):
+            raise ValueError("cogroup: a grouped stream is cogrouped once (one aggregator each)")
+        _check_callable("cogroup aggregator", aggregator)
+        out.append((grouped, aggregator))
+    first = out[0][0].node.key_serde().spec()
+    if any(g.node.key_serde().spec() != first for g, _ in out):
+        shown = ", ".join(repr(g.node.key_serde()) for g, _ in out)
+        raise TypeError(f"cogroup: every grouped stream needs the same key serde ({shown})")
+    return tuple(out)
+
+
 class WindowedGroupedStream(_Handle):
     """A grouped stream cut into time windows: its aggregations are window tables.
 
