@@ -542,3 +542,39 @@ def cogroup_aggregate(
         else:
             store[k] = (new, ts if old is None else max(ts, old[1]))
     return store
+
+
+def cogroup_window_aggregate(
+    events: Iterable[tuple[Any, int, Any, Any, int]],
+    size: int,
+    advance: int,
+    grace: int,
+    init: Callable[[], Any],
+    aggregators: list[Callable[[Any, Any, Any], Any]],
+) -> tuple[dict[tuple[Any, int], tuple[Any, int]], list[tuple[Any, int, Any, Any, int]]]:
+    """cogroup(...).windowed_by(TimeWindows).aggregate(init): events are (task, input, key,
+    value, timestamp) in each task's processing order. Stream time is the task's highest
+    timestamp over every input (records without key or value skipped, not moving it); a
+    record goes into each window [s, s + size) holding it with stream time < s + size +
+    grace, through its input's aggregator (init() for a window without aggregate; a None
+    result deletes the window); with no such window it is late. Returns {(key, start):
+    (aggregate, timestamp)} and the late records."""
+    table: dict[tuple[Any, int], tuple[Any, int]] = {}
+    stream_time: dict[Any, int] = {}
+    late = []
+    for e in events:
+        task, i, k, v, ts = e
+        if k is None or v is None:
+            continue
+        now = stream_time[task] = max(stream_time.get(task, ts), ts)
+        open_ = [s for s in window_starts(ts, size, advance) if s + size + grace > now]
+        if not open_:
+            late.append(e)
+        for s in open_:
+            old = table.get((k, s))
+            new = aggregators[i](k, v, init() if old is None else old[0])
+            if new is None:
+                table.pop((k, s), None)
+            else:
+                table[(k, s)] = (new, ts if old is None else max(ts, old[1]))
+    return table, late

@@ -454,7 +454,7 @@ def test_kill_9_of_the_driver_leaves_cogroup_tables_exact(
         wire: dict[str, list[tuple[bytes, bytes]]] = {"a": [], "b": []}
         for _ in range(n):
             side, k, v = rng.choice("ab"), f"s{rng.randrange(300)}", rng.randrange(1000)
-            value = {"n": v, "to": f"c{rng.randrange(200)}"}
+            value = {"n": v, "to": f"s{rng.randrange(300)}"}
             wire[side].append((k.encode(), orjson.dumps(value)))
             if side == "a":
                 events.append((0, 0, k, value, 0))

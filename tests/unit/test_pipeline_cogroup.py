@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pickle
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -55,8 +56,14 @@ def test_dsl_refuses_cogroups_kafka_streams_refuses() -> None:
     cog = app.cogroup((a, _add)).cogroup(b, _add)
     with pytest.raises(TypeError, match="Python callables"):
         cog.aggregate(None)  # type: ignore[arg-type]
-    with pytest.raises(NotImplementedError, match="not supported yet"):
-        cog.windowed_by(tc.windows.tumbling("1 minute"))
+    with pytest.raises(NotImplementedError, match="session"):
+        cog.windowed_by(tc.windows.session("1 minute"))
+    with pytest.raises(TypeError, match="tumbling"):
+        cog.windowed_by("1 minute")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="negative"):
+        cog.windowed_by(tc.windows.tumbling("1 minute"), grace=timedelta(seconds=-1))
+    with pytest.raises(ValueError, match="emit is"):
+        cog.windowed_by(tc.windows.tumbling("1 minute")).aggregate(list, emit="never")  # type: ignore[arg-type]
     table = cog.aggregate(list)
     assert isinstance(table, tc.pipeline.dsl.handles.Table)  # type: ignore[attr-defined]
     assert table.node.value_serde().spec() == JSON.spec()  # JSON unless value=
@@ -321,3 +328,123 @@ def test_copies_a_restarted_writer_wrote_again_are_applied_once_per_input() -> N
     (r,) = _run(fn, [*again, _row((1, 0, "k", 3, 12), 2, b"r2", 4)], state)
     assert JSON.deserialize(r[1]) == [["b", 1], ["c", 2], ["b", 3]]
     assert UNION[: len(env.COLUMNS)] == env.COLUMNS
+
+
+# -- windowed ------------------------------------------------------------------
+def test_a_windowed_cogroup_is_a_window_table_per_task() -> None:
+    app = tc.App("a")
+    a = app.stream("a").group_by_key()
+    b = app.stream("b").filter(lambda k, v: True).group_by_key()
+    w = app.cogroup((a, _add), (b, _add)).windowed_by(tc.windows.hopping("10 s", "5 s"), "1 s")
+    w.aggregate(list, emit="final").materialize("win")
+    _, main = plan(app, "win")
+    (step,) = main.steps
+    assert step.what == "cogroup" and step.windowed and main.windowed and main.per_task
+    assert "by key's partition" in step.describe() and "emit='final'" in step.describe()
+    from tablecast.pipeline.plan import nodes
+
+    window = nodes.window_of(app.materialized["win"])
+    assert window is not None and window.windows.size_ms == 10_000
+
+
+def _c_whole(k: Any, v: Any, agg: Any) -> Any:
+    return [*agg[-3:], ["c", v]]
+
+
+#: the windowed tests' aggregators: none raises (a raising one: its own test below)
+WINDOWED = [_a, _b, _c_whole]
+
+
+def _run_windowed(
+    batches: list[list[ref.CogroupEvent]],
+    size: int,
+    advance: int,
+    grace: int,
+    final: bool = False,
+    aggregators: list[Any] = WINDOWED,
+) -> list[tuple[Any, ...]]:
+    from tablecast.pipeline.compile.cogroup import window_core
+    from tablecast.windows import Windows
+
+    fn = window_core(
+        Cogrouped(tuple(aggregators), _init),
+        Windows(size, advance),
+        grace,
+        JSON_KEY,
+        (JSON, JSON, JSON),
+        JSON,
+        (False, False, False),
+        final,
+    )
+    state, offsets, out = _State(), dict[tuple[int, int], int](), []
+    for batch in batches:
+        rows = []
+        for e in batch:
+            off = offsets[(e[0], e[1])] = offsets.get((e[0], e[1]), -1) + 1
+            rows.append(_row(e, off))
+        out.extend(_run(fn, rows, state))
+    return out
+
+
+def _window_table(out: list[tuple[Any, ...]]) -> dict[tuple[str, int], tuple[Any, int]]:
+    from tablecast.kafka.windowed import split_window_key
+
+    table: dict[tuple[str, int], tuple[Any, int]] = {}
+    for r in out:
+        if r[2] is not None:
+            continue
+        inner, start = split_window_key(r[0])
+        if r[1] is None:
+            table.pop((inner.decode(), start), None)
+        else:
+            table[(inner.decode(), start)] = (JSON.deserialize(r[1]), r[9])
+    return table
+
+
+WINDOWS = st.sampled_from([(10, 10), (10, 5), (6, 3), (4, 4)])
+
+
+@settings(deadline=None, max_examples=EXAMPLES)
+@given(draws=events(st.integers(-5, 8)), window=WINDOWS, grace=st.integers(0, 6))
+def test_windowed_cogroup_matches_the_reference_in_any_batching(
+    draws: list[list[tuple[int, int, str | None, int | None, int]]],
+    window: tuple[int, int],
+    grace: int,
+) -> None:
+    # one task: its rows of a batch are taken in the task's order over all its keys
+    batches = _batches(draws)
+    out = _run_windowed(batches, *window, grace)
+    taken = [(0, e[0], e[2], e[3], e[4]) for b in batches for e in ref.task_order(b)]
+    want, late = ref.cogroup_window_aggregate(taken, *window, grace, _init, WINDOWED)
+    assert _window_table(out) == want
+    dead = [r for r in out if r[2] is not None]
+    assert all(r[2].startswith("late record") for r in dead) and len(dead) == len(late)
+
+
+@settings(deadline=None, max_examples=EXAMPLES)
+@given(draws=events(st.integers(-5, 8)), window=WINDOWS, grace=st.integers(0, 6))
+def test_final_windows_are_the_last_changes_of_closed_windows(
+    draws: list[list[tuple[int, int, str | None, int | None, int]]],
+    window: tuple[int, int],
+    grace: int,
+) -> None:
+    batches = _batches(draws)
+    changes = _run_windowed(batches, *window, grace)
+    final = _run_windowed(batches, *window, grace, final=True)
+    now = max(
+        (e[4] for b in batches for e in b if e[2] is not None and e[3] is not None), default=0
+    )
+    closed = {wk: v for wk, v in _window_table(changes).items() if wk[1] + window[0] + grace <= now}
+    assert _window_table(final) == closed
+    written = [r[0] for r in final if r[2] is None]
+    assert len(written) == len(set(written))  # once per window
+
+
+def test_a_raising_aggregator_dead_letters_its_record_and_leaves_the_windows() -> None:
+    first = [(0, 0, "k", 1, 10), (2, 0, "k", 7, 30)]
+    out = _run_windowed([first, [(0, 0, "k", 2, 12)]], 10, 10, 0, aggregators=AGGREGATORS)
+    seven, late = [r for r in out if r[2] is not None]
+    assert "cogroup: ValueError: seven" in seven[2]
+    # the failed record still moved stream time to 30: 12's window [10, 20) is closed
+    assert late[2].startswith("late record: timestamp 12, stream time 30")
+    assert _window_table(out) == {("k", 10): ([["a", 1]], 10)}

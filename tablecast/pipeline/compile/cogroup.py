@@ -30,27 +30,36 @@ a topic with record ids drop the copies a restarted writer wrote again, per inpu
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+import pickle
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import reduce
 from typing import TYPE_CHECKING, Any
 
+from tablecast.kafka.windowed import window_key
 from tablecast.pipeline.compile import envelope as env
 from tablecast.pipeline.compile.keyed import (
     ERR,
+    OFF,
     PART,
     SEEN,
+    TOPIC,
     TS,
+    K,
     KeyState,
+    StateFn,
     V,
     bad_row,
     by_bucket,
     drop_copies,
+    frame,
     later,
+    ordered_rows,
     out_row,
     through_id,
 )
 from tablecast.serde import Serde
+from tablecast.windows import Windows
 
 if TYPE_CHECKING:
     from tablecast.pipeline.compile.flow import Flow
@@ -150,9 +159,12 @@ def cogroup_core(
     return core
 
 
-def apply(flows: list[tuple[Flow, tuple[str, ...]]], step: Step, buckets: int) -> Flow:
+def apply(
+    flows: list[tuple[Flow, tuple[str, ...]]], step: Step, buckets: int, partitions: int
+) -> Flow:
     """Cogroup `flows` (each input's rows and the record-id columns it carries, the query's
-    own input first) into the aggregation `step`."""
+    own input first) into the aggregation `step`: per key (keys in `buckets`), or per task
+    (`partitions` of them) when windowed."""
     from pyspark.sql import functions as F
 
     from tablecast.pipeline.compile.flow import Flow
@@ -171,6 +183,117 @@ def apply(flows: list[tuple[Flow, tuple[str, ...]]], step: Step, buckets: int) -
     first = flows[0][0]
     values = tuple(f.value for f, _ in flows)
     cog = Cogrouped(node.aggregators, node.initializer)
-    core = cogroup_core(cog, first.key, values, step.value, through)
-    df = by_bucket(union, core, buckets)
+    if node.window is None:
+        core = cogroup_core(cog, first.key, values, step.value, through)
+        df = by_bucket(union, core, buckets)
+        return Flow(df, step.key, step.value, step.kind)
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    from tablecast.pipeline.compile.window import TASK, task_udf
+
+    w = node.window
+    assert isinstance(w.windows, Windows)  # the DSL refuses session windows here
+    final = node.emit == "final"
+    fn = window_core(cog, w.windows, w.grace_ms, first.key, values, step.value, through, final)
+    df = union.withColumn(TASK, task_udf(partitions)(F.col("key")))
+    df = df.groupBy(TASK).applyInPandasWithState(
+        fn, env.schema(), "store binary", "update", GroupStateTimeout.NoTimeout
+    )
     return Flow(df, step.key, step.value, step.kind)
+
+
+# -- windowed: cogroup(...).windowed_by(tc.windows.tumbling/hopping(...)) ---------------
+def window_core(
+    cog: Cogrouped,
+    windows: Windows,
+    grace_ms: int,
+    key: Serde,
+    values: tuple[Serde, ...],
+    result: Serde,
+    through: tuple[bool, ...],
+    final: bool = False,
+) -> StateFn:
+    """The applyInPandasWithState function of a task (the key's partition, as for a
+    grouped stream's windows, :mod:`.window`): the task's rows of every input, in the
+    task's order (:func:`ordered`, over all its keys, as a Kafka Streams task takes
+    them), one stream time over all inputs. A record belongs to every window
+    [start, start + size) holding its timestamp that is still open (stream time < end +
+    grace); one with none open is late (dead-lettered). Each window is KStreamAggregate's
+    aggregate (:func:`cogroup_core`'s rules); `final`: written once, when it closes.
+    State: (stream time, {(key, start): (aggregate, timestamp)}, {input: (upstream
+    batch, ids applied)})."""
+    size = windows.size_ms
+
+    def fn(group: tuple[Any, ...], pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
+        task = int(group[0])
+        stored = pickle.loads(state.get[0]) if state.exists else (None, {}, {})
+        stream_time: int | None = stored[0]
+        store: dict[tuple[bytes, int], tuple[bytes, int]] = stored[1]
+        applied: dict[int, tuple[int, set[bytes]]] = stored[2]
+        rows = [row[:-1] for row in ordered_rows(pdfs)]  # without the task column
+        fresh: list[tuple[Any, ...]] = []
+        for side, ids in enumerate(through):
+            mine = [r for r in rows if r[SIDE_I] == side]
+            if ids:
+                last_batch, seen = applied.get(side, (-1, set()))
+                mine, last_batch, seen = drop_copies(mine, last_batch, seen, through_id)
+                if last_batch >= 0:
+                    applied[side] = (last_batch, seen)
+            fresh.extend(mine)
+        out: list[tuple[Any, ...]] = []
+        changed: dict[tuple[bytes, int], tuple[Any, ...]] = {}  # the last row changing each
+        for row in ordered(fresh):
+            if row[ERR] is not None:
+                out.append(row[:WIDTH])
+                continue
+            kb = row[K]
+            if kb is None or row[V] is None:
+                continue  # skipped, and stream time does not move (as for windows)
+            ts = int(row[TS])
+            stream_time = ts if stream_time is None else max(stream_time, ts)
+            starts = [s for s in windows.starts(ts) if s + size + grace_ms > stream_time]
+            if not starts:
+                why = (
+                    f"late record: timestamp {ts}, stream time {stream_time}, "
+                    f"window size {size} ms, grace {grace_ms} ms"
+                )
+                out.append(bad_row(row, why, WIDTH))
+                continue
+            side = int(row[SIDE_I])
+            try:
+                k, v = key.deserialize(kb), values[side].deserialize(row[V])
+                new: dict[tuple[bytes, int], tuple[bytes | None, int]] = {}
+                for s in starts:
+                    old = store.get((kb, s))
+                    agg = cog.add(side, k, v, None if old is None else result.deserialize(old[0]))
+                    enc = None if agg is None else result.serialize(agg)
+                    new[(kb, s)] = (enc, ts if old is None else max(ts, old[1]))
+            except Exception as e:  # the user's function failed: dead-letter this record
+                out.append(bad_row(row, f"cogroup: {type(e).__name__}: {e}", WIDTH))
+                continue
+            for wk, (enc, t) in new.items():
+                if enc is None:
+                    store.pop(wk, None)
+                else:
+                    store[wk] = (enc, t)
+                changed[wk] = (row, enc, t)
+        if not final:
+            for wk, (row, enc, t) in changed.items():
+                at = t if enc is not None else row[TS]
+                out.append(
+                    (window_key(*wk), enc, None, None, None, row[TOPIC], task, row[OFF], 0, at)
+                )
+        # a window closed for good takes no more records: forget it (written now if final)
+        closed = sorted(
+            (wk for wk in store if wk[1] + size + grace_ms <= (stream_time or 0)),
+            key=lambda w: w[1],
+        )
+        for wk in closed:
+            enc, t = store.pop(wk)
+            if final:
+                out.append((window_key(*wk), enc, None, None, None, None, task, 0, 0, t))
+        state.update((pickle.dumps((stream_time, store, applied), protocol=5),))
+        if out:
+            yield frame(out, env.COLUMNS)
+
+    return fn

@@ -156,7 +156,7 @@ def transform(
         elif step.what == "cogroup":
             assert stream_side is not None
             others = [stream_side(ref) for ref in step.sides]
-            flow = cogroup.apply([(flow, extra), *others], step, buckets)
+            flow = cogroup.apply([(flow, extra), *others], step, buckets, partitions)
             extra = ()
             i += 1
         elif step.what == "window_aggregate":

@@ -340,11 +340,54 @@ class CogroupedStream:
         )
         return Table(self._app, node)
 
-    def windowed_by(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(
-            "cogroup(...).windowed_by(...) is not supported yet: aggregate each grouped "
-            "stream in its windows and join the window tables, or cogroup without windows"
+    def windowed_by(
+        self, windows: Windows, grace: timedelta | str = timedelta(0)
+    ) -> WindowedCogroupedStream:
+        """Aggregate per (key, window) on the records' Kafka timestamps
+        (tc.windows.tumbling or hopping), as grouped_stream.windowed_by; stream time is
+        the task's over all inputs. Session windows are not supported for a cogroup."""
+        if isinstance(windows, SessionWindows):
+            raise NotImplementedError(
+                "cogroup(...).windowed_by(session(...)) is not supported yet: use "
+                "tc.windows.tumbling(...) or hopping(...)"
+            )
+        if not isinstance(windows, Windows):
+            raise TypeError("windowed_by: expected tc.windows.tumbling(...) or hopping(...)")
+        grace_ms = to_ms(grace)
+        if grace_ms < 0:
+            raise ValueError("windowed_by: grace must not be negative")
+        return WindowedCogroupedStream(self._app, self._inputs, windows, grace_ms)
+
+
+class WindowedCogroupedStream:
+    """Cogrouped streams cut into time windows: the aggregate is a window table."""
+
+    def __init__(
+        self, app: App, inputs: tuple[Cogrouped, ...], windows: Windows, grace_ms: int
+    ) -> None:
+        self._app = app
+        self._inputs = inputs
+        self._windows = windows
+        self._grace_ms = grace_ms
+
+    def aggregate(
+        self, initializer: Callable[[], Any], value: Serde | None = None, emit: Emit = "changes"
+    ) -> WindowedTable:
+        """Each window's aggregate, from initializer(), updated by every input's records
+        through its aggregator; `emit` as for a grouped stream's windows."""
+        _check_callable("cogroup aggregate", initializer)
+        first, *rest = self._inputs
+        window = plan.WindowedBy(first[0].node, self._windows, self._grace_ms)
+        node = plan.Cogroup(
+            first[0].node,
+            others=tuple(g.node for g, _ in rest),  # type: ignore[misc]
+            aggregators=tuple(f for _, f in self._inputs),
+            initializer=initializer,
+            value=value,
+            window=window,
+            emit=_emit(emit),
         )
+        return WindowedTable(self._app, node)
 
 
 def _checked_cogroup(app: App, inputs: tuple[Any, ...]) -> tuple[Cogrouped, ...]:

@@ -266,6 +266,9 @@ class Cogroup(Node):
     aggregators: tuple[Callable[[Any, Any, Any], Any], ...] = ()
     initializer: Callable[[], Any] = None  # type: ignore[assignment]
     value: Serde | None = None
+    #: cogroup(...).windowed_by(...): the aggregate is kept per (key, window)
+    window: WindowedBy | None = None
+    emit: Literal["changes", "final"] = "changes"
 
     @property
     def kind(self) -> Kind:
@@ -286,7 +289,10 @@ class Cogroup(Node):
             for g, f in zip(self.others, self.aggregators[1:], strict=True)
         )
         first = fn_name(self.aggregators[0])
-        return f"cogroup({first}, [{inputs}]).aggregate({fn_name(self.initializer)})"
+        window = "" if self.window is None else f".{self.window.describe()}"
+        emit = ", emit='final'" if self.emit == "final" else ""
+        init = fn_name(self.initializer)
+        return f"cogroup({first}, [{inputs}]){window}.aggregate({init}{emit})"
 
 
 @dataclass(frozen=True, eq=False)
@@ -390,7 +396,7 @@ def is_column(fn: Any) -> bool:
 def window_of(node: Node) -> WindowedBy | None:
     """The windowing of the aggregation whose table `node` is (None: not a window table)."""
     for n in reversed(node.lineage()):
-        if isinstance(n, Aggregate):
+        if isinstance(n, Aggregate | Cogroup):
             return n.window
     return None
 

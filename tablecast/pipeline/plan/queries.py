@@ -110,6 +110,13 @@ class Step:
         fn = getattr(self.node, "fn", None)
         return fn is not None and not plan.is_column(fn)
 
+    @property
+    def windowed(self) -> bool:
+        """A windowed aggregation (of a grouped stream or a cogroup): per task, by timestamp."""
+        if self.what == "window_aggregate":
+            return True
+        return isinstance(self.node, plan.Cogroup) and self.node.window is not None
+
     def describe(self) -> str:
         if self.what == "op":
             return self.node.describe()
@@ -129,6 +136,8 @@ class Step:
             return f"{self.node.describe()} [applyInPandasWithState by join key, tables in state]"
         if self.what == "stream_join":
             return f"{self.node.describe()} [applyInPandasWithState by key's partition: windows]"
+        if self.what == "cogroup" and self.windowed:
+            return f"{self.node.describe()} [applyInPandasWithState by key's partition]"
         if self.what == "cogroup":
             return f"{self.node.describe()} [applyInPandasWithState by key: every input's rows]"
         return f"{self.node.describe()} [applyInPandasWithState by group key, adds and retracts]"
@@ -153,13 +162,13 @@ class Query:
     @property
     def windowed(self) -> bool:
         """Reads record timestamps; writes each window to its inner key's partition."""
-        return any(s.what == "window_aggregate" for s in self.steps)
+        return any(s.windowed for s in self.steps)
 
     @property
     def per_task(self) -> bool:
         """Keeps its state per input partition (a task): windows and stream-stream joins,
         whose stream time is a task's, so the input's partition count must not change."""
-        return any(s.what in ("window_aggregate", "stream_join") for s in self.steps)
+        return any(s.windowed or s.what == "stream_join" for s in self.steps)
 
     @property
     def writes_batches(self) -> bool:
