@@ -6,7 +6,9 @@ topic with record ids) and `c` (longs: each input decodes its own values). Each 
 writes to one input and waits for the pipeline, so the order in which the cogroup
 takes records is the steps' order; every `b` record goes to partition 0, so its
 re-keyed records reach the changelog in the order they were fed. The table (values
-and each key's record timestamp) is compared with Kafka Streams' answer.
+and each key's record timestamp) is compared with Kafka Streams' answer, and so is a
+window table of `a` and `c` cogrouped in tumbling windows, whose late records are
+dead-lettered.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from hypothesis import strategies as st
 import tablecast as tc
 from tablecast.kafka.partitioner import partition_for
 from tablecast.kafka.topics import ensure_topic
+from tablecast.kafka.windowed import split_window_key
 from tests import reference_model as ref
 
 from .test_pipeline_support import CUMULATIVE, Running, read_table, read_topic, running_app
@@ -36,6 +39,7 @@ SEC = 1000
 BASE = (int(time.time() * 1000) // SEC - 24 * 3600) * SEC  # within the broker's retention
 KEYS = [f"k{i}" for i in range(4)]
 INPUTS = ("a", "b", "c")
+WINDOW = tc.windows.tumbling("10 seconds")
 
 
 def add_a(k: str, v: dict[str, Any], agg: list[Any]) -> list[Any]:
@@ -96,6 +100,9 @@ def cogrouped(
         b = app.stream(topics["b"], key=STR, value=JSON).filter(kept).group_by(to)
         c = app.stream(topics["c"], key=STR, value=LONG).group_by_key()
         app.cogroup((a, add_a), (b, add_b), (c, add_c)).aggregate(list).materialize("all")
+        # a and c in tumbling windows (the task: the key's partition, one stream time)
+        windows = app.cogroup((a, add_a), (c, add_c)).windowed_by(WINDOW, grace="5 seconds")
+        windows.aggregate(list).materialize("win")
 
     with running_app(bootstrap, spark, tmp_path_factory, "cogroup", build, PARTITIONS) as r:
         s = Cogrouped(r.app, r.topic, r.pipeline)
@@ -111,7 +118,22 @@ def check(cg: Cogrouped, bootstrap: str) -> None:
     for m in sorted(read_topic(bootstrap, topic), key=lambda m: (m.partition(), m.offset())):
         last[m.key().decode()] = m.timestamp()[1]
     assert {k: last[k] for k in want} == {k: ts for k, (_, ts) in want.items()}
-    assert cg.pipeline.dead_letters.total() == 0
+    # the windows: a and c only, each task's records in the order fed (one input and one
+    # partition per step and task)
+    fed = [(p, 0 if i == 0 else 1, k, v, ts) for i, p, k, v, ts in cg.fed if i != 1]
+    windows, late = ref.cogroup_window_aggregate(
+        fed, WINDOW.size_ms, WINDOW.advance_ms, 5 * SEC, list, [add_a, add_c]
+    )
+    table: dict[tuple[str, int], tuple[Any, int]] = {}
+    records = read_topic(bootstrap, f"{cg.app.id}.table.win")
+    for m in sorted(records, key=lambda m: (m.partition(), m.offset())):
+        inner, start = split_window_key(m.key())
+        assert m.partition() == partition_for(inner, PARTITIONS), "misplaced window"
+        table[(inner.decode(), start)] = (JSON.deserialize(m.value()), m.timestamp()[1])
+    assert table == windows
+    dead = read_topic(bootstrap, f"{cg.app.id}.dlq")
+    whys = [dict(m.headers() or [])["tablecast.error"].decode() for m in dead]
+    assert all(w.startswith("late record") for w in whys) and len(whys) == len(late)
 
 
 def test_cogroup_matches_kafka_streams(cogrouped: Cogrouped, bootstrap: str) -> None:

@@ -109,6 +109,12 @@ class Stream(_Handle):
         stored as JSON, so they must be JSON-able; `state.set(None)` forgets the key's
         state. A record whose fn raises goes to the dead-letter topic and leaves the
         state as it was; a record without a key has no state and goes there too."""
+        if plan.is_column(fn):
+            # a Column has no per-key state: the stateless form of this is map_values
+            raise TypeError(
+                "transform_values: a Column cannot keep per-key state; for a stateless "
+                "Column over key/value use map_values(col)"
+            )
         _check_callable("transform_values", fn)
         return Stream(self._app, plan.TransformValues(self._node, fn, value))
 
@@ -158,7 +164,7 @@ class Stream(_Handle):
             raise ValueError("Stream.join: window= is for stream-stream joins, not a table")
         if how not in ("inner", "left"):
             raise ValueError(f"Stream.join: how must be 'inner' or 'left', not {how!r}")
-        _check_callable("join", joiner)
+        _check_joiner(joiner)
         if key is not None:
             _check_fn("join", key)
         node = plan.Join(self._node, other.node, joiner, key, how, value)
@@ -189,7 +195,7 @@ class Stream(_Handle):
                 "Stream.join: both streams need the same key serde "
                 f"({self._node.key_serde()!r} vs {other.node.key_serde()!r})"
             )
-        _check_callable("join", joiner)
+        _check_joiner(joiner)
         node = plan.Join(self._node, other.node, joiner, None, how, value, window)  # type: ignore[arg-type]
         return Stream(self._app, node)
 
@@ -556,7 +562,7 @@ class Table(_Handle):
                 "Table.join: both tables need the same key serde "
                 f"({self._node.key_serde()!r} vs {other.node.key_serde()!r})"
             )
-        _check_callable("join", joiner)
+        _check_joiner(joiner)
         node = plan.Join(self._node, other.node, joiner, how=how, value=value)
         return Table(self._app, node)
 
@@ -684,6 +690,27 @@ def _check_fn(op: str, fn: Any) -> None:
 
 def _check_callable(op: str, *fns: Any) -> None:
     for fn in fns:
-        if not callable(fn) or plan.is_column(fn):
-            # the aggregate lives in Python state, where a JVM expression cannot run
+        if plan.is_column(fn):
+            # the aggregate lives in Python state, folded record by record in a Python
+            # worker: a JVM expression cannot run inside that fold
+            raise TypeError(
+                f"{op}: a Column cannot be evaluated inside the fold over Python state; pass "
+                "Python callables (a Column may prepare each value first: map_values(col))"
+            )
+        if not callable(fn):
             raise TypeError(f"{op}: expected Python callables, not {type(fn).__name__}")
+
+
+def _check_joiner(joiner: Any) -> None:
+    """A joiner is a Python callable joiner(left, right) or one Column over columns
+    `left` and `right` (each side's value decoded as `value` is for other operators),
+    which Spark evaluates once the join has paired the values."""
+    if plan.is_column(joiner) and not isinstance(joiner, tuple):
+        return
+    if plan.is_column(joiner):  # a pair of Columns: a joiner returns a value, not a record
+        raise TypeError("join: a Column joiner is one Column over `left` and `right`")
+    if not callable(joiner):
+        raise TypeError(
+            "join: expected a Python callable joiner(left, right) or a Column over "
+            f"`left` and `right`, not {type(joiner).__name__}"
+        )
