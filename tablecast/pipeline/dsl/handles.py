@@ -6,6 +6,9 @@ Python callable ``f(key, value)``. Where an operator returns a record, the
 Column form is a pair ``(key_column, value_column)`` or a struct column with
 fields ``key`` and ``value``. Optional ``key=``/``value=`` serdes say how a
 changed key or value is written; by default the input's serde is kept.
+A joiner is a callable ``joiner(left, right)`` or a Column over columns ``left`` and
+``right`` (evaluated by Spark once the join has paired the values); the functions
+folded into an aggregate are callables only (the fold runs over Python state).
 """
 
 from __future__ import annotations
@@ -155,7 +158,11 @@ class Stream(_Handle):
         nothing by the time its window closed (stream time past ts + after + grace); an
         outer join does so for both sides (`joiner(None, other_value)`). Records without
         key or value are ignored; a record later than its window's grace goes to the
-        dead-letter topic."""
+        dead-letter topic.
+
+        `joiner` may be a Column over columns `left` and `right` (each side's value,
+        decoded: JSON is a VARIANT; a missing side is null), which Spark evaluates after
+        the join step has paired the values."""
         if isinstance(other, Stream):
             return self._join_stream(other, joiner, key, how, value, window)
         if not isinstance(other, Table | GlobalTable):
@@ -552,7 +559,8 @@ class Table(_Handle):
         """Join on the key: `joiner(left, right)` is the key's value (JSON unless `value=`)
         while both tables hold the key (inner), while this one does (left: right may be
         None), or while either does (outer: either may be None). An update on either side
-        re-emits; a key that stops matching is deleted (KTable-KTable joins)."""
+        re-emits; a key that stops matching is deleted (KTable-KTable joins). `joiner` may
+        be a Column over `left` and `right`, as for Stream.join."""
         if not isinstance(other, Table):
             raise TypeError("Table.join: expected a Table (a global table joins streams only)")
         if how not in ("inner", "left", "outer"):
