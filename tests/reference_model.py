@@ -497,3 +497,84 @@ def stream_stream_join(
                 out.append((k, joiner(*pair), max(ts, r["ts"])))
         mine.append(me)
     return out, late
+
+
+# -- cogroup -------------------------------------------------------------------
+#: a cogrouped record: (input index, partition, key, value, timestamp)
+CogroupEvent = tuple[int, int, Any, Any, int]
+
+
+def task_order(batch: Iterable[CogroupEvent]) -> list[CogroupEvent]:
+    """The order a Kafka Streams task takes the records it has buffered (PartitionGroup):
+    each input partition's records in offset order (`batch`'s order), and next always
+    the head of the partition whose head has the lowest timestamp. Kafka Streams leaves
+    equal timestamps to its priority queue; tablecast promises the earlier input (in
+    cogroup()), then the lower partition, and so does this model."""
+    queues: dict[tuple[int, int], list[CogroupEvent]] = {}
+    for e in batch:
+        queues.setdefault((e[0], e[1]), []).append(e)
+    out: list[CogroupEvent] = []
+    while any(queues.values()):
+        pick = min((q[0][4], name) for name, q in queues.items() if q)[1]
+        out.append(queues[pick].pop(0))
+    return out
+
+
+def cogroup_aggregate(
+    events: Iterable[CogroupEvent],
+    init: Callable[[], Any],
+    aggregators: list[Callable[[Any, Any, Any], Any]],
+) -> dict[Any, tuple[Any, int]]:
+    """CogroupedKStream.aggregate: one KStreamAggregate per input over one timestamped
+    store, records in processing order. A record without key or value is skipped; else
+    the aggregate (init() when the key has none) becomes aggregators[input](key, value,
+    aggregate), with timestamp max(the stored one, the record's), the record's own when
+    the key had none; a None aggregate deletes the key. The store: {key: (aggregate,
+    timestamp)}."""
+    store: dict[Any, tuple[Any, int]] = {}
+    for i, _, k, v, ts in events:
+        if k is None or v is None:
+            continue
+        old = store.get(k)
+        new = aggregators[i](k, v, init() if old is None else old[0])
+        if new is None:
+            store.pop(k, None)
+        else:
+            store[k] = (new, ts if old is None else max(ts, old[1]))
+    return store
+
+
+def cogroup_window_aggregate(
+    events: Iterable[tuple[Any, int, Any, Any, int]],
+    size: int,
+    advance: int,
+    grace: int,
+    init: Callable[[], Any],
+    aggregators: list[Callable[[Any, Any, Any], Any]],
+) -> tuple[dict[tuple[Any, int], tuple[Any, int]], list[tuple[Any, int, Any, Any, int]]]:
+    """cogroup(...).windowed_by(TimeWindows).aggregate(init): events are (task, input, key,
+    value, timestamp) in each task's processing order. Stream time is the task's highest
+    timestamp over every input (records without key or value skipped, not moving it); a
+    record goes into each window [s, s + size) holding it with stream time < s + size +
+    grace, through its input's aggregator (init() for a window without aggregate; a None
+    result deletes the window); with no such window it is late. Returns {(key, start):
+    (aggregate, timestamp)} and the late records."""
+    table: dict[tuple[Any, int], tuple[Any, int]] = {}
+    stream_time: dict[Any, int] = {}
+    late = []
+    for e in events:
+        task, i, k, v, ts = e
+        if k is None or v is None:
+            continue
+        now = stream_time[task] = max(stream_time.get(task, ts), ts)
+        open_ = [s for s in window_starts(ts, size, advance) if s + size + grace > now]
+        if not open_:
+            late.append(e)
+        for s in open_:
+            old = table.get((k, s))
+            new = aggregators[i](k, v, init() if old is None else old[0])
+            if new is None:
+                table.pop((k, s), None)
+            else:
+                table[(k, s)] = (new, ts if old is None else max(ts, old[1]))
+    return table, late

@@ -14,7 +14,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tablecast import serde as serdes
-from tablecast.pipeline.dsl.handles import GlobalTable, Stream, Table
+from tablecast.pipeline.dsl.handles import (
+    Cogrouped,
+    CogroupedStream,
+    GlobalTable,
+    Stream,
+    Table,
+)
 from tablecast.pipeline.plan import nodes as plan
 
 if TYPE_CHECKING:
@@ -81,6 +87,13 @@ class App:
         """A table whole on every node: streams join it by any key (``key=`` of
         Stream.join) without co-partitioning; ``.materialize(name)`` serves it."""
         return GlobalTable(self, self._source(topic, key, value, "table", is_global=True))
+
+    def cogroup(self, *inputs: Cogrouped) -> CogroupedStream:
+        """Kafka Streams' cogroup: ``app.cogroup((grouped_a, aggregator_a), (grouped_b,
+        aggregator_b), ...).aggregate(initializer)`` is one table whose aggregate per key
+        every input's records update, each through its own aggregator(key, value, agg).
+        Inputs are grouped streams with one key serde (their values may differ)."""
+        return CogroupedStream(self, inputs)
 
     def _source(
         self,

@@ -54,7 +54,7 @@ def test_dsl_refuses_stream_joins_that_cannot_run() -> None:
         left.join(right, lambda a, b: a, key=lambda k, v: k, window=w)
     with pytest.raises(TypeError, match="same key serde"):
         left.join(app.stream("n", key=tc.serde.long()), lambda a, b: a, window=w)
-    with pytest.raises(TypeError, match="Python callables"):
+    with pytest.raises(TypeError, match="Python callable joiner"):
         left.join(right, "joiner", window=w)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="window= is for stream-stream joins"):
         left.join(app.table("t"), lambda a, b: a, window=w)

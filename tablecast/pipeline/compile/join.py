@@ -44,6 +44,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType, StructField, StructType
 
 from tablecast.pipeline.compile import envelope as env
+from tablecast.pipeline.compile import joiner
 from tablecast.pipeline.compile.codecs import Codec
 from tablecast.pipeline.compile.columns import classic
 from tablecast.pipeline.compile.flow import Flow, ok
@@ -90,16 +91,18 @@ def apply(flow: Flow, table: Flow, step: Step, buckets: int, extra: tuple[str, .
     left = left.withColumns({**({} if through else nulls), SIDE: F.lit(LEFT)})
     right = right.withColumns({**nulls, SIDE: F.lit(RIGHT)})
     union = left.select(*UNION).unionByName(right.select(*UNION))
-    result = step.value
+    # a Column joiner: the step pairs the values, Spark evaluates the Column after it
+    fn, lv, rv, result = joiner.python_form(node.joiner, flow.value, table.value, step.value)
     core: Callable[..., list[Any]]
     if node.parent.kind == "stream":
-        core = StreamJoin(node.joiner, node.how, node.is_global, flow.value, table.value, result)
+        core = StreamJoin(fn, node.how, node.is_global, lv, rv, result)
     else:
-        core = TableJoin(node.joiner, flow.value, table.value, result, node.how)
+        core = TableJoin(fn, lv, rv, result, node.how)
     if through:
         core = deduplicated(core, keep_width=True)
     df = by_bucket(union, core, buckets, key=JK)
-    return Flow(df, step.key, step.value, step.kind)
+    out = Flow(df, step.key, step.value, step.kind)
+    return joiner.finish(out, node.joiner, flow.value, table.value)
 
 
 def in_source_order(batch: DataFrame) -> DataFrame:

@@ -22,6 +22,7 @@ from tablecast.kafka.config import spark_options
 from tablecast.kafka.topics import dlq_topic
 from tablecast.pipeline.compile import (
     aggregate,
+    cogroup,
     index,
     join,
     keyed,
@@ -150,6 +151,12 @@ def transform(
             assert stream_side is not None and step.side is not None
             other, other_extra = stream_side(step.side)
             flow = stream_join.apply(flow, other, step, partitions, extra, other_extra)
+            extra = ()
+            i += 1
+        elif step.what == "cogroup":
+            assert stream_side is not None
+            others = [stream_side(ref) for ref in step.sides]
+            flow = cogroup.apply([(flow, extra), *others], step, buckets, partitions)
             extra = ()
             i += 1
         elif step.what == "window_aggregate":

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import functions as F
 
 from tablecast.pipeline.compile import envelope as env
+from tablecast.pipeline.compile import joiner
 from tablecast.pipeline.compile.flow import Flow
 from tablecast.pipeline.compile.join import JK, LEFT, RIGHT, SIDE, SIDE_I, UNION, ordered
 from tablecast.pipeline.compile.keyed import (
@@ -258,9 +259,12 @@ def apply(
         df = df.withColumns({**({} if ids else nulls), JK: F.col("key"), SIDE: F.lit(side)})
         sides.append(df.select(*UNION))
     union = sides[0].unionByName(sides[1])
-    join = StreamStreamJoin(node.window, node.how, node.joiner, flow.value, other.value, step.value)
+    # a Column joiner: the step pairs the values, Spark evaluates the Column after it
+    fn, lv, rv, result = joiner.python_form(node.joiner, flow.value, other.value, step.value)
+    join = StreamStreamJoin(node.window, node.how, fn, lv, rv, result)
     df = union.withColumn(TASK, task_udf(partitions)(F.col("key")))
     df = df.groupBy(TASK).applyInPandasWithState(
         core(join, through), env.schema(), "store binary", "update", GroupStateTimeout.NoTimeout
     )
-    return Flow(df, step.key, step.value, step.kind)
+    out = Flow(df, step.key, step.value, step.kind)
+    return joiner.finish(out, node.joiner, flow.value, other.value)

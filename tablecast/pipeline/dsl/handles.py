@@ -6,6 +6,9 @@ Python callable ``f(key, value)``. Where an operator returns a record, the
 Column form is a pair ``(key_column, value_column)`` or a struct column with
 fields ``key`` and ``value``. Optional ``key=``/``value=`` serdes say how a
 changed key or value is written; by default the input's serde is kept.
+A joiner is a callable ``joiner(left, right)`` or a Column over columns ``left`` and
+``right`` (evaluated by Spark once the join has paired the values); the functions
+folded into an aggregate are callables only (the fold runs over Python state).
 """
 
 from __future__ import annotations
@@ -109,6 +112,12 @@ class Stream(_Handle):
         stored as JSON, so they must be JSON-able; `state.set(None)` forgets the key's
         state. A record whose fn raises goes to the dead-letter topic and leaves the
         state as it was; a record without a key has no state and goes there too."""
+        if plan.is_column(fn):
+            # a Column has no per-key state: the stateless form of this is map_values
+            raise TypeError(
+                "transform_values: a Column cannot keep per-key state; for a stateless "
+                "Column over key/value use map_values(col)"
+            )
         _check_callable("transform_values", fn)
         return Stream(self._app, plan.TransformValues(self._node, fn, value))
 
@@ -149,7 +158,11 @@ class Stream(_Handle):
         nothing by the time its window closed (stream time past ts + after + grace); an
         outer join does so for both sides (`joiner(None, other_value)`). Records without
         key or value are ignored; a record later than its window's grace goes to the
-        dead-letter topic."""
+        dead-letter topic.
+
+        `joiner` may be a Column over columns `left` and `right` (each side's value,
+        decoded: JSON is a VARIANT; a missing side is null), which Spark evaluates after
+        the join step has paired the values."""
         if isinstance(other, Stream):
             return self._join_stream(other, joiner, key, how, value, window)
         if not isinstance(other, Table | GlobalTable):
@@ -158,7 +171,7 @@ class Stream(_Handle):
             raise ValueError("Stream.join: window= is for stream-stream joins, not a table")
         if how not in ("inner", "left"):
             raise ValueError(f"Stream.join: how must be 'inner' or 'left', not {how!r}")
-        _check_callable("join", joiner)
+        _check_joiner(joiner)
         if key is not None:
             _check_fn("join", key)
         node = plan.Join(self._node, other.node, joiner, key, how, value)
@@ -189,7 +202,7 @@ class Stream(_Handle):
                 "Stream.join: both streams need the same key serde "
                 f"({self._node.key_serde()!r} vs {other.node.key_serde()!r})"
             )
-        _check_callable("join", joiner)
+        _check_joiner(joiner)
         node = plan.Join(self._node, other.node, joiner, None, how, value, window)  # type: ignore[arg-type]
         return Stream(self._app, node)
 
@@ -296,6 +309,140 @@ class GroupedStream(_Handle):
         _check_callable("aggregate", initializer, aggregator)
         node = plan.Aggregate(self._node, "aggregate", initializer, aggregator, value=value)
         return Table(self._app, node)
+
+
+Cogrouped = tuple[GroupedStream, Callable[[Any, Any, Any], Any]]
+
+
+class CogroupedStream:
+    """Grouped streams cogrouped (Kafka Streams' CogroupedKStream): each keeps its own
+    aggregator(key, value, aggregate), all share one aggregate per key.
+
+    Built by ``app.cogroup((grouped_a, aggregator_a), (grouped_b, aggregator_b), ...)``;
+    ``.cogroup(grouped_c, aggregator_c)`` adds another input, ``.aggregate(initializer)``
+    makes the table."""
+
+    def __init__(self, app: App, inputs: tuple[Cogrouped, ...]) -> None:
+        self._app = app
+        self._inputs = _checked_cogroup(app, inputs)
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"({g!r}, {plan.fn_name(f)})" for g, f in self._inputs)
+        return f"<CogroupedStream {shown}>"
+
+    def cogroup(
+        self, grouped: GroupedStream, aggregator: Callable[[Any, Any, Any], Any]
+    ) -> CogroupedStream:
+        """These inputs and `grouped` with its own aggregator (Kafka Streams' chained form)."""
+        return CogroupedStream(self._app, (*self._inputs, (grouped, aggregator)))
+
+    def aggregate(self, initializer: Callable[[], Any], value: Serde | None = None) -> Table:
+        """The table of one aggregate per key: a record of input i (key and value not None)
+        makes it ``aggregator_i(key, value, aggregate)``, from initializer() when the key
+        has none; a None result deletes the key, and its next record starts over from
+        initializer(). Values are JSON unless `value=`. Records of all inputs are taken in
+        the order described in the user guide ("Cogrouping")."""
+        _check_callable("cogroup aggregate", initializer)
+        first, *rest = self._inputs
+        node = plan.Cogroup(
+            first[0].node,
+            others=tuple(g.node for g, _ in rest),  # type: ignore[misc]
+            aggregators=tuple(f for _, f in self._inputs),
+            initializer=initializer,
+            value=value,
+        )
+        return Table(self._app, node)
+
+    def windowed_by(
+        self, windows: Windows, grace: timedelta | str = timedelta(0)
+    ) -> WindowedCogroupedStream:
+        """Aggregate per (key, window) on the records' Kafka timestamps
+        (tc.windows.tumbling or hopping), as grouped_stream.windowed_by; stream time is
+        the task's over all inputs. Session windows are not supported for a cogroup."""
+        if isinstance(windows, SessionWindows):
+            raise NotImplementedError(
+                "cogroup(...).windowed_by(session(...)) is not supported yet: use "
+                "tc.windows.tumbling(...) or hopping(...)"
+            )
+        if not isinstance(windows, Windows):
+            raise TypeError("windowed_by: expected tc.windows.tumbling(...) or hopping(...)")
+        grace_ms = to_ms(grace)
+        if grace_ms < 0:
+            raise ValueError("windowed_by: grace must not be negative")
+        return WindowedCogroupedStream(self._app, self._inputs, windows, grace_ms)
+
+
+class WindowedCogroupedStream:
+    """Cogrouped streams cut into time windows: the aggregate is a window table."""
+
+    def __init__(
+        self, app: App, inputs: tuple[Cogrouped, ...], windows: Windows, grace_ms: int
+    ) -> None:
+        self._app = app
+        self._inputs = inputs
+        self._windows = windows
+        self._grace_ms = grace_ms
+
+    def aggregate(
+        self, initializer: Callable[[], Any], value: Serde | None = None, emit: Emit = "changes"
+    ) -> WindowedTable:
+        """Each window's aggregate, from initializer(), updated by every input's records
+        through its aggregator; `emit` as for a grouped stream's windows."""
+        _check_callable("cogroup aggregate", initializer)
+        first, *rest = self._inputs
+        window = plan.WindowedBy(first[0].node, self._windows, self._grace_ms)
+        node = plan.Cogroup(
+            first[0].node,
+            others=tuple(g.node for g, _ in rest),  # type: ignore[misc]
+            aggregators=tuple(f for _, f in self._inputs),
+            initializer=initializer,
+            value=value,
+            window=window,
+            emit=_emit(emit),
+        )
+        return WindowedTable(self._app, node)
+
+
+def _checked_cogroup(app: App, inputs: tuple[Any, ...]) -> tuple[Cogrouped, ...]:
+    """Kafka Streams' rules: grouped streams (not tables, not windowed: windows come after
+    cogroup), each once, one key serde for all, an aggregator each."""
+    if not inputs:
+        raise TypeError("cogroup: pass (grouped_stream, aggregator) pairs, at least one")
+    out: list[Cogrouped] = []
+    for pair in inputs:
+        if not (isinstance(pair, tuple) and len(pair) == 2):
+            raise TypeError(
+                "cogroup: each input is a pair (grouped_stream, aggregator(key, value, agg)), "
+                f"not {type(pair).__name__}"
+            )
+        grouped, aggregator = pair
+        if isinstance(grouped, GroupedTable):
+            raise TypeError(
+                "cogroup: a grouped table cannot be cogrouped (Kafka Streams cogroups "
+                "KGroupedStreams only: a table's changes need subtractors); use "
+                "table.to_stream().group_by_key() to aggregate its changes as events"
+            )
+        if isinstance(grouped, WindowedGroupedStream):
+            raise TypeError(
+                "cogroup: cogroup grouped streams, not windowed ones (Kafka Streams windows "
+                "the cogrouped stream: cogroup(...).windowed_by(...))"
+            )
+        if not isinstance(grouped, GroupedStream):
+            raise TypeError(
+                "cogroup: expected a grouped stream (stream.group_by_key() or group_by(f)), "
+                f"not {type(grouped).__name__}"
+            )
+        if grouped._app is not app:
+            raise ValueError("cogroup: every grouped stream must come from this App")
+        if any(g.node is grouped.node for g, _ in out):
+            raise ValueError("cogroup: a grouped stream is cogrouped once (one aggregator each)")
+        _check_callable("cogroup aggregator", aggregator)
+        out.append((grouped, aggregator))
+    first = out[0][0].node.key_serde().spec()
+    if any(g.node.key_serde().spec() != first for g, _ in out):
+        shown = ", ".join(repr(g.node.key_serde()) for g, _ in out)
+        raise TypeError(f"cogroup: every grouped stream needs the same key serde ({shown})")
+    return tuple(out)
 
 
 class WindowedGroupedStream(_Handle):
@@ -412,7 +559,8 @@ class Table(_Handle):
         """Join on the key: `joiner(left, right)` is the key's value (JSON unless `value=`)
         while both tables hold the key (inner), while this one does (left: right may be
         None), or while either does (outer: either may be None). An update on either side
-        re-emits; a key that stops matching is deleted (KTable-KTable joins)."""
+        re-emits; a key that stops matching is deleted (KTable-KTable joins). `joiner` may
+        be a Column over `left` and `right`, as for Stream.join."""
         if not isinstance(other, Table):
             raise TypeError("Table.join: expected a Table (a global table joins streams only)")
         if how not in ("inner", "left", "outer"):
@@ -422,7 +570,7 @@ class Table(_Handle):
                 "Table.join: both tables need the same key serde "
                 f"({self._node.key_serde()!r} vs {other.node.key_serde()!r})"
             )
-        _check_callable("join", joiner)
+        _check_joiner(joiner)
         node = plan.Join(self._node, other.node, joiner, how=how, value=value)
         return Table(self._app, node)
 
@@ -550,6 +698,27 @@ def _check_fn(op: str, fn: Any) -> None:
 
 def _check_callable(op: str, *fns: Any) -> None:
     for fn in fns:
-        if not callable(fn) or plan.is_column(fn):
-            # the aggregate lives in Python state, where a JVM expression cannot run
+        if plan.is_column(fn):
+            # the aggregate lives in Python state, folded record by record in a Python
+            # worker: a JVM expression cannot run inside that fold
+            raise TypeError(
+                f"{op}: a Column cannot be evaluated inside the fold over Python state; pass "
+                "Python callables (a Column may prepare each value first: map_values(col))"
+            )
+        if not callable(fn):
             raise TypeError(f"{op}: expected Python callables, not {type(fn).__name__}")
+
+
+def _check_joiner(joiner: Any) -> None:
+    """A joiner is a Python callable joiner(left, right) or one Column over columns
+    `left` and `right` (each side's value decoded as `value` is for other operators),
+    which Spark evaluates once the join has paired the values."""
+    if plan.is_column(joiner) and not isinstance(joiner, tuple):
+        return
+    if plan.is_column(joiner):  # a pair of Columns: a joiner returns a value, not a record
+        raise TypeError("join: a Column joiner is one Column over `left` and `right`")
+    if not callable(joiner):
+        raise TypeError(
+            "join: expected a Python callable joiner(left, right) or a Column over "
+            f"`left` and `right`, not {type(joiner).__name__}"
+        )

@@ -255,6 +255,47 @@ class Aggregate(Node):
 
 
 @dataclass(frozen=True, eq=False)
+class Cogroup(Node):
+    """app.cogroup((grouped, aggregator), ...).aggregate(initializer): one aggregate per
+    key, fed by every input's records, each through its own aggregator(key, value,
+    aggregate) (Kafka Streams' CogroupedKStream). The parent is the first input's
+    GroupBy, `others` the other inputs' (all grouped streams with one key serde);
+    `aggregators[i]` is input i's (0: the parent's)."""
+
+    others: tuple[GroupBy, ...] = ()
+    aggregators: tuple[Callable[[Any, Any, Any], Any], ...] = ()
+    initializer: Callable[[], Any] = None  # type: ignore[assignment]
+    value: Serde | None = None
+    #: cogroup(...).windowed_by(...): the aggregate is kept per (key, window)
+    window: WindowedBy | None = None
+    emit: Literal["changes", "final"] = "changes"
+
+    @property
+    def kind(self) -> Kind:
+        return "table"
+
+    @property
+    def inputs(self) -> tuple[GroupBy, ...]:
+        assert isinstance(self.parent, GroupBy)
+        return (self.parent, *self.others)
+
+    def value_serde(self) -> Serde:
+        # as aggregate(): an aggregate is rarely of the values' type, JSON unless told
+        return self.value or serdes.json()
+
+    def describe(self) -> str:
+        inputs = "; ".join(
+            " -> ".join(n.describe() for n in g.lineage()) + f", {fn_name(f)}"
+            for g, f in zip(self.others, self.aggregators[1:], strict=True)
+        )
+        first = fn_name(self.aggregators[0])
+        window = "" if self.window is None else f".{self.window.describe()}"
+        emit = ", emit='final'" if self.emit == "final" else ""
+        init = fn_name(self.initializer)
+        return f"cogroup({first}, [{inputs}]){window}.aggregate({init}{emit})"
+
+
+@dataclass(frozen=True, eq=False)
 class Materialize(Node):
     name: str = ""
     store: Literal["rocksdb", "memory"] = "rocksdb"
@@ -355,7 +396,7 @@ def is_column(fn: Any) -> bool:
 def window_of(node: Node) -> WindowedBy | None:
     """The windowing of the aggregation whose table `node` is (None: not a window table)."""
     for n in reversed(node.lineage()):
-        if isinstance(n, Aggregate):
+        if isinstance(n, Aggregate | Cogroup):
             return n.window
     return None
 
@@ -375,7 +416,7 @@ def sources(node: Node) -> list[Source]:
             out.append(n)
         elif isinstance(n, Join):
             out.extend(sources(n.other))
-        elif isinstance(n, Merge):
+        elif isinstance(n, Merge | Cogroup):
             out.extend(s for o in n.others for s in sources(o))
     return out
 

@@ -54,6 +54,7 @@ StepKind = Literal[
     "transform_values",
     "join",
     "stream_join",
+    "cogroup",
 ]
 #: every step but the stateless ones keeps per-key state in Spark's state store
 STATEFUL = tuple(k for k in get_args(StepKind) if k not in ("op", "select_group"))
@@ -89,6 +90,13 @@ class Step:
     kind: plan.Kind
     #: a join's other input, read beside the query's own
     side: TopicRef | None = None
+    #: a cogroup's other inputs, read beside the query's own (in cogroup() order)
+    sides: tuple[TopicRef, ...] = ()
+
+    @property
+    def beside(self) -> tuple[TopicRef, ...]:
+        """Every topic this step reads beside the query's input."""
+        return (self.side, *self.sides) if self.side is not None else self.sides
 
     @property
     def stateful(self) -> bool:
@@ -101,6 +109,13 @@ class Step:
             return False
         fn = getattr(self.node, "fn", None)
         return fn is not None and not plan.is_column(fn)
+
+    @property
+    def windowed(self) -> bool:
+        """A windowed aggregation (of a grouped stream or a cogroup): per task, by timestamp."""
+        if self.what == "window_aggregate":
+            return True
+        return isinstance(self.node, plan.Cogroup) and self.node.window is not None
 
     def describe(self) -> str:
         if self.what == "op":
@@ -121,6 +136,10 @@ class Step:
             return f"{self.node.describe()} [applyInPandasWithState by join key, tables in state]"
         if self.what == "stream_join":
             return f"{self.node.describe()} [applyInPandasWithState by key's partition: windows]"
+        if self.what == "cogroup" and self.windowed:
+            return f"{self.node.describe()} [applyInPandasWithState by key's partition]"
+        if self.what == "cogroup":
+            return f"{self.node.describe()} [applyInPandasWithState by key: every input's rows]"
         return f"{self.node.describe()} [applyInPandasWithState by group key, adds and retracts]"
 
 
@@ -143,13 +162,13 @@ class Query:
     @property
     def windowed(self) -> bool:
         """Reads record timestamps; writes each window to its inner key's partition."""
-        return any(s.what == "window_aggregate" for s in self.steps)
+        return any(s.windowed for s in self.steps)
 
     @property
     def per_task(self) -> bool:
         """Keeps its state per input partition (a task): windows and stream-stream joins,
         whose stream time is a task's, so the input's partition count must not change."""
-        return any(s.what in ("window_aggregate", "stream_join") for s in self.steps)
+        return any(s.windowed or s.what == "stream_join" for s in self.steps)
 
     @property
     def writes_batches(self) -> bool:
@@ -214,12 +233,13 @@ def plan_output(
         v: Serde,
         kd: plan.Kind,
         side: TopicRef | None = None,
+        more: tuple[TopicRef, ...] = (),
     ) -> None:
         nonlocal key, value, kind
         if what in STATEFUL and current.stateful:
             cut("changelog")
         key, value, kind = k, v, kd
-        current.steps.append(Step(what, node, k, v, kd, side))
+        current.steps.append(Step(what, node, k, v, kd, side, more))
 
     for node in chain[start + 1 :]:
         if isinstance(node, plan.Op | plan.ToTable | plan.ToStream):
@@ -238,6 +258,21 @@ def plan_output(
                     add("op", rekey, rekey.key_serde(), value, "stream")
                 what: StepKind = "window_aggregate" if node.window else "stream_aggregate"
                 add(what, node, node.key_serde(), node.value_serde(), "table")
+        elif isinstance(node, plan.Cogroup):
+            # the first input is this chain: re-keyed here as a grouped stream's aggregation
+            # is; every other one is read beside it (computed first if it is derived)
+            first = node.inputs[0]
+            if first.fn is not None:
+                rekey = plan.Op(first.parent, first.fn, first.key, None, "select_key")
+                add("op", rekey, rekey.key_serde(), value, "stream")
+            refs = []
+            for other in node.others:
+                stream = _grouped_stream(other)
+                name = f"{base}-cogroup{len(sides)}"
+                side_queries, ref = _stream_side(app_id, stream, name, materialized or [])
+                sides.extend(side_queries)
+                refs.append(ref)
+            add("cogroup", node, node.key_serde(), node.value_serde(), "table", None, tuple(refs))
         elif isinstance(node, plan.TransformValues):
             add("transform_values", node, key, node.value_serde(), "stream")
         elif isinstance(node, plan.Repartition):
@@ -257,7 +292,7 @@ def plan_output(
             merge_topic = None
         elif isinstance(node, plan.Join) and node.window is not None:
             name = f"{base}-join{len(sides)}"
-            side_queries, side = _stream_side(app_id, node, name, materialized or [])
+            side_queries, side = _stream_side(app_id, node.other, name, materialized or [])
             sides.extend(side_queries)
             add("stream_join", node, node.key_serde(), node.value_serde(), "stream", side)
         elif isinstance(node, plan.Join):
@@ -293,13 +328,21 @@ def _with_ids(queries: list[Query]) -> list[Query]:
     return queries
 
 
+def _grouped_stream(grouped: plan.GroupBy) -> plan.Node:
+    """The stream a grouped stream aggregates: its parent, re-keyed by group_by(f) if any."""
+    assert grouped.parent is not None
+    if grouped.fn is None:
+        return grouped.parent
+    return plan.Op(grouped.parent, grouped.fn, grouped.key, None, "select_key")
+
+
 def _stream_side(
-    app_id: str, join: plan.Join, name: str, materialized: list[plan.Materialize]
+    app_id: str, other: plan.Node, name: str, materialized: list[plan.Materialize]
 ) -> tuple[list[Query], TopicRef]:
-    """The topic holding a stream-stream join's other stream, and the queries that compute
-    it if it is derived: they write ``<app>.changelog.<name>`` with record ids, so the join
-    drops the copies a restarted writer wrote again (as after a repartition())."""
-    other = join.other
+    """The topic holding a stream-stream join's other stream (or a cogroup's other input),
+    and the queries that compute it if it is derived: they write
+    ``<app>.changelog.<name>`` with record ids, so the join drops the copies a restarted
+    writer wrote again (as after a repartition())."""
     if isinstance(other, plan.Source):
         return [], TopicRef(other.topic, other.key, other.value, "stream", "source")
     topic = f"{app_id}.changelog.{name}"

@@ -40,6 +40,8 @@ def explain(
                 lines.append(f"      step   {s.describe()}")
                 if s.side is not None:
                     lines.append(f"      joins  {s.side.topic} [{s.side.role}]")
+                for r in s.sides:
+                    lines.append(f"      reads  {r.topic} [{r.role}] beside")
             placed = f", partitioner {plan.fn_name(q.partitioner)}" if q.partitioner else ""
             wanted = f", {q.partitions} partitions" if q.partitions else ""
             lines.append(f"      writes {q.output.topic} [{q.output.role}{wanted}{placed}]")

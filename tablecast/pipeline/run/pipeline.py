@@ -224,8 +224,7 @@ class Pipeline:
         every = [q for _, _, qs in chains for q in qs]
         chosen, needs = _choose_triggers(spark, bootstrap_servers, app.trigger, every, checkpoints)
         inputs = {
-            q.name: [q.input.topic, *(s.side.topic for s in q.steps if s.side is not None)]
-            for q in every
+            q.name: [q.input.topic, *(r.topic for s in q.steps for r in s.beside)] for q in every
         }
         # each stateful query keeps the state layout its checkpoint was started with
         files, base = Files(spark), checkpoints.rstrip("/")

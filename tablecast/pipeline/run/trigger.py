@@ -86,7 +86,9 @@ def blockers(q: Query) -> list[str]:
         reasons.append("foreachBatch sink (ForeachBatchSink)")
     for s in q.steps:
         # a join's node describes the whole other side: its kind is enough here
-        what = s.what if s.what in ("retract", "join", "stream_join") else s.node.describe()
+        what = (
+            s.what if s.what in ("retract", "join", "stream_join", "cogroup") else s.node.describe()
+        )
         if s.stateful:
             reasons.append(f"stateful {what} (FlatMapGroupsInPandasWithStateExec)")
         elif s.python:

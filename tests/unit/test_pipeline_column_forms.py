@@ -1,0 +1,82 @@
+"""Column forms of the operators that take functions, without Spark: where a Column is
+taken (joiners: evaluated after the join step), where it is refused and why."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import tablecast as tc
+from tablecast.pipeline.compile.joiner import PairBytes, pair, python_form
+from tablecast.pipeline.plan import nodes as plan
+
+JSON = tc.serde.json()
+
+
+def _app() -> tc.App:
+    return tc.App("a")  # defining an App defers Columns: F.* builds them without Spark
+
+
+def test_joiners_take_one_column_over_left_and_right() -> None:
+    from pyspark.sql import functions as F
+
+    app = _app()
+    s, t, other = app.stream("s"), app.table("t"), app.stream("o")
+    col = F.expr("left:n::int + right:m::int")
+    joins = [
+        s.join(t, col),
+        s.join(t, col, how="left", key=F.col("key")),
+        t.join(app.table("u"), col, how="outer"),
+        s.join(other, col, how="outer", window=tc.windows.join("1 minute")),
+    ]
+    for j in joins:
+        node = j.node
+        assert isinstance(node, plan.Join) and plan.is_column(node.joiner)
+        assert "left" in node.describe()
+    with pytest.raises(TypeError, match="one Column over `left` and `right`"):
+        s.join(t, (F.col("left"), F.col("right")))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="or a Column over"):
+        t.join(app.table("u"), 3)  # type: ignore[arg-type]
+
+
+def test_folds_and_transform_values_refuse_columns_and_say_why() -> None:
+    from pyspark.sql import functions as F
+
+    app = _app()
+    grouped = app.stream("s").group_by_key()
+    col = F.col("value")
+    with pytest.raises(TypeError, match="inside the fold over Python state"):
+        grouped.reduce(col)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="inside the fold over Python state"):
+        grouped.aggregate(list, col)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="inside the fold"):
+        app.table("t").group_by(lambda k, v: (k, v)).reduce(col, col)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="inside the fold"):
+        app.cogroup((grouped, col))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="use map_values"):
+        app.stream("s").transform_values(col)  # type: ignore[arg-type]
+
+
+def test_a_column_joiner_makes_the_join_step_pass_the_pair_on() -> None:
+    from pyspark.sql import functions as F
+
+    long_ = tc.serde.long()
+    assert python_form(max, JSON, long_, JSON) == (max, JSON, long_, JSON)
+    fn, left, right, result = python_form(F.col("left"), JSON, long_, JSON)
+    assert fn is pair and isinstance(result, PairBytes)
+    # the step decodes each side with `left`/`right` (raw bytes) and encodes the pair
+    lb, rb = JSON.serialize({"n": 1}), long_.serialize(7)
+    joined = result.serialize(fn(left.deserialize(lb), right.deserialize(rb)))
+    assert result.deserialize(joined) == (lb, rb)
+
+
+@given(
+    left=st.one_of(st.none(), st.binary(max_size=20)),
+    right=st.one_of(st.none(), st.binary(max_size=20)),
+)
+def test_pairs_keep_a_missing_side_apart_from_an_empty_one(
+    left: bytes | None, right: bytes | None
+) -> None:
+    p = PairBytes()
+    assert p.deserialize(p.serialize((left, right))) == (left, right)
