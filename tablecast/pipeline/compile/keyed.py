@@ -157,8 +157,8 @@ def drop_copies(
     one after the other, so a batch older than the latest one applied is done."""
     fresh = []
     # stable: (partition, offset) order within a batch stays
-    for row in sorted(rows, key=lambda r: -1 if r[BATCH] is None else int(r[BATCH])):
-        if row[BATCH] is None:  # no batch id: not from a deduplicated topic
+    for row in sorted(rows, key=lambda r: _batch(r[BATCH])):
+        if _batch(row[BATCH]) < 0:  # no batch id: not from a deduplicated topic
             fresh.append(row)
             continue
         batch = int(row[BATCH])
@@ -172,6 +172,13 @@ def drop_copies(
         seen.add(i)
         fresh.append(row)
     return fresh, last_batch, seen
+
+
+def _batch(cell: Any) -> int:
+    """A batch id cell, -1 for none. Pandas hands an integer column holding nulls over as
+    floats, a null as NaN (a join's group of only the other side's rows, whose batch is
+    null), so NaN is none too."""
+    return -1 if cell is None or cell != cell else int(cell)
 
 
 def through_id(row: tuple[Any, ...]) -> bytes:
