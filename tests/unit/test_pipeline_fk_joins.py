@@ -303,3 +303,12 @@ def test_a_failing_joiner_dead_letters_the_left_value_and_keeps_the_result() -> 
     assert bad[2].startswith("join: ZeroDivisionError") and bad[0] == b"a"
     assert JSON.deserialize(bad[1]) == {"c": "x", "n": 4}
     assert h.table() == {"a": 2.0}
+
+
+def test_a_group_of_right_rows_only_has_nan_batch_ids() -> None:
+    # pandas hands an integer column with nulls over as floats: a null batch id is NaN
+    kb, vb = b"x", JSON.serialize(1)
+    right = (kb, vb, None, kb, vb, "right", 0, 0, 0, 5, None, float("nan"), None, None, kb, RIGHT)
+    store: dict[Any, Any] = {}
+    assert deduplicated(Match(), keep_width=True)(kb, [right], KeyState(store, kb)) == []
+    assert store[kb][:3] == (vb, 5, 1)
