@@ -421,12 +421,15 @@ class Table(_Handle):
         a result while that row exists; left: also ``joiner(value, None)`` without one,
         a None foreign key included. A change of this row (its foreign key too) or of the
         matching row re-emits; a result that stops matching is deleted. Internally the
-        join crosses two repartition topics. What is promised: once both tables stop
-        changing and the queries catch up, the result table is the one Kafka Streams
-        computes; results in between are for a left value and a right value that were
-        current together at some point, and one for an older left value or older right
-        value never follows one for a newer (Kafka Streams drops such stale responses
-        by a hash of the left value; here by a version per left change)."""
+        join crosses two repartition topics. Promised: once both tables stop changing and
+        the queries catch up, the result table is Kafka Streams' (kill -9 included);
+        every result is joiner(a value this row had, the other row's value when it was
+        matched); a result is never overtaken by one for an older value of either row
+        (a version per change of this row, a generation per change of the other, where
+        Kafka Streams compares a hash of the left value). In between, a result for a
+        just-replaced value may be written before the newer one (Kafka Streams drops it
+        if its left store already changed), and keys without a result get no tombstone
+        (docs/user-guide.md, "Foreign-key table joins")."""
         if not isinstance(other, Table):
             raise TypeError("Table.join: expected a Table (a global table joins streams only)")
         if foreign_key is not None:
