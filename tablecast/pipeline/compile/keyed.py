@@ -5,8 +5,8 @@ A stateful step is a *core*: a function of (key, that key's rows in this
 micro-batch, its :class:`KeyState`) returning output rows. Rows are ordered by
 (partition, offset, seq) first: Spark does not promise input order within a
 group, and Kafka Streams' answers depend on it. The cores live beside what they
-compute (:mod:`.aggregate`, :mod:`.transform`, :mod:`.join`); this module runs
-them.
+compute (:mod:`.aggregate`, :mod:`.transform`, :mod:`.join`, :mod:`.fk_join`); this
+module runs them.
 
 applyInPandasWithState costs ~1-3 ms per group and call on this hardware,
 whatever the group's size, so one group per key would cap a table with many
