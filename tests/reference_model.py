@@ -378,7 +378,7 @@ def session_reduce(
     )
 
 
-# -- joins (KStreamKTableJoin, KStreamGlobalKTableJoin, KTableKTableInnerJoin) -----
+# -- joins (KStreamKTableJoin, KStreamGlobalKTableJoin, KTableKTableInnerJoin, FK) -----
 Event = tuple[str, Any, Any]  # (side, key, value) in the order the join task takes them
 
 
@@ -432,6 +432,75 @@ def table_table_join(
             out.append((k, joiner(sides["left"].get(k), sides["right"].get(k))))
         elif before:
             out.append((k, None))
+    return out
+
+
+def table_table_fk_join(
+    events: Iterable[Event],
+    joiner: Callable[[Any, Any], Any],
+    foreign_key: Callable[[Any, Any], Any],
+    how: str = "inner",
+) -> list[Rec]:
+    """Kafka Streams' KTable-KTable foreign-key join (KIP-213; SubscriptionSendProcessor,
+    SubscriptionReceiveProcessor, ForeignTableJoinProcessor, ResponseJoinProcessor), each
+    event's subscriptions and responses delivered before the next event: events are
+    ("left" | "right", key, value) upserts, the result is the join's changelog, keyed by
+    the left key.
+
+    A left change sends a subscription to foreign_key(k, v) (and removes the one of the
+    old foreign key when it changed); the right side answers with its row for that key,
+    and the answer becomes joiner(left, right) -- or, without a right row (a None
+    foreign key included), joiner(left, None) in a left join and a tombstone in an
+    inner one. A new left row of an inner join without a right row is not answered
+    (PROPAGATE_ONLY_IF_FK_VAL_AVAILABLE); an update is (PROPAGATE_NULL_IF_NO_FK_VAL_
+    AVAILABLE), so its old result is deleted. A left delete answers a tombstone. A
+    right change answers every left row subscribed to its key. Kafka Streams forwards
+    these tombstones whether or not the key had a result."""
+    left: dict[Any, Any] = {}
+    right: dict[Any, Any] = {}
+    out: list[Rec] = []
+
+    def answer(k: Any, lv: Any, rv: Any) -> None:
+        if lv is None or (rv is None and how == "inner"):
+            out.append((k, None))
+        else:
+            out.append((k, joiner(lv, rv)))
+
+    for side, k, v in events:
+        if k is None:
+            continue
+        if side == "right":
+            if v is None and k not in right:
+                continue  # deleting a row that is not there: no change to forward
+            _put(right, k, v)
+            # the left rows subscribed to k, in the subscription store's order
+            for lk, lv in sorted(left.items()):
+                if foreign_key(lk, lv) == k:
+                    answer(lk, lv, v)
+            continue
+        old = left.get(k)
+        _put(left, k, v)
+        if v is None:
+            if old is not None:
+                answer(k, None, None)  # DELETE_KEY_AND_PROPAGATE
+            continue
+        fk = foreign_key(k, v)
+        rv = None if fk is None else right.get(fk)
+        if old is None and how == "inner" and rv is None:
+            continue  # PROPAGATE_ONLY_IF_FK_VAL_AVAILABLE
+        answer(k, v, rv)
+    return out
+
+
+def changes(changelog: Iterable[Rec]) -> list[Rec]:
+    """The records of a changelog that change its table (a tombstone of an absent key,
+    or a key's value again, change nothing)."""
+    table: dict[Any, Any] = {}
+    out: list[Rec] = []
+    for k, v in changelog:
+        if table.get(k) != v:
+            out.append((k, v))
+            _put(table, k, v)
     return out
 
 

@@ -495,3 +495,93 @@ def test_kill_9_of_the_driver_leaves_cogroup_tables_exact(
         assert proc.poll() is None, log.read_text()[-3000:]
     finally:
         kill_group(proc, signal.SIGTERM)
+
+
+# -- foreign-key table joins: kill -9 mid-stream, the result tables exact ---------
+FK_APP = """
+import tablecast as tc
+
+app = tc.App({app!r}, trigger="300 milliseconds")
+key, value = tc.serde.string(), tc.serde.json()
+orders = app.table({orders!r}, key=key, value=value)
+customers = app.table({customers!r}, key=key, value=value)
+joiner = lambda o, c: [o["n"], None if c is None else c["name"]]
+fk = lambda k, o: o.get("c")
+orders.join(customers, joiner, foreign_key=fk).materialize("matched")
+orders.join(customers, joiner, foreign_key=fk, how="left").materialize("enriched")
+"""
+
+
+def fk_batch(rng: random.Random, n: int) -> list[tuple[str, str, dict[str, Any] | None]]:
+    """Mostly order changes (a tenth deletes, some without a customer), some customers."""
+    out: list[tuple[str, str, dict[str, Any] | None]] = []
+    for i in range(n):
+        if rng.random() < 0.2:
+            name = None if rng.random() < 0.2 else {"name": f"n{i}"}
+            out.append(("customers", f"c{rng.randrange(40)}", name))
+        elif rng.random() < 0.1:
+            out.append(("orders", f"o{rng.randrange(400)}", None))
+        else:
+            c = None if rng.random() < 0.1 else f"c{rng.randrange(40)}"
+            out.append(("orders", f"o{rng.randrange(400)}", {"c": c, "n": i}))
+    return out
+
+
+def test_kill_9_of_the_driver_leaves_foreign_key_join_results_exact(
+    bootstrap: str, unique: str, tmp_path: Path
+) -> None:
+    """Kills while the subscribing query writes its subscriptions (its restart writes them
+    again, which the matching query drops) and at another moment: both result tables are
+    Kafka Streams' final tables (they depend only on both tables' final rows)."""
+    topics = {name: f"{unique}-{name}" for name in ("orders", "customers")}
+    for topic in topics.values():
+        ensure_topic(bootstrap, topic, 3)
+    app_file = tmp_path / "app.py"
+    app_file.write_text(FK_APP.format(app=unique, **topics))
+    state, log = tmp_path / "state", tmp_path / "pipeline.log"
+    rng = random.Random(13)
+    events: list[ref.Event] = []
+
+    def send(records: list[tuple[str, str, dict[str, Any] | None]]) -> None:
+        for name in topics:
+            produce(
+                bootstrap,
+                topics[name],
+                [
+                    (k.encode(), None if v is None else orjson.dumps(v))
+                    for n, k, v in records
+                    if n == name
+                ],
+            )
+        events.extend(("right" if n == "customers" else "left", k, v) for n, k, v in records)
+
+    def joiner(o: dict[str, Any], c: dict[str, Any] | None) -> list[Any]:
+        return [o["n"], None if c is None else c["name"]]
+
+    def fk(k: str, o: dict[str, Any]) -> str | None:
+        return o.get("c")
+
+    proc = start(app_file, bootstrap, state, log)
+    try:
+        send(fk_batch(rng, 2000))
+        enriched = f"{unique}.table.enriched"
+        eventually(lambda: sum(end_offsets(bootstrap, enriched).values()) > 0, 180)
+        proc = kill_twice(
+            proc,
+            bootstrap,
+            f"{unique}.repartition.enriched-0",  # the subscriptions
+            lambda: send(fk_batch(rng, 20000)),
+            lambda: start(app_file, bootstrap, state, log),
+        )
+        send(fk_batch(rng, 2000))
+        for name, how in (("matched", "inner"), ("enriched", "left")):
+            want = ref.latest(ref.table_table_fk_join(events, joiner, fk, how))
+            assert want
+
+            def exact(t: str = f"{unique}.table.{name}", w: Any = want) -> bool:
+                return read_table(bootstrap, t, STR, JSON) == w
+
+            eventually(exact, 300, 2.0)
+        assert proc.poll() is None, log.read_text()[-3000:]
+    finally:
+        kill_group(proc, signal.SIGTERM)

@@ -85,7 +85,7 @@ def apply(flow: Flow, table: Flow, step: Step, buckets: int, extra: tuple[str, .
     node = step.node
     assert isinstance(node, plan.Join) and node.parent is not None
     through = env.BATCH in extra
-    left = _with_join_key(flow, node, table.key, extra if through else ()).df
+    left = with_join_key(flow, node.key_fn, table.key, extra if through else ()).df
     right = table.envelope().df.withColumns({JK: F.col("key")})
     nulls = {c: F.lit(None).cast(env.schema(c)[c].dataType) for c in env.REPARTITION}
     left = left.withColumns({**({} if through else nulls), SIDE: F.lit(LEFT)})
@@ -112,9 +112,9 @@ def in_source_order(batch: DataFrame) -> DataFrame:
     return batch.repartition(F.col("key")).sortWithinPartitions(env.PART, env.OFF, env.SEQ)
 
 
-def _with_join_key(flow: Flow, node: plan.Join, table_key: Serde, extra: tuple[str, ...]) -> Flow:
-    """The left rows, enveloped (with `extra` columns) and with their join key bytes."""
-    fn = node.key_fn
+def with_join_key(flow: Flow, fn: plan.Fn | None, table_key: Serde, extra: tuple[str, ...]) -> Flow:
+    """The left rows, enveloped (with `extra` columns) and with the bytes of their join key
+    `fn(key, value)` (None: the row's key) in the other table's key serde."""
     if fn is None and flow.key.spec() == table_key.spec():
         flow = flow.envelope(*extra)
         return flow.with_df(flow.df.withColumn(JK, F.col("key")))

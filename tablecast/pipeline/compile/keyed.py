@@ -5,8 +5,8 @@ A stateful step is a *core*: a function of (key, that key's rows in this
 micro-batch, its :class:`KeyState`) returning output rows. Rows are ordered by
 (partition, offset, seq) first: Spark does not promise input order within a
 group, and Kafka Streams' answers depend on it. The cores live beside what they
-compute (:mod:`.aggregate`, :mod:`.transform`, :mod:`.join`); this module runs
-them.
+compute (:mod:`.aggregate`, :mod:`.transform`, :mod:`.join`, :mod:`.fk_join`); this
+module runs them.
 
 applyInPandasWithState costs ~1-3 ms per group and call on this hardware,
 whatever the group's size, so one group per key would cap a table with many
@@ -159,8 +159,8 @@ def drop_copies(
     one after the other, so a batch older than the latest one applied is done."""
     fresh = []
     # stable: (partition, offset) order within a batch stays
-    for row in sorted(rows, key=lambda r: -1 if r[BATCH] is None else int(r[BATCH])):
-        if row[BATCH] is None:  # no batch id: not from a deduplicated topic
+    for row in sorted(rows, key=lambda r: _batch(r[BATCH])):
+        if _batch(row[BATCH]) < 0:  # no batch id: not from a deduplicated topic
             fresh.append(row)
             continue
         batch = int(row[BATCH])
@@ -174,6 +174,13 @@ def drop_copies(
         seen.add(i)
         fresh.append(row)
     return fresh, last_batch, seen
+
+
+def _batch(cell: Any) -> int:
+    """A batch id cell, -1 for none. Pandas hands an integer column holding nulls over as
+    floats, a null as NaN (a join's group of only the other side's rows, whose batch is
+    null), so NaN is none too."""
+    return -1 if cell is None or cell != cell else int(cell)
 
 
 def through_id(row: tuple[Any, ...]) -> bytes:

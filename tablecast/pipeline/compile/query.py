@@ -23,6 +23,7 @@ from tablecast.kafka.topics import dlq_topic
 from tablecast.pipeline.compile import (
     aggregate,
     cogroup,
+    fk_join,
     index,
     join,
     keyed,
@@ -145,6 +146,19 @@ def transform(
         if step.what == "join":
             assert side is not None and step.side is not None
             flow = join.apply(flow, side(step.side), step, buckets, extra)
+            extra = ()
+            i += 1
+        elif step.what == "fk_subscribe":
+            flow = fk_join.subscribe(flow, step, buckets, extra)
+            extra = fk_join.OUT_EXTRA
+            i += 1
+        elif step.what == "fk_match":
+            assert side is not None and step.side is not None
+            flow = fk_join.match(flow, side(step.side), step, buckets)
+            extra = fk_join.OUT_EXTRA
+            i += 1
+        elif step.what == "fk_resolve":
+            flow = fk_join.resolve(flow, step, buckets)
             extra = ()
             i += 1
         elif step.what == "stream_join":

@@ -555,14 +555,33 @@ class Table(_Handle):
         joiner: Callable[[Any, Any], Any],
         how: Literal["inner", "left", "outer"] = "inner",
         value: Serde | None = None,
+        foreign_key: plan.Fn | None = None,
     ) -> Table:
         """Join on the key: `joiner(left, right)` is the key's value (JSON unless `value=`)
         while both tables hold the key (inner), while this one does (left: right may be
         None), or while either does (outer: either may be None). An update on either side
         re-emits; a key that stops matching is deleted (KTable-KTable joins). `joiner` may
-        be a Column over `left` and `right`, as for Stream.join."""
+        be a Column over `left` and `right`, as for Stream.join.
+
+        With `foreign_key=f` (Kafka Streams' foreign-key join, KIP-213), each row of this
+        table meets the row of `other` whose key is ``f(key, value)`` (a Python callable
+        or a Column over key/value), and the result is keyed by this table's key. Inner:
+        a result while that row exists; left: also ``joiner(value, None)`` without one,
+        a None foreign key included. A change of this row (its foreign key too) or of the
+        matching row re-emits; a result that stops matching is deleted. Internally the
+        join crosses two repartition topics. Promised: once both tables stop changing and
+        the queries catch up, the result table is Kafka Streams' (kill -9 included);
+        every result is joiner(a value this row had, the other row's value when it was
+        matched); a result is never overtaken by one for an older value of either row
+        (a version per change of this row, a generation per change of the other, where
+        Kafka Streams compares a hash of the left value). In between, a result for a
+        just-replaced value may be written before the newer one (Kafka Streams drops it
+        if its left store already changed), and keys without a result get no tombstone
+        (docs/user-guide.md, "Foreign-key table joins")."""
         if not isinstance(other, Table):
             raise TypeError("Table.join: expected a Table (a global table joins streams only)")
+        if foreign_key is not None:
+            return self._join_foreign_key(other, joiner, how, value, foreign_key)
         if how not in ("inner", "left", "outer"):
             raise ValueError(f"Table.join: how must be 'inner', 'left' or 'outer', not {how!r}")
         if other.node.key_serde().spec() != self._node.key_serde().spec():
@@ -572,6 +591,36 @@ class Table(_Handle):
             )
         _check_joiner(joiner)
         node = plan.Join(self._node, other.node, joiner, how=how, value=value)
+        return Table(self._app, node)
+
+    def _join_foreign_key(
+        self,
+        other: Table,
+        joiner: Callable[[Any, Any], Any],
+        how: str,
+        value: Serde | None,
+        foreign_key: plan.Fn,
+    ) -> Table:
+        if how not in ("inner", "left"):
+            raise ValueError(
+                "Table.join: a foreign-key join is 'inner' or 'left' (as Kafka Streams' "
+                f"KIP-213 join), not {how!r}"
+            )
+        if isinstance(foreign_key, tuple) or not (
+            plan.is_column(foreign_key) or callable(foreign_key)
+        ):
+            raise TypeError("Table.join: foreign_key is a Column or a callable f(key, value)")
+        if plan.is_column(joiner):
+            # the result is computed where the answer meets the left row, in Python state
+            raise TypeError(
+                "Table.join: a foreign-key join's joiner is a Python callable (a Column "
+                "joiner works for joins on the key); a map_values(col) after the join can "
+                "reshape the result"
+            )
+        _check_callable("join", joiner)
+        node = plan.Join(
+            self._node, other.node, joiner, how=how, value=value, foreign_key=foreign_key
+        )  # type: ignore[arg-type]
         return Table(self._app, node)
 
     def to_stream(self) -> Stream:

@@ -359,6 +359,8 @@ class Join(Node):
     value: Serde | None = None
     #: a stream-stream join's window (None: the other side is a table)
     window: JoinWindows | None = None
+    #: a table-table foreign-key join's f(key, value) -> the other table's key (KIP-213)
+    foreign_key: Fn | None = None
 
     @property
     def is_global(self) -> bool:
@@ -374,6 +376,8 @@ class Join(Node):
             side = "stream"
         other = " -> ".join(n.describe() for n in self.other.lineage())
         key = f", key={fn_name(self.key_fn)}" if self.key_fn is not None else ""
+        if self.foreign_key is not None:
+            key = f", foreign_key={fn_name(self.foreign_key)}"
         how = f", how={self.how!r}" if self.how != "inner" else ""
         window = f", window={self.window.describe()}" if self.window is not None else ""
         return f"join({side}[{other}], {fn_name(self.joiner)}{key}{how}{window})"

@@ -12,6 +12,10 @@ stateless operators and at most one stateful step; the planner cuts the chain:
   group key; the next query aggregates per group key;
 - before a second stateful step: the first one's changelog goes through
   ``<app>.changelog.<name>-<i>`` (compacted if it is a table's);
+- at a table-table foreign-key join (KIP-213), twice: one query sends each left
+  row's subscription, keyed by foreign key, to ``<app>.repartition.<name>-<i>``;
+  the next meets them with the right table and sends responses, keyed by left
+  key, to the next repartition topic; the third resolves them into the result;
 - at a stream's ``repartition()``: the stream goes through
   ``<app>.repartition.<name>-<i>``, keyed by its key and placed by its
   partitioner (Kafka Streams' ``through``); the next query reads it back.
@@ -31,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from typing import Literal, get_args
 
+from tablecast import serde as serdes
 from tablecast.pipeline.plan import nodes as plan
 from tablecast.pipeline.plan.wire import PairSerde
 from tablecast.serde import Serde
@@ -55,6 +60,9 @@ StepKind = Literal[
     "join",
     "stream_join",
     "cogroup",
+    "fk_subscribe",
+    "fk_match",
+    "fk_resolve",
 ]
 #: every step but the stateless ones keeps per-key state in Spark's state store
 STATEFUL = tuple(k for k in get_args(StepKind) if k not in ("op", "select_group"))
@@ -134,6 +142,15 @@ class Step:
             return f"{w} {self.node.describe()} [applyInPandasWithState by key's partition]"
         if self.what == "join":
             return f"{self.node.describe()} [applyInPandasWithState by join key, tables in state]"
+        if self.what == "fk_subscribe":
+            return (
+                f"{self.node.describe()} [applyInPandasWithState by key: its foreign key; "
+                "subscriptions by foreign key]"
+            )
+        if self.what == "fk_match":
+            return "fk_match [applyInPandasWithState by foreign key: right row, subscribers]"
+        if self.what == "fk_resolve":
+            return "fk_resolve [applyInPandasWithState by key: newest response joined]"
         if self.what == "stream_join":
             return f"{self.node.describe()} [applyInPandasWithState by key's partition: windows]"
         if self.what == "cogroup" and self.windowed:
@@ -295,6 +312,18 @@ def plan_output(
             side_queries, side = _stream_side(app_id, node.other, name, materialized or [])
             sides.extend(side_queries)
             add("stream_join", node, node.key_serde(), node.value_serde(), "stream", side)
+        elif isinstance(node, plan.Join) and node.foreign_key is not None:
+            # KIP-213: subscriptions keyed by foreign key meet the right table, and the
+            # responses come back keyed by the left key (see compile.fk_join)
+            name = f"{base}-join{len(sides)}"
+            side_queries, side = _join_side(app_id, node, name, materialized or [])
+            sides.extend(side_queries)
+            raw = serdes.bytes_()
+            add("fk_subscribe", node, node.other.key_serde(), raw, "stream")
+            cut("repartition")
+            add("fk_match", node, node.key_serde(), raw, "stream", side)
+            cut("repartition")
+            add("fk_resolve", node, node.key_serde(), node.value_serde(), "table")
         elif isinstance(node, plan.Join):
             name = f"{base}-join{len(sides)}"
             side_queries, side = _join_side(app_id, node, name, materialized or [])
