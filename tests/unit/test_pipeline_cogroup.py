@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import tablecast as tc
 from tablecast.pipeline.compile import envelope as env
 from tablecast.pipeline.compile.cogroup import UNION, Cogrouped, cogroup_core
-from tablecast.pipeline.compile.keyed import bucketed
+from tablecast.pipeline.compile.keyed import bucketed, frame
 from tablecast.pipeline.plan import queries as planner
 from tests import reference_model as ref
 
@@ -127,18 +127,6 @@ class _State:
         self.stored = None
 
 
-class _Frame:
-    def __init__(self, rows: list[tuple[Any, ...]]) -> None:
-        self.rows = rows
-
-    def to_numpy(self, dtype: Any) -> Any:
-        import numpy as np
-
-        cells = np.empty((len(self.rows), len(self.rows[0])), dtype=object)
-        cells[:] = self.rows
-        return cells
-
-
 def _row(e: ref.CogroupEvent, off: int, rid: bytes | None = None, batch: int | None = None) -> Any:
     side, part, key, value, ts = e
     kb = None if key is None else key.encode()
@@ -171,7 +159,7 @@ def _run(fn: Any, rows: list[tuple[Any, ...]], state: _State) -> list[tuple[Any,
     if not rows:
         return []
     out = []
-    for pdf in fn((0,), iter([_Frame(rows)]), state):
+    for pdf in fn((0,), iter([frame(rows, [str(i) for i in range(len(rows[0]))])]), state):
         out.extend(pdf.itertuples(index=False, name=None))
     return out
 
