@@ -4,7 +4,6 @@ and the per-key step against the reference model of Kafka Streams' CogroupedKStr
 from __future__ import annotations
 
 import os
-import pickle
 from datetime import timedelta
 from typing import Any
 
@@ -15,9 +14,10 @@ from hypothesis import strategies as st
 import tablecast as tc
 from tablecast.pipeline.compile import envelope as env
 from tablecast.pipeline.compile.cogroup import UNION, Cogrouped, cogroup_core
-from tablecast.pipeline.compile.keyed import bucketed, frame
+from tablecast.pipeline.compile.keyed import bucketed
 from tablecast.pipeline.plan import queries as planner
 from tests import reference_model as ref
+from tests.support.group_state import GroupState, run_group
 
 JSON = tc.serde.json()
 EXAMPLES = int(os.environ.get("TABLECAST_EXAMPLES", "100"))
@@ -105,28 +105,6 @@ def test_the_first_input_is_re_keyed_in_the_cogroup_query() -> None:
 
 
 # -- the per-key step ------------------------------------------------------------
-class _State:
-    """GroupState as applyInPandasWithState hands it over: bytes in, bytes out."""
-
-    def __init__(self) -> None:
-        self.stored: tuple[bytes, ...] | None = None
-
-    @property
-    def exists(self) -> bool:
-        return self.stored is not None
-
-    @property
-    def get(self) -> tuple[bytes, ...]:
-        assert self.stored is not None
-        return self.stored
-
-    def update(self, value: tuple[bytes, ...]) -> None:
-        self.stored = tuple(pickle.loads(pickle.dumps(value)))
-
-    def remove(self) -> None:
-        self.stored = None
-
-
 def _row(e: ref.CogroupEvent, off: int, rid: bytes | None = None, batch: int | None = None) -> Any:
     side, part, key, value, ts = e
     kb = None if key is None else key.encode()
@@ -153,15 +131,6 @@ AGGREGATORS = [_a, _b, _c]
 
 def _init() -> list[Any]:
     return []
-
-
-def _run(fn: Any, rows: list[tuple[Any, ...]], state: _State) -> list[tuple[Any, ...]]:
-    if not rows:
-        return []
-    out = []
-    for pdf in fn((0,), iter([frame(rows, [str(i) for i in range(len(rows[0]))])]), state):
-        out.extend(pdf.itertuples(index=False, name=None))
-    return out
 
 
 def _table(out: list[tuple[Any, ...]]) -> dict[str, tuple[Any, int]]:
@@ -193,13 +162,13 @@ def _batches(
 
 def _run_all(batches: list[list[ref.CogroupEvent]]) -> list[tuple[Any, ...]]:
     fn = bucketed(cogroup_core(Cogrouped(tuple(AGGREGATORS), _init), *_serdes()), list(env.COLUMNS))
-    state, offsets, out = _State(), dict[tuple[int, int], int](), []
+    state, offsets, out = GroupState(), dict[tuple[int, int], int](), []
     for batch in batches:
         rows = []
         for e in batch:
             off = offsets[(e[0], e[1])] = offsets.get((e[0], e[1]), -1) + 1
             rows.append(_row(e, off))
-        out.extend(_run(fn, rows, state))
+        out.extend(run_group(fn, rows, state))
     return out
 
 
@@ -289,15 +258,17 @@ def test_ties_go_to_the_input_listed_first_then_the_lower_partition() -> None:
 
 def test_timestamps_are_kafka_streams_and_a_none_aggregate_starts_over() -> None:
     fn = bucketed(cogroup_core(Cogrouped(tuple(AGGREGATORS), _init), *_serdes()), list(env.COLUMNS))
-    state = _State()
-    (r,) = _run(fn, [_row((0, 0, "k", 1, 200), 0), _row((1, 0, "k", 2, 100), 0)], state)
+    state = GroupState()
+    (r,) = run_group(fn, [_row((0, 0, "k", 1, 200), 0), _row((1, 0, "k", 2, 100), 0)], state)
     assert JSON.deserialize(r[1]) == [["b", 2], ["a", 1]] and r[9] == 200  # the largest
-    (gone,) = _run(fn, [_row((1, 0, "k", 0, 150), 1)], state)
+    (gone,) = run_group(fn, [_row((1, 0, "k", 0, 150), 1)], state)
     assert gone[1] is None and gone[9] == 150  # the tombstone at the deleting record's time
-    (again,) = _run(fn, [_row((0, 0, "k", 5, 120), 1)], state)
+    (again,) = run_group(fn, [_row((0, 0, "k", 5, 120), 1)], state)
     # starts over from initializer(), with the record's own timestamp
     assert JSON.deserialize(again[1]) == [["a", 5]] and again[9] == 120
-    assert _run(fn, [_row((0, 0, None, 5, 120), 2), _row((1, 0, "k", None, 300), 2)], state) == []
+    assert (
+        run_group(fn, [_row((0, 0, None, 5, 120), 2), _row((1, 0, "k", None, 300), 2)], state) == []
+    )
 
 
 def test_copies_a_restarted_writer_wrote_again_are_applied_once_per_input() -> None:
@@ -308,12 +279,12 @@ def test_copies_a_restarted_writer_wrote_again_are_applied_once_per_input() -> N
         JSON,
         (False, True, True),
     )
-    fn, state = bucketed(core, list(env.COLUMNS)), _State()
+    fn, state = bucketed(core, list(env.COLUMNS)), GroupState()
     first = [_row((1, 0, "k", 1, 10), 0, b"r1", 3), _row((2, 0, "k", 2, 11), 0, b"r1", 3)]
-    _run(fn, first, state)
+    run_group(fn, first, state)
     # batch 3 written again (same ids: both inputs' copies dropped), then batch 4
     again = [_row((1, 0, "k", 1, 10), 1, b"r1", 3), _row((2, 0, "k", 2, 11), 1, b"r1", 3)]
-    (r,) = _run(fn, [*again, _row((1, 0, "k", 3, 12), 2, b"r2", 4)], state)
+    (r,) = run_group(fn, [*again, _row((1, 0, "k", 3, 12), 2, b"r2", 4)], state)
     assert JSON.deserialize(r[1]) == [["b", 1], ["c", 2], ["b", 3]]
     assert UNION[: len(env.COLUMNS)] == env.COLUMNS
 
@@ -364,13 +335,13 @@ def _run_windowed(
         (False, False, False),
         final,
     )
-    state, offsets, out = _State(), dict[tuple[int, int], int](), []
+    state, offsets, out = GroupState(), dict[tuple[int, int], int](), []
     for batch in batches:
         rows = []
         for e in batch:
             off = offsets[(e[0], e[1])] = offsets.get((e[0], e[1]), -1) + 1
             rows.append(_row(e, off))
-        out.extend(_run(fn, rows, state))
+        out.extend(run_group(fn, rows, state))
     return out
 
 

@@ -3,7 +3,6 @@ the planner cuts them, and the per-task join step against the reference model.""
 
 from __future__ import annotations
 
-import pickle
 from datetime import timedelta
 from typing import Any
 
@@ -13,11 +12,11 @@ from hypothesis import strategies as st
 
 import tablecast as tc
 from tablecast.pipeline.compile.join import LEFT, RIGHT
-from tablecast.pipeline.compile.keyed import frame
 from tablecast.pipeline.compile.stream_join import StreamStreamJoin, core
 from tablecast.pipeline.plan import queries as planner
 from tablecast.windows import JoinWindows
 from tests import reference_model as ref
+from tests.support.group_state import GroupState, run_group
 
 JSON = tc.serde.json()
 
@@ -100,36 +99,8 @@ def _row(side: int, part: int, off: int, ts: int, key: str | None, value: Any) -
     return (kb, vb, None, kb, vb, "t", part, off, 0, ts, None, None, None, None, kb, side, 0)
 
 
-class _State:
-    """GroupState as applyInPandasWithState hands it over: bytes in, bytes out."""
-
-    def __init__(self) -> None:
-        self.stored: tuple[bytes, ...] | None = None
-
-    @property
-    def exists(self) -> bool:
-        return self.stored is not None
-
-    @property
-    def get(self) -> tuple[bytes, ...]:
-        assert self.stored is not None
-        return self.stored
-
-    def update(self, value: tuple[bytes, ...]) -> None:
-        self.stored = tuple(pickle.loads(pickle.dumps(value)))
-
-
 def _joiner(a: Any, b: Any) -> list[Any]:
     return [a, b]
-
-
-def _run(fn: Any, rows: list[tuple[Any, ...]], state: _State) -> list[tuple[Any, ...]]:
-    if not rows:
-        return []
-    out = []
-    for pdf in fn((0,), iter([frame(rows, [str(i) for i in range(len(rows[0]))])]), state):
-        out.extend(pdf.itertuples(index=False, name=None))
-    return out
 
 
 EVENTS = st.lists(
@@ -166,7 +137,7 @@ def test_stream_join_matches_the_reference_in_any_batching(
         offsets[s] += 1
         timed.append((0, side, k, v, ts))
     join = StreamStreamJoin(JoinWindows(*window), how, _joiner, JSON, JSON, JSON)
-    fn, state = core(join, (False, False)), _State()
+    fn, state = core(join, (False, False)), GroupState()
     out: list[tuple[Any, ...]] = []
     for i in range(0, len(rows), batch):
         # a batch whose rows the step must take in the events' order: one side at a time
@@ -178,7 +149,7 @@ def test_stream_join_matches_the_reference_in_any_batching(
             else:
                 runs.append([r])
         for run in runs:
-            out.extend(_run(fn, run, state))
+            out.extend(run_group(fn, run, state))
     want, late = ref.stream_stream_join(timed, *window, _joiner, how)
     good = [r for r in out if r[2] is None]
     assert [(r[0].decode(), JSON.deserialize(r[1]), r[9]) for r in good] == want
@@ -189,35 +160,35 @@ def test_stream_join_matches_the_reference_in_any_batching(
 def test_after_is_how_far_a_right_record_may_follow_a_left_one() -> None:
     # JoinWindows: stream1.ts - before <= stream2.ts <= stream1.ts + after
     join = StreamStreamJoin(JoinWindows(0, 10, 100), "inner", _joiner, JSON, JSON, JSON)
-    fn, state = core(join, (False, False)), _State()
-    assert _run(fn, [_row(LEFT, 0, 0, 100, "k", 1)], state) == []
-    assert _run(fn, [_row(RIGHT, 1, 0, 95, "k", 2)], state) == []
-    (joined,) = _run(fn, [_row(RIGHT, 1, 1, 110, "k", 3)], state)
+    fn, state = core(join, (False, False)), GroupState()
+    assert run_group(fn, [_row(LEFT, 0, 0, 100, "k", 1)], state) == []
+    assert run_group(fn, [_row(RIGHT, 1, 0, 95, "k", 2)], state) == []
+    (joined,) = run_group(fn, [_row(RIGHT, 1, 1, 110, "k", 3)], state)
     assert JSON.deserialize(joined[1]) == [1, 3]
 
 
 def test_a_left_record_waits_for_its_window_to_close_before_it_is_written_alone() -> None:
     join = StreamStreamJoin(JoinWindows(10, 10, 5), "left", _joiner, JSON, JSON, JSON)
-    fn, state = core(join, (False, False)), _State()
-    assert _run(fn, [_row(LEFT, 0, 0, 100, "k", 1)], state) == []
+    fn, state = core(join, (False, False)), GroupState()
+    assert run_group(fn, [_row(LEFT, 0, 0, 100, "k", 1)], state) == []
     # stream time 115 = 100 + after + grace: still open, a right record at 108 may come
-    assert _run(fn, [_row(RIGHT, 1, 0, 115, "x", 9)], state) == []
-    (joined,) = _run(fn, [_row(RIGHT, 1, 1, 108, "k", 2)], state)
+    assert run_group(fn, [_row(RIGHT, 1, 0, 115, "x", 9)], state) == []
+    (joined,) = run_group(fn, [_row(RIGHT, 1, 1, 108, "k", 2)], state)
     assert JSON.deserialize(joined[1]) == [1, 2] and joined[9] == 108
-    assert _run(fn, [_row(LEFT, 0, 1, 120, "k", 3)], state) == []  # 1 met 2: never alone
-    (alone,) = _run(fn, [_row(RIGHT, 1, 2, 200, "x", 0)], state)
+    assert run_group(fn, [_row(LEFT, 0, 1, 120, "k", 3)], state) == []  # 1 met 2: never alone
+    (alone,) = run_group(fn, [_row(RIGHT, 1, 2, 200, "x", 0)], state)
     assert JSON.deserialize(alone[1]) == [3, None] and alone[9] == 120
-    (late,) = _run(fn, [_row(LEFT, 0, 2, 150, "k", 4)], state)
+    (late,) = run_group(fn, [_row(LEFT, 0, 2, 150, "k", 4)], state)
     assert late[2].startswith("late record: timestamp 150, stream time 200")
 
 
 def test_results_of_a_left_and_a_right_row_at_the_same_offset_have_different_ids() -> None:
     # record ids downstream are (partition, offset, seq), and both topics have offset 1
     join = StreamStreamJoin(JoinWindows(10, 10, 0), "inner", _joiner, JSON, JSON, JSON)
-    fn, state = core(join, (False, False)), _State()
-    out = _run(fn, [_row(RIGHT, 0, 0, 100, "k", 1), _row(LEFT, 0, 0, 101, "k", 2)], state)
-    out += _run(fn, [_row(LEFT, 0, 1, 102, "k", 3)], state)
-    out += _run(fn, [_row(RIGHT, 0, 1, 103, "k", 4)], state)
+    fn, state = core(join, (False, False)), GroupState()
+    out = run_group(fn, [_row(RIGHT, 0, 0, 100, "k", 1), _row(LEFT, 0, 0, 101, "k", 2)], state)
+    out += run_group(fn, [_row(LEFT, 0, 1, 102, "k", 3)], state)
+    out += run_group(fn, [_row(RIGHT, 0, 1, 103, "k", 4)], state)
     assert [JSON.deserialize(r[1]) for r in out] == [[2, 1], [3, 1], [2, 4], [3, 4]]
     ids = [(r[6], r[7], r[8]) for r in out]
     assert len(set(ids)) == len(ids), ids

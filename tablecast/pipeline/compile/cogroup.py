@@ -58,6 +58,7 @@ from tablecast.pipeline.compile.keyed import (
     out_row,
     through_id,
 )
+from tablecast.pipeline.compile.window import late, open_windows
 from tablecast.serde import Serde
 from tablecast.windows import Windows
 
@@ -251,13 +252,9 @@ def window_core(
                 continue  # skipped, and stream time does not move (as for windows)
             ts = int(row[TS])
             stream_time = ts if stream_time is None else max(stream_time, ts)
-            starts = [s for s in windows.starts(ts) if s + size + grace_ms > stream_time]
+            starts = open_windows(windows, ts, stream_time, grace_ms)
             if not starts:
-                why = (
-                    f"late record: timestamp {ts}, stream time {stream_time}, "
-                    f"window size {size} ms, grace {grace_ms} ms"
-                )
-                out.append(bad_row(row, why, WIDTH))
+                out.append(bad_row(row, late(windows, ts, stream_time, grace_ms), WIDTH))
                 continue
             side = int(row[SIDE_I])
             try:

@@ -85,13 +85,9 @@ def window_core(
             kb = row[K]
             ts = int(row[TS])
             stream_time = ts if stream_time is None else max(stream_time, ts)
-            starts = [s for s in windows.starts(ts) if s + size + grace_ms > stream_time]
+            starts = open_windows(windows, ts, stream_time, grace_ms)
             if not starts:
-                why = (
-                    f"late record: timestamp {ts}, stream time {stream_time}, "
-                    f"window size {size} ms, grace {grace_ms} ms"
-                )
-                out.append(bad_row(row, why, width))
+                out.append(bad_row(row, late(windows, ts, stream_time, grace_ms), width))
                 continue
             try:
                 k, v = key.deserialize(kb), value.deserialize(row[V])
@@ -138,6 +134,20 @@ def window_core(
             yield frame(out, cols)
 
     return fn
+
+
+def open_windows(windows: Windows, ts: int, stream_time: int, grace_ms: int) -> list[int]:
+    """The starts of the windows holding `ts` that stream time has not closed (a window
+    closes when stream time reaches its end + grace, as in Kafka Streams)."""
+    return [s for s in windows.starts(ts) if s + windows.size_ms + grace_ms > stream_time]
+
+
+def late(windows: Windows, ts: int, stream_time: int, grace_ms: int) -> str:
+    """Why a record whose windows are all closed goes to the dead-letter topic."""
+    return (
+        f"late record: timestamp {ts}, stream time {stream_time}, "
+        f"window size {windows.size_ms} ms, grace {grace_ms} ms"
+    )
 
 
 def _entry(stored: Any) -> tuple[bytes | None, int | None]:
