@@ -414,6 +414,30 @@ def _short(frame: str) -> str:
 KS_FRONTS = ("jdk", "jetty", "netty")
 
 
+def ks_per_front(
+    peers: contextlib.ExitStack, stack: Stack, topic: str, tag: str
+) -> dict[str, ks.Cluster]:
+    """One Kafka Streams instance per HTTP server of :data:`KS_FRONTS` on the server core,
+    each its own application reading `topic`, caught up; `peers` stops them."""
+    fronts = {
+        f: peers.enter_context(
+            ks.start(
+                stack.bootstrap,
+                topic,
+                1,
+                work_dir=stack.dir / f"ks-{tag}-{f}",
+                application_id=f"{tag}-{f}-{os.getpid()}",
+                cpus=SERVER_CPU,
+                http=f,
+            )
+        )
+        for f in KS_FRONTS
+    }
+    for cluster in fronts.values():
+        cluster.wait_caught_up(stack.bootstrap)
+    return fronts
+
+
 def point_gets(
     keys: int,
     seconds: int,
@@ -786,24 +810,8 @@ def main(argv: list[str]) -> None:
         node_proc, node = stack.node(work / "node1", None, app=APP)
         wait_http(node + "/readyz", timeout=300, proc=node_proc)
         with contextlib.ExitStack() as peers:
-            # one instance per HTTP server, each its own application reading the same topic
-            ks_fronts = {
-                f: peers.enter_context(
-                    ks.start(
-                        stack.bootstrap,
-                        topic,
-                        1,
-                        work_dir=work / f"ks1-{f}",
-                        application_id=f"anchors-{f}-{os.getpid()}",
-                        cpus=SERVER_CPU,
-                        http=f,
-                    )
-                )
-                for f in KS_FRONTS
-            }
+            ks_fronts = ks_per_front(peers, stack, topic, "anchors")
             redis = peers.enter_context(rp.start(work / "redis", cpus=SERVER_CPU))
-            for cluster in ks_fronts.values():
-                cluster.wait_caught_up(stack.bootstrap)
             rp.load_numbered(redis, args.keys, value_of)
             ks_urls = {f: c.urls[0] for f, c in ks_fronts.items()}
             r["checked_keys"] = check_same(args.keys, [node], list(ks_urls.values()), redis)

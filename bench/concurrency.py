@@ -15,13 +15,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import os
 from typing import Any
 
 from bench import common
-from bench.anchors import APP, KS_FRONTS, fill_data, key_script, on_load_core, tc_path, warm_up
+from bench.anchors import (
+    APP,
+    fill_data,
+    key_script,
+    ks_per_front,
+    on_load_core,
+    tc_path,
+    warm_up,
+)
 from bench.common import (
-    SERVER_CPU,
     command,
     facts_line,
     machine,
@@ -95,19 +101,7 @@ def main(argv: list[str]) -> None:
         node_proc, node = stack.node(work / "node", None, app=APP)
         wait_http(node + "/readyz", timeout=300, proc=node_proc)
         servers: dict[str, tuple[str, str, int]] = {"tablecast": (node, tc_path(), node_proc.pid)}
-        for front in KS_FRONTS:
-            cluster = peers.enter_context(
-                ks.start(
-                    stack.bootstrap,
-                    topic,
-                    1,
-                    work_dir=work / f"ks-{front}",
-                    application_id=f"concurrency-{front}-{os.getpid()}",
-                    cpus=SERVER_CPU,
-                    http=front,
-                )
-            )
-            cluster.wait_caught_up(stack.bootstrap)
+        for front, cluster in ks_per_front(peers, stack, topic, "concurrency").items():
             servers[f"kafka_streams_{front}"] = (cluster.urls[0], "/keys/", cluster.pids[0])
         r["rss_idle_mib"] = {name: round(rss_mib(pid), 1) for name, (_, _, pid) in servers.items()}
         # the JIT and caches first, at the measured connection count
