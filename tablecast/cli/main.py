@@ -99,6 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
     _opt(p, "--cache-mb", 64, type=int, help="read cache per table in front of RocksDB (0: none)")
     _opt(
         p,
+        "--block-cache-mb",
+        256,
+        type=int,
+        help="RocksDB block cache shared by every store of the node (MiB, at least 1)",
+    )
+    _opt(
+        p,
         "--drop-released-after",
         600.0,
         type=float,
@@ -360,6 +367,11 @@ def _serve(args: argparse.Namespace) -> int:
         return fail("--rate-limit is a positive number of requests per second")
     if args.max_waits < 1:
         return fail("--max-waits is at least 1")
+    if args.block_cache_mb < 1:
+        return fail("--block-cache-mb is at least 1")
+    from tablecast.store import rocksdb
+
+    rocksdb.set_block_cache_bytes(args.block_cache_mb * 1024 * 1024)
     try:
         policy = Policy.load(args.auth_policy) if args.auth_policy else None
     except PolicyError as e:

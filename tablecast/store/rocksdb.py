@@ -63,6 +63,16 @@ _META_V1 = struct.Struct(">qq")  # written before the sync time was kept
 
 BLOCK_CACHE_BYTES = 256 * 1024 * 1024
 _cache: Cache | None = None
+_cache_bytes = BLOCK_CACHE_BYTES
+
+
+def set_block_cache_bytes(size: int) -> None:
+    """The size of the node's one block cache (``serve --block-cache-mb``), before the first
+    store opens: the stores share the cache they were opened with."""
+    global _cache_bytes
+    if _cache is not None and size != _cache_bytes:
+        raise RuntimeError("the block cache is already in use: size it before opening stores")
+    _cache_bytes = size
 
 
 def _options() -> Options:
@@ -70,7 +80,7 @@ def _options() -> Options:
     if _cache is None:
         # one LRU block cache for every store of the node: hot keys of any
         # partition stay in memory however many partitions the node holds
-        _cache = Cache(BLOCK_CACHE_BYTES)  # an LRU cache
+        _cache = Cache(_cache_bytes)  # an LRU cache
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
     # a node holds many partitions: keep each instance's memtables modest

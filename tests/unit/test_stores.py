@@ -198,3 +198,24 @@ def test_replica_reads_are_exact_at_the_position_they_report(make) -> None:  # t
         sys.setswitchinterval(interval)
     assert reads > 100
     assert not wrong, wrong[:5]
+
+
+def test_the_block_cache_is_sized_before_the_first_store_opens(tmp_path: Path) -> None:
+    """``serve --block-cache-mb``: the node's one block cache takes the size set before any
+    store opens, and refuses another size once stores share it (a fresh interpreter: this
+    one's cache may be open already)."""
+    import subprocess
+
+    script = f"""
+from tablecast.store import rocksdb
+rocksdb.set_block_cache_bytes(8 << 20)
+store = rocksdb.RocksDBStore({str(tmp_path / "s")!r})
+assert rocksdb._cache is not None and rocksdb._cache_bytes == 8 << 20
+rocksdb.set_block_cache_bytes(8 << 20)  # the same size: nothing changes
+try:
+    rocksdb.set_block_cache_bytes(16 << 20)
+except RuntimeError:
+    print("refused")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "refused", done.stderr
