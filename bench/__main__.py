@@ -27,6 +27,7 @@ BENCHES = {
     "history": "bench.history",
     "console": "bench.console",
     "concurrency": "bench.concurrency",
+    "cold": "bench.cold",
 }
 # the pipeline benchmark is written by another change; run it once its module exists
 if importlib.util.find_spec("bench.pipeline") is not None:

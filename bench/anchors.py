@@ -676,7 +676,7 @@ def load_and_restart(
     out = follow_ingest(proc, url, rows, started)
     time.sleep(1)  # let the allocator and RocksDB settle before reading RSS
     out["rss"] = rss_bytes(proc.pid)
-    out["disk"] = sum(f.stat().st_size for f in data.rglob("*") if f.is_file())
+    out["disk"] = common.du_bytes(data)
     if restart:
         out["restart"] = restart_killed(stack, proc, url, data, app=app)
     else:

@@ -135,6 +135,15 @@ end
 """
 
 
+def du_bytes(path: Path) -> int:
+    """The bytes of every file under `path`."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def du_mib(path: Path) -> float:
+    return du_bytes(path) / 2**20
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU a process (all its threads) has used so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
