@@ -70,14 +70,19 @@ def _policy_file(tmp_path: Path) -> str:
 
 
 def _both_serve(nodes: list[NodeProcess], key: str, headers: dict[str, str]) -> None:
-    """Wait until the cluster's ownership settled: both nodes name one owner for `key`."""
+    """Wait until the cluster's ownership settled: both nodes name one owner for `key`, and
+    both count the whole table (every partition has a ready replica: two nodes started
+    together can leave one without for a moment after both report ready, a known gap)."""
 
     def settled() -> bool:
         served = {
             n.get(f"/v1/tables/kv/keys/{key}", headers=headers).headers.get("x-tablecast-node")
             for n in nodes
         }
-        return len(served) == 1 and None not in served
+        counted = all(
+            n.get("/v1/tables/kv/count", headers=headers).status_code == 200 for n in nodes
+        )
+        return len(served) == 1 and None not in served and counted
 
     eventually(settled, timeout=60)
 
