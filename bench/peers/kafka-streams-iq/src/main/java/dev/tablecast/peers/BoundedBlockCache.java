@@ -6,6 +6,7 @@ import org.rocksdb.BlockBasedTableConfig;
 import org.rocksdb.Cache;
 import org.rocksdb.LRUCache;
 import org.rocksdb.Options;
+import org.rocksdb.RocksDB;
 
 /**
  * One block cache of a bounded size shared by every RocksDB store of the instance, as the Kafka
@@ -15,12 +16,20 @@ import org.rocksdb.Options;
  */
 public final class BoundedBlockCache implements RocksDBConfigSetter {
   private static final long BYTES = Long.getLong("iq.block.cache.mb", 16L) << 20;
-  private static final Cache CACHE = new LRUCache(BYTES);
+
+  /** Made on first use: Kafka Streams instantiates the setter before RocksDB's library loads. */
+  private static final class Shared {
+    static {
+      RocksDB.loadLibrary();
+    }
+
+    static final Cache CACHE = new LRUCache(BYTES);
+  }
 
   @Override
   public void setConfig(String storeName, Options options, Map<String, Object> configs) {
     BlockBasedTableConfig table = (BlockBasedTableConfig) options.tableFormatConfig();
-    table.setBlockCache(CACHE);
+    table.setBlockCache(Shared.CACHE);
     // index and filter blocks count against the cache too, as in tablecast's stores
     table.setCacheIndexAndFilterBlocks(true);
     options.setTableFormatConfig(table);
