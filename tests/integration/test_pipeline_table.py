@@ -163,5 +163,16 @@ def test_table_operators_and_aggregations_match_kafka_streams(
     # have existed and dropped to 0: compare the non-zero ones, which are exact
     table, value = want.pop("count_of_counts")
     got = read_table(bootstrap, f"{running.app.id}.table.count_of_counts", STR, value)
-    assert {k: c for k, c in got.items() if c} == {k: c for k, c in table.items() if c}
+    # "0" counts the first-level groups standing at 0, and a group that rows only
+    # passed through within one micro-batch was never made (see below): at most as many
+    nonzero = {k: c for k, c in got.items() if c and k != "0"}
+    assert nonzero == {k: c for k, c in table.items() if c and k != "0"}
+    assert got.get("0", 0) <= table.get("0", 0)
+    # a row's changes within one micro-batch make one change (as Kafka Streams' record
+    # cache does), so a group it only passed through may not exist where the uncached
+    # model left it at 0; every other group is exact
+    for name in ("count_col", "reduce_py"):
+        table, value = want.pop(name)
+        got = read_table(bootstrap, f"{running.app.id}.table.{name}", STR, value)
+        assert got == {k: v for k, v in table.items() if v != 0 or k in got}, name
     running.check(bootstrap, want)
