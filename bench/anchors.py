@@ -774,7 +774,7 @@ def main(argv: list[str]) -> None:
     )
     # more, shorter rounds: each round's ratio cancels the machine's slow drift
     p.add_argument("--seconds", type=int, default=6)
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--keys", type=int, default=100_000)
     p.add_argument("--sizes", default="1000000,5000000", help="restart-to-ready sizes (keys)")
     p.add_argument("--freshness", type=int, default=300, help="produce-to-queryable samples")
