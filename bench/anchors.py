@@ -415,10 +415,11 @@ KS_FRONTS = ("jdk", "jetty")  # "netty" too once its hang is explained (bench/pe
 
 
 def ks_per_front(
-    peers: contextlib.ExitStack, stack: Stack, topic: str, tag: str
+    peers: contextlib.ExitStack, stack: Stack, topic: str, tag: str, heap: str = "512m"
 ) -> dict[str, ks.Cluster]:
     """One Kafka Streams instance per HTTP server of :data:`KS_FRONTS` on the server core,
-    each its own application reading `topic`, caught up; `peers` stops them."""
+    each its own application reading `topic` with a `heap` of JVM heap, caught up; `peers`
+    stops them."""
     fronts = {
         f: peers.enter_context(
             ks.start(
@@ -429,6 +430,7 @@ def ks_per_front(
                 application_id=f"{tag}-{f}-{os.getpid()}",
                 cpus=SERVER_CPU,
                 http=f,
+                heap=heap,
             )
         )
         for f in KS_FRONTS

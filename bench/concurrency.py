@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import subprocess
 from typing import Any
 
 from bench import common
@@ -45,6 +46,8 @@ from bench.stack import Stack
 log = logging.getLogger("bench")
 #: tablecast should hold its own: ≥ the fastest peer's req/s with this many connections
 TARGET = 1.0
+#: the Kafka Streams peers' JVM heap here
+KS_HEAP = "2g"
 
 
 def rss_mib(pid: int) -> float:
@@ -56,21 +59,43 @@ def rss_mib(pid: int) -> float:
 
 
 def measure(
-    servers: dict[str, tuple[str, str, int]], keys: int, connections: int, seconds: int, rounds: int
+    servers: dict[str, tuple[str, str, int]],
+    keys: int,
+    connections: int,
+    seconds: int,
+    rounds: int,
+    failed: dict[str, str],
 ) -> dict[str, Any]:
-    """servers: name -> (url, path prefix, pid); alternated `rounds` times."""
+    """servers: name -> (url, path prefix, pid); alternated `rounds` times.
+
+    A server that stops answering (wrk still waiting a minute after its run should have
+    ended) is left out of the later rounds and reported as such under ``failed``."""
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
     for n in range(rounds):
         for name, (url, prefix, pid) in servers.items():
-            run = wrk(url + "/", key_script(prefix, keys), seconds, connections)
+            if name in failed:
+                continue
+            try:
+                run = wrk(url + "/", key_script(prefix, keys), seconds, connections)
+            except (subprocess.TimeoutExpired, RuntimeError) as e:
+                failed[name] = f"round {n + 1}: {type(e).__name__} ({str(e).splitlines()[0]})"
+                log.warning("%s stopped answering in round %d: %s", name, n + 1, e)
+                continue
             run["rss_mib"] = round(rss_mib(pid), 1)
             runs[name].append(run)
         log.info(
-            "round %d: %s", n + 1, ", ".join(f"{k} {v[-1]['rps']:,.0f}" for k, v in runs.items())
+            "round %d: %s",
+            n + 1,
+            ", ".join(f"{k} {v[-1]['rps']:,.0f}" for k, v in runs.items() if v and k not in failed),
         )
-    out: dict[str, Any] = {name: median(v) for name, v in runs.items()}
+    if "tablecast" in failed:
+        raise RuntimeError(f"tablecast stopped answering: {failed['tablecast']}")
+    out: dict[str, Any] = {name: median(v) for name, v in runs.items() if v}
     out["rounds"] = {name: [r["rps"] for r in v] for name, v in runs.items()}
-    peers = [name for name in servers if name != "tablecast"]
+    out["failed"] = failed
+    peers = [name for name in servers if name != "tablecast" and name not in failed]
+    if not peers:
+        raise RuntimeError(f"no Kafka Streams peer answered every round: {failed}")
     fastest = max(peers, key=lambda k: out[k]["rps"])
     ratios = [
         a / b for a, b in zip(out["rounds"]["tablecast"], out["rounds"][fastest], strict=True)
@@ -94,6 +119,7 @@ def main(argv: list[str]) -> None:
     if args.rounds < 2:
         p.error("--rounds: at least 2 (the ratio's spread needs them)")
     r: dict[str, Any] = {"machine": machine(), "command": command(), "args": dict(vars(args))}
+    r["ks_heap"] = KS_HEAP
     ks.build()
     with Stack() as stack, on_load_core(), contextlib.ExitStack() as peers:
         work = stack.dir
@@ -101,15 +127,21 @@ def main(argv: list[str]) -> None:
         node_proc, node = stack.node(work / "node", None, app=APP)
         wait_http(node + "/readyz", timeout=300, proc=node_proc)
         servers: dict[str, tuple[str, str, int]] = {"tablecast": (node, tc_path(), node_proc.pid)}
-        for front, cluster in ks_per_front(peers, stack, topic, "concurrency").items():
+        # 2 GiB of heap: at 512 MiB (the other benchmarks') Jetty's buffers for 10,000
+        # connections left the JVM collecting garbage and answering nothing
+        fronts = ks_per_front(peers, stack, topic, "concurrency", heap=KS_HEAP)
+        for front, cluster in fronts.items():
             servers[f"kafka_streams_{front}"] = (cluster.urls[0], "/keys/", cluster.pids[0])
         r["rss_idle_mib"] = {name: round(rss_mib(pid), 1) for name, (_, _, pid) in servers.items()}
         # the JIT and caches first, at the measured connection count
-        r["warm_up"] = {
-            name: warm_up(url + "/", key_script(prefix, args.keys), args.connections, seconds=3)
-            for name, (url, prefix, _) in servers.items()
-        }
-        r["runs"] = measure(servers, args.keys, args.connections, args.seconds, args.rounds)
+        r["warm_up"], failed = {}, {}
+        for name, (url, prefix, _) in servers.items():
+            script = key_script(prefix, args.keys)
+            try:
+                r["warm_up"][name] = warm_up(url + "/", script, args.connections, seconds=3)
+            except (subprocess.TimeoutExpired, RuntimeError) as e:
+                failed[name] = f"warm-up: {type(e).__name__} ({str(e).splitlines()[0]})"
+        r["runs"] = measure(servers, args.keys, args.connections, args.seconds, args.rounds, failed)
         stack.stop(node_proc)
     save("concurrency", r)
     write_section("concurrency", render(r))
@@ -128,12 +160,18 @@ def render(r: dict[str, Any]) -> str:
     a, x = r["args"], r["runs"]
     v = x["vs_fastest"]
     lo, hi = v["ratio_iqr"]
+    failed = x.get("failed", {})
     rows = "\n".join(
         f"| {NAMES.get(name, name)} | {x[name]['rps']:,.0f} | {x[name]['p50_us'] / 1e3:.2f} | "
         f"{x[name]['p99_us'] / 1e3:.2f} | {x[name]['p999_us'] / 1e3:.2f} | "
         f"{x[name]['errors'] + x[name]['non2xx']} | {r['rss_idle_mib'][name]:,.0f} → "
         f"{x[name]['rss_mib']:,.0f} |"
         for name in x["rounds"]
+        if name in x and name not in failed
+    )
+    rows += "".join(
+        f"\n| {NAMES.get(name, name)} | stopped answering, {why} | | | | | |"
+        for name, why in failed.items()
     )
     rounds = "; ".join(
         f"{NAMES.get(k, k)} {', '.join(f'{n:,.0f}' for n in ns)}" for k, ns in x["rounds"].items()
@@ -146,6 +184,7 @@ Each server in turn on core 0 holds {a["connections"]:,} keep-alive connections 
 thread on core 1, asking for uniformly random keys of {a["keys"]:,} (100-byte JSON values, all in
 the servers' caches after the warm-up: hot reads); {a["rounds"]} alternating rounds of
 {a["seconds"]} s, medians shown. Resident memory: before the warm-up → after the median round.
+The Kafka Streams peers run with {r.get("ks_heap", "512m")} of JVM heap.
 
 | server | req/s | p50 ms | p99 ms | p99.9 ms | errors + non-2xx | RSS MiB |
 |---|---|---|---|---|---|---|
