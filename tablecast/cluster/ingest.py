@@ -315,6 +315,11 @@ class Ingestor:
             replica.store.close()
             replica = self._new_replica(info, p, True)
             self.restored_from_scratch += 1
+        if replica.store.applied_offset < 0:
+            # everything an empty store will hold is read from now on, so a tombstone after
+            # anything it reads outlives compaction until at least now + delete.retention.ms:
+            # a node killed while restoring may resume until then, not start over
+            replica.store.mark_synced(int(time.time() * 1000))
         start = replica.store.applied_offset + 1
         replica.end_offset = replica.restore_target = hi
         replica.position = max(start, lo)

@@ -15,9 +15,14 @@ def produce(
 ) -> None:
     p = Producer({"bootstrap.servers": bootstrap, **PRODUCER_CONFIG})
     for key, value in records:
-        p.produce(topic, key=key, value=value)
+        while True:
+            try:
+                p.produce(topic, key=key, value=value)
+                break
+            except BufferError:  # a bulk load filled librdkafka's queue: let it drain
+                p.poll(0.05)
         p.poll(0)
-    assert p.flush(30) == 0
+    assert p.flush(60) == 0
 
 
 def read_all(bootstrap: str, topic: str, expect: int, timeout: float = 60.0) -> list[Message]:

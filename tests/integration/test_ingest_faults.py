@@ -7,6 +7,7 @@ import contextlib
 import os
 import random
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -331,5 +332,45 @@ def test_unused_stores_are_dropped_and_stores_away_too_long_restore_from_scratch
         assert metric(node, "tablecast_stores_restored_from_scratch_total") == PARTITIONS
         check_exact(node, model)
         assert "restoring it from scratch" in node.log_file.read_text()
+    finally:
+        node.stop()
+
+
+def test_a_node_killed_while_restoring_resumes_where_it_stopped(
+    bootstrap: str, unique: str, logs: Path
+) -> None:
+    """kill -9 during the first restore: the next start applies only what is left (it used
+    to restore every partition from scratch: a store never caught up looked away forever)."""
+    rows = 400_000
+    model = make_table(bootstrap, unique, "kv", PARTITIONS, serde.string(), serde.json())
+    model.write(bootstrap, [(f"key-{i}", {"i": i}) for i in range(rows)])
+    model.write(bootstrap, [(f"key-{i}", None) for i in range(0, rows, 7)])
+    total = rows + len(range(0, rows, 7))
+    data = logs / "data"
+    node = start_node(unique, bootstrap, logs, "--data-dir", str(data))
+    try:
+        def applied() -> float:
+            try:
+                return metric(node, "tablecast_records_applied_total")
+            except httpx.TransportError:  # not listening yet
+                return 0.0
+
+        eventually(lambda: applied() >= total // 4, 120, 0.02)
+        before_kill = applied()
+        node.stop(signal.SIGKILL)
+        assert before_kill < total, "restored before the kill: nothing left to resume"
+        node = start_node(unique, bootstrap, logs, "--data-dir", str(data))
+        node.wait_ready()
+        node.wait_caught_up(bootstrap, "kv", model.info.topic)
+        assert metric(node, "tablecast_stores_restored_from_scratch_total") == 0
+        # what the killed node had applied is kept: only the rest is read again
+        assert applied() <= total - before_kill
+        assert node.get("/v1/tables/kv/count").json() == {"count": len(model.rows)}
+        ks = model.info.key_serde
+        for raw in random.Random(1).sample(sorted(model.rows), 300):
+            text = str(ks.deserialize(raw))
+            assert node.get(f"/v1/tables/kv/keys/{text}").json()["value"] == model.rows[raw]
+        for i in range(0, 700, 7):  # deleted
+            assert node.get(f"/v1/tables/kv/keys/key-{i}").status_code == 404
     finally:
         node.stop()
