@@ -349,6 +349,7 @@ def test_a_node_killed_while_restoring_resumes_where_it_stopped(
     data = logs / "data"
     node = start_node(unique, bootstrap, logs, "--data-dir", str(data))
     try:
+
         def applied() -> float:
             try:
                 return metric(node, "tablecast_records_applied_total")
