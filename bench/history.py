@@ -45,6 +45,7 @@ from bench.stack import Stack, short_key
 from tablecast import serde
 from tablecast.cluster.node import Node, NodeConfig
 from tablecast.kafka import catalog, indexes
+from tablecast.kafka.produce import produce_waiting
 from tablecast.kafka.topics import COMPACTED, catalog_topic, table_topic
 from tablecast.server.app import HttpApp
 from tablecast.store import Views, Write
@@ -87,18 +88,14 @@ def fill(stack: Stack, keys: int, versions: int, base: int) -> None:
     for v in range(versions):
         for i in range(keys):
             header = [(indexes.HEADER, indexes.encode_header(index_values(i)))]
-            while True:
-                try:
-                    p.produce(
-                        info.topic,
-                        key=short_key(i),
-                        value=value_of(i, v, rng),
-                        timestamp=base + v * STEP_MS + i % 1000,
-                        headers=header,
-                    )
-                    break
-                except BufferError:
-                    p.poll(0.05)
+            produce_waiting(
+                p,
+                info.topic,
+                key=short_key(i),
+                value=value_of(i, v, rng),
+                timestamp=base + v * STEP_MS + i % 1000,
+                headers=header,
+            )
     assert p.flush(120) == 0
 
 

@@ -41,6 +41,7 @@ from bench.common import (
     verdict,
     write_section,
 )
+from tablecast.kafka.produce import produce_waiting
 
 log = logging.getLogger("bench.pipeline")
 
@@ -67,12 +68,7 @@ def produce(bootstrap: str, topic: str, n: int, keys: int, start: int = 0) -> No
     )
     for i in range(start, start + n):
         value = orjson.dumps({"g": f"g{i % GROUPS}", "n": i % 1000, "pad": "x" * 40})
-        while True:
-            try:
-                p.produce(topic, key=f"k{i % keys}".encode(), value=value)
-                break
-            except BufferError:
-                p.poll(0.05)
+        produce_waiting(p, topic, key=f"k{i % keys}".encode(), value=value)
         if i % 10000 == 0:
             p.poll(0)
     assert p.flush(60) == 0

@@ -22,6 +22,7 @@ from tablecast.cli.supervisor import stop_process
 from tablecast.kafka import catalog
 from tablecast.kafka.broker import Broker, free_port
 from tablecast.kafka.partitioner import PRODUCER_CONFIG
+from tablecast.kafka.produce import produce_waiting
 from tablecast.kafka.topics import COMPACTED, catalog_topic, ensure_topic, table_topic
 
 log = logging.getLogger("bench")
@@ -121,12 +122,7 @@ class Stack:
         p = self.producer()
         started = time.monotonic()
         for i in range(rows):
-            while True:
-                try:
-                    p.produce(topic, key=key_of(i), value=value_of(i))
-                    break
-                except BufferError:
-                    p.poll(0.05)
+            produce_waiting(p, topic, key=key_of(i), value=value_of(i))
             if i % 100_000 == 0:
                 p.poll(0)
                 if i:

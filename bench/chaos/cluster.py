@@ -21,6 +21,7 @@ import orjson
 import tablecast as tc
 from tablecast.cli.supervisor import stop_process
 from tablecast.kafka.broker import Broker, free_port
+from tablecast.kafka.produce import produce_waiting
 from tablecast.kafka.topics import ensure_topic, table_topic
 from tests.support.apt import FAKETIME_LIB, faketime
 from tests.support.procs import NodeProcess, start_node
@@ -255,13 +256,9 @@ class Producer:
             self.acked_n += 1
 
         payload = None if v is None else orjson.dumps(v)
-        while True:
-            try:
-                self.p.produce(self.topic, key=k.encode(), value=payload, on_delivery=done)
-                self.sent += 1
-                return
-            except BufferError:  # the queue is full while the broker is away
-                self.p.poll(0.1)
+        # waits while the queue is full (the broker away)
+        produce_waiting(self.p, self.topic, 0.1, key=k.encode(), value=payload, on_delivery=done)
+        self.sent += 1
 
     def raw(self, topic: str, key: bytes, value: bytes | None) -> None:
         """One record as given (malformed on purpose); not part of the acknowledged input."""

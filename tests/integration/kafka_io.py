@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from confluent_kafka import Consumer, Message, Producer
 
 from tablecast.kafka.partitioner import PRODUCER_CONFIG
+from tablecast.kafka.produce import produce_waiting
 
 
 def produce(
@@ -15,12 +16,7 @@ def produce(
 ) -> None:
     p = Producer({"bootstrap.servers": bootstrap, **PRODUCER_CONFIG})
     for key, value in records:
-        while True:
-            try:
-                p.produce(topic, key=key, value=value)
-                break
-            except BufferError:  # a bulk load filled librdkafka's queue: let it drain
-                p.poll(0.05)
+        produce_waiting(p, topic, key=key, value=value)
         p.poll(0)
     assert p.flush(60) == 0
 
