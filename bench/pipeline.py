@@ -290,6 +290,11 @@ def fresh_row(f: dict[str, Any], target: str, limit_ms: int) -> str:
     )
 
 
+def one_run(rate: float, target: float) -> str:
+    """A single run's verdict: below the target it missed; above it, one run settles nothing."""
+    return "one run, not settled" if rate >= target else "**missed**"
+
+
 def render(r: dict[str, Any], argv: str) -> str:
     s, py, g = r["stateless"], r["stateless-python"], r["groupby-reduce"]
     ks = r["ks-groupby"]
@@ -307,7 +312,7 @@ def render(r: dict[str, Any], argv: str) -> str:
             f"{', '.join(f'{x:,}' for x in rounds['kafka_streams'])}."
         )
     else:  # results written before the rounds
-        g_target = verdict(g["rate"] >= 100_000)
+        g_target = one_run(g["rate"], 100_000)
         ratio, g_rate, spread = f"{g['rate'] / ks['rate']:.2f}", f"{g['rate']:,}", ""
     ks_row = (
         f"| the same in Kafka Streams (2 threads, exactly-once) | {ks['rate']:,} | "
@@ -328,7 +333,7 @@ machine is shared, and Spark, the broker and the node all run on its 2 cores.
 
 | pipeline | records/s | drain s | wall s | target |
 |---|---|---|---|---|
-| stateless table: `filter(Column)` | {s["rate"]:,} | {s["seconds"]} | {s["wall_seconds_with_query_start"]} | ≥ 100,000: {verdict(s["rate"] >= 100_000)} |
+| stateless table: `filter(Column)` | {s["rate"]:,} | {s["seconds"]} | {s["wall_seconds_with_query_start"]} | ≥ 100,000: {one_run(s["rate"], 100_000)} |
 | stateless table: `filter(python callable)` | {py["rate"]:,} | {py["seconds"]} | {py["wall_seconds_with_query_start"]} | (for comparison) |
 | table `group_by` / `reduce` (2 queries, repartition topic) | {g_rate} | {g["seconds"]} | {g["wall_seconds_with_query_start"]} | ≥ 100,000: {g_target} |
 {ks_row}
