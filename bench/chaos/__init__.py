@@ -79,10 +79,10 @@ def run(minutes: float, seed: int, work: Path) -> dict[str, Any]:
         ref = Reference(cluster.bootstrap, cluster.table_topic)
         ref.start()
         time.sleep(WARMUP_S)
-        readers = Readers(ref, cluster.urls, READERS, seed)
+        t0 = time.monotonic()
+        readers = Readers(ref, cluster.urls, READERS, seed, t0)
         readers.start()
         injector = Injector(cluster, producer, rng)
-        t0 = time.monotonic()
         budget = minutes * 60
         faults = schedule(rng, minutes)
         for i, fault in enumerate(faults):

@@ -190,8 +190,10 @@ class Tally:
 class Readers:
     """Threads reading random keys through random nodes, half plain HTTP, half tablecast.Client."""
 
-    def __init__(self, ref: Reference, urls: Any, threads: int, seed: int) -> None:
+    def __init__(self, ref: Reference, urls: Any, threads: int, seed: int, t0: float) -> None:
         self.ref, self.urls = ref, urls  # urls: a callable returning the node URLs now
+        # failures are stamped in seconds since t0, the clock the faults' start_s/end_s use
+        self.t0 = t0
         self.n, self.seed = threads, seed
         self.tally = Tally()
         self.lock = threading.Lock()
@@ -221,7 +223,7 @@ class Readers:
             elif verdict.startswith("failed:"):
                 status = verdict[7:].split(" ", 1)[0]
                 tl.failed[status] += 1
-                tl.failures.append(f"{time.strftime('%H:%M:%S')} {key}: {verdict[7:]}")
+                tl.failures.append(f"{t - self.t0:.1f}s {key}: {verdict[7:]}")
             else:
                 tl.wrong.append(f"{time.strftime('%H:%M:%S')} {key}: {verdict}")
 

@@ -2,7 +2,11 @@
 fanning a read of many partitions out to the nodes that answer for them.
 
 A peer that cannot be reached or answers 503 is skipped for the next choice
-at once, so a dead node costs a retry, not a failed query. A 401 or 403 of a
+at once, so a dead node costs a retry, not a failed query. When no choice is
+left, the read waits up to :data:`NO_REPLICA_GRACE_S` for the cluster view to
+name one before it answers 503: a replica that just became ready (a node back
+from a restart while another leaves) is only seen after its next heartbeat
+and tick, and a rolling restart must not fail reads for that. A 401 or 403 of a
 peer is the caller's answer (:func:`not_refused`): the nodes share one
 policy, so another node would refuse alike.
 """
@@ -16,7 +20,8 @@ from urllib.parse import quote, urlencode
 
 import orjson
 
-from tablecast.cluster.membership import Member
+from tablecast.cluster.membership import HEARTBEAT_S, Member
+from tablecast.cluster.node import TICK_S
 from tablecast.kafka.catalog import TableInfo
 from tablecast.server.consistency import ReadOptions
 from tablecast.server.errors import ApiError
@@ -35,6 +40,8 @@ PASS_HEADERS = (
 FORWARD_TIMEOUT_S = 2.0
 #: how long an internal call may take beyond the wait for ``after`` it passes on
 WAIT_SLACK_S = 1.0
+#: two heartbeats and a tick: how stale the view may be about a replica that is ready
+NO_REPLICA_GRACE_S = 2 * HEARTBEAT_S + TICK_S
 T = TypeVar("T")
 
 
@@ -78,13 +85,29 @@ class Rpc:
         here: Callable[[], Answer | Awaitable[Answer]],
     ) -> Answer:
         """Redirect to, or forward to, the first choice that answers."""
+        if req.query and not opts.redirect:
+            target += "?" + req.query
+        deadline = asyncio.get_running_loop().time() + NO_REPLICA_GRACE_S
+        while True:
+            answer = await self._first_able(choices, target, req, opts, here)
+            if answer is not None:
+                return answer
+            choices = await self.fresh_choices(info, partition, req, opts, deadline)
+            if not choices:
+                raise unavailable(info, partition)
+
+    async def _first_able(
+        self,
+        choices: list[Choice],
+        target: str,
+        req: Request,
+        opts: ReadOptions,
+        here: Callable[[], Answer | Awaitable[Answer]],
+    ) -> Answer | None:
+        """The first choice's answer (a redirect to the first peer), None if none gave one."""
         if opts.redirect:
             peers = [c for c in choices if isinstance(c, Member)]
-            if not peers:
-                raise unavailable(info, partition)
-            return self.redirect(peers[0], target, req)
-        if req.query:
-            target += "?" + req.query
+            return self.redirect(peers[0], target, req) if peers else None
         for choice in choices:
             if choice == ME:  # the active is gone and this node holds a standby
                 try:
@@ -96,7 +119,20 @@ class Rpc:
             answer = await self.ask(choice, "GET", target, req, opts=opts)  # type: ignore[arg-type]
             if answer is not None:
                 return answer
-        raise unavailable(info, partition)
+        return None
+
+    async def fresh_choices(
+        self, info: TableInfo, partition: int, req: Request, opts: ReadOptions, deadline: float
+    ) -> list[Choice]:
+        """The choices of the next views until one names any, or [] at `deadline` (and at
+        once for a forwarded read: its forwarder moves on to its own next choice)."""
+        loop = asyncio.get_running_loop()
+        while not req.forwarded and loop.time() < deadline:
+            await asyncio.sleep(TICK_S)
+            choices = self.routing.choices(info, partition, req, opts)
+            if choices:
+                return choices
+        return []
 
     @staticmethod
     def redirect(member: Member, path: str, req: Request) -> Answer:
@@ -131,9 +167,12 @@ class Rpc:
         routing = self.routing
         pending = {p: routing.choices(info, p, req, opts) for p in partitions}
         results: list[T] = []
+        deadline = asyncio.get_running_loop().time() + NO_REPLICA_GRACE_S
         while pending:
             groups: dict[str, list[int]] = {}
-            for p, choices in pending.items():
+            for p, choices in list(pending.items()):
+                if not choices:
+                    choices = pending[p] = await self.fresh_choices(info, p, req, opts, deadline)
                 if not choices:
                     raise unavailable(info, p)
                 first = choices[0]

@@ -31,7 +31,7 @@ def test_chaos_soak_never_lies_and_never_loses(tmp_path: Path) -> None:
     assert r["wrong"] == 0, r["wrong_samples"][:10]
     assert r["lost"] == 0 and r["converged"], r["lost_samples"][:10]
     # the failed answers' own messages and the faults' times say which fault they came with
-    timeline = [(e["fault"], round(e["started"]), round(e["ended"])) for e in r["faults"]]
+    timeline = [(e["fault"], e["start_s"], e["end_s"]) for e in r["faults"]]
     assert r["answered_pct"] >= 99.999, (
         r["failed"],
         r["longest_unavailable_s"],

@@ -26,6 +26,7 @@ import pytest
 
 import tablecast as tc
 from tablecast.kafka.topics import ensure_topic
+from tablecast.kafka.windowed import split_window_key
 from tests import reference_model as ref
 
 from ..support.procs import eventually
@@ -426,21 +427,40 @@ key, value = tc.serde.string(), tc.serde.json()
 a = app.stream({a!r}, key=key, value=value).group_by_key()
 b = app.stream({b!r}, key=key, value=value).filter(lambda k, v: v["n"] % 3 != 0)
 b = b.group_by(lambda k, v: v["to"])
-app.cogroup(
-    (a, lambda k, v, agg: [agg[0] + 1, agg[1] + v["n"], agg[2], agg[3]]),
-    (b, lambda k, v, agg: [agg[0], agg[1], agg[2] + 1, agg[3] + v["n"]]),
-).aggregate(lambda: [0, 0, 0, 0]).materialize("sums")
+add_a = lambda k, v, agg: [agg[0] + 1, agg[1] + v["n"], agg[2], agg[3]]
+add_b = lambda k, v, agg: [agg[0], agg[1], agg[2] + 1, agg[3] + v["n"]]
+app.cogroup((a, add_a), (b, add_b)).aggregate(lambda: [0, 0, 0, 0]).materialize("sums")
+# the same in tumbling windows (grace long enough that no record of the test is late)
+hourly = app.cogroup((a, add_a), (b, add_b)).windowed_by(tc.windows.tumbling("1 hour"), "1 hour")
+hourly.aggregate(lambda: [0, 0, 0, 0]).materialize("hourly")
 """
+HOUR_MS = 3_600_000
+
+
+def window_totals(bootstrap: str, topic: str) -> dict[str, list[int]]:
+    """A windowed table of [count, sum, count, sum] added up over each key's windows."""
+    table: dict[tuple[bytes, int], list[int] | None] = {}
+    for m in sorted(read_topic(bootstrap, topic), key=lambda m: (m.partition(), m.offset())):
+        inner, start = split_window_key(m.key())
+        assert start % HOUR_MS == 0, f"window start {start} is not on the hour"
+        table[(inner, start)] = None if m.value() is None else orjson.loads(m.value())
+    totals: dict[str, list[int]] = {}
+    for (inner, _), agg in table.items():
+        if agg is not None:
+            t = totals.setdefault(inner.decode(), [0, 0, 0, 0])
+            totals[inner.decode()] = [x + y for x, y in zip(t, agg, strict=True)]
+    return totals
 
 
 def test_kill_9_of_the_driver_leaves_cogroup_tables_exact(
     bootstrap: str, unique: str, tmp_path: Path
 ) -> None:
     """Two inputs cogrouped, one derived (filtered and re-keyed: written by a query of its
-    own to a changelog with record ids): per key, each input's count and sum. A record
-    applied twice (a copy the restarted side query wrote again, or a replayed batch) or
-    lost changes a count or a sum. The aggregators commute, so the answer does not depend
-    on where micro-batches are cut."""
+    own to a changelog with record ids): per key, each input's count and sum, and the same
+    in tumbling windows. A record applied twice (a copy the restarted side query wrote
+    again, or a replayed batch) or lost changes a count or a sum (of a window: their sum
+    over the key's windows). The aggregators commute, so the answer does not depend on
+    where micro-batches are cut."""
     topics = {side: f"{unique}-{side}" for side in ("a", "b")}
     for topic in topics.values():
         ensure_topic(bootstrap, topic, 3)
@@ -492,6 +512,8 @@ def test_kill_9_of_the_driver_leaves_cogroup_tables_exact(
             return read_table(bootstrap, sums, STR, JSON) == want
 
         eventually(exact, 240, 2.0)
+        hourly = f"{unique}.table.hourly"
+        eventually(lambda: window_totals(bootstrap, hourly) == want, 120, 2.0)
         assert proc.poll() is None, log.read_text()[-3000:]
     finally:
         kill_group(proc, signal.SIGTERM)

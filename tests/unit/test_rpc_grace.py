@@ -1,0 +1,59 @@
+"""A read that finds no ready replica waits briefly for the view to name one (rpc.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from tablecast.server.consistency import NO_OPTIONS, ReadOptions
+from tablecast.server.errors import ApiError
+from tablecast.server.request import Request
+from tablecast.server.routing import ME
+from tablecast.server.rpc import NO_REPLICA_GRACE_S, Rpc
+
+
+class ViewCatchingUp:
+    """Routing whose view names this node only after `after_s` (a replica seen late)."""
+
+    def __init__(self, after_s: float) -> None:
+        self.ready_at = time.monotonic() + after_s
+        self.asked = 0
+
+    def choices(self, info: Any, partition: int, req: Request, opts: ReadOptions) -> list[Any]:
+        self.asked += 1
+        return [ME] if time.monotonic() >= self.ready_at else []
+
+
+class Info:
+    name = "t"
+
+
+def _read(routing: ViewCatchingUp, headers: dict[str, str] | None = None) -> Any:
+    rpc = Rpc(peers=None, routing=routing)  # type: ignore[arg-type]
+    req = Request({}, "", headers or {})
+    here = lambda: (200, b"{}", [])  # noqa: E731
+    return asyncio.run(rpc.elsewhere(Info(), 0, [], "/x", req, NO_OPTIONS, here))  # type: ignore[arg-type]
+
+
+def test_a_replica_seen_within_the_grace_answers_instead_of_503() -> None:
+    routing = ViewCatchingUp(after_s=NO_REPLICA_GRACE_S / 3)
+    assert _read(routing)[0] == 200
+    assert routing.asked >= 2
+
+
+def test_no_replica_within_the_grace_is_503() -> None:
+    t0 = time.monotonic()
+    with pytest.raises(ApiError) as e:
+        _read(ViewCatchingUp(after_s=60))
+    assert e.value.code == "partition_unavailable"
+    assert time.monotonic() - t0 >= NO_REPLICA_GRACE_S
+
+
+def test_a_forwarded_read_does_not_wait() -> None:
+    routing = ViewCatchingUp(after_s=60)
+    with pytest.raises(ApiError):
+        _read(routing, {"x-tablecast-hop": "1"})
+    assert routing.asked == 0
