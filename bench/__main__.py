@@ -28,6 +28,7 @@ BENCHES = {
     "console": "bench.console",
     "concurrency": "bench.concurrency",
     "cold": "bench.cold",
+    "stream_count": "bench.stream_count",
 }
 # the pipeline benchmark is written by another change; run it once its module exists
 if importlib.util.find_spec("bench.pipeline") is not None:

@@ -198,6 +198,24 @@ def percentiles(latencies: list[float]) -> dict[str, int]:
     return out
 
 
+def background_load(bootstrap: str, topic: str, load: int, stop: threading.Event) -> None:
+    """`load` records/s over 10,000 keys, in 50 ms bursts, until `stop` is set."""
+    from confluent_kafka import Producer
+
+    from tablecast.kafka.partitioner import PRODUCER_CONFIG
+
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, **PRODUCER_CONFIG})
+    i = 0
+    while not stop.is_set():
+        t = time.monotonic()
+        for _ in range(load // 20):
+            p.produce(topic, key=f"bg{i % 10000}".encode(), value=b'{"n": 1}')
+            i += 1
+        p.poll(0)
+        stop.wait(max(0.0, 0.05 - (time.monotonic() - t)))
+    p.flush(10)
+
+
 def freshness(
     spark: Any, bootstrap: str, state: Path, seconds: float, load: int, trigger: str
 ) -> dict[str, Any]:
@@ -223,20 +241,9 @@ def freshness(
         node.wait_ready(180)
         from confluent_kafka import Producer
 
-        def background() -> None:
-            p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, **PRODUCER_CONFIG})
-            i = 0
-            while not stop.is_set():
-                t = time.monotonic()
-                for _ in range(load // 20):
-                    p.produce(topic, key=f"bg{i % 10000}".encode(), value=b'{"n": 1}')
-                    i += 1
-                p.poll(0)
-                stop.wait(max(0.0, 0.05 - (time.monotonic() - t)))
-            p.flush(10)
-
-        bg = threading.Thread(target=background, daemon=True)
-        bg.start()
+        threading.Thread(
+            target=background_load, args=(bootstrap, topic, load, stop), daemon=True
+        ).start()
         marker = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, **PRODUCER_CONFIG})
         client = httpx.Client(base_url=node.url, timeout=5)
         sent: dict[bytes, float] = {}

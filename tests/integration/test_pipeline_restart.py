@@ -53,12 +53,14 @@ def sel(k: str, v: dict[str, Any]) -> tuple[str, int]:
     return v["g"], v["n"]
 
 
-def start(app_file: Path, bootstrap: str, state: Path, log: Path) -> subprocess.Popen[bytes]:
+def start(
+    app_file: Path, bootstrap: str, state: Path, log: Path, *extra: str
+) -> subprocess.Popen[bytes]:
     with open(log, "ab") as out:
         return subprocess.Popen(
             [
                 *(sys.executable, "-m", "tablecast.cli.main", "run", str(app_file)),
-                *("--bootstrap-servers", bootstrap, "--state-dir", str(state)),
+                *("--bootstrap-servers", bootstrap, "--state-dir", str(state), *extra),
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -604,6 +606,76 @@ def test_kill_9_of_the_driver_leaves_foreign_key_join_results_exact(
                 return read_table(bootstrap, t, STR, JSON) == w
 
             eventually(exact, 300, 2.0)
+        assert proc.poll() is None, log.read_text()[-3000:]
+    finally:
+        kill_group(proc, signal.SIGTERM)
+
+
+# -- a grouped stream's count in Real-time Mode: kill -9 mid-batch, the count exact -----
+REALTIME_COUNT_APP = """
+import tablecast as tc
+
+app = tc.App({app!r}, trigger="realtime 5 seconds")
+ev = app.stream({topic!r}, key=tc.serde.string(), value=tc.serde.json())
+ev.group_by_key().count().materialize("counts")
+"""
+
+
+def test_kill_9_of_a_real_time_count_leaves_it_exact(
+    bootstrap: str, unique: str, tmp_path: Path
+) -> None:
+    """group_by_key().count() is Spark's own aggregation, run in Real-time Mode (local[6]:
+    a slot per source partition and per shuffle partition, and two for the companion
+    query that dead-letters bad input). Counted records are never read again after a
+    kill -9 (Spark's checkpointed offsets and state) nor lost; a real-time batch killed
+    before its checkpoint is replayed into the same counts."""
+    topic = f"{unique}-ev"
+    ensure_topic(bootstrap, topic, 2)
+    app_file = tmp_path / "app.py"
+    app_file.write_text(REALTIME_COUNT_APP.format(app=unique, topic=topic))
+    state, log = tmp_path / "state", tmp_path / "pipeline.log"
+    rng = random.Random(21)
+    history: list[tuple[str, Any]] = []
+    bad: list[bytes] = []
+
+    def send(n: int) -> None:
+        wire = []
+        for i in range(n):
+            k = f"c{rng.randrange(200)}"
+            if rng.random() < 0.01:
+                junk = f"{{not json {len(bad)}".encode()
+                bad.append(junk)
+                wire.append((k.encode(), junk))
+                continue
+            v = None if rng.random() < 0.05 else {"i": i}
+            history.append((k, v))
+            wire.append((k.encode(), None if v is None else orjson.dumps(v)))
+        produce(bootstrap, topic, wire)
+
+    def launch() -> subprocess.Popen[bytes]:
+        return start(app_file, bootstrap, state, log, "--master", "local[6]")
+
+    proc = launch()
+    try:
+        send(2000)
+        counts = f"{unique}.table.counts"
+        eventually(lambda: sum(end_offsets(bootstrap, counts).values()) > 0, 180)
+        started = [line for line in log.read_text().splitlines() if "started, trigger:" in line]
+        assert len(started) == 2 and all("trigger: realtime" in line for line in started), started
+        proc = kill_twice(proc, bootstrap, counts, lambda: send(20000), launch)
+        send(2000)
+        want = ref.stream_count(history)
+
+        def exact() -> bool:
+            return read_table(bootstrap, counts, STR, LONG) == want
+
+        eventually(exact, 240, 2.0)
+
+        # every bad record dead-lettered (a replayed real-time batch may write one again)
+        def dead() -> set[bytes]:
+            return {m.value() for m in read_topic(bootstrap, f"{unique}.dlq")}
+
+        eventually(lambda: dead() == set(bad), 60, 1.0)
         assert proc.poll() is None, log.read_text()[-3000:]
     finally:
         kill_group(proc, signal.SIGTERM)

@@ -56,8 +56,8 @@ def test_a_join_after_an_aggregation_cuts_a_changelog() -> None:
     limits = app.table("limits")
     counts = app.stream("ev").group_by_key().count()
     counts.join(limits, lambda c, lim: c < lim["n"]).materialize("under")
-    first, second = plan(app, "under")
-    assert [s.what for s in first.steps] == ["stream_aggregate"]
+    first, second = (q for q in plan(app, "under") if not q.dead_letters)
+    assert [s.what for s in first.steps] == ["stream_count"]
     assert first.output.role == "changelog" and second.input == first.output
     assert [s.what for s in second.steps] == ["join"]
 

@@ -18,11 +18,11 @@ from tablecast.pipeline.run.trigger import (
     decide,
     requested,
     short,
+    slots_needed,
     written_by_micro_batch,
 )
 
 STR, LONG = tc.serde.string(), tc.serde.long()
-
 
 
 def x_of(k: str, v: dict[str, int]) -> int:
@@ -73,7 +73,6 @@ def test_stateless_jvm_queries_run_in_real_time_and_the_rest_say_why_not() -> No
     assert decide("realtime 1 second", qs["shop.to-copy"]) == Trigger(True, "1 second")
     why = {
         "shop.py": "Python callable map_values(x_of) (MapInArrowExec)",
-        "shop.counts": "stateful count() (FlatMapGroupsInPandasWithStateExec)",
         "shop.to-spread": "Python partitioner first_partition (ArrowEvalPythonExec)",
         "shop.to-av-copy": "Avro serde, translated in Python (ArrowEvalPythonExec)",
     }
@@ -84,6 +83,43 @@ def test_stateless_jvm_queries_run_in_real_time_and_the_rest_say_why_not() -> No
         assert reason in (t.fallback or ""), name
     # without "realtime" nothing is a fallback
     assert decide("1 second", qs["shop.latest"]) == Trigger(False, "1 second")
+
+
+def test_a_grouped_stream_count_is_sparks_aggregation_and_runs_in_real_time() -> None:
+    _, qs = shop()
+    counts, dlq = qs["shop.counts"], qs["shop.counts.dlq"]
+    assert [s.what for s in counts.steps] == ["stream_count"]
+    assert blockers(counts) == [] and decide("realtime", counts).realtime
+    # its companion writes the bad input rows the aggregation drops
+    assert dlq.dead_letters and dlq.input == counts.input and dlq.output.topic == "shop.dlq"
+    assert decide("realtime", dlq).realtime
+    # a real-time batch holds a slot per input partition and one per shuffle partition
+    assert (slots_needed(counts, 3), slots_needed(dlq, 3)) == (6, 3)
+    needs = [(counts, slots_needed(counts, 1)), (dlq, slots_needed(dlq, 1))]
+    assert [t.realtime for t in assign("realtime", needs, 3)] == [True, True]
+    got = assign("realtime", needs, 2)  # one micro-batch query keeps a slot for itself
+    assert [t.realtime for t in got] == [False, True]
+    assert "needs 2 task slots" in (got[0].fallback or "")
+
+
+def keep_all(k: str, v: object) -> bool:
+    return True
+
+
+def test_a_count_after_a_python_step_or_a_repartition_keeps_its_state_in_python() -> None:
+    app = tc.App("a", trigger="realtime")
+    ev = app.stream("ev")
+    ev.filter(keep_all).group_by_key().count().materialize("kept")
+    ev.repartition(4).group_by_key().count().materialize("placed")
+    qs = queries(app)
+    assert "a.kept.dlq" not in qs  # the Python filter would run twice
+    assert blockers(qs["a.kept"]) == [
+        "Python callable filter(keep_all) (MapInArrowExec)",
+        "stateful count() (FlatMapGroupsInPandasWithStateExec)",
+    ]
+    # a repartition topic's copies are dropped by the per-key step only
+    assert [s.what for s in qs["a.placed"].steps] == ["stream_aggregate"]
+    assert qs["a.placed"].input.ids
 
 
 def test_table_group_by_names_every_blocker_of_its_repartition_writer() -> None:
@@ -132,7 +168,7 @@ def test_a_join_is_stateful() -> None:
 
 def test_real_time_queries_share_the_task_slots() -> None:
     _, qs = shop()
-    latest, copy, counts = qs["shop.latest"], qs["shop.to-copy"], qs["shop.counts"]
+    latest, copy, counts = qs["shop.latest"], qs["shop.to-copy"], qs["shop.py"]
     # alone in the session: both fit into 2 slots with 1 partition each
     assert [t.realtime for t in assign("realtime", [(latest, 1), (copy, 1)], 2)] == [True, True]
     # a micro-batch query keeps one slot for itself
@@ -153,10 +189,12 @@ def test_explain_prints_each_querys_trigger() -> None:
     app, _ = shop()
     text = app.explain()
     assert "App 'shop': 6 output(s); trigger 'realtime'" in text
-    assert text.count("trigger: realtime (checkpoint every 30 s)") == 2
+    # latest, copy, counts and the companion writing counts' bad input to the DLQ
+    assert text.count("trigger: realtime (checkpoint every 30 s)") == 4
+    assert "given two free task slots per input partition" in text  # counts' shuffle
     assert (
         "trigger: micro-batch 500 ms (fallback: not in Spark's Real-time Mode allowlist: "
-        "stateful count() (FlatMapGroupsInPandasWithStateExec))"
+        "Python callable map_values(x_of) (MapInArrowExec))"
     ) in text
     plain, _ = shop("1 second")
     assert "trigger: micro-batch 1 s\n" in plain.explain()

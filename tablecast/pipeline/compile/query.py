@@ -4,7 +4,8 @@ A query reads its input topic into the envelope (see
 :mod:`tablecast.pipeline.envelope`), checks records written by others (a key
 or value that does not decode marks its row bad), applies its steps — Column
 operators in the JVM, runs of Python callables fused into one mapInArrow,
-stateful steps with applyInPandasWithState — and routes good rows to its output
+stateful steps with applyInPandasWithState, a grouped stream's count with
+Spark's own aggregation — and routes good rows to its output
 topic and bad ones to the dead-letter topic through one Kafka sink.
 """
 
@@ -29,12 +30,14 @@ from tablecast.pipeline.compile import (
     keyed,
     partition,
     sink,
+    spark_count,
     stateless,
     stream_join,
     window,
 )
 from tablecast.pipeline.compile import envelope as env
 from tablecast.pipeline.compile.flow import Flow
+from tablecast.pipeline.compile.flow import ok as flow_ok
 from tablecast.pipeline.compile.transform import transform_values
 from tablecast.pipeline.plan import nodes as plan
 from tablecast.pipeline.plan.queries import Query, Step, TopicRef
@@ -177,6 +180,9 @@ def transform(
             flow = window.apply(flow, step, partitions, extra)
             extra = ()
             i += 1
+        elif step.what == "stream_count":
+            flow = spark_count.apply(flow, step)
+            i += 1
         elif step.stateful:
             flow = keyed_step(flow, step, buckets, extra)
             extra = (env.OLD, env.RID, env.SRC) if step.what == "retract" else ()
@@ -228,6 +234,8 @@ def writer(spark: SparkSession, q: Query, t: Target) -> DataStreamWriter:
     stream_side = lambda r: read_stream_side(spark, r, t)  # noqa: E731
     flow, extra = transform(flow, q.steps, extra, t.partitions, t.buckets, side, stream_side)
     flow = flow.envelope(*extra)
+    if q.dead_letters:
+        flow = flow.with_df(flow.df.where(~flow_ok()))
     dlq = dlq_topic(t.app_id)
     common: dict[str, Any] = spark_options(t.bootstrap_servers)
     if t.interceptor:

@@ -20,7 +20,12 @@ stateless operators and at most one stateful step; the planner cuts the chain:
   ``<app>.repartition.<name>-<i>``, keyed by its key and placed by its
   partitioner (Kafka Streams' ``through``); the next query reads it back.
 
-Grouped *stream* aggregations need no topic: Spark's shuffle re-keys them.
+Grouped *stream* aggregations need no topic: Spark's shuffle re-keys them. A
+grouped stream's ``count()`` read straight from a topic (no repartition or
+changelog topic before it, whose copies it would count twice) is Spark's own
+streaming aggregation, which Real-time Mode can run; the rows its input turns
+bad are dead-lettered by a stateless companion query on the same input
+(``<query>.dlq``), since Real-time Mode allows no union after an aggregation.
 Joins neither: a join query reads its left input and, beside it, the other
 table's topic (its source topic, its table topic if materialized, or a
 changelog topic computed for it), and Spark's shuffle brings both sides of a
@@ -54,6 +59,7 @@ StepKind = Literal[
     "select_group",
     "retract",
     "stream_aggregate",
+    "stream_count",
     "table_aggregate",
     "window_aggregate",
     "transform_values",
@@ -134,6 +140,8 @@ class Step:
             return "retract [applyInPandasWithState by source key: last selection per row]"
         if self.what == "stream_aggregate":
             return f"{self.node.describe()} [applyInPandasWithState by key]"
+        if self.what == "stream_count":
+            return f"{self.node.describe()} [Spark streaming aggregation by key]"
         if self.what == "transform_values":
             return f"{self.node.describe()} [applyInPandasWithState by key: the key's state]"
         if self.what == "window_aggregate":
@@ -171,6 +179,9 @@ class Query:
     partitions: int | None = None
     #: a table's secondary indexes, whose values its records carry in a header
     indexes: tuple[tuple[str, plan.Fn], ...] = ()
+    #: writes only the rows its steps mark bad, to the dead-letter topic: the companion
+    #: of a query whose Spark aggregation drops them (see :func:`_dead_letters`)
+    dead_letters: bool = False
 
     @property
     def stateful(self) -> bool:
@@ -209,11 +220,14 @@ def plan_output(
     out: plan.Materialize | plan.To,
     materialized: list[plan.Materialize] | None = None,
     name: str | None = None,
+    native: bool = True,
 ) -> list[Query]:
     """The queries that compute `out`, in the order data flows through them.
 
     A node on the way that is itself `materialized` (a table handle used both
     for materialize() and for more operators) is read from its table topic.
+    `native`: a grouped stream's count may be Spark's own aggregation (False: every
+    aggregation keeps its state in Python, as a checkpoint written so may need).
     """
     chain = out.lineage()
     at = {id(m.parent): m for m in materialized or () if m is not out}
@@ -255,6 +269,12 @@ def plan_output(
         nonlocal key, value, kind
         if what in STATEFUL and current.stateful:
             cut("changelog")
+        if what == "stream_count" and (
+            # a repartition or changelog topic's copies need the per-key step's dedup; a
+            # Python step before it would run twice (here and in the dead-letter companion)
+            current.input.role not in ("source", "table") or any(s.python for s in current.steps)
+        ):
+            what = "stream_aggregate"
         key, value, kind = k, v, kd
         current.steps.append(Step(what, node, k, v, kd, side, more))
 
@@ -273,7 +293,11 @@ def plan_output(
                 if grouped.fn is not None:
                     rekey = plan.Op(grouped.parent, grouped.fn, grouped.key, None, "select_key")
                     add("op", rekey, rekey.key_serde(), value, "stream")
-                what: StepKind = "window_aggregate" if node.window else "stream_aggregate"
+                what: StepKind = "stream_aggregate"
+                if node.window is not None:
+                    what = "window_aggregate"
+                elif node.agg == "count" and native:
+                    what = "stream_count"
                 add(what, node, node.key_serde(), node.value_serde(), "table")
         elif isinstance(node, plan.Cogroup):
             # the first input is this chain: re-keyed here as a grouped stream's aggregation
@@ -286,7 +310,7 @@ def plan_output(
             for other in node.others:
                 stream = _grouped_stream(other)
                 name = f"{base}-cogroup{len(sides)}"
-                side_queries, ref = _stream_side(app_id, stream, name, materialized or [])
+                side_queries, ref = _stream_side(app_id, stream, name, materialized or [], native)
                 sides.extend(side_queries)
                 refs.append(ref)
             add("cogroup", node, node.key_serde(), node.value_serde(), "table", None, tuple(refs))
@@ -301,7 +325,7 @@ def plan_output(
             merge_topic = f"{app_id}.merge.{base}-{len(queries)}"
             for i, other in enumerate(node.others):
                 sink = plan.To(other, merge_topic)
-                side_queries = plan_output(app_id, sink, materialized, f"{base}-merge{i}")
+                side_queries = plan_output(app_id, sink, materialized, f"{base}-merge{i}", native)
                 last = side_queries[-1]
                 last.output = replace(last.output, role="merge")
                 sides.extend(side_queries)
@@ -309,14 +333,14 @@ def plan_output(
             merge_topic = None
         elif isinstance(node, plan.Join) and node.window is not None:
             name = f"{base}-join{len(sides)}"
-            side_queries, side = _stream_side(app_id, node.other, name, materialized or [])
+            side_queries, side = _stream_side(app_id, node.other, name, materialized or [], native)
             sides.extend(side_queries)
             add("stream_join", node, node.key_serde(), node.value_serde(), "stream", side)
         elif isinstance(node, plan.Join) and node.foreign_key is not None:
             # KIP-213: subscriptions keyed by foreign key meet the right table, and the
             # responses come back keyed by the left key (see compile.fk_join)
             name = f"{base}-join{len(sides)}"
-            side_queries, side = _join_side(app_id, node, name, materialized or [])
+            side_queries, side = _join_side(app_id, node, name, materialized or [], native)
             sides.extend(side_queries)
             raw = serdes.bytes_()
             add("fk_subscribe", node, node.other.key_serde(), raw, "stream")
@@ -326,7 +350,7 @@ def plan_output(
             add("fk_resolve", node, node.key_serde(), node.value_serde(), "table")
         elif isinstance(node, plan.Join):
             name = f"{base}-join{len(sides)}"
-            side_queries, side = _join_side(app_id, node, name, materialized or [])
+            side_queries, side = _join_side(app_id, node, name, materialized or [], native)
             sides.extend(side_queries)
             add("join", node, node.key_serde(), node.value_serde(), node.kind, side)
         elif isinstance(node, plan.GroupBy | plan.WindowedBy | plan.Materialize | plan.To):
@@ -340,7 +364,23 @@ def plan_output(
         current.output = TopicRef(out.topic, out.key_serde(), out.value_serde(), kind, "sink")
         current.partitioner = out.partitioner
     queries.append(current)
-    return sides + _with_ids(queries)
+    return sides + _dead_letters(app_id, queries) + _with_ids(queries)
+
+
+def _dead_letters(app_id: str, queries: list[Query]) -> list[Query]:
+    """For each query with a Spark aggregation, which drops the rows its input marks bad
+    (undecodable, or failed in a step before it), a stateless query that reads the same
+    input through the same steps and writes only those rows, to the dead-letter topic."""
+    from tablecast.kafka.topics import dlq_topic  # imported on use, as in table_topic()
+
+    out = []
+    for q in queries:
+        at = next((i for i, s in enumerate(q.steps) if s.what == "stream_count"), None)
+        if at is None or not (q.input.external or q.steps[:at]):
+            continue  # no count, or no row that could be bad: the App's own topic as read
+        dlq = TopicRef(dlq_topic(app_id), q.input.key, q.input.value, "stream", "sink")
+        out.append(Query(f"{q.name}.dlq", q.input, dlq, q.steps[:at], dead_letters=True))
+    return out
 
 
 def _with_ids(queries: list[Query]) -> list[Query]:
@@ -366,7 +406,11 @@ def _grouped_stream(grouped: plan.GroupBy) -> plan.Node:
 
 
 def _stream_side(
-    app_id: str, other: plan.Node, name: str, materialized: list[plan.Materialize]
+    app_id: str,
+    other: plan.Node,
+    name: str,
+    materialized: list[plan.Materialize],
+    native: bool = True,
 ) -> tuple[list[Query], TopicRef]:
     """The topic holding a stream-stream join's other stream (or a cogroup's other input),
     and the queries that compute it if it is derived: they write
@@ -375,7 +419,7 @@ def _stream_side(
     if isinstance(other, plan.Source):
         return [], TopicRef(other.topic, other.key, other.value, "stream", "source")
     topic = f"{app_id}.changelog.{name}"
-    queries = plan_output(app_id, plan.To(other, topic), materialized, name)
+    queries = plan_output(app_id, plan.To(other, topic), materialized, name, native)
     last = queries[-1].output
     ref = TopicRef(topic, last.key, last.value, "stream", "changelog", ids=True)
     queries[-1].output = ref
@@ -384,7 +428,11 @@ def _stream_side(
 
 
 def _join_side(
-    app_id: str, join: plan.Join, name: str, materialized: list[plan.Materialize]
+    app_id: str,
+    join: plan.Join,
+    name: str,
+    materialized: list[plan.Materialize],
+    native: bool = True,
 ) -> tuple[list[Query], TopicRef]:
     """The topic holding a join's other table, and the queries that compute it if any."""
     other = join.other
@@ -397,7 +445,7 @@ def _join_side(
     if isinstance(other, plan.Source):
         return [], TopicRef(other.topic, other.key, other.value, "table", "source")
     # a derived table nobody materialized: computed into a changelog topic of its own
-    queries = plan_output(app_id, plan.Materialize(other, name), materialized)
+    queries = plan_output(app_id, plan.Materialize(other, name), materialized, None, native)
     last = queries[-1].output
     ref = TopicRef(f"{app_id}.changelog.{name}", last.key, last.value, "table", "changelog")
     queries[-1].output = ref

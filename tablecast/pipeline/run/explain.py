@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tablecast.pipeline.plan import nodes as plan
-from tablecast.pipeline.plan.queries import plan_output
+from tablecast.pipeline.plan.queries import Query, plan_output
 from tablecast.pipeline.run import trigger as triggers
 
 
@@ -19,16 +19,18 @@ def explain(
     trigger: str,
     partitions: Callable[[str], int | None] | None = None,
     chosen: dict[str, triggers.Trigger] | None = None,
+    planned: Callable[[plan.Materialize | plan.To], list[Query]] | None = None,
 ) -> str:
     """The plan in words; each query's trigger is `chosen`'s (a running pipeline's
-    decision) or else what its plan allows."""
+    decision) or else what its plan allows; an output's queries are `planned`'s (a running
+    pipeline's) or else the App's plan."""
     lines = [f"App {app_id!r}: {len(outputs)} output(s); trigger {trigger!r}"]
     mats = [o for o in outputs if isinstance(o, plan.Materialize)]
     for out in outputs:
         what = f"table {out.name!r}" if isinstance(out, plan.Materialize) else f"to {out.topic!r}"
         lines.append(f"  {what}")
         lines.append("    operators: " + " -> ".join(n.describe() for n in out.lineage()))
-        for q in plan_output(app_id, out, mats):
+        for q in planned(out) if planned is not None else plan_output(app_id, out, mats):
             state = "stateful, RocksDB state store" if q.stateful else "stateless"
             batches = q.writes_batches or q.reorders
             writer = "foreachBatch -> Kafka" if batches else "Kafka sink"
@@ -48,7 +50,12 @@ def explain(
             trig = (chosen or {}).get(q.name)
             if trig is None:  # not running: the slots it will find are not known yet
                 trig = triggers.decide(trigger, q)
-                slots = ", given a free task slot per input partition" if trig.realtime else ""
+                per = (
+                    "two free task slots"
+                    if triggers.slots_needed(q, 1) == 2
+                    else "a free task slot"
+                )
+                slots = f", given {per} per input partition" if trig.realtime else ""
             else:
                 slots = ""
             lines.append(f"      trigger: {trig.describe()}{slots}")

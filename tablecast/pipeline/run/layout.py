@@ -8,6 +8,9 @@ in its checkpoint directory, and every later start uses it, whatever
 ``BUCKETS_PER_PARTITION`` says by then: changing that constant changes new
 queries only. What cannot be carried over — another state format, or a window
 query whose input gained partitions — is refused with what to do about it.
+A grouped stream's count kept by Spark's own aggregation records engine
+"spark"; a checkpoint whose count Python kept stays with Python (the runner
+plans that chain so), since neither reads the other's state.
 """
 
 from __future__ import annotations
@@ -34,12 +37,18 @@ class LayoutError(RuntimeError):
     """A checkpoint's state cannot be read with this App's layout."""
 
 
+#: whose state a query keeps: the per-key Python steps', or Spark's own aggregation's
+PYTHON, SPARK = "python", "spark"
+
+
 @dataclass(frozen=True)
 class Layout:
     format: int
     buckets: int
     #: the input's partitions (a windowed aggregation's tasks)
     partitions: int
+    #: PYTHON or SPARK (layouts recorded before there was a choice: PYTHON)
+    engine: str = PYTHON
 
 
 def local_path(location: str) -> Path | None:
@@ -103,9 +112,25 @@ class Files:
             out.close()
 
 
-def settle(files: Files, checkpoint: str, partitions: int, query: str, windowed: bool) -> Layout:
+def stored_engine(files: Files, checkpoint: str) -> str | None:
+    """Whose state the query whose checkpoint is `checkpoint` keeps (None: it has none yet)."""
+    stored = files.read(f"{checkpoint.rstrip('/')}/{FILE}")
+    if stored is not None:
+        return str(json.loads(stored).get("engine", PYTHON))
+    # state from a tablecast that recorded no layout was Python's
+    return PYTHON if files.exists(f"{checkpoint.rstrip('/')}/offsets") else None
+
+
+def settle(
+    files: Files,
+    checkpoint: str,
+    partitions: int,
+    query: str,
+    windowed: bool,
+    engine: str = PYTHON,
+) -> Layout:
     """The layout of the stateful query whose checkpoint is `checkpoint` (recorded there
-    on its first start), given its input's `partitions` now."""
+    on its first start), given its input's `partitions` now and the `engine` planned."""
     record = f"{checkpoint.rstrip('/')}/{FILE}"
     stored = files.read(record)
     if stored is not None:
@@ -114,7 +139,13 @@ def settle(files: Files, checkpoint: str, partitions: int, query: str, windowed:
         # state from a tablecast that recorded no layout: its fixed bucket count
         layout = Layout(FORMAT, LEGACY_BUCKETS_PER_PARTITION * partitions, partitions)
     else:
-        layout = Layout(FORMAT, BUCKETS_PER_PARTITION * partitions, partitions)
+        layout = Layout(FORMAT, BUCKETS_PER_PARTITION * partitions, partitions, engine)
+    if layout.engine != engine:
+        raise LayoutError(
+            f"query {query}: its state in {checkpoint} was kept by {layout.engine}, this "
+            f"plan keeps it in {engine}. Delete that checkpoint directory to rebuild the "
+            "state from the input topics, or run the tablecast version that wrote it."
+        )
     if layout.format != FORMAT:
         raise LayoutError(
             f"query {query}: its state in {checkpoint} has format {layout.format}, this "

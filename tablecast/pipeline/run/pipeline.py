@@ -25,9 +25,9 @@ from tablecast.pipeline.plan import queries as planner
 from tablecast.pipeline.run import explain as explaining
 from tablecast.pipeline.run import spark as spark_setup
 from tablecast.pipeline.run import status
-from tablecast.pipeline.run.layout import Files, local_path, settle
+from tablecast.pipeline.run.layout import PYTHON, SPARK, Files, local_path, settle, stored_engine
 from tablecast.pipeline.run.status import StatusPublisher
-from tablecast.pipeline.run.trigger import Trigger, assign, written_by_micro_batch
+from tablecast.pipeline.run.trigger import Trigger, assign, slots_needed, written_by_micro_batch
 from tablecast.windows import SessionWindows
 
 if TYPE_CHECKING:
@@ -184,6 +184,9 @@ class Pipeline:
     _status: status.StatusPublisher | None = None
     #: each query's latest progress point
     _latest: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: the queries each output runs, by the output's id (a checkpoint may have kept a
+    #: plan the App alone would not give)
+    _planned: dict[int, list[planner.Query]] = field(default_factory=dict)
 
     @classmethod
     def start(
@@ -207,9 +210,11 @@ class Pipeline:
         interceptor = spark_setup.timestamp_interceptor(spark)
         _ensure_topic(bootstrap_servers, dlq_topic(app.id), 1)
         infos, chains = [], []
+        checkpoints = app.resolve_checkpoint_dir()
+        files, base = Files(spark), checkpoints.rstrip("/")
         for out in outputs:
             count = partitions[plan.source_of(out).topic]
-            queries = planner.plan_output(app.id, out, list(app.materialized.values()))
+            queries = _plan(app, out, files, base)
             sizes = _ensure_outputs(bootstrap_servers, queries, count)
             chains.append((count, sizes, queries))
             if isinstance(out, plan.Materialize):
@@ -219,7 +224,6 @@ class Pipeline:
         publisher = StatusPublisher(bootstrap_servers, app.id)
         listener = counter.listener()
         spark.streams.addListener(listener)
-        checkpoints = app.resolve_checkpoint_dir()
         started: dict[str, StreamingQuery] = {}
         every = [q for _, _, qs in chains for q in qs]
         chosen, needs = _choose_triggers(spark, bootstrap_servers, app.trigger, every, checkpoints)
@@ -227,9 +231,8 @@ class Pipeline:
             q.name: [q.input.topic, *(r.topic for s in q.steps for r in s.beside)] for q in every
         }
         # each stateful query keeps the state layout its checkpoint was started with
-        files, base = Files(spark), checkpoints.rstrip("/")
         buckets = {
-            q.name: settle(files, f"{base}/{q.name}", count, q.name, q.per_task).buckets
+            q.name: settle(files, f"{base}/{q.name}", count, q.name, q.per_task, _engine(q)).buckets
             for count, _, queries in chains
             for q in queries
             if q.stateful
@@ -238,6 +241,7 @@ class Pipeline:
             app, spark, started, owns, counter, chosen, bootstrap_servers, inputs, listener
         )
         pipeline._status = publisher
+        pipeline._planned = {id(o): qs for o, (_, _, qs) in zip(outputs, chains, strict=True)}
         counter.on_progress = pipeline._progressed
         try:
             for count, sizes, queries in chains:
@@ -276,7 +280,11 @@ class Pipeline:
     def explain(self) -> str:
         """The App's plan with the triggers its queries actually run with."""
         return explaining.explain(
-            self.app.id, self.app.outputs(), self.app.trigger, chosen=self.triggers
+            self.app.id,
+            self.app.outputs(),
+            self.app.trigger,
+            chosen=self.triggers,
+            planned=lambda out: self._planned[id(out)],
         )
 
     def _progressed(self, progress: dict[str, Any]) -> None:
@@ -368,6 +376,24 @@ class Pipeline:
             self.spark.stop()
 
 
+def _engine(q: planner.Query) -> str:
+    return SPARK if any(s.what == "stream_count" for s in q.steps) else PYTHON
+
+
+def _plan(
+    app: App, out: plan.Materialize | plan.To, files: Files, base: str
+) -> list[planner.Query]:
+    """`out`'s queries, with Spark's own aggregation for a grouped stream's count unless a
+    checkpoint of the chain holds such a count kept by Python (a tablecast before it)."""
+    materialized = list(app.materialized.values())
+    queries = planner.plan_output(app.id, out, materialized)
+    natives = [q for q in queries if _engine(q) == SPARK]
+    if any(stored_engine(files, f"{base}/{q.name}") == PYTHON for q in natives):
+        log.info("%s: its checkpoint's count is kept by Python; it stays so", out.describe())
+        queries = planner.plan_output(app.id, out, materialized, native=False)
+    return queries
+
+
 def _choose_triggers(
     spark: SparkSession,
     bootstrap_servers: str,
@@ -385,7 +411,10 @@ def _choose_triggers(
         if local is not None
         else {}  # a remote checkpoint: Spark itself refuses a v1 one in Real-time Mode
     )
-    needs = {n: partition_count(bootstrap_servers, q.input.topic) or 1 for n, q in unique.items()}
+    needs = {
+        n: slots_needed(q, partition_count(bootstrap_servers, q.input.topic) or 1)
+        for n, q in unique.items()
+    }
     active = {q.name for q in spark.streams.active}
     held = sum(n for name, n in _REALTIME_SLOTS.items() if name in active)
     slots = spark.sparkContext.defaultParallelism - held

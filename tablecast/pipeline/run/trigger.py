@@ -3,11 +3,13 @@
 ``App(trigger="realtime")`` asks for Spark's Real-time Mode (records stream
 through long-running tasks instead of waiting for the next micro-batch). Spark
 4.3 runs it only for plans whose every physical operator and sink is on its
-allowlist (``RealTimeModeAllowlist``): projections, filters, generators and
-observed metrics, into a Kafka sink. A query of ours falls back to micro-batch
+allowlist (``RealTimeModeAllowlist``): projections, filters, generators,
+observed metrics and streaming aggregations (a grouped stream's count here),
+into a Kafka sink. A query of ours falls back to micro-batch
 when it needs anything else — each reason below names the Spark operator that
 is not on the list — or when the session has too few task slots: a real-time
-batch holds one task per source partition for its whole duration.
+batch holds one task per source partition for its whole duration, and an
+aggregation as many again for its shuffle partitions (:func:`slots_needed`).
 
 ``realtime`` takes an optional checkpoint interval (``"realtime 10 seconds"``,
 at least ``spark.sql.streaming.realTimeMode.minBatchDuration``, 5 s): Spark
@@ -89,6 +91,8 @@ def blockers(q: Query) -> list[str]:
         what = (
             s.what if s.what in ("retract", "join", "stream_join", "cogroup") else s.node.describe()
         )
+        if s.what == "stream_count":
+            continue  # Spark's own aggregation: on the allowlist since 4.3
         if s.stateful:
             reasons.append(f"stateful {what} (FlatMapGroupsInPandasWithStateExec)")
         elif s.python:
@@ -104,6 +108,13 @@ def blockers(q: Query) -> list[str]:
     if any(sd.format == "avro" for sd in serdes):
         reasons.append("Avro serde, translated in Python (ArrowEvalPythonExec)")
     return reasons
+
+
+def slots_needed(q: Query, partitions: int) -> int:
+    """Task slots a real-time batch of `q` holds: one per input partition, and as many
+    for the partitions an aggregation shuffles into (as many as its input has)."""
+    shuffles = any(s.what == "stream_count" for s in q.steps)
+    return partitions * (2 if shuffles else 1)
 
 
 def written_by_micro_batch(checkpoint: Path) -> bool:
@@ -150,10 +161,10 @@ def decide(
         )
         return Trigger(False, FALLBACK_INTERVAL, why)
     if partitions is not None and free_slots is not None and partitions > free_slots:
-        why = (
-            f"needs {partitions} task slots at once (one per source partition), "
-            f"{max(free_slots, 0)} free"
-        )
+        per = "one per source partition"
+        if slots_needed(q, 1) == 2:
+            per += " and one per partition its aggregation shuffles into"
+        why = f"needs {partitions} task slots at once ({per}), {max(free_slots, 0)} free"
         return Trigger(False, FALLBACK_INTERVAL, why)
     return Trigger(True, interval)
 
