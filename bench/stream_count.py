@@ -182,7 +182,9 @@ in the table topic (a consumer on it), milliseconds:
 |---|---|---|---|---|---|
 {fresh_rows}
 
-What could flatter or hurt: the micro-batch interval is 500 ms; Real-time Mode's batch ends
+What could flatter or hurt: the Spark path's rate is its count query's alone, while its
+dead-letter companion reads the same input on the same cores (its drain is not waited
+for); the first round of each path ran colder than the rest; the micro-batch interval is 500 ms; Real-time Mode's batch ends
 every 30 s (records produced in that gap wait for the next batch: the max column); one
 machine runs Spark, the broker, the producers and the consumer.
 """
