@@ -221,3 +221,11 @@ def test_a_micro_batch_checkpoint_keeps_its_query_micro_batch(tmp_path: Path) ->
     assert not t.realtime and (t.fallback or "").startswith(f"its checkpoint {ck} was written")
     got = assign("realtime", [(latest, 1), (qs["shop.to-copy"], 1)], 2, False, {"shop.latest": ck})
     assert [t.realtime for t in got] == [False, True]
+
+
+def test_a_python_step_after_the_count_keeps_it_in_python_too() -> None:
+    app = tc.App("a", trigger="realtime")
+    app.stream("ev").group_by_key().count().to_stream().map_values(x_of).to("out")
+    qs = queries(app)
+    assert "a.to-out.dlq" not in qs
+    assert [s.what for s in qs["a.to-out"].steps] == ["stream_aggregate", "op", "op"]

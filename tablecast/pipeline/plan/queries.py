@@ -269,11 +269,8 @@ def plan_output(
         nonlocal key, value, kind
         if what in STATEFUL and current.stateful:
             cut("changelog")
-        if what == "stream_count" and (
-            # a repartition or changelog topic's copies need the per-key step's dedup; a
-            # Python step before it would run twice (here and in the dead-letter companion)
-            current.input.role not in ("source", "table") or any(s.python for s in current.steps)
-        ):
+        if what == "stream_count" and current.input.role not in ("source", "table"):
+            # a repartition or changelog topic's copies need the per-key step's dedup
             what = "stream_aggregate"
         key, value, kind = k, v, kd
         current.steps.append(Step(what, node, k, v, kd, side, more))
@@ -364,6 +361,14 @@ def plan_output(
         current.output = TopicRef(out.topic, out.key_serde(), out.value_serde(), kind, "sink")
         current.partitioner = out.partitioner
     queries.append(current)
+    for q in queries:
+        if any(s.python for s in q.steps):
+            # a Python step before the count would run twice (there and in the dead-letter
+            # companion), and one after it would put a Python worker behind the aggregation
+            q.steps = [
+                replace(s, what="stream_aggregate") if s.what == "stream_count" else s
+                for s in q.steps
+            ]
     return sides + _dead_letters(app_id, queries) + _with_ids(queries)
 
 
