@@ -118,6 +118,8 @@ def run(minutes: float, seed: int, work: Path) -> dict[str, Any]:
             "failed": dict(t.failed),
             "failed_total": sum(t.failed.values()),
             "retried": t.retried,
+            "node_503": t.node_503,
+            "node_503_samples": t.node_503_samples,
             "max_staleness_ms": t.max_staleness_ms,
             "wrong": len(t.wrong),
             "wrong_samples": t.wrong[:50],

@@ -38,6 +38,8 @@ def markdown(r: dict[str, Any]) -> str:
         f"| failed (by status) | {r['failed_total']:,} {r['failed']} | |",
         f"| plain-HTTP reads sent on to another node (one refused or dropped the connection) "
         f"| {r['retried']:,} | |",
+        f"| plain-HTTP reads a node answered 503, sent on to another node "
+        f"| {r.get('node_503', 0):,} | |",
         f"| largest staleness an answer claimed | {r['max_staleness_ms']:,} ms | |",
         f"| wrong | {r['wrong']} | 0 |",
         f"| records lost after recovery | {r['lost']} | 0 |",
@@ -56,6 +58,9 @@ def markdown(r: dict[str, Any]) -> str:
             f"| {e['start_s']} | {e['fault']} | {e['end_s'] - e['start_s']:.1f} | "
             f"{e['detail'] or '-'} | {probs.replace('|', '/')} |"
         )
+    if r.get("node_503_samples"):
+        lines += ["", "503s of a node that another node then answered (first 10):", ""]
+        lines += [f"- `{w}`" for w in r["node_503_samples"][:10]]
     if r.get("failed_samples"):
         lines += ["", "Failed reads (first 10):", ""]
         lines += [f"- `{w}`" for w in r["failed_samples"][:10]]

@@ -24,9 +24,14 @@ answer's headers) are judged by the same rule.
 
 A plain-HTTP read behaves like a client behind a load balancer: a node that
 refuses the connection or drops it without an answer (killed a moment ago) is
-skipped for another one, and the skip is counted (``retried``). Anything else (5xx, 503, timeouts, a
-connection lost mid-request, every node unreachable) is a failed read, counted
-by status; it is not wrong, and it counts against availability.
+skipped for another one, and the skip is counted (``retried``). A node's 503
+(no replica it could reach, with Retry-After) is retried on another node too, as
+a load balancer told to retry 503s elsewhere does and as ``tablecast.Client``
+does; those 503s are counted (``node_503``) and the first ones kept
+(``node_503_samples``), so a node that gives up too soon still shows. Anything
+else (5xx, timeouts, a connection lost mid-request, a 503 from every node,
+every node unreachable) is a failed read, counted by status; it is not wrong,
+and it counts against availability.
 """
 
 from __future__ import annotations
@@ -178,6 +183,9 @@ class Tally:
     failed: Counter[str] = field(default_factory=Counter)
     #: plain-HTTP reads that met a node they could not connect to and went to the next one
     retried: int = 0
+    #: plain-HTTP reads a node answered 503 and another node was asked
+    node_503: int = 0
+    node_503_samples: list[str] = field(default_factory=list)
     #: the largest staleness an answer judged by it claimed (ms)
     max_staleness_ms: int = 0
     wrong: list[str] = field(default_factory=list)
@@ -280,15 +288,26 @@ class Readers:
         """GET the key from a random node, the next one while a node refuses connections."""
         order = rng.sample(urls, len(urls))
         for n, url in enumerate(order):
+            last = n == len(order) - 1
             try:
-                return url, http.get(f"{url}/v1/tables/{TABLE}/keys/{quote(key, safe='')}")
+                r = http.get(f"{url}/v1/tables/{TABLE}/keys/{quote(key, safe='')}")
             # refused, or the connection dropped without an answer (a node killed under
             # the request): a GET may go to the next node, as a load balancer retries it
             except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
-                if n == len(order) - 1:
+                if last:
                     raise
                 with self.lock:
                     self.tally.retried += 1
+                continue
+            if r.status_code == 503 and not last:
+                with self.lock:
+                    t = self.tally
+                    t.node_503 += 1
+                    if len(t.node_503_samples) < 50:
+                        at = time.monotonic() - self.t0
+                        t.node_503_samples.append(f"{at:.1f}s {key} {url}: {r.text[:200]}")
+                continue
+            return url, r
         raise AssertionError("unreachable")
 
     def _judge_http(self, key: str, r: httpx.Response, t0: float) -> str:

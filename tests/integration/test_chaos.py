@@ -3,7 +3,8 @@
 Every fault of bench/chaos/faults.py at least once over a live cluster (its
 own broker, the pipeline, three nodes, a producer, readers checked against the
 table topic): no read may be wrong, no acknowledged record lost, and at least
-99.999 % of reads answered.
+99.999 % of reads answered (a plain-HTTP reader retries a node's 503 on another
+node, as a load balancer would; nodes may give such 503s to at most 0.5 % of reads).
 """
 
 from __future__ import annotations
@@ -31,12 +32,23 @@ def test_chaos_soak_never_lies_and_never_loses(tmp_path: Path) -> None:
     assert r["wrong"] == 0, r["wrong_samples"][:10]
     assert r["lost"] == 0 and r["converged"], r["lost_samples"][:10]
     # the failed answers' own messages and the faults' times say which fault they came with
+    # (pytest.fail: an assertion's message would be cut short)
     timeline = [(e["fault"], e["start_s"], e["end_s"]) for e in r["faults"]]
-    assert r["answered_pct"] >= 99.999, (
-        r["failed"],
-        r["longest_unavailable_s"],
-        problems,
-        r["failed_samples"][:10],
-        timeline,
+    found = "\n".join(
+        [
+            f"answered {r['answered_pct']:.4f} % of {r['queries']}; failed {r['failed']}",
+            f"longest unavailable {r['longest_unavailable_s']}; problems {problems}",
+            f"nodes answered 503 to {r['node_503']} plain-HTTP reads another node answered",
+            *r["failed_samples"][:10],
+            *r["node_503_samples"][:10],
+            f"faults {timeline}",
+        ]
     )
+    print(found)
+    if r["answered_pct"] < 99.999:
+        pytest.fail(found)
+    # a 503 a node gives while a peer could answer is retried by a load balancer (and by
+    # tablecast.Client), but a node giving up that often would be a regression
+    if r["node_503"] > 0.005 * r["queries"]:
+        pytest.fail(found)
     assert not problems, problems
