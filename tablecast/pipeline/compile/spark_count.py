@@ -30,15 +30,13 @@ def apply(flow: Flow, step: Step) -> Flow:
     df = flow.envelope().df
     counted = df.where(ok() & F.col("key").isNotNull() & F.col("value").isNotNull())
     counts = counted.groupBy("key").agg(F.count(F.lit(1)).alias(COUNT), F.max(env.TS).alias(env.TS))
+    # a count comes from many records: no source bytes or coordinates of its own
     types = env.schema()
-    nulls = {c: F.lit(None).cast(types[c].dataType) for c in (env.ERR, env.RAW_KEY, env.RAW_VALUE)}
+    none = (env.ERR, env.RAW_KEY, env.RAW_VALUE, env.TOPIC, env.PART, env.OFF)
     out = counts.select(
         "key",
         Codec.long_bytes(F.col(COUNT)).alias("value"),
-        *(v.alias(c) for c, v in nulls.items()),
-        F.lit(None).cast("string").alias(env.TOPIC),
-        F.lit(None).cast("int").alias(env.PART),
-        F.lit(None).cast("bigint").alias(env.OFF),
+        *(F.lit(None).cast(types[c].dataType).alias(c) for c in none),
         F.lit(0).cast("bigint").alias(env.SEQ),
         env.TS,
     )

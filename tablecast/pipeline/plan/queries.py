@@ -188,6 +188,11 @@ class Query:
         return any(s.stateful for s in self.steps)
 
     @property
+    def counts_in_spark(self) -> bool:
+        """Its stateful step is Spark's own aggregation (a grouped stream's count)."""
+        return any(s.what == "stream_count" for s in self.steps)
+
+    @property
     def windowed(self) -> bool:
         """Reads record timestamps; writes each window to its inner key's partition."""
         return any(s.windowed for s in self.steps)
@@ -380,9 +385,11 @@ def _dead_letters(app_id: str, queries: list[Query]) -> list[Query]:
 
     out = []
     for q in queries:
-        at = next((i for i, s in enumerate(q.steps) if s.what == "stream_count"), None)
-        if at is None or not (q.input.external or q.steps[:at]):
-            continue  # no count, or no row that could be bad: the App's own topic as read
+        if not q.counts_in_spark:
+            continue
+        at = next(i for i, s in enumerate(q.steps) if s.what == "stream_count")
+        if not (q.input.external or q.steps[:at]):
+            continue  # no row that could be bad: the App's own topic as read
         dlq = TopicRef(dlq_topic(app_id), q.input.key, q.input.value, "stream", "sink")
         out.append(Query(f"{q.name}.dlq", q.input, dlq, q.steps[:at], dead_letters=True))
     return out

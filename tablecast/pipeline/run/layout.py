@@ -112,13 +112,22 @@ class Files:
             out.close()
 
 
-def stored_engine(files: Files, checkpoint: str) -> str | None:
-    """Whose state the query whose checkpoint is `checkpoint` keeps (None: it has none yet)."""
+def _recorded(files: Files, checkpoint: str, partitions: int) -> tuple[Layout | None, bool]:
+    """The layout the checkpoint's state was written with (None: it has no state yet),
+    and whether its file records it."""
     stored = files.read(f"{checkpoint.rstrip('/')}/{FILE}")
     if stored is not None:
-        return str(json.loads(stored).get("engine", PYTHON))
-    # state from a tablecast that recorded no layout was Python's
-    return PYTHON if files.exists(f"{checkpoint.rstrip('/')}/offsets") else None
+        return Layout(**json.loads(stored)), True
+    if files.exists(f"{checkpoint.rstrip('/')}/offsets"):
+        # state from a tablecast that recorded no layout: its fixed bucket count, Python's
+        return Layout(FORMAT, LEGACY_BUCKETS_PER_PARTITION * partitions, partitions), False
+    return None, False
+
+
+def stored_engine(files: Files, checkpoint: str) -> str | None:
+    """Whose state the query whose checkpoint is `checkpoint` keeps (None: it has none yet)."""
+    layout, _ = _recorded(files, checkpoint, 0)
+    return None if layout is None else layout.engine
 
 
 def settle(
@@ -131,14 +140,8 @@ def settle(
 ) -> Layout:
     """The layout of the stateful query whose checkpoint is `checkpoint` (recorded there
     on its first start), given its input's `partitions` now and the `engine` planned."""
-    record = f"{checkpoint.rstrip('/')}/{FILE}"
-    stored = files.read(record)
-    if stored is not None:
-        layout = Layout(**json.loads(stored))
-    elif files.exists(f"{checkpoint.rstrip('/')}/offsets"):
-        # state from a tablecast that recorded no layout: its fixed bucket count
-        layout = Layout(FORMAT, LEGACY_BUCKETS_PER_PARTITION * partitions, partitions)
-    else:
+    layout, in_file = _recorded(files, checkpoint, partitions)
+    if layout is None:
         layout = Layout(FORMAT, BUCKETS_PER_PARTITION * partitions, partitions, engine)
     if layout.engine != engine:
         raise LayoutError(
@@ -159,6 +162,6 @@ def settle(
             f"{layout.partitions} of them, and the input has {partitions} now. Delete that "
             "checkpoint directory to rebuild the windows from the input topics."
         )
-    if stored is None:
-        files.write(record, json.dumps(asdict(layout)).encode())
+    if not in_file:
+        files.write(f"{checkpoint.rstrip('/')}/{FILE}", json.dumps(asdict(layout)).encode())
     return layout

@@ -113,8 +113,7 @@ def blockers(q: Query) -> list[str]:
 def slots_needed(q: Query, partitions: int) -> int:
     """Task slots a real-time batch of `q` holds: one per input partition, and as many
     for the partitions an aggregation shuffles into (as many as its input has)."""
-    shuffles = any(s.what == "stream_count" for s in q.steps)
-    return partitions * (2 if shuffles else 1)
+    return partitions * (2 if q.counts_in_spark else 1)
 
 
 def written_by_micro_batch(checkpoint: Path) -> bool:
