@@ -636,14 +636,17 @@ class Ingestor:
                 return False
         except OSError:
             return False
-        # closing first: RocksDB allows one open instance per directory. Reads in between
-        # meet a closed store and go elsewhere (or get a 503 with Retry-After)
-        replica.store.close()
+        # closing first: RocksDB allows one open instance per directory. Meanwhile reads go
+        # to a peer holding the partition (or wait the routing's grace for this one)
+        # (still while a failed reopen is retried: the old store is closed by then)
+        replica.reopening = True
         try:
+            replica.store.close()
             replica.store = self._new_replica(replica.table, replica.partition, False).store
         except Exception as e:
             log.warning("reopening the store of %s/%d failed: %s", *_slot(replica), e)
             return False
+        replica.reopening = False
         return True
 
     def _note_progress(self) -> None:

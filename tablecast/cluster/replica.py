@@ -62,6 +62,8 @@ class Replica:
     failures: int = 0
     #: released: its store is (being) closed and reads must go elsewhere
     closed: bool = False
+    #: its store is being closed and opened again (after a failed write): reads go elsewhere
+    reopening: bool = False
     #: reads waiting for an offset to be applied (``min_offset``), woken by the ingest thread
     waiters: AppliedWaiters = field(default_factory=AppliedWaiters)
     #: a seqlock over (store contents, position): odd while a batch is being applied.

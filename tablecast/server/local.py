@@ -90,7 +90,7 @@ class Local:
         :func:`tablecast.server.consistency.may_answer`)."""
         slot = (info.name, partition)
         replica = self.node.ingestor.replicas.get(slot)
-        if replica is None or replica.closed:
+        if replica is None or replica.closed or replica.reopening:
             return None
         if replica.caught_up and opts.max_staleness_ms is None:  # nearly always
             return replica

@@ -103,10 +103,11 @@ class Router:
                 # the hot path: one replica lookup, no choice list, no closure
                 try:
                     return local.read_key(info, raw, partition, replica, key_text)
-                except ApiError:
-                    if not replica.closed:
+                except ApiError as e:
+                    if e.code != "partition_unavailable":
                         raise
-                    # released under this read: route it as if this node had never held it
+                    # its store closed under this read (released, or reopened after a
+                    # failed write): routed below, peers first
         as_of = time_param(req.params, "as_of", None) if opts is not NO_OPTIONS else None
         read: Read
         if as_of is None:
@@ -194,16 +195,19 @@ class Router:
             )
         want = opts.at_least.get(partition) if opts.at_least else None
         replica = self.local.readable(info, partition, opts)
+        tried_here = False
         if replica is not None and self.routing.answers_here(info, partition, req, opts):
             if want is not None and replica.position < want:
                 again = lambda: self.one_partition(info, partition, req, opts, target, read)  # noqa: E731
                 return self._after(replica, want, req, opts, read, again)
             try:
                 return read(replica)
-            except ApiError:
-                if not replica.closed:
+            except ApiError as e:
+                if e.code != "partition_unavailable":
                     raise
-                # released under this read: route it as if this node had never held it
+                # its store closed under this read (released, or reopened after a failed
+                # write): a peer holding the partition answers, or this node once it can
+                tried_here = True
         choices = self.routing.choices(info, partition, req, opts)
 
         def here() -> Answer | Awaitable[Answer]:
@@ -212,7 +216,7 @@ class Router:
                 return self._after(replica, want, req, opts, read, None)
             return read(replica)
 
-        if choices and choices[0] == ME:
+        if choices and choices[0] == ME and not tried_here:
             return here()
         return self.rpc.elsewhere(info, partition, choices, target, req, opts, here)
 
@@ -225,13 +229,14 @@ class Router:
         read: Read,
         again: Callable[[], Answer | Awaitable[Answer]] | None,
     ) -> Answer:
-        """`read` once the replica has reached position `want`; if it is released meanwhile,
-        the read routed `again` (or partition_unavailable, for the caller to move on)."""
+        """`read` once the replica has reached position `want`; if it is released (or its
+        store reopened) meanwhile, the read routed `again` (or partition_unavailable, for
+        the caller to move on)."""
         try:
             await reach([(replica, want)], opts, req.subject, self.waits)
             return read(replica)
         except ApiError:
-            if not replica.closed or again is None:
+            if not (replica.closed or replica.reopening) or again is None:
                 raise
         return await maybe(again())
 
