@@ -107,7 +107,9 @@ class Rpc:
         """The first choice's answer (a redirect to the first peer), None if none gave one."""
         if opts.redirect:
             peers = [c for c in choices if isinstance(c, Member)]
-            return self.redirect(peers[0], target, req) if peers else None
+            if peers:
+                return self.redirect(peers[0], target, req)
+            # only this node can answer: it does (asking no peer; none is left to ask)
         for choice in choices:
             if choice == ME:  # the active is gone and this node holds a standby
                 try:

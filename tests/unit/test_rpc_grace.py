@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -31,11 +32,16 @@ class Info:
     name = "t"
 
 
-def _read(routing: ViewCatchingUp, headers: dict[str, str] | None = None) -> Any:
+def _read(
+    routing: ViewCatchingUp,
+    headers: dict[str, str] | None = None,
+    opts: ReadOptions = NO_OPTIONS,
+    choices: list[Any] | None = None,
+) -> Any:
     rpc = Rpc(peers=None, routing=routing)  # type: ignore[arg-type]
     req = Request({}, "", headers or {})
     here = lambda: (200, b"{}", [])  # noqa: E731
-    return asyncio.run(rpc.elsewhere(Info(), 0, [], "/x", req, NO_OPTIONS, here))  # type: ignore[arg-type]
+    return asyncio.run(rpc.elsewhere(Info(), 0, choices or [], "/x", req, opts, here))  # type: ignore[arg-type]
 
 
 def test_a_replica_seen_within_the_grace_answers_instead_of_503() -> None:
@@ -57,3 +63,10 @@ def test_a_forwarded_read_does_not_wait() -> None:
     with pytest.raises(ApiError):
         _read(routing, {"x-tablecast-hop": "1"})
     assert routing.asked == 0
+
+
+def test_a_redirect_read_only_this_node_can_answer_is_answered_at_once() -> None:
+    opts = replace(NO_OPTIONS, redirect=True)
+    t0 = time.monotonic()
+    assert _read(ViewCatchingUp(after_s=60), opts=opts, choices=[ME])[0] == 200
+    assert time.monotonic() - t0 < NO_REPLICA_GRACE_S / 2
