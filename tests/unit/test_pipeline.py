@@ -275,6 +275,50 @@ def test_retract_emits_one_change_per_group_touched() -> None:
     assert changes(row(b"a", 1, 7), row(None, 0, 8)) == []
 
 
+def test_retract_selects_only_each_rows_latest_record_and_falls_back_past_failures() -> None:
+    """With the table's Python steps fused in, the selector runs on a row's latest record
+    of the batch; a latest record whose selector raises is dead-lettered and the one
+    before it is selected, as if the failed one had been dead-lettered upstream."""
+    from tablecast.pipeline.compile.aggregate import retract
+    from tablecast.pipeline.compile.keyed import KeyState
+
+    calls: list[int] = []
+
+    def selector(k: str, v: dict[str, Any]) -> tuple[str, int]:
+        calls.append(v["n"])
+        return v["g"], 10 // v["n"]  # n == 0 raises
+
+    run = run_of(
+        [
+            ("filter", lambda k, v: v["n"] >= 0, "table"),
+            ("select_group", selector, "table"),
+        ],
+        value_out=PairSerde(STR, LONG),
+    )
+    core = retract(run.one_row)
+    state = KeyState({}, b"r1")
+
+    def row(n: int, offset: int, err: str | None = None) -> tuple[Any, ...]:
+        v = b'{"g": "a", "n": %d}' % n
+        return (b"r1", v, err, b"r1", v, "t", 0, offset, 0, 100 + offset)
+
+    out = core(b"r1", [row(1, 0), row(2, 1), row(5, 2)], state)
+    assert calls == [5]  # superseded records are never selected
+    assert [(r[0], r[1], r[2]) for r in out] == [(b"a", LONG.serialize(2), None)]
+    calls.clear()
+    # the latest raises: dead-lettered, and the one before it is the row's new selection
+    out = core(b"r1", [row(10, 3), row(0, 4), row(7, 5, err="value is not json")], state)
+    assert calls == [0, 10]
+    bad = sorted(r[2] for r in out if r[2] is not None)
+    assert bad[0].startswith("select_group: ZeroDivisionError") and bad[1] == "value is not json"
+    good = [(r[0], r[10], r[1]) for r in out if r[2] is None]
+    assert good == [(b"a", LONG.serialize(2), LONG.serialize(1))] and good[0][0] == b"a"
+    # a filter that stops matching retracts the row's contribution
+    out = core(b"r1", [row(-1, 6)], state)
+    assert [(r[0], r[10], r[1]) for r in out] == [(b"a", LONG.serialize(1), None)]
+    assert not state.exists
+
+
 def test_a_dead_lettered_change_leaves_no_drift_when_its_row_changes_again() -> None:
     """An adder that raises leaves its row contributing nothing, a subtractor that raises
     leaves the old contribution in: the retraction that comes when the row changes next

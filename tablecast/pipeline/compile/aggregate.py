@@ -61,6 +61,9 @@ from tablecast.pipeline.plan.wire import (
 )
 from tablecast.serde import Serde
 
+#: a selection's packed bytes (None: no group), or why the record failed
+Selected = tuple[bytes | None, str | None]
+
 
 @dataclass(frozen=True)
 class Aggregator:
@@ -164,7 +167,7 @@ def _encoded(current: Any, result: Serde, last: tuple[Any, ...], out: list[Any],
         return _FAILED
 
 
-def retract() -> Core:
+def retract(select: Callable[[bytes | None, bytes | None], Selected] | None = None) -> Core:
     """State: the source row's last selection, packed (group key, group value).
 
     A source row changed several times in one micro-batch makes one change: from its
@@ -173,24 +176,42 @@ def retract() -> Core:
     commit, not every update). The aggregates come out the same for an adder and a
     subtractor that undo each other, which a table aggregation relies on anyway; the
     repartition topic and the aggregation downstream see one change per source row and
-    batch instead of one per record."""
+    batch instead of one per record.
+
+    With `select` (the row's Python callables up to the selection, (key bytes, value
+    bytes) -> (packed selection, error)), rows arrive as the table's own records and
+    only the latest one is selected, as in Kafka Streams, where the selector sees
+    what the table's cache forwards: one Python crossing instead of two, and one
+    selector call per row and batch instead of one per record. A record whose
+    callable fails goes to the dead-letter topic and the one before it is selected,
+    as if the failed one had been dead-lettered upstream; the failures of records an
+    unchanged later one supersedes go unseen (as behind Kafka Streams' cache)."""
     cols = [*env.COLUMNS, env.OLD, env.RID, env.SRC]
     width = len(cols)
 
     def core(kb: bytes | None, rows: list[tuple[Any, ...]], state: KeyState) -> list[Any]:
         before = state.get[0] if state.exists else None
         out: list[tuple[Any, ...]] = []
-        last = None
+        good = []
         for row in rows:
             if row[ERR] is not None:
                 out.append((*row[: len(env.COLUMNS)], None, None, None))
             elif kb is None:
                 out.append(bad_row(row, "null key", width))
             else:
-                last = row
+                good.append(row)
+        last, new = None, None
+        for row in reversed(good):
+            if select is None:
+                last, new = row, row[V]
+                break
+            selected, why = select(kb, row[V])
+            if why is None:
+                last, new = row, selected
+                break
+            out.append(bad_row(row, why, width))
         if last is None:
             return out
-        new = last[V]
         og, ov = unpack_pair(before) if before is not None else (None, None)
         ng, nv = unpack_pair(new) if new is not None else (None, None)
         coords = (last[PART], last[OFF], last[SEQ])

@@ -149,6 +149,12 @@ class Run:
                 out_err.append(None)
         return idx, out_seq, out_k, out_v, out_err
 
+    def one_row(self, key: bytes | None, value: bytes | None) -> tuple[bytes | None, str | None]:
+        """The value bytes of a one-to-one run's record (None: it drops or deletes the
+        row), or the error that sends the record to the dead-letter topic."""
+        _, _, _, values, errors = self.apply([key], [value], [None], [0])
+        return (values[0], errors[0]) if values else (None, None)
+
     def map_batches(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """The mapInArrow function: other columns are carried along with Arrow's take()."""
         import pyarrow as pa

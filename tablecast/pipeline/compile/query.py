@@ -191,6 +191,13 @@ def transform(
             run = [step]
             while i + len(run) < len(steps) and steps[i + len(run)].python:
                 run.append(steps[i + len(run)])
+            after = steps[i + len(run)] if i + len(run) < len(steps) else None
+            if after is not None and after.what == "retract" and stateless.selects_per_row(run):
+                # the selection runs inside the retraction, on each row's latest record
+                flow = keyed_step(flow, after, buckets, extra, run)
+                extra = (env.OLD, env.RID, env.SRC)
+                i += len(run) + 1
+                continue
             flow = stateless.apply_python(flow, run, extra)
             i += len(run)
         else:
@@ -199,8 +206,15 @@ def transform(
     return flow, extra
 
 
-def keyed_step(flow: Flow, step: Step, buckets: int, extra: tuple[str, ...] = ()) -> Flow:
-    """Run the per-key `step` on `flow`, keys hashed into buckets; returns encoded rows."""
+def keyed_step(
+    flow: Flow,
+    step: Step,
+    buckets: int,
+    extra: tuple[str, ...] = (),
+    selection: list[Step] | None = None,
+) -> Flow:
+    """Run the per-key `step` on `flow`, keys hashed into buckets; returns encoded rows
+    (a retraction with the Python `selection` steps runs them itself: retract())."""
     # rows read from a stream's repartition topic carry (old, batch, rid): copies are
     # dropped before a per-key step (a table aggregation drops them itself)
     through = env.BATCH in extra and step.what in ("stream_aggregate", "transform_values")
@@ -209,7 +223,8 @@ def keyed_step(flow: Flow, step: Step, buckets: int, extra: tuple[str, ...] = ()
     flow = flow.envelope(*extra)
     out_extra: tuple[str, ...] = ()
     if step.what == "retract":
-        core = aggregate.retract()
+        select = stateless.python_run(flow, selection).one_row if selection else None
+        core = aggregate.retract(select)
         out_extra = (env.OLD, env.RID, env.SRC)
     elif step.what == "transform_values":
         assert isinstance(step.node, plan.TransformValues)

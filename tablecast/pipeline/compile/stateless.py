@@ -34,15 +34,37 @@ def apply_python(flow: Flow, steps: list[Step], extra: tuple[str, ...] = ()) -> 
     """Fused callables over Arrow batches: one decode and one encode per record
     (`extra` columns are carried along, each output row with its input row's)."""
     flow = flow.envelope(*extra)
+    run = python_run(flow, steps)
+    df = flow.df.mapInArrow(run.map_batches, flow.df.schema)
+    last = steps[-1]
+    return Flow(df, last.key, last.value, last.kind)
+
+
+def python_run(flow: Flow, steps: list[Step]) -> Run:
+    """The callables of `steps`, fused, from `flow`'s serdes to the last step's."""
     fns = []
     for s in steps:
         fn = getattr(s.node, "fn", None)
-        kind = s.node.parent.kind if s.what == "op" and s.node.parent else "table"
-        fns.append(PyStep(op_name(s), record_fn(op_name(s), fn, kind) if fn else _identity))
+        fns.append(PyStep(op_name(s), record_fn(op_name(s), fn, _kind(s)) if fn else _identity))
     last = steps[-1]
-    run = Run(tuple(fns), flow.key, flow.value, last.key, last.value)
-    df = flow.df.mapInArrow(run.map_batches, flow.df.schema)
-    return Flow(df, last.key, last.value, last.kind)
+    return Run(tuple(fns), flow.key, flow.value, last.key, last.value)
+
+
+def _kind(step: Step) -> str:
+    return step.node.parent.kind if step.what == "op" and step.node.parent else "table"
+
+
+def selects_per_row(steps: list[Step]) -> bool:
+    """Whether `steps` are a table's per-row callables ending in its group_by selection:
+    each maps one row to exactly one row (filter and map_values of a table, the
+    selection), so only a row's latest value in a micro-batch needs them (see
+    :func:`tablecast.pipeline.compile.aggregate.retract`)."""
+    if not steps or steps[-1].what != "select_group":
+        return False
+    return all(
+        s.what == "select_group" or (op_name(s) in ("filter", "map_values") and _kind(s) == "table")
+        for s in steps
+    )
 
 
 def _identity(k: object, v: object) -> list[tuple[object, object]]:

@@ -137,7 +137,10 @@ class Step:
         if self.what == "select_group":
             return f"{self.node.describe()} [select (group key, group value) per row]"
         if self.what == "retract":
-            return "retract [applyInPandasWithState by source key: last selection per row]"
+            return (
+                "retract [applyInPandasWithState by source key: last selection per row; "
+                "Python callables just before it run here, on each row's latest record]"
+            )
         if self.what == "stream_aggregate":
             return f"{self.node.describe()} [applyInPandasWithState by key]"
         if self.what == "stream_count":
