@@ -10,6 +10,7 @@ from pyspark.sql import functions as F
 
 import tablecast as tc
 from tablecast.kafka.topics import dlq_topic, ensure_topic
+from tests.support.procs import eventually
 
 from .kafka_io import produce
 from .test_pipeline_support import read_table, read_topic
@@ -92,8 +93,9 @@ def test_poison_records_go_to_the_dlq_and_good_ones_flow(
             in dict(seven.headers())["tablecast.error"].decode()
         )
         # counted: bad-json and the null key once per query that reads the source,
-        # the three failing records once each
-        pipeline.process_all_available()
-        assert pipeline.dead_letters.total() == len(dead) == 2 * 3 + 3
+        # the three failing records once each. The count comes with Spark's progress
+        # events, which reach the listener after the batch (a CI run once read 8 of 9)
+        assert len(dead) == 2 * 3 + 3
+        eventually(lambda: pipeline.dead_letters.total() == len(dead), 30)
     finally:
         pipeline.stop()

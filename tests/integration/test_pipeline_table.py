@@ -138,17 +138,25 @@ def _count_changelog(h: list[Row]) -> list[tuple[str, int]]:
 
 
 KEYS = [f"r{i}" for i in range(8)]
-ROWS = st.lists(
-    st.tuples(
-        st.sampled_from(KEYS),
-        st.one_of(
-            st.none(),
-            st.fixed_dictionaries({"g": st.sampled_from("abcd"), "n": st.integers(0, 20)}),
+#: the rows of groups a-d never make agg_add return None: an aggregator that drops a
+#: group's other contributions is order-dependent, and the order of changes from
+#: different source partitions is not Kafka's to keep (nor Kafka Streams')
+SHARED = st.tuples(
+    st.sampled_from(KEYS),
+    st.one_of(
+        st.none(),
+        st.fixed_dictionaries(
+            {"g": st.sampled_from("abcd"), "n": st.integers(0, 20).filter(lambda n: n != 13)}
         ),
     ),
-    min_size=1,
-    max_size=40,
 )
+#: the one row of group z, whose value may make agg_add return None (n == 13): alone in
+#: its group, the group's answer depends on that row's changes only, which stay in order
+ALONE = st.tuples(
+    st.just("rz"),
+    st.one_of(st.none(), st.fixed_dictionaries({"g": st.just("z"), "n": st.sampled_from([1, 13])})),
+)
+ROWS = st.lists(st.one_of(SHARED, SHARED, SHARED, ALONE), min_size=1, max_size=40)
 
 
 @CUMULATIVE
