@@ -5,7 +5,9 @@
 
 - throughput through a stateless table (a Column filter; and, for
   comparison, a Python callable) and through a table group_by/reduce (two
-  queries chained by a repartition topic): N records are produced first, then
+  queries chained by a repartition topic; alternated with the same job with the
+  selector in a mapInArrow before the shuffle, and with Kafka Streams doing it): N
+  records are produced first, then
   the pipeline starts and drains them; records/s = N / (first batch start ..
   last batch end), from Spark's own progress reports;
 - freshness of a stateless table, micro-batch (500 ms) and Real-time Mode
@@ -313,8 +315,9 @@ def render(r: dict[str, Any], argv: str) -> str:
         ratio = f"{rounds['ratio_median']:.2f} (IQR {lo:.2f}–{hi:.2f})"
         g_rate = f"{g['rate']:,} (IQR {rlo:,.0f}–{rhi:,.0f})"
         spread = (
-            f"Medians of {len(rounds['tablecast'])} alternating rounds (tablecast, then Kafka "
-            f"Streams, each on a fresh topic); records/s per round, tablecast: "
+            f"Medians of {len(rounds['tablecast'])} alternating rounds (tablecast, the same "
+            f"with the selector apart, then Kafka Streams, each on a fresh topic); records/s "
+            f"per round, tablecast: "
             f"{', '.join(f'{x:,}' for x in rounds['tablecast'])}; Kafka Streams: "
             f"{', '.join(f'{x:,}' for x in rounds['kafka_streams'])}."
         )
@@ -326,6 +329,21 @@ def render(r: dict[str, Any], argv: str) -> str:
         f"{ks['seconds']} | {ks['wall_seconds_with_query_start']} | tablecast ÷ Kafka Streams: "
         f"{ratio} |"
     )
+    ap = r.get("groupby-apart")
+    if ap and rounds:
+        flo, fhi = rounds["fused"]["ratio_iqr"]
+        ks_row += (
+            f"\n| the same, selector in a mapInArrow before the shuffle (as before) | "
+            f"{ap['rate']:,} | {ap['seconds']} | {ap['wall_seconds_with_query_start']} | "
+            f"selector inside ÷ apart: {rounds['fused']['ratio_median']:.2f} "
+            f"(IQR {flo:.2f}–{fhi:.2f}) |"
+        )
+        spread += (
+            " Selector apart (the table's Python callables in a mapInArrow over every "
+            "record before the shuffle, as tablecast did before they ran inside the "
+            "retraction on each row's latest record): "
+            f"{', '.join(f'{x:,}' for x in rounds['selector_apart'])}."
+        )
     fm, fr = r["freshness"], r["freshness-realtime"]
     return f"""
 ## Pipeline (issues 5 and 6)
@@ -380,26 +398,49 @@ def groupby_rounds(
     """The table group_by/reduce in tablecast and in Kafka Streams, alternated `args.rounds`
     times on fresh topics: the median run of each, and each round's tablecast ÷ Kafka
     Streams with its median and interquartile range."""
+    from tablecast.pipeline.compile import query
+
     ours: list[dict[str, float]] = []
+    apart: list[dict[str, float]] = []
     theirs: list[dict[str, float]] = []
     for i in range(args.rounds):
         name = f"groupby-reduce-{i}"
         ours.append(throughput(spark, bootstrap, root / name, name, args.records))
+        # the same with the selector in a mapInArrow over every record, before the shuffle
+        query.SELECT_IN_RETRACT = False
+        try:
+            name = f"groupby-reduce-apart-{i}"
+            apart.append(throughput(spark, bootstrap, root / name, name, args.records))
+        finally:
+            query.SELECT_IN_RETRACT = True
         theirs.append(
             kafka_streams_groupby(bootstrap, root / f"ks{i}", args.records, f"bench-ks-groupby-{i}")
         )
-        log.info("round %d: tablecast %s, kafka streams %s", i + 1, ours[-1], theirs[-1])
+        log.info(
+            "round %d: tablecast %s, selector apart %s, kafka streams %s",
+            i + 1,
+            ours[-1],
+            apart[-1],
+            theirs[-1],
+        )
     rates = [r["rate"] for r in ours]
     return {
-        "groupby-reduce": sorted(ours, key=lambda r: r["rate"])[len(ours) // 2],
-        "ks-groupby": sorted(theirs, key=lambda r: r["rate"])[len(theirs) // 2],
+        "groupby-reduce": median_run(ours),
+        "groupby-apart": median_run(apart),
+        "ks-groupby": median_run(theirs),
         "groupby-rounds": {
             "tablecast": rates,
+            "selector_apart": [r["rate"] for r in apart],
             "kafka_streams": [r["rate"] for r in theirs],
             "rate_iqr": ratio_spread([float(x) for x in rates])["ratio_iqr"],
             **ratio_spread([a / b["rate"] for a, b in zip(rates, theirs, strict=True)]),
+            "fused": ratio_spread([a / b["rate"] for a, b in zip(rates, apart, strict=True)]),
         },
     }
+
+
+def median_run(runs: list[dict[str, float]]) -> dict[str, float]:
+    return sorted(runs, key=lambda r: r["rate"])[len(runs) // 2]
 
 
 def main(argv: list[str]) -> None:

@@ -100,6 +100,11 @@ def _fail_on_data_loss(ref: TopicRef, t: Target) -> str:
     return "true" if fail else "false"
 
 
+#: a table's Python callables before its group_by retraction run inside it, on each row's
+#: latest record (False: in a mapInArrow over every record first; bench.pipeline compares)
+SELECT_IN_RETRACT = True
+
+
 def read(spark: SparkSession, q: Query, t: Target) -> tuple[Flow, tuple[str, ...]]:
     """The input topic as an envelope flow (plus the columns a repartition topic adds)."""
     df = _load(spark, q.input, t, q.reads_batches)
@@ -192,7 +197,8 @@ def transform(
             while i + len(run) < len(steps) and steps[i + len(run)].python:
                 run.append(steps[i + len(run)])
             after = steps[i + len(run)] if i + len(run) < len(steps) else None
-            if after is not None and after.what == "retract" and stateless.selects_per_row(run):
+            fuse = SELECT_IN_RETRACT and after is not None and after.what == "retract"
+            if fuse and stateless.selects_per_row(run):
                 # the selection runs inside the retraction, on each row's latest record
                 flow = keyed_step(flow, after, buckets, extra, run)
                 extra = (env.OLD, env.RID, env.SRC)
