@@ -636,9 +636,9 @@ class Ingestor:
                 return False
         except OSError:
             return False
-        # closing first: RocksDB allows one open instance per directory. Meanwhile reads go
-        # to a peer holding the partition (or wait the routing's grace for this one)
-        # (still while a failed reopen is retried: the old store is closed by then)
+        # closing first: RocksDB allows one open instance per directory. Until the new store
+        # is in place (also while a failed reopen is retried) reads go to a peer holding the
+        # partition, or wait the routing's grace for this one
         replica.reopening = True
         try:
             replica.store.close()
