@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 from confluent_kafka import Consumer, Message, Producer
 
+from tablecast.kafka.config import client_conf
 from tablecast.kafka.partitioner import PRODUCER_CONFIG
 from tablecast.kafka.produce import produce_waiting
 
@@ -14,7 +15,8 @@ from tablecast.kafka.produce import produce_waiting
 def produce(
     bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes | None]]
 ) -> None:
-    p = Producer({"bootstrap.servers": bootstrap, **PRODUCER_CONFIG})
+    # client_conf: the process's Kafka settings (config.use), so SASL_SSL tests produce too
+    p = Producer(client_conf(bootstrap, PRODUCER_CONFIG))
     for key, value in records:
         produce_waiting(p, topic, key=key, value=value)
         p.poll(0)

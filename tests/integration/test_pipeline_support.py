@@ -17,6 +17,7 @@ from confluent_kafka import Consumer, TopicPartition
 from hypothesis import HealthCheck, Phase, settings
 
 import tablecast as tc
+from tablecast.kafka.config import client_conf
 from tablecast.kafka.partitioner import partition_for
 from tablecast.kafka.topics import end_offsets, ensure_topic
 from tablecast.pipeline.run.pipeline import Pipeline
@@ -31,12 +32,14 @@ def read_topic(bootstrap: str, topic: str) -> list[Any]:
     """Every record `topic` holds now, partition by partition, in offset order."""
     ends = end_offsets(bootstrap, topic)
     c = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": "tc-tests-read",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-        }
+        client_conf(
+            bootstrap,
+            {
+                "group.id": "tc-tests-read",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+            },
+        )
     )
     out: list[Any] = []
     try:

@@ -5,19 +5,28 @@ unreachable broker end a command within 60 s with one clear line and no secret i
 
 from __future__ import annotations
 
+import random
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from tablecast.kafka import config, probe
 from tablecast.kafka.broker import Broker, free_port
+from tablecast.kafka.topics import end_offsets, ensure_topic
+from tests import reference_model as ref
 
 from ..support.procs import eventually
+from .kafka_io import produce
+from .test_pipeline_restart import batch, kill_group, sel, start
+from .test_pipeline_support import read_table
+from .test_spark_cluster import GROUPING_APP, LONG, STR
 
 pytestmark = pytest.mark.integration
 
@@ -145,3 +154,55 @@ def test_dev_pipeline_and_nodes_on_the_secured_broker(
     assert code == 0, logs[-3000:]
     assert secure_broker.material.password not in logs
     assert "SASL_SSL SCRAM-SHA-512 as 'admin'" in logs  # each command says how it connects
+
+
+def test_grouped_tables_are_exact_through_sasl_ssl_across_a_kill_9(
+    secure_broker: Broker, tmp_path: Path
+) -> None:
+    """The stateful steps on the secured broker: a table group_by/reduce (its selector inside
+    the retraction, state in Spark's store, the repartition topic written and read through
+    SASL_SSL) and Spark's own stream count, with the driver killed by SIGKILL between two
+    batches; both tables end equal to the reference."""
+    settings = secure_broker.client_properties
+    assert settings is not None
+    bootstrap = secure_broker.bootstrap_servers
+    unique = f"sec{time.monotonic_ns() % 10**8}"
+    topic = f"{unique}-rows"
+    app_file = tmp_path / "app.py"
+    app_file.write_text(GROUPING_APP.format(app=unique, topic=topic))
+    state, log = tmp_path / "state", tmp_path / "pipeline.log"
+    rng = random.Random(17)
+    history: list[tuple[str, dict[str, Any] | None]] = []
+
+    def send(records: list[tuple[str, dict[str, Any] | None]]) -> None:
+        encoded = [(k.encode(), None if v is None else orjson.dumps(v)) for k, v in records]
+        produce(bootstrap, topic, encoded)
+        history.extend(records)
+
+    def run() -> subprocess.Popen[bytes]:
+        return start(app_file, bootstrap, state, log, "--kafka-config", str(settings))
+
+    config.use(settings)  # this test's own clients (produce, read back) speak SASL_SSL too
+    proc = None
+    try:
+        ensure_topic(bootstrap, topic, 2)
+        send(batch(rng, 1500))
+        proc = run()
+        sums, counts = f"{unique}.table.sums", f"{unique}.table.counts"
+        eventually(lambda: sum(end_offsets(bootstrap, sums).values()) > 0, 300, 1.0)
+        send(batch(rng, 1500))
+        time.sleep(2)  # mid-stream: the batch is being read, grouped or written
+        kill_group(proc, signal.SIGKILL)
+        send(batch(rng, 500))
+        proc = run()
+        want = ref.table_group_reduce(history, sel, lambda a, b: a + b, lambda a, b: a - b)
+        eventually(lambda: read_table(bootstrap, sums, STR, LONG) == want, 300, 2.0)
+        eventually(lambda: read_table(bootstrap, counts, STR, LONG) == ref.stream_count(history))
+        assert proc.poll() is None, log.read_text()[-3000:]
+    finally:
+        if proc is not None:
+            kill_group(proc, signal.SIGTERM)
+        config.use(None)
+    text = log.read_text()
+    assert secure_broker.material.password not in text
+    assert "SASL_SSL SCRAM-SHA-512" in text

@@ -38,7 +38,7 @@ from .test_pipeline_support import end_offsets, read_table
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark_cluster]
 
-APP = """
+GROUPING_APP = """
 import tablecast as tc
 
 app = tc.App({app!r}, trigger="500 milliseconds")
@@ -46,6 +46,9 @@ rows = app.table({topic!r}, key=tc.serde.string(), value=tc.serde.json())
 rows.group_by(lambda k, v: (v["g"], v["n"]), value=tc.serde.long()).reduce(
     lambda a, b: a + b, lambda a, b: a - b
 ).materialize("sums")
+# the same records as a stream, counted per key by Spark's own aggregation (no Python)
+app.stream({topic!r}, key=tc.serde.string(), value=tc.serde.json()).group_by_key().count(
+).materialize("counts")
 # where the executors' Python found tablecast
 rows.filter(lambda k, v: k == "r0").map_values(
     lambda k, v: __import__("tablecast").__file__
@@ -61,7 +64,7 @@ def test_a_worker_killed_mid_stream_leaves_the_table_exact(
     topic = f"{unique}-rows"
     ensure_topic(bootstrap, topic, 2)
     app_file = tmp_path / "app.py"
-    app_file.write_text(APP.format(app=unique, topic=topic))
+    app_file.write_text(GROUPING_APP.format(app=unique, topic=topic))
     checkpoints = tmp_path / "shared-checkpoints"
     log = tmp_path / "pipeline.log"
     rng = random.Random(11)
@@ -109,6 +112,10 @@ def test_a_worker_killed_mid_stream_leaves_the_table_exact(
             send(batch(rng, 500))
             want = ref.table_group_reduce(history, sel, lambda a, b: a + b, lambda a, b: a - b)
             eventually(lambda: read_table(bootstrap, sums, STR, LONG) == want, 420, 3.0)
+            counts = f"{unique}.table.counts"
+            eventually(
+                lambda: read_table(bootstrap, counts, STR, LONG) == ref.stream_count(history)
+            )
             assert proc.poll() is None, log.read_text()[-3000:]
             origin = read_table(bootstrap, f"{unique}.table.origin", STR, tc.serde.json())
             assert origin, "the origin table is empty"
