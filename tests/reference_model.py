@@ -613,6 +613,28 @@ def cogroup_aggregate(
     return store
 
 
+def cogroup_session_changelog(
+    events: Iterable[tuple[Any, int, Any, Any, int]],
+    gap: int,
+    grace: int,
+    init: Callable[[], Any],
+    aggregators: list[Callable[[Any, Any, Any], Any]],
+    merge: Callable[[Any, Any, Any], Any],
+) -> tuple[list[tuple[Any, SessionKey, Any, int]], list[tuple[Any, int, Any, Any, int]]]:
+    """cogroup(...).windowed_by(SessionWindows).aggregate(init, merger): one
+    KStreamSessionWindowAggregate per input over one session store, each with its input's
+    aggregator; events are (task, input, key, value, timestamp) in each task's processing
+    order, stream time the task's over every input (as tablecast keeps it; see
+    cogroup_window_aggregate). Returns session_changelog's changelog and late events."""
+    timed = [(t, k, None if v is None else (i, v), ts) for t, i, k, v, ts in events]
+
+    def add(k: Any, iv: tuple[int, Any], agg: Any) -> Any:
+        return aggregators[iv[0]](k, iv[1], agg)
+
+    changelog, late = session_changelog(timed, gap, grace, init, add, merge)
+    return changelog, [(t, iv[0], k, iv[1], ts) for t, k, iv, ts in late]
+
+
 def cogroup_window_aggregate(
     events: Iterable[tuple[Any, int, Any, Any, int]],
     size: int,

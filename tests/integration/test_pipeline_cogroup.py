@@ -7,8 +7,9 @@ writes to one input and waits for the pipeline, so the order in which the cogrou
 takes records is the steps' order; every `b` record goes to partition 0, so its
 re-keyed records reach the changelog in the order they were fed. The table (values
 and each key's record timestamp) is compared with Kafka Streams' answer, and so is a
-window table of `a` and `c` cogrouped in tumbling windows, whose late records are
-dead-lettered.
+window table of `a` and `c` cogrouped in tumbling windows, and a session table of `a`
+and `b` (one session store for both inputs, sessions merged by a merger), whose late
+records are dead-lettered.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from hypothesis import strategies as st
 import tablecast as tc
 from tablecast.kafka.partitioner import partition_for
 from tablecast.kafka.topics import ensure_topic
-from tablecast.kafka.windowed import split_window_key
+from tablecast.kafka.windowed import split_session_key, split_window_key
 from tests import reference_model as ref
 
 from .test_pipeline_support import CUMULATIVE, Running, read_table, read_topic, running_app
@@ -40,6 +41,7 @@ BASE = (int(time.time() * 1000) // SEC - 24 * 3600) * SEC  # within the broker's
 KEYS = [f"k{i}" for i in range(4)]
 INPUTS = ("a", "b", "c")
 WINDOW = tc.windows.tumbling("10 seconds")
+SESSION, SESSION_GRACE = tc.windows.session("3 seconds"), 4 * SEC
 
 
 def add_a(k: str, v: dict[str, Any], agg: list[Any]) -> list[Any]:
@@ -52,6 +54,10 @@ def add_b(k: str, v: dict[str, Any], agg: list[Any]) -> list[Any] | None:
 
 def add_c(k: str, v: int, agg: list[Any]) -> list[Any]:
     return [*agg[-3:], ["c", v]]
+
+
+def merge(k: str, one: list[Any], two: list[Any]) -> list[Any]:
+    return [*one[-2:], "|", *two[-2:]]  # not commutative: a merge in the wrong order shows
 
 
 def kept(k: str, v: dict[str, Any]) -> bool:
@@ -103,6 +109,9 @@ def cogrouped(
         # a and c in tumbling windows (the task: the key's partition, one stream time)
         windows = app.cogroup((a, add_a), (c, add_c)).windowed_by(WINDOW, grace="5 seconds")
         windows.aggregate(list).materialize("win")
+        # a and the derived b in session windows: one session store, b's copies dropped
+        sessions = app.cogroup((a, add_a), (b, add_b)).windowed_by(SESSION, "4 seconds")
+        sessions.aggregate(list, merger=merge).materialize("sessions")
 
     with running_app(bootstrap, spark, tmp_path_factory, "cogroup", build, PARTITIONS) as r:
         s = Cogrouped(r.app, r.topic, r.pipeline)
@@ -131,9 +140,28 @@ def check(cg: Cogrouped, bootstrap: str) -> None:
         assert m.partition() == partition_for(inner, PARTITIONS), "misplaced window"
         table[(inner.decode(), start)] = (JSON.deserialize(m.value()), m.timestamp()[1])
     assert table == windows
+
+    # the sessions: a and b, the task the key's partition (b's records were re-keyed)
+    def task(k: str | None) -> int:
+        return 0 if k is None else partition_for(k.encode(), PARTITIONS)
+
+    fed = [(task(k), i, k, v, ts) for i, _, k, v, ts in cg.fed if i != 2]
+    changelog, late_sessions = ref.cogroup_session_changelog(
+        fed, SESSION.gap_ms, SESSION_GRACE, list, [add_a, add_b], merge
+    )
+    sessions: dict[tuple[str, int, int], Any] = {}
+    records = read_topic(bootstrap, f"{cg.app.id}.table.sessions")
+    for m in sorted(records, key=lambda m: (m.partition(), m.offset())):
+        inner, start, end = split_session_key(m.key())
+        assert m.partition() == partition_for(inner, PARTITIONS), "misplaced session"
+        assert m.timestamp()[1] == end  # a session's record time is its end
+        value = None if m.value() is None else JSON.deserialize(m.value())
+        ref._put(sessions, (inner.decode(), start, end), value)
+    assert sessions == ref.session_table(changelog)
     dead = read_topic(bootstrap, f"{cg.app.id}.dlq")
     whys = [dict(m.headers() or [])["tablecast.error"].decode() for m in dead]
-    assert all(w.startswith("late record") for w in whys) and len(whys) == len(late)
+    assert all(w.startswith("late record") for w in whys)
+    assert len(whys) == len(late) + len(late_sessions)
 
 
 def test_cogroup_matches_kafka_streams(cogrouped: Cogrouped, bootstrap: str) -> None:

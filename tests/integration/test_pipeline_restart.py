@@ -26,7 +26,7 @@ import pytest
 
 import tablecast as tc
 from tablecast.kafka.topics import ensure_topic
-from tablecast.kafka.windowed import split_window_key
+from tablecast.kafka.windowed import split_session_key, split_window_key
 from tests import reference_model as ref
 
 from ..support.procs import eventually
@@ -435,19 +435,27 @@ app.cogroup((a, add_a), (b, add_b)).aggregate(lambda: [0, 0, 0, 0]).materialize(
 # the same in tumbling windows (grace long enough that no record of the test is late)
 hourly = app.cogroup((a, add_a), (b, add_b)).windowed_by(tc.windows.tumbling("1 hour"), "1 hour")
 hourly.aggregate(lambda: [0, 0, 0, 0]).materialize("hourly")
+# and in sessions (a gap of an hour: each key's records make one session, merged as they come)
+merge = lambda k, x, y: [i + j for i, j in zip(x, y)]
+visits = app.cogroup((a, add_a), (b, add_b)).windowed_by(tc.windows.session("1 hour"), "1 hour")
+visits.aggregate(lambda: [0, 0, 0, 0], merger=merge).materialize("visits")
 """
 HOUR_MS = 3_600_000
 
 
-def window_totals(bootstrap: str, topic: str) -> dict[str, list[int]]:
-    """A windowed table of [count, sum, count, sum] added up over each key's windows."""
-    table: dict[tuple[bytes, int], list[int] | None] = {}
+def window_totals(bootstrap: str, topic: str, sessions: bool = False) -> dict[str, list[int]]:
+    """A windowed (or session) table of [count, sum, count, sum] added up over each key's
+    windows (sessions)."""
+    table: dict[tuple[bytes, int, int], list[int] | None] = {}
     for m in sorted(read_topic(bootstrap, topic), key=lambda m: (m.partition(), m.offset())):
-        inner, start = split_window_key(m.key())
-        assert start % HOUR_MS == 0, f"window start {start} is not on the hour"
-        table[(inner, start)] = None if m.value() is None else orjson.loads(m.value())
+        if sessions:
+            inner, start, end = split_session_key(m.key())
+        else:
+            (inner, start), end = split_window_key(m.key()), 0
+            assert start % HOUR_MS == 0, f"window start {start} is not on the hour"
+        table[(inner, start, end)] = None if m.value() is None else orjson.loads(m.value())
     totals: dict[str, list[int]] = {}
-    for (inner, _), agg in table.items():
+    for (inner, _, _), agg in table.items():
         if agg is not None:
             t = totals.setdefault(inner.decode(), [0, 0, 0, 0])
             totals[inner.decode()] = [x + y for x, y in zip(t, agg, strict=True)]
@@ -459,10 +467,10 @@ def test_kill_9_of_the_driver_leaves_cogroup_tables_exact(
 ) -> None:
     """Two inputs cogrouped, one derived (filtered and re-keyed: written by a query of its
     own to a changelog with record ids): per key, each input's count and sum, and the same
-    in tumbling windows. A record applied twice (a copy the restarted side query wrote
-    again, or a replayed batch) or lost changes a count or a sum (of a window: their sum
-    over the key's windows). The aggregators commute, so the answer does not depend on
-    where micro-batches are cut."""
+    in tumbling windows and in sessions. A record applied twice (a copy the restarted side
+    query wrote again, or a replayed batch) or lost changes a count or a sum (of a window:
+    their sum over the key's windows). The aggregators commute, so the answer does not depend
+    on where micro-batches are cut."""
     topics = {side: f"{unique}-{side}" for side in ("a", "b")}
     for topic in topics.values():
         ensure_topic(bootstrap, topic, 3)
@@ -516,6 +524,8 @@ def test_kill_9_of_the_driver_leaves_cogroup_tables_exact(
         eventually(exact, 240, 2.0)
         hourly = f"{unique}.table.hourly"
         eventually(lambda: window_totals(bootstrap, hourly) == want, 120, 2.0)
+        visits = f"{unique}.table.visits"
+        eventually(lambda: window_totals(bootstrap, visits, sessions=True) == want, 120, 2.0)
         assert proc.poll() is None, log.read_text()[-3000:]
     finally:
         kill_group(proc, signal.SIGTERM)

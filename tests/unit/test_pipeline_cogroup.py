@@ -4,6 +4,7 @@ and the per-key step against the reference model of Kafka Streams' CogroupedKStr
 from __future__ import annotations
 
 import os
+from collections import Counter
 from datetime import timedelta
 from typing import Any
 
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 
 import tablecast as tc
 from tablecast.pipeline.compile import envelope as env
-from tablecast.pipeline.compile.cogroup import UNION, Cogrouped, cogroup_core
+from tablecast.pipeline.compile.cogroup import UNION, Cogrouped, CogroupInputs, cogroup_core
 from tablecast.pipeline.compile.keyed import bucketed
 from tablecast.pipeline.plan import queries as planner
 from tests import reference_model as ref
@@ -56,8 +57,11 @@ def test_dsl_refuses_cogroups_kafka_streams_refuses() -> None:
     cog = app.cogroup((a, _add)).cogroup(b, _add)
     with pytest.raises(TypeError, match="Python callables"):
         cog.aggregate(None)  # type: ignore[arg-type]
-    with pytest.raises(NotImplementedError, match="session"):
-        cog.windowed_by(tc.windows.session("1 minute"))
+    sessions = cog.windowed_by(tc.windows.session("1 minute"))
+    with pytest.raises(TypeError, match="merger"):
+        sessions.aggregate(list)
+    with pytest.raises(TypeError, match="merger= is for session windows"):
+        cog.windowed_by(tc.windows.tumbling("1 minute")).aggregate(list, merger=_merge)
     with pytest.raises(TypeError, match="tumbling"):
         cog.windowed_by("1 minute")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="negative"):
@@ -330,9 +334,8 @@ def _run_windowed(
         Windows(size, advance),
         grace,
         JSON_KEY,
-        (JSON, JSON, JSON),
+        CogroupInputs((JSON, JSON, JSON), (False, False, False)),
         JSON,
-        (False, False, False),
         final,
     )
     state, offsets, out = GroupState(), dict[tuple[int, int], int](), []
@@ -407,3 +410,112 @@ def test_a_raising_aggregator_dead_letters_its_record_and_leaves_the_windows() -
     # the failed record still moved stream time to 30: 12's window [10, 20) is closed
     assert late[2].startswith("late record: timestamp 12, stream time 30")
     assert _window_table(out) == {("k", 10): ([["a", 1]], 10)}
+
+
+# -- session windows ---------------------------------------------------------------
+def _merge(k: Any, a: Any, b: Any) -> Any:
+    return [*a, "|", *b][-6:]  # not commutative: a merge in the wrong order shows
+
+
+def _run_sessions(
+    batches: list[list[ref.CogroupEvent]],
+    gap: int,
+    grace: int,
+    final: bool = False,
+    aggregators: list[Any] = WINDOWED,
+    through: tuple[bool, ...] = (False, False, False),
+    rows_of: Any = None,
+) -> list[tuple[Any, ...]]:
+    from tablecast.pipeline.compile.session import SessionAggregator, session_core
+    from tablecast.windows import SessionWindows
+
+    fn = session_core(
+        SessionWindows(gap),
+        grace,
+        SessionAggregator("aggregate", _init, None, _merge, tuple(aggregators)),
+        JSON_KEY,
+        CogroupInputs((JSON, JSON, JSON), through),
+        JSON,
+        final=final,
+    )
+    state, offsets, out = GroupState(), dict[tuple[int, int], int](), []
+    for i, batch in enumerate(batches):
+        rows = []
+        for e in batch:
+            off = offsets[(e[0], e[1])] = offsets.get((e[0], e[1]), -1) + 1
+            rows.append(_row(e, off) if rows_of is None else rows_of(e, off, i))
+        out.extend(run_group(fn, rows, state))
+    return out
+
+
+def _session_rows(out: list[tuple[Any, ...]]) -> list[tuple[tuple[str, int, int], Any]]:
+    from tablecast.kafka.windowed import split_session_key
+
+    written = []
+    for r in out:
+        if r[2] is None:
+            inner, start, end = split_session_key(r[0])
+            assert r[9] == end  # a session's record time is its end, as in Kafka Streams
+            value = None if r[1] is None else JSON.deserialize(r[1])
+            written.append(((inner.decode(), start, end), value))
+    return written
+
+
+def _taken(batches: list[list[ref.CogroupEvent]]) -> list[tuple[Any, int, Any, Any, int]]:
+    return [(0, e[0], e[2], e[3], e[4]) for b in batches for e in ref.task_order(b)]
+
+
+@settings(deadline=None, max_examples=EXAMPLES)
+@given(
+    draws=events(st.integers(-5, 8)),
+    gap=st.integers(1, 6),
+    grace=st.integers(0, 6),
+    final=st.booleans(),
+)
+def test_session_cogroup_matches_the_reference_in_any_batching(
+    draws: list[list[tuple[int, int, str | None, int | None, int]]],
+    gap: int,
+    grace: int,
+    final: bool,
+) -> None:
+    # one task, one session store for all inputs: each input's aggregator, one merger
+    batches = _batches(draws)
+    out = _run_sessions(batches, gap, grace, final)
+    changelog, late = ref.cogroup_session_changelog(
+        _taken(batches), gap, grace, _init, WINDOWED, _merge
+    )
+    written = _session_rows(out)
+    if final:
+        # aggregates are lists: count them by their repr
+        want = ref.suppress_final(changelog, grace)
+        assert Counter(map(repr, written)) == Counter(map(repr, want))
+    else:
+        table: dict[Any, Any] = {}
+        for sk, value in written:
+            ref._put(table, sk, value)
+        assert table == ref.session_table(changelog)
+    dead = [r for r in out if r[2] is not None]
+    assert all(r[2].startswith("late record") for r in dead) and len(dead) == len(late)
+
+
+def test_a_record_of_another_input_bridges_two_sessions() -> None:
+    # grace 20: the session [10, 10] is still in the store at stream time 30
+    out = _run_sessions([[(0, 0, "k", 1, 10), (1, 0, "k", 2, 30)], [(2, 0, "k", 3, 20)]], 10, 20)
+    assert _session_rows(out) == [
+        (("k", 10, 10), [["a", 1]]),
+        (("k", 30, 30), [["b", 2]]),
+        (("k", 10, 10), None),  # merged away: tombstones
+        (("k", 30, 30), None),
+        (("k", 10, 30), [["a", 1], "|", ["b", 2], ["c", 3]]),
+    ]
+
+
+def test_session_cogroup_copies_a_restarted_writer_wrote_again_are_applied_once() -> None:
+    def rows_of(e: ref.CogroupEvent, off: int, i: int) -> Any:
+        # input 1 is derived: its rows carry record ids; batch 1 writes batch 0's again
+        return _row(e, off, b"r%d" % e[3], 7 if i < 2 else 8) if e[0] == 1 else _row(e, off)
+
+    batches = [[(1, 0, "k", 1, 10)], [(1, 0, "k", 1, 10), (0, 0, "k", 2, 12)], [(1, 0, "k", 4, 13)]]
+    out = _run_sessions(batches, 5, 0, through=(False, True, False), rows_of=rows_of)
+    # each "|" is a merge with the session before; the copy would be a second ["b", 1]
+    assert dict(_session_rows(out))[("k", 10, 13)] == ["|", "|", ["b", 1], ["a", 2], ["b", 4]]

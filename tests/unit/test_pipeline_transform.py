@@ -18,7 +18,6 @@ from tests import reference_model as ref
 STR, LONG, JSON = tc.serde.string(), tc.serde.long(), tc.serde.json()
 
 
-
 def running_total(k: str, v: int, state: Any) -> dict[str, Any]:
     """Order-dependent on purpose: the last three values travel in the state."""
     s = state.get({"total": 0, "last": []})

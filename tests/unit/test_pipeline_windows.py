@@ -21,7 +21,6 @@ from tests import reference_model as ref
 STR, LONG, JSON = tc.serde.string(), tc.serde.long(), tc.serde.json()
 
 
-
 def test_sizes_are_timedeltas_or_interval_strings() -> None:
     assert tc.windows.tumbling("1 minute").size_ms == 60_000
     assert tc.windows.tumbling(timedelta(seconds=90)).size_ms == 90_000

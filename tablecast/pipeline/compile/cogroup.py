@@ -25,6 +25,11 @@ first in cogroup(), then the lower partition. A record read in a later micro-bat
 applied later. A function that raises, or an aggregate its serde cannot write, sends
 its record to the dead-letter topic and leaves the aggregate as it was. Rows read from
 a topic with record ids drop the copies a restarted writer wrote again, per input.
+
+Windowed, the step runs per task (the key's partition) over all inputs: time windows by
+:func:`window_core` here, sessions by :func:`tablecast.pipeline.compile.session.session_core`
+fed through :class:`CogroupInputs` (one session store for every input, as Kafka Streams'
+cogroup shares one).
 """
 
 from __future__ import annotations
@@ -58,9 +63,10 @@ from tablecast.pipeline.compile.keyed import (
     out_row,
     through_id,
 )
+from tablecast.pipeline.compile.session import SessionAggregator, session_core
 from tablecast.pipeline.compile.window import late, open_windows
 from tablecast.serde import Serde
-from tablecast.windows import Windows
+from tablecast.windows import SessionWindows, Windows
 
 if TYPE_CHECKING:
     from tablecast.pipeline.compile.flow import Flow
@@ -99,6 +105,39 @@ class Cogrouped:
     def add(self, side: int, key: Any, value: Any, agg: Any) -> Any:
         """KStreamAggregate of input `side`: the aggregate after one record."""
         return self.aggregators[side](key, value, self.initializer() if agg is None else agg)
+
+
+@dataclass(frozen=True)
+class CogroupInputs:
+    """A windowed cogroup task's rows of every input: `values[i]` is input i's value serde,
+    `through[i]` whether its rows carry record ids. What was applied of those is kept per
+    input: {input: (upstream batch, ids applied)}."""
+
+    values: tuple[Serde, ...]
+    through: tuple[bool, ...]
+
+    def empty(self) -> dict[int, tuple[int, set[bytes]]]:
+        return {}
+
+    def fresh(
+        self, rows: list[tuple[Any, ...]], applied: dict[int, tuple[int, set[bytes]]]
+    ) -> tuple[list[tuple[Any, ...]], dict[int, tuple[int, set[bytes]]]]:
+        """The rows without copies already applied, in the task's order (:func:`ordered`)."""
+        applied = dict(applied)
+        fresh: list[tuple[Any, ...]] = []
+        for side, ids in enumerate(self.through):
+            mine = [r for r in rows if r[SIDE_I] == side]
+            if ids:
+                last_batch, seen = applied.get(side, (-1, set()))
+                mine, last_batch, seen = drop_copies(mine, last_batch, seen, through_id)
+                if last_batch >= 0:
+                    applied[side] = (last_batch, seen)
+            fresh.extend(mine)
+        return ordered(fresh), applied
+
+    def decode(self, row: tuple[Any, ...]) -> tuple[int, Any]:
+        side = int(row[SIDE_I])
+        return side, self.values[side].deserialize(row[V])
 
 
 def cogroup_core(
@@ -193,9 +232,15 @@ def apply(
     from tablecast.pipeline.compile.window import TASK, task_udf
 
     w = node.window
-    assert isinstance(w.windows, Windows)  # the DSL refuses session windows here
     final = node.emit == "final"
-    fn = window_core(cog, w.windows, w.grace_ms, first.key, values, step.value, through, final)
+    inputs = CogroupInputs(values, through)
+    fn: StateFn
+    if isinstance(w.windows, SessionWindows):
+        # one session store for all inputs, as Kafka Streams' cogroup keeps
+        sagg = SessionAggregator("aggregate", node.initializer, None, node.merger, cog.aggregators)
+        fn = session_core(w.windows, w.grace_ms, sagg, first.key, inputs, step.value, final=final)
+    else:
+        fn = window_core(cog, w.windows, w.grace_ms, first.key, inputs, step.value, final)
     df = union.withColumn(TASK, task_udf(partitions)(F.col("key")))
     df = df.groupBy(TASK).applyInPandasWithState(
         fn, env.schema(), "store binary", "update", GroupStateTimeout.NoTimeout
@@ -209,9 +254,8 @@ def window_core(
     windows: Windows,
     grace_ms: int,
     key: Serde,
-    values: tuple[Serde, ...],
+    inputs: CogroupInputs,
     result: Serde,
-    through: tuple[bool, ...],
     final: bool = False,
 ) -> StateFn:
     """The applyInPandasWithState function of a task (the key's partition, as for a
@@ -227,23 +271,14 @@ def window_core(
 
     def fn(group: tuple[Any, ...], pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
         task = int(group[0])
-        stored = pickle.loads(state.get[0]) if state.exists else (None, {}, {})
+        stored = pickle.loads(state.get[0]) if state.exists else (None, {}, inputs.empty())
         stream_time: int | None = stored[0]
         store: dict[tuple[bytes, int], tuple[bytes, int]] = stored[1]
-        applied: dict[int, tuple[int, set[bytes]]] = stored[2]
         rows = [row[:-1] for row in ordered_rows(pdfs)]  # without the task column
-        fresh: list[tuple[Any, ...]] = []
-        for side, ids in enumerate(through):
-            mine = [r for r in rows if r[SIDE_I] == side]
-            if ids:
-                last_batch, seen = applied.get(side, (-1, set()))
-                mine, last_batch, seen = drop_copies(mine, last_batch, seen, through_id)
-                if last_batch >= 0:
-                    applied[side] = (last_batch, seen)
-            fresh.extend(mine)
+        fresh, applied = inputs.fresh(rows, stored[2])
         out: list[tuple[Any, ...]] = []
         changed: dict[tuple[bytes, int], tuple[Any, ...]] = {}  # the last row changing each
-        for row in ordered(fresh):
+        for row in fresh:
             if row[ERR] is not None:
                 out.append(row[:WIDTH])
                 continue
@@ -256,9 +291,8 @@ def window_core(
             if not starts:
                 out.append(bad_row(row, late(windows, ts, stream_time, grace_ms), WIDTH))
                 continue
-            side = int(row[SIDE_I])
             try:
-                k, v = key.deserialize(kb), values[side].deserialize(row[V])
+                k, (side, v) = key.deserialize(kb), inputs.decode(row)
                 new: dict[tuple[bytes, int], tuple[bytes | None, int]] = {}
                 for s in starts:
                     old = store.get((kb, s))

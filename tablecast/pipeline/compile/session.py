@@ -1,5 +1,6 @@
-"""Session-windowed aggregation of a grouped stream, with Kafka Streams' semantics
-(SessionWindows.ofInactivityGapAndGrace + KStreamSessionWindowAggregate).
+"""Session-windowed aggregation of a grouped stream, or of cogrouped streams sharing one
+session store, with Kafka Streams' semantics (SessionWindows.ofInactivityGapAndGrace +
+KStreamSessionWindowAggregate, one per cogrouped input).
 
 Per key, a record at ts joins every session [start, end] of its key with
 start - gap <= ts <= end + gap; they merge into one session [min start, max end]
@@ -31,7 +32,7 @@ from __future__ import annotations
 import pickle
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from tablecast.kafka.windowed import session_key
 from tablecast.pipeline.compile import envelope as env
@@ -66,6 +67,8 @@ class SessionAggregator:
     initializer: Callable[[], Any] | None = None
     adder: Callable[..., Any] | None = None
     merger: Callable[..., Any] | None = None
+    #: a cogroup's: input i's records go through aggregators[i] (then `adder` is unused)
+    aggregators: tuple[Callable[[Any, Any, Any], Any], ...] = ()
 
     @classmethod
     def of(cls, node: plan.Aggregate) -> SessionAggregator:
@@ -82,19 +85,62 @@ class SessionAggregator:
     def merge(self, key: Any, a: Any, b: Any) -> Any:
         if self.agg == "count":
             return a + b
-        assert self.adder is not None
         if self.agg == "reduce":  # SessionWindowedKStreamImpl's mergerForAggregator
+            assert self.adder is not None
             return b if a is None else self.adder(a, b)
         assert self.merger is not None
         return self.merger(key, a, b)
 
-    def add(self, key: Any, value: Any, agg: Any) -> Any:
+    def add(self, key: Any, value: Any, agg: Any, side: int = 0) -> Any:
         if self.agg == "count":
             return agg + 1
+        if self.aggregators:
+            return self.aggregators[side](key, value, agg)
         assert self.adder is not None
         if self.agg == "reduce":
             return value if agg is None else self.adder(agg, value)
         return self.adder(key, value, agg)
+
+
+class Inputs(Protocol):
+    """Where a session step's rows come from: one grouped stream (:class:`OneInput`) or a
+    cogroup's several (:class:`tablecast.pipeline.compile.cogroup.CogroupInputs`)."""
+
+    def empty(self) -> Any:
+        """What was applied of record-id topics before the first batch (kept in the state)."""
+        ...
+
+    def fresh(self, rows: list[tuple[Any, ...]], applied: Any) -> tuple[list[tuple[Any, ...]], Any]:
+        """A task's rows of one micro-batch without copies already applied, in the order
+        they are taken, and what is applied after them."""
+        ...
+
+    def decode(self, row: tuple[Any, ...]) -> tuple[int, Any]:
+        """The input a row is from and its value."""
+        ...
+
+
+@dataclass(frozen=True)
+class OneInput:
+    """A grouped stream's rows, each partition's in offset order; `through`: they carry
+    record ids (a repartition topic's), whose copies after a restart are dropped."""
+
+    value: Serde
+    through: bool = False
+
+    def empty(self) -> tuple[int, set[bytes]]:
+        return (-1, set())
+
+    def fresh(
+        self, rows: list[tuple[Any, ...]], applied: tuple[int, set[bytes]]
+    ) -> tuple[list[tuple[Any, ...]], tuple[int, set[bytes]]]:
+        if not self.through:
+            return rows, applied
+        rows, last_batch, seen = drop_copies(rows, *applied, through_id)
+        return rows, (last_batch, seen)
+
+    def decode(self, row: tuple[Any, ...]) -> tuple[int, Any]:
+        return 0, self.value.deserialize(row[V])
 
 
 def session_core(
@@ -102,26 +148,29 @@ def session_core(
     grace_ms: int,
     agg: SessionAggregator,
     key: Serde,
-    value: Serde,
+    value: Serde | Inputs,
     result: Serde,
     through: bool = False,
     final: bool = False,
 ) -> StateFn:
     """One task's applyInPandasWithState function; `through` and `final` as in
-    :func:`tablecast.pipeline.compile.window.window_core`."""
+    :func:`tablecast.pipeline.compile.window.window_core`. `value`: the input's value
+    serde, or the :class:`Inputs` of a cogroup (which know their record ids)."""
+    inputs = OneInput(value, through) if isinstance(value, Serde) else value
     cols = env.COLUMNS
     width = len(cols)
     gap = windows.gap_ms
 
     def fn(group: tuple[Any, ...], pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
         task = int(group[0])
-        # (stream time, {key bytes: its sessions by start}, (upstream batch, ids), the
-        # largest timestamp taken: the session store's own clock in Kafka Streams)
-        empty = (None, {}, (-1, set()), None)
+        # (stream time, {key bytes: its sessions by start}, what was applied of record-id
+        # topics, the largest timestamp taken: the session store's own clock in Kafka
+        # Streams, one store for all of a cogroup's inputs)
+        empty = (None, {}, inputs.empty(), None)
         stored = pickle.loads(state.get[0]) if state.exists else empty
         stream_time: int | None = stored[0]
         store: dict[bytes, list[Session]] = stored[1]
-        last_batch, seen = stored[2]
+        applied = stored[2]
         taken: int | None = stored[3]
 
         def found(s: Session) -> bool:
@@ -131,8 +180,7 @@ def session_core(
         touched: dict[tuple[bytes, int, int], tuple[Any, ...]] = {}  # session -> last row
         out: list[tuple[Any, ...]] = []
         rows = [row[:-1] for row in ordered_rows(pdfs)]  # without the task column
-        if through:
-            rows, last_batch, seen = drop_copies(rows, last_batch, seen, through_id)
+        rows, applied = inputs.fresh(rows, applied)
         for row in records(rows, out, width):
             kb = bytes(row[K])
             ts = int(row[TS])
@@ -149,11 +197,11 @@ def session_core(
                 out.append(bad_row(row, why, width))
                 continue
             try:
-                k, v = key.deserialize(kb), value.deserialize(row[V])
+                k, (side, v) = key.deserialize(kb), inputs.decode(row)
                 current = agg.init()
                 for s in hit:  # in start order: a reducer need not commute
                     current = agg.merge(k, current, result.deserialize(s[2]))
-                current = agg.add(k, v, current)
+                current = agg.add(k, v, current, side)
                 enc = None if current is None else result.serialize(current)
             except Exception as e:  # the user's function or serde failed: dead-letter it
                 out.append(bad_row(row, f"{agg.agg}: {type(e).__name__}: {e}", width))
@@ -183,7 +231,7 @@ def session_core(
                 if s is not None or sk in written:  # None: merged away, its key leaves
                     wkey = session_key(*sk)
                     out.append((wkey, enc, None, None, None, row[TOPIC], task, row[OFF], 0, sk[2]))
-        if stream_time is not None or last_batch >= 0:
+        if stream_time is not None or applied != inputs.empty():
             # suppress's clock: the largest timestamp of the results it was sent
             now = taken if taken is not None else 0
             for kb in list(store):
@@ -198,7 +246,7 @@ def session_core(
                     store[kb] = kept
                 else:
                     del store[kb]
-            snapshot = (stream_time, store, (last_batch, seen), taken)
+            snapshot = (stream_time, store, applied, taken)
             state.update((pickle.dumps(snapshot, protocol=5),))
         if out:
             yield frame(out, cols)

@@ -354,18 +354,16 @@ class CogroupedStream:
         return Table(self._app, node)
 
     def windowed_by(
-        self, windows: Windows, grace: timedelta | str = timedelta(0)
+        self, windows: Windows | SessionWindows, grace: timedelta | str = timedelta(0)
     ) -> WindowedCogroupedStream:
         """Aggregate per (key, window) on the records' Kafka timestamps
-        (tc.windows.tumbling or hopping), as grouped_stream.windowed_by; stream time is
-        the task's over all inputs. Session windows are not supported for a cogroup."""
-        if isinstance(windows, SessionWindows):
-            raise NotImplementedError(
-                "cogroup(...).windowed_by(session(...)) is not supported yet: use "
-                "tc.windows.tumbling(...) or hopping(...)"
+        (tc.windows.tumbling, hopping or session), as grouped_stream.windowed_by; stream
+        time is the task's over all inputs, and all inputs share one store of windows or
+        sessions (a session's aggregate then needs merger=)."""
+        if not isinstance(windows, Windows | SessionWindows):
+            raise TypeError(
+                "windowed_by: expected tc.windows.tumbling(...), hopping(...) or session(...)"
             )
-        if not isinstance(windows, Windows):
-            raise TypeError("windowed_by: expected tc.windows.tumbling(...) or hopping(...)")
         grace_ms = to_ms(grace)
         if grace_ms < 0:
             raise ValueError("windowed_by: grace must not be negative")
@@ -373,10 +371,15 @@ class CogroupedStream:
 
 
 class WindowedCogroupedStream:
-    """Cogrouped streams cut into time windows: the aggregate is a window table."""
+    """Cogrouped streams cut into time windows or sessions: the aggregate is a window
+    table (Kafka Streams' TimeWindowedCogroupedKStream / SessionWindowedCogroupedKStream)."""
 
     def __init__(
-        self, app: App, inputs: tuple[Cogrouped, ...], windows: Windows, grace_ms: int
+        self,
+        app: App,
+        inputs: tuple[Cogrouped, ...],
+        windows: Windows | SessionWindows,
+        grace_ms: int,
     ) -> None:
         self._app = app
         self._inputs = inputs
@@ -384,11 +387,23 @@ class WindowedCogroupedStream:
         self._grace_ms = grace_ms
 
     def aggregate(
-        self, initializer: Callable[[], Any], value: Serde | None = None, emit: Emit = "changes"
+        self,
+        initializer: Callable[[], Any],
+        value: Serde | None = None,
+        emit: Emit = "changes",
+        merger: Callable[[Any, Any, Any], Any] | None = None,
     ) -> WindowedTable:
         """Each window's aggregate, from initializer(), updated by every input's records
-        through its aggregator; `emit` as for a grouped stream's windows."""
+        through its aggregator; `emit` as for a grouped stream's windows. Session windows
+        need merger(key, agg1, agg2) -> the aggregate of two sessions a record bridges."""
         _check_callable("cogroup aggregate", initializer)
+        session = isinstance(self._windows, SessionWindows)
+        if session and merger is None:
+            raise TypeError("aggregate over session windows needs merger=f(key, agg1, agg2)")
+        if not session and merger is not None:
+            raise TypeError("merger= is for session windows: time windows never merge")
+        if merger is not None:
+            _check_callable("cogroup aggregate merger", merger)
         first, *rest = self._inputs
         window = plan.WindowedBy(first[0].node, self._windows, self._grace_ms)
         node = plan.Cogroup(
@@ -399,6 +414,7 @@ class WindowedCogroupedStream:
             value=value,
             window=window,
             emit=_emit(emit),
+            merger=merger,
         )
         return WindowedTable(self._app, node)
 

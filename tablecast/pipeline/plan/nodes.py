@@ -269,6 +269,8 @@ class Cogroup(Node):
     #: cogroup(...).windowed_by(...): the aggregate is kept per (key, window)
     window: WindowedBy | None = None
     emit: Literal["changes", "final"] = "changes"
+    #: windowed by sessions: merger(key, agg1, agg2), two sessions a record bridges
+    merger: Callable[[Any, Any, Any], Any] | None = None
 
     @property
     def kind(self) -> Kind:
@@ -292,7 +294,8 @@ class Cogroup(Node):
         window = "" if self.window is None else f".{self.window.describe()}"
         emit = ", emit='final'" if self.emit == "final" else ""
         init = fn_name(self.initializer)
-        return f"cogroup({first}, [{inputs}]){window}.aggregate({init}{emit})"
+        merger = "" if self.merger is None else f", merger={fn_name(self.merger)}"
+        return f"cogroup({first}, [{inputs}]){window}.aggregate({init}{merger}{emit})"
 
 
 @dataclass(frozen=True, eq=False)
