@@ -44,6 +44,7 @@ from tablecast.pipeline.compile.keyed import (
     TOPIC,
     TS,
     Core,
+    K,
     KeyState,
     V,
     bad_row,
@@ -197,7 +198,7 @@ def retract(select: Callable[[bytes | None, bytes | None], Selected] | None = No
             if row[ERR] is not None:
                 out.append((*row[: len(env.COLUMNS)], None, None, None))
             elif kb is None:
-                out.append(bad_row(row, "null key", width))
+                out.append(bad_row(_with_raw(row), "null key", width))
             else:
                 good.append(row)
         last, new = None, None
@@ -209,15 +210,16 @@ def retract(select: Callable[[bytes | None, bytes | None], Selected] | None = No
             if why is None:
                 last, new = row, selected
                 break
-            out.append(bad_row(row, why, width))
+            out.append(bad_row(_with_raw(row), why, width))
         if last is None:
             return out
         og, ov = unpack_pair(before) if before is not None else (None, None)
         ng, nv = unpack_pair(new) if new is not None else (None, None)
         coords = (last[PART], last[OFF], last[SEQ])
         # the change keeps the source row's timestamp; the source key travels along, so
-        # the aggregation knows whose contribution a later retraction takes back
-        base = (last[ERR], last[RK], last[RV], last[TOPIC], *coords, last[TS])
+        # the aggregation knows whose contribution a later retraction takes back (a good
+        # row's raw bytes are never written: not carried back to the JVM)
+        base = (None, None, None, last[TOPIC], *coords, last[TS])
         if og is not None and og == ng:
             out.append((og, nv, *base, ov, record_id(*coords, 1), kb))
         else:
@@ -232,6 +234,14 @@ def retract(select: Callable[[bytes | None, bytes | None], Selected] | None = No
         return out
 
     return core
+
+
+def _with_raw(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """`row` with its raw bytes: a table's own record read without them (query.read leaves
+    them null for a good row the retraction selects from) has them as key and value."""
+    if row[RK] is None and row[RV] is None:
+        return (*row[:RK], row[K], row[V], *row[RV + 1 :])
+    return row
 
 
 def table_aggregate(agg: Aggregator, key: Serde, value: Serde, result: Serde) -> Core:

@@ -34,6 +34,8 @@ SRC = "_tc_src"
 REPARTITION = (OLD, BATCH, RID, SRC)
 
 COLUMNS = ["key", "value", ERR, RAW_KEY, RAW_VALUE, TOPIC, PART, OFF, SEQ, TS]
+#: the source bytes: only a bad row's are written (to the dead-letter topic)
+RAW = (RAW_KEY, RAW_VALUE)
 ORDER = [PART, OFF, SEQ]
 
 __all__ = [
@@ -44,6 +46,7 @@ __all__ = [
     "OLD",
     "ORDER",
     "PART",
+    "RAW",
     "REPARTITION",
     "RID",
     "SEQ",

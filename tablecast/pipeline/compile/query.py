@@ -119,7 +119,23 @@ def read(spark: SparkSession, q: Query, t: Target) -> tuple[Flow, tuple[str, ...
         first = q.steps[0] if q.steps else None
         column_first = first is not None and not first.python
         flow = flow.decode() if column_first else flow.validate()
+        if _fused_run(q.steps, 0):
+            # the retraction takes the records as read: a good row's raw bytes are its key
+            # and value, so they need not cross to Python twice (a bad row keeps its own)
+            raw = {c: F.when(flow_ok(), F.lit(None)).otherwise(F.col(c)) for c in env.RAW}
+            flow = flow.with_df(flow.df.withColumns(raw))
     return flow, ()
+
+
+def _fused_run(steps: list[Step], i: int) -> list[Step] | None:
+    """The Python steps from `i` on that run inside the retraction right after them (a
+    table's per-row callables and its group_by selection), if they do."""
+    run: list[Step] = []
+    while i + len(run) < len(steps) and steps[i + len(run)].python:
+        run.append(steps[i + len(run)])
+    after = steps[i + len(run)] if i + len(run) < len(steps) else None
+    fuse = SELECT_IN_RETRACT and after is not None and after.what == "retract"
+    return run if fuse and stateless.selects_per_row(run) else None
 
 
 def read_side(spark: SparkSession, ref: TopicRef, t: Target) -> Flow:
@@ -193,17 +209,16 @@ def transform(
             extra = (env.OLD, env.RID, env.SRC) if step.what == "retract" else ()
             i += 1
         elif step.python:
+            fused = _fused_run(steps, i)
+            if fused is not None:
+                # the selection runs inside the retraction, on each row's latest record
+                flow = keyed_step(flow, steps[i + len(fused)], buckets, extra, fused)
+                extra = (env.OLD, env.RID, env.SRC)
+                i += len(fused) + 1
+                continue
             run = [step]
             while i + len(run) < len(steps) and steps[i + len(run)].python:
                 run.append(steps[i + len(run)])
-            after = steps[i + len(run)] if i + len(run) < len(steps) else None
-            fuse = SELECT_IN_RETRACT and after is not None and after.what == "retract"
-            if fuse and stateless.selects_per_row(run):
-                # the selection runs inside the retraction, on each row's latest record
-                flow = keyed_step(flow, after, buckets, extra, run)
-                extra = (env.OLD, env.RID, env.SRC)
-                i += len(run) + 1
-                continue
             flow = stateless.apply_python(flow, run, extra)
             i += len(run)
         else:
