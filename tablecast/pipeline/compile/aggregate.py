@@ -38,7 +38,6 @@ from tablecast.pipeline.compile.keyed import (
     PART,
     RID,
     RK,
-    RV,
     SEQ,
     SRC,
     TOPIC,
@@ -168,7 +167,10 @@ def _encoded(current: Any, result: Serde, last: tuple[Any, ...], out: list[Any],
         return _FAILED
 
 
-def retract(select: Callable[[bytes | None, bytes | None], Selected] | None = None) -> Core:
+def retract(
+    select: Callable[[bytes | None, bytes | None], Selected] | None = None,
+    lean_topic: str | None = None,
+) -> Core:
     """State: the source row's last selection, packed (group key, group value).
 
     A source row changed several times in one micro-batch makes one change: from its
@@ -186,7 +188,10 @@ def retract(select: Callable[[bytes | None, bytes | None], Selected] | None = No
     selector call per row and batch instead of one per record. A record whose
     callable fails goes to the dead-letter topic and the one before it is selected,
     as if the failed one had been dead-lettered upstream; the failures of records an
-    unchanged later one supersedes go unseen (as behind Kafka Streams' cache)."""
+    unchanged later one supersedes go unseen (as behind Kafka Streams' cache).
+
+    `lean_topic`: good rows come without raw bytes and topic (query.read), which are
+    their key, value and this topic."""
     cols = [*env.COLUMNS, env.OLD, env.RID, env.SRC]
     width = len(cols)
 
@@ -198,7 +203,7 @@ def retract(select: Callable[[bytes | None, bytes | None], Selected] | None = No
             if row[ERR] is not None:
                 out.append((*row[: len(env.COLUMNS)], None, None, None))
             elif kb is None:
-                out.append(bad_row(_with_raw(row), "null key", width))
+                out.append(bad_row(_with_raw(row, lean_topic), "null key", width))
             else:
                 good.append(row)
         last, new = None, None
@@ -210,7 +215,7 @@ def retract(select: Callable[[bytes | None, bytes | None], Selected] | None = No
             if why is None:
                 last, new = row, selected
                 break
-            out.append(bad_row(_with_raw(row), why, width))
+            out.append(bad_row(_with_raw(row, lean_topic), why, width))
         if last is None:
             return out
         og, ov = unpack_pair(before) if before is not None else (None, None)
@@ -219,7 +224,7 @@ def retract(select: Callable[[bytes | None, bytes | None], Selected] | None = No
         # the change keeps the source row's timestamp; the source key travels along, so
         # the aggregation knows whose contribution a later retraction takes back (a good
         # row's raw bytes are never written: not carried back to the JVM)
-        base = (None, None, None, last[TOPIC], *coords, last[TS])
+        base = (None, None, None, last[TOPIC] or lean_topic, *coords, last[TS])
         if og is not None and og == ng:
             out.append((og, nv, *base, ov, record_id(*coords, 1), kb))
         else:
@@ -236,11 +241,11 @@ def retract(select: Callable[[bytes | None, bytes | None], Selected] | None = No
     return core
 
 
-def _with_raw(row: tuple[Any, ...]) -> tuple[Any, ...]:
-    """`row` with its raw bytes: a table's own record read without them (query.read leaves
-    them null for a good row the retraction selects from) has them as key and value."""
-    if row[RK] is None and row[RV] is None:
-        return (*row[:RK], row[K], row[V], *row[RV + 1 :])
+def _with_raw(row: tuple[Any, ...], lean_topic: str | None) -> tuple[Any, ...]:
+    """`row` with its raw bytes and topic: a good row read lean (query.read) has them as
+    its key and value and the input topic."""
+    if lean_topic is not None and row[TOPIC] is None:
+        return (*row[:RK], row[K], row[V], lean_topic, *row[TOPIC + 1 :])
     return row
 
 

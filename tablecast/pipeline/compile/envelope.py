@@ -34,19 +34,20 @@ SRC = "_tc_src"
 REPARTITION = (OLD, BATCH, RID, SRC)
 
 COLUMNS = ["key", "value", ERR, RAW_KEY, RAW_VALUE, TOPIC, PART, OFF, SEQ, TS]
-#: the source bytes: only a bad row's are written (to the dead-letter topic)
-RAW = (RAW_KEY, RAW_VALUE)
+#: what only a bad row's record needs (the dead-letter topic takes its source bytes and
+#: topic): a good row may cross to Python without them (query.read, Flow.lean_topic)
+LEAN = (RAW_KEY, RAW_VALUE, TOPIC)
 ORDER = [PART, OFF, SEQ]
 
 __all__ = [
     "BATCH",
     "COLUMNS",
     "ERR",
+    "LEAN",
     "OFF",
     "OLD",
     "ORDER",
     "PART",
-    "RAW",
     "REPARTITION",
     "RID",
     "SEQ",

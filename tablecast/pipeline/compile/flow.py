@@ -38,6 +38,9 @@ class Flow:
     #: which of key/value a Column operator changed since decode(); the others are
     #: written back as the bytes they were read as (no re-encoding, byte-identical)
     changed: frozenset[str] = frozenset()
+    #: set by query.read when good rows cross to the retraction lean: their raw bytes and
+    #: topic columns are null, standing for their key and value and this topic
+    lean_topic: str | None = None
 
     def with_df(self, df: DataFrame, **changes: object) -> Flow:
         return replace(self, df=df, **changes)  # type: ignore[arg-type]

@@ -121,9 +121,10 @@ def read(spark: SparkSession, q: Query, t: Target) -> tuple[Flow, tuple[str, ...
         flow = flow.decode() if column_first else flow.validate()
         if _fused_run(q.steps, 0):
             # the retraction takes the records as read: a good row's raw bytes are its key
-            # and value, so they need not cross to Python twice (a bad row keeps its own)
-            raw = {c: F.when(flow_ok(), F.lit(None)).otherwise(F.col(c)) for c in env.RAW}
-            flow = flow.with_df(flow.df.withColumns(raw))
+            # and value and its topic is the input's, so they need not cross to Python
+            # (a bad row keeps its own)
+            lean = {c: F.when(flow_ok(), F.lit(None)).otherwise(F.col(c)) for c in env.LEAN}
+            flow = flow.with_df(flow.df.withColumns(lean), lean_topic=ref.topic)
     return flow, ()
 
 
@@ -245,7 +246,7 @@ def keyed_step(
     out_extra: tuple[str, ...] = ()
     if step.what == "retract":
         select = stateless.python_run(flow, selection).one_row if selection else None
-        core = aggregate.retract(select)
+        core = aggregate.retract(select, flow.lean_topic)
         out_extra = (env.OLD, env.RID, env.SRC)
     elif step.what == "transform_values":
         assert isinstance(step.node, plan.TransformValues)
