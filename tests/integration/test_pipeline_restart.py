@@ -120,6 +120,20 @@ def batch(rng: random.Random, n: int) -> list[tuple[str, dict[str, Any] | None]]
     ]
 
 
+Row = tuple[str, dict[str, Any] | None]
+
+
+def json_sender(bootstrap: str, topic: str, history: list[Row]) -> Callable[[list[Row]], None]:
+    """send(records): produce JSON rows (None: a delete) to `topic`, noting them in `history`."""
+
+    def send(records: list[Row]) -> None:
+        encoded = [(k.encode(), None if v is None else orjson.dumps(v)) for k, v in records]
+        produce(bootstrap, topic, encoded)
+        history.extend(records)
+
+    return send
+
+
 def test_kill_9_of_the_driver_leaves_every_table_exact(
     bootstrap: str, unique: str, tmp_path: Path
 ) -> None:
@@ -129,15 +143,8 @@ def test_kill_9_of_the_driver_leaves_every_table_exact(
     app_file.write_text(APP.format(app=unique, topic=topic))
     state, log = tmp_path / "state", tmp_path / "pipeline.log"
     rng = random.Random(5)
-    history: list[tuple[str, dict[str, Any] | None]] = []
-
-    def send(records: list[tuple[str, dict[str, Any] | None]]) -> None:
-        produce(
-            bootstrap,
-            topic,
-            [(k.encode(), None if v is None else orjson.dumps(v)) for k, v in records],
-        )
-        history.extend(records)
+    history: list[Row] = []
+    send = json_sender(bootstrap, topic, history)
 
     proc = start(app_file, bootstrap, state, log)
     try:

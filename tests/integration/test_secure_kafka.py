@@ -11,10 +11,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
-import orjson
 import pytest
 
 from tablecast.kafka import config, probe
@@ -23,8 +21,7 @@ from tablecast.kafka.topics import end_offsets, ensure_topic
 from tests import reference_model as ref
 
 from ..support.procs import eventually
-from .kafka_io import produce
-from .test_pipeline_restart import batch, kill_group, sel, start
+from .test_pipeline_restart import Row, batch, json_sender, kill_group, sel, start
 from .test_pipeline_support import read_table
 from .test_spark_cluster import GROUPING_APP, LONG, STR
 
@@ -172,12 +169,8 @@ def test_grouped_tables_are_exact_through_sasl_ssl_across_a_kill_9(
     app_file.write_text(GROUPING_APP.format(app=unique, topic=topic))
     state, log = tmp_path / "state", tmp_path / "pipeline.log"
     rng = random.Random(17)
-    history: list[tuple[str, dict[str, Any] | None]] = []
-
-    def send(records: list[tuple[str, dict[str, Any] | None]]) -> None:
-        encoded = [(k.encode(), None if v is None else orjson.dumps(v)) for k, v in records]
-        produce(bootstrap, topic, encoded)
-        history.extend(records)
+    history: list[Row] = []
+    send = json_sender(bootstrap, topic, history)
 
     def run() -> subprocess.Popen[bytes]:
         return start(app_file, bootstrap, state, log, "--kafka-config", str(settings))

@@ -21,9 +21,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
-import orjson
 import pytest
 
 import tablecast as tc
@@ -32,8 +30,7 @@ from tablecast.pipeline.run.standalone import StandaloneCluster
 from tests import reference_model as ref
 
 from ..support.procs import eventually
-from .kafka_io import produce
-from .test_pipeline_restart import batch, kill_group, sel
+from .test_pipeline_restart import Row, batch, json_sender, kill_group, sel
 from .test_pipeline_support import end_offsets, read_table
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark_cluster]
@@ -68,16 +65,9 @@ def test_a_worker_killed_mid_stream_leaves_the_table_exact(
     checkpoints = tmp_path / "shared-checkpoints"
     log = tmp_path / "pipeline.log"
     rng = random.Random(11)
-    history: list[tuple[str, dict[str, Any] | None]] = []
+    history: list[Row] = []
     stop_sending = threading.Event()
-
-    def send(records: list[tuple[str, dict[str, Any] | None]]) -> None:
-        produce(
-            bootstrap,
-            topic,
-            [(k.encode(), None if v is None else orjson.dumps(v)) for k, v in records],
-        )
-        history.extend(records)
+    send = json_sender(bootstrap, topic, history)
 
     def steady() -> None:  # ~400 records/s until told to stop
         while not stop_sending.wait(0.5):

@@ -397,13 +397,7 @@ class WindowedCogroupedStream:
         through its aggregator; `emit` as for a grouped stream's windows. Session windows
         need merger(key, agg1, agg2) -> the aggregate of two sessions a record bridges."""
         _check_callable("cogroup aggregate", initializer)
-        session = isinstance(self._windows, SessionWindows)
-        if session and merger is None:
-            raise TypeError("aggregate over session windows needs merger=f(key, agg1, agg2)")
-        if not session and merger is not None:
-            raise TypeError("merger= is for session windows: time windows never merge")
-        if merger is not None:
-            _check_callable("cogroup aggregate merger", merger)
+        _check_merger("cogroup aggregate", isinstance(self._windows, SessionWindows), merger)
         first, *rest = self._inputs
         window = plan.WindowedBy(first[0].node, self._windows, self._grace_ms)
         node = plan.Cogroup(
@@ -494,13 +488,7 @@ class WindowedGroupedStream(_Handle):
         Session windows need merger(key, agg1, agg2) -> the aggregate of two sessions that a
         record bridges (Kafka Streams' Merger); time windows refuse one."""
         _check_callable("aggregate", initializer, aggregator)
-        session = self._sessions()
-        if session and merger is None:
-            raise TypeError("aggregate over session windows needs merger=f(key, agg1, agg2)")
-        if not session and merger is not None:
-            raise TypeError("merger= is for session windows: time windows never merge")
-        if merger is not None:
-            _check_callable("aggregate merger", merger)
+        _check_merger("aggregate", self._sessions(), merger)
         node = plan.Aggregate(
             self._node,
             "aggregate",
@@ -772,6 +760,16 @@ def _check_callable(op: str, *fns: Any) -> None:
             )
         if not callable(fn):
             raise TypeError(f"{op}: expected Python callables, not {type(fn).__name__}")
+
+
+def _check_merger(op: str, sessions: bool, merger: Any) -> None:
+    """Session windows need a merger (Kafka Streams' Merger); time windows never merge."""
+    if sessions and merger is None:
+        raise TypeError("aggregate over session windows needs merger=f(key, agg1, agg2)")
+    if not sessions and merger is not None:
+        raise TypeError("merger= is for session windows: time windows never merge")
+    if merger is not None:
+        _check_callable(f"{op} merger", merger)
 
 
 def _check_joiner(joiner: Any) -> None:
