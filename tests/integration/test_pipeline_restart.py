@@ -36,6 +36,8 @@ from .test_pipeline_support import end_offsets, read_table, read_topic
 pytestmark = pytest.mark.integration
 
 APP = """
+from pyspark.sql import functions as F
+
 import tablecast as tc
 
 app = tc.App({app!r}, trigger="300 milliseconds")
@@ -45,6 +47,9 @@ by_group.reduce(lambda a, b: a + b, lambda a, b: a - b).materialize("sums")
 by_group.count().materialize("counts")
 rows.filter(lambda k, v: v["n"] % 2 == 0).materialize("even")
 rows.to_stream().group_by_key().count().materialize("changes")
+# a Spark aggregate function: Spark's state, as the count's
+n = F.variant_get("value", "$.n", "long")
+rows.to_stream().group_by_key().aggregate(F.sum(n), value=tc.serde.long()).materialize("n_sums")
 """
 STR, LONG, JSON = tc.serde.string(), tc.serde.long(), tc.serde.json()
 
@@ -170,6 +175,7 @@ def test_kill_9_of_the_driver_leaves_every_table_exact(
             "counts": (ref.table_group_count(history, sel), LONG),
             "even": (ref.latest(ref.table_filter(history, lambda k, v: v["n"] % 2 == 0)), JSON),
             "changes": (ref.stream_count(history), LONG),
+            "n_sums": (ref.stream_aggregate(history, lambda: 0, lambda k, v, a: a + v["n"]), LONG),
         }
         for name, (table, value) in want.items():
 
@@ -630,22 +636,27 @@ def test_kill_9_of_the_driver_leaves_foreign_key_join_results_exact(
 
 # -- a grouped stream's count in Real-time Mode: kill -9 mid-batch, the count exact -----
 REALTIME_COUNT_APP = """
+from pyspark.sql import functions as F
+
 import tablecast as tc
 
 app = tc.App({app!r}, trigger="realtime 5 seconds")
 ev = app.stream({topic!r}, key=tc.serde.string(), value=tc.serde.json())
 ev.group_by_key().count().materialize("counts")
+i = F.variant_get("value", "$.i", "long")
+ev.group_by_key().aggregate(F.sum(i), value=tc.serde.long()).materialize("sums")
 """
 
 
 def test_kill_9_of_a_real_time_count_leaves_it_exact(
     bootstrap: str, unique: str, tmp_path: Path
 ) -> None:
-    """group_by_key().count() is Spark's own aggregation, run in Real-time Mode (local[6]:
-    a slot per source partition and per shuffle partition, and two for the companion
-    query that dead-letters bad input). Counted records are never read again after a
-    kill -9 (Spark's checkpointed offsets and state) nor lost; a real-time batch killed
-    before its checkpoint is replayed into the same counts."""
+    """group_by_key().count() and .aggregate(F.sum(...)) are Spark's own aggregations, run
+    in Real-time Mode (local[12]: per aggregation a slot per source partition and per
+    shuffle partition, and two for its companion query that dead-letters bad input).
+    Counted records are never read again after a kill -9 (Spark's checkpointed offsets
+    and state) nor lost; a real-time batch killed before its checkpoint is replayed into
+    the same counts and sums."""
     topic = f"{unique}-ev"
     ensure_topic(bootstrap, topic, 2)
     app_file = tmp_path / "app.py"
@@ -670,7 +681,7 @@ def test_kill_9_of_a_real_time_count_leaves_it_exact(
         produce(bootstrap, topic, wire)
 
     def launch() -> subprocess.Popen[bytes]:
-        return start(app_file, bootstrap, state, log, "--master", "local[6]")
+        return start(app_file, bootstrap, state, log, "--master", "local[12]")
 
     proc = launch()
     try:
@@ -678,15 +689,17 @@ def test_kill_9_of_a_real_time_count_leaves_it_exact(
         counts = f"{unique}.table.counts"
         eventually(lambda: sum(end_offsets(bootstrap, counts).values()) > 0, 180)
         started = [line for line in log.read_text().splitlines() if "started, trigger:" in line]
-        assert len(started) == 2 and all("trigger: realtime" in line for line in started), started
+        assert len(started) == 4 and all("trigger: realtime" in line for line in started), started
         proc = kill_twice(proc, bootstrap, counts, lambda: send(20000), launch)
         send(2000)
         want = ref.stream_count(history)
+        sums = ref.stream_aggregate(history, lambda: 0, lambda k, v, a: a + v["i"])
 
         def exact() -> bool:
             return read_table(bootstrap, counts, STR, LONG) == want
 
         eventually(exact, 240, 2.0)
+        eventually(lambda: read_table(bootstrap, f"{unique}.table.sums", STR, LONG) == sums, 60)
 
         # every bad record dead-lettered (a replayed real-time batch may write one again)
         def dead() -> set[bytes]:

@@ -78,7 +78,7 @@ def test_a_count_python_kept_in_a_checkpoint_is_planned_in_python_again(tmp_path
     fresh = _plan(app, out, Files(), str(tmp_path))
     assert [(q.name, [s.what for s in q.steps]) for q in fresh] == [
         ("a.counts.dlq", []),
-        ("a.counts", ["stream_count"]),
+        ("a.counts", ["spark_aggregate"]),
     ]
     settle(Files(), str(tmp_path / "a.counts"), 1, "a.counts", windowed=False)  # Python's
     kept = _plan(app, out, Files(), str(tmp_path))

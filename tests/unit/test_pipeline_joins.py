@@ -57,7 +57,7 @@ def test_a_join_after_an_aggregation_cuts_a_changelog() -> None:
     counts = app.stream("ev").group_by_key().count()
     counts.join(limits, lambda c, lim: c < lim["n"]).materialize("under")
     first, second = (q for q in plan(app, "under") if not q.dead_letters)
-    assert [s.what for s in first.steps] == ["stream_count"]
+    assert [s.what for s in first.steps] == ["spark_aggregate"]
     assert first.output.role == "changelog" and second.input == first.output
     assert [s.what for s in second.steps] == ["join"]
 

@@ -88,7 +88,7 @@ def test_stateless_jvm_queries_run_in_real_time_and_the_rest_say_why_not() -> No
 def test_a_grouped_stream_count_is_sparks_aggregation_and_runs_in_real_time() -> None:
     _, qs = shop()
     counts, dlq = qs["shop.counts"], qs["shop.counts.dlq"]
-    assert [s.what for s in counts.steps] == ["stream_count"]
+    assert [s.what for s in counts.steps] == ["spark_aggregate"]
     assert blockers(counts) == [] and decide("realtime", counts).realtime
     # its companion writes the bad input rows the aggregation drops
     assert dlq.dead_letters and dlq.input == counts.input and dlq.output.topic == "shop.dlq"

@@ -4,8 +4,8 @@
 the steps are stateless (:mod:`.stateless`: Columns in the JVM, callables in
 :mod:`.pyworker`) or per key (:mod:`.keyed` runs the cores of
 :mod:`.aggregate`, :mod:`.transform`, :mod:`.join`, :mod:`.fk_join`; :mod:`.window`
-per task), except a grouped stream's count, which is Spark's own aggregation
-(:mod:`.spark_count`).
+per task), except a grouped stream's count or Spark aggregate function, which is
+Spark's own aggregation (:mod:`.spark_aggregate`).
 Rows travel in the :mod:`.envelope` as a :mod:`.flow`; :mod:`.codecs` turns
 serdes into Column expressions; :mod:`.sink` and :mod:`.partition` write them.
 Spark executors import these modules to run the steps: they import no Kafka

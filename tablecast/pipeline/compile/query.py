@@ -30,7 +30,7 @@ from tablecast.pipeline.compile import (
     keyed,
     partition,
     sink,
-    spark_count,
+    spark_aggregate,
     stateless,
     stream_join,
     window,
@@ -202,8 +202,8 @@ def transform(
             flow = window.apply(flow, step, partitions, extra)
             extra = ()
             i += 1
-        elif step.what == "stream_count":
-            flow = spark_count.apply(flow, step)
+        elif step.what == "spark_aggregate":
+            flow = spark_aggregate.apply(flow, step)
             i += 1
         elif step.stateful:
             flow = keyed_step(flow, step, buckets, extra)

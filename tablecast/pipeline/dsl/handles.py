@@ -15,12 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from tablecast.pipeline.dsl import views
 from tablecast.pipeline.plan import nodes as plan
 from tablecast.serde import Serde
 from tablecast.windows import JoinWindows, SessionWindows, Windows, to_ms
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column
 
 
 class App(Protocol):
@@ -301,11 +304,27 @@ class GroupedStream(_Handle):
 
     def aggregate(
         self,
-        initializer: Callable[[], Any],
-        aggregator: Callable[[Any, Any, Any], Any],
+        initializer: Callable[[], Any] | Column,
+        aggregator: Callable[[Any, Any, Any], Any] | None = None,
         value: Serde | None = None,
     ) -> Table:
-        """aggregator(key, value, aggregate) -> new aggregate, starting from initializer()."""
+        """aggregator(key, value, aggregate) -> new aggregate, starting from initializer().
+
+        Or one Spark aggregate function over the decoded `key` and `value` columns, e.g.
+        ``aggregate(F.sum(F.variant_get("value", "$.n", "long")), value=tc.serde.long())``:
+        Spark computes it (as a count), records without key or value skipped; a null
+        result deletes the key. Its input must be read from a topic as is, or through
+        Column steps only (a Python step or a repartition before it is refused)."""
+        if plan.is_column(initializer) and not isinstance(initializer, tuple):
+            if aggregator is not None:
+                raise TypeError("aggregate(Column): a Spark aggregate function takes no aggregator")
+            node = plan.Aggregate(self._node, "column", value=value, column=initializer)
+            return Table(self._app, node)
+        if aggregator is None:
+            raise TypeError(
+                "aggregate: pass initializer and aggregator callables, or one Spark aggregate "
+                "function (a Column such as F.sum(...))"
+            )
         _check_callable("aggregate", initializer, aggregator)
         node = plan.Aggregate(self._node, "aggregate", initializer, aggregator, value=value)
         return Table(self._app, node)

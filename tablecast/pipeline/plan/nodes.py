@@ -23,7 +23,8 @@ from tablecast.windows import JoinWindows, SessionWindows, Windows
 #: Python callable f(key, value)
 Fn = Column | tuple[Column, Column] | Callable[..., Any]
 Kind = Literal["stream", "table"]
-AggKind = Literal["count", "reduce", "aggregate"]
+#: "column": a Spark aggregate function (F.sum(...), F.max(...)), computed by Spark
+AggKind = Literal["count", "reduce", "aggregate", "column"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -219,6 +220,8 @@ class Aggregate(Node):
     emit: Literal["changes", "final"] = "changes"
     #: a session-windowed aggregate's merger(key, agg1, agg2): two sessions a record bridges
     merger: Callable[[Any, Any, Any], Any] | None = None
+    #: agg "column": the Spark aggregate function over the decoded `key` and `value`
+    column: Column | None = None
 
     @property
     def kind(self) -> Kind:
@@ -241,12 +244,14 @@ class Aggregate(Node):
     def value_serde(self) -> Serde:
         if self.agg == "count":
             return serdes.long()
-        if self.agg == "aggregate":
+        if self.agg in ("aggregate", "column"):
             # an aggregate is rarely of the values' type: JSON unless told otherwise
             return self.value or serdes.json()
         return self.value or super().value_serde()
 
     def describe(self) -> str:
+        if self.column is not None:
+            return f"aggregate({fn_name(self.column)})"
         fns = (self.initializer, self.adder, self.subtractor, self.merger)
         parts = [fn_name(f) for f in fns if f is not None]
         if self.emit == "final":

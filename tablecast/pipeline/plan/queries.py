@@ -59,7 +59,7 @@ StepKind = Literal[
     "select_group",
     "retract",
     "stream_aggregate",
-    "stream_count",
+    "spark_aggregate",
     "table_aggregate",
     "window_aggregate",
     "transform_values",
@@ -143,7 +143,7 @@ class Step:
             )
         if self.what == "stream_aggregate":
             return f"{self.node.describe()} [applyInPandasWithState by key]"
-        if self.what == "stream_count":
+        if self.what == "spark_aggregate":
             return f"{self.node.describe()} [Spark streaming aggregation by key]"
         if self.what == "transform_values":
             return f"{self.node.describe()} [applyInPandasWithState by key: the key's state]"
@@ -191,9 +191,10 @@ class Query:
         return any(s.stateful for s in self.steps)
 
     @property
-    def counts_in_spark(self) -> bool:
-        """Its stateful step is Spark's own aggregation (a grouped stream's count)."""
-        return any(s.what == "stream_count" for s in self.steps)
+    def aggregates_in_spark(self) -> bool:
+        """Its stateful step is Spark's own aggregation (a grouped stream's count or Spark
+        aggregate function)."""
+        return any(s.what == "spark_aggregate" for s in self.steps)
 
     @property
     def windowed(self) -> bool:
@@ -277,9 +278,9 @@ def plan_output(
         nonlocal key, value, kind
         if what in STATEFUL and current.stateful:
             cut("changelog")
-        if what == "stream_count" and current.input.role not in ("source", "table"):
+        if what == "spark_aggregate" and current.input.role not in ("source", "table"):
             # a repartition or changelog topic's copies need the per-key step's dedup
-            what = "stream_aggregate"
+            what = _in_python(node, "it reads a repartition or changelog topic")
         key, value, kind = k, v, kd
         current.steps.append(Step(what, node, k, v, kd, side, more))
 
@@ -301,8 +302,8 @@ def plan_output(
                 what: StepKind = "stream_aggregate"
                 if node.window is not None:
                     what = "window_aggregate"
-                elif node.agg == "count" and native:
-                    what = "stream_count"
+                elif node.agg == "column" or (node.agg == "count" and native):
+                    what = "spark_aggregate"
                 add(what, node, node.key_serde(), node.value_serde(), "table")
         elif isinstance(node, plan.Cogroup):
             # the first input is this chain: re-keyed here as a grouped stream's aggregation
@@ -374,10 +375,25 @@ def plan_output(
             # a Python step before the count would run twice (there and in the dead-letter
             # companion), and one after it would put a Python worker behind the aggregation
             q.steps = [
-                replace(s, what="stream_aggregate") if s.what == "stream_count" else s
+                replace(s, what=_in_python(s.node, "a Python step comes before it"))
+                if s.what == "spark_aggregate"
+                else s
                 for s in q.steps
             ]
     return sides + _dead_letters(app_id, queries) + _with_ids(queries)
+
+
+def _in_python(node: plan.Node, why: str) -> StepKind:
+    """A count Spark cannot run exactly here is kept in Python; a Spark aggregate function
+    has no Python form, so its App is refused."""
+    assert isinstance(node, plan.Aggregate)
+    if node.agg == "column":
+        raise ValueError(
+            f"{node.describe()}: a Spark aggregate function needs its input as read from a "
+            f"topic or through Column steps only, but {why}; aggregate with Python callables "
+            "instead, or compute the values with Columns"
+        )
+    return "stream_aggregate"
 
 
 def _dead_letters(app_id: str, queries: list[Query]) -> list[Query]:
@@ -388,9 +404,9 @@ def _dead_letters(app_id: str, queries: list[Query]) -> list[Query]:
 
     out = []
     for q in queries:
-        if not q.counts_in_spark:
+        if not q.aggregates_in_spark:
             continue
-        at = next(i for i, s in enumerate(q.steps) if s.what == "stream_count")
+        at = next(i for i, s in enumerate(q.steps) if s.what == "spark_aggregate")
         if not (q.input.external or q.steps[:at]):
             continue  # no row that could be bad: the App's own topic as read
         dlq = TopicRef(dlq_topic(app_id), q.input.key, q.input.value, "stream", "sink")

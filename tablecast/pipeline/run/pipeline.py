@@ -377,7 +377,7 @@ class Pipeline:
 
 
 def _engine(q: planner.Query) -> str:
-    return SPARK if q.counts_in_spark else PYTHON
+    return SPARK if q.aggregates_in_spark else PYTHON
 
 
 def _plan(

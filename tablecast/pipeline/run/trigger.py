@@ -4,8 +4,8 @@
 through long-running tasks instead of waiting for the next micro-batch). Spark
 4.3 runs it only for plans whose every physical operator and sink is on its
 allowlist (``RealTimeModeAllowlist``): projections, filters, generators,
-observed metrics and streaming aggregations (a grouped stream's count here),
-into a Kafka sink. A query of ours falls back to micro-batch
+observed metrics and streaming aggregations (a grouped stream's count or Spark
+aggregate function here), into a Kafka sink. A query of ours falls back to micro-batch
 when it needs anything else — each reason below names the Spark operator that
 is not on the list — or when the session has too few task slots: a real-time
 batch holds one task per source partition for its whole duration, and an
@@ -91,7 +91,7 @@ def blockers(q: Query) -> list[str]:
         what = (
             s.what if s.what in ("retract", "join", "stream_join", "cogroup") else s.node.describe()
         )
-        if s.what == "stream_count":
+        if s.what == "spark_aggregate":
             continue  # Spark's own aggregation: on the allowlist since 4.3
         if s.stateful:
             reasons.append(f"stateful {what} (FlatMapGroupsInPandasWithStateExec)")
@@ -113,7 +113,7 @@ def blockers(q: Query) -> list[str]:
 def slots_needed(q: Query, partitions: int) -> int:
     """Task slots a real-time batch of `q` holds: one per input partition, and as many
     for the partitions an aggregation shuffles into (as many as its input has)."""
-    return partitions * (2 if q.counts_in_spark else 1)
+    return partitions * (2 if q.aggregates_in_spark else 1)
 
 
 def written_by_micro_batch(checkpoint: Path) -> bool:
