@@ -48,6 +48,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from tablecast.cluster.fetchwatch import FetchWatch
 from tablecast.cluster.replica import FRESH_S, STALL_S, Replica
 from tablecast.cluster.topicinfo import TopicInfo
 from tablecast.cluster.validate import Check, checker
@@ -129,6 +130,7 @@ class Ingestor:
                 },
             )
         )
+        self._fetches = FetchWatch()
         self.records_applied = 0
         #: counters for /metrics
         self.bad_records: dict[tuple[str, str], int] = defaultdict(int)
@@ -166,6 +168,7 @@ class Ingestor:
                 self._reconcile()
                 if any(not r.paused for r in self.replicas.values()):
                     self._ingest_batch()
+                    self._fetch_stuck_again()
                 else:
                     self._stop.wait(0.1)
                 now = time.monotonic()
@@ -276,6 +279,7 @@ class Ingestor:
             for r in gone:
                 r.release()  # readers holding it go elsewhere from now on
                 r.store.close()
+                self._fetches.forget((r.table.name, r.partition))
                 self._pending_drop[(r.table.name, r.partition)] = now + self.drop_released_after_s
             log.info("released %d partition(s): %s", len(gone), _slots(gone))
         fresh = []
@@ -443,6 +447,25 @@ class Ingestor:
         for topic, partition, offset in ends:
             self._reached_end(topic, partition, offset)
 
+    def _fetch_stuck_again(self) -> None:
+        """Restart the fetch of partitions the statistics show stuck (see fetchwatch)."""
+        for slot, why in self._fetches.taken().items():
+            replica = self.replicas.get(slot)
+            if replica is None or replica.paused:
+                continue
+            log.warning(
+                "table %r partition %d: %s: fetching again from offset %d",
+                *slot,
+                why,
+                replica.position,
+            )
+            at = replica.position or OFFSET_BEGINNING  # as when it was assigned
+            tp = TopicPartition(replica.table.topic, replica.partition, at)
+            try:
+                self._consumer.seek(tp)
+            except Exception as e:  # the next statistics find it stuck again and retry
+                log.warning("table %r partition %d: fetching again failed: %s", *slot, e)
+
     def _index_entries(self, m: Message, names: tuple[str, ...]) -> tuple[bytes, ...]:
         """The record's index entries from its header; none, counted as a bad record, when
         the header breaks the contract (the row itself is kept)."""
@@ -512,15 +535,14 @@ class Ingestor:
                 if info is None:
                     continue
                 for part in t.get("partitions", {}).values():
-                    replica = self.replicas.get((info.name, part.get("partition", -1)))
+                    slot = (info.name, part.get("partition", -1))
+                    replica = self.replicas.get(slot)
                     hi = part.get("hi_offset", -1)
-                    if (
-                        replica is None
-                        or replica.paused
-                        or hi < 0
-                        or part.get("leader") not in up
-                        or part.get("fetch_state") != "active"
-                    ):
+                    if replica is None or replica.paused:
+                        continue
+                    leader_up, state = part.get("leader") in up, part.get("fetch_state", "")
+                    self._fetches.observe(slot, now, leader_up, state, hi, replica.position)
+                    if hi < 0 or not leader_up or state != "active":
                         continue
                     replica.end_offset = max(replica.end_offset, hi)
                     replica.end_seen_at = now
