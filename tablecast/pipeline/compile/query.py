@@ -119,7 +119,7 @@ def read(spark: SparkSession, q: Query, t: Target) -> tuple[Flow, tuple[str, ...
         first = q.steps[0] if q.steps else None
         column_first = first is not None and not first.python
         flow = flow.decode() if column_first else flow.validate()
-        if _fused_run(q.steps, 0):
+        if _python_run(q.steps, 0)[1]:
             # the retraction takes the records as read: a good row's raw bytes are its key
             # and value and its topic is the input's, so they need not cross to Python
             # (a bad row keeps its own)
@@ -128,15 +128,15 @@ def read(spark: SparkSession, q: Query, t: Target) -> tuple[Flow, tuple[str, ...
     return flow, ()
 
 
-def _fused_run(steps: list[Step], i: int) -> list[Step] | None:
-    """The Python steps from `i` on that run inside the retraction right after them (a
-    table's per-row callables and its group_by selection), if they do."""
+def _python_run(steps: list[Step], i: int) -> tuple[list[Step], bool]:
+    """The Python steps from `i` on, and whether they run inside the retraction right after
+    them (a table's per-row callables and its group_by selection)."""
     run: list[Step] = []
     while i + len(run) < len(steps) and steps[i + len(run)].python:
         run.append(steps[i + len(run)])
     after = steps[i + len(run)] if i + len(run) < len(steps) else None
     fuse = SELECT_IN_RETRACT and after is not None and after.what == "retract"
-    return run if fuse and stateless.selects_per_row(run) else None
+    return run, fuse and stateless.selects_per_row(run)
 
 
 def read_side(spark: SparkSession, ref: TopicRef, t: Target) -> Flow:
@@ -210,16 +210,13 @@ def transform(
             extra = (env.OLD, env.RID, env.SRC) if step.what == "retract" else ()
             i += 1
         elif step.python:
-            fused = _fused_run(steps, i)
-            if fused is not None:
+            run, fused = _python_run(steps, i)
+            if fused:
                 # the selection runs inside the retraction, on each row's latest record
-                flow = keyed_step(flow, steps[i + len(fused)], buckets, extra, fused)
+                flow = keyed_step(flow, steps[i + len(run)], buckets, extra, run)
                 extra = (env.OLD, env.RID, env.SRC)
-                i += len(fused) + 1
+                i += len(run) + 1
                 continue
-            run = [step]
-            while i + len(run) < len(steps) and steps[i + len(run)].python:
-                run.append(steps[i + len(run)])
             flow = stateless.apply_python(flow, run, extra)
             i += len(run)
         else:
