@@ -75,19 +75,25 @@ class Flow:
             )
         return flow
 
+    def bytes_of(self, col: str) -> Column:
+        """Decoded `col` ("key" or "value") as its serde's bytes: as read, unless a Column
+        operator changed it (then null where it does not fit the serde)."""
+        if col not in self.changed:
+            return F.col(BYTES[col])
+        sd = self.key if col == "key" else self.value
+        return Codec(sd).encode(F.col(col), self.df.schema[col].dataType)
+
     def encode(self) -> Flow:
         if not self.decoded:
             return self
-        schema = self.df.schema
-        kt, vt = schema["key"].dataType, schema["value"].dataType
         flow = self
         encoded = {}
-        for col, sd, dtype in (("key", self.key, kt), ("value", self.value, vt)):
+        for col, sd in (("key", self.key), ("value", self.value)):
             if col not in self.changed:
-                encoded[col] = F.col(BYTES[col])
+                encoded[col] = self.bytes_of(col)
                 continue
             tmp = f"_tc_e{col}"
-            flow = flow.with_df(flow.df.withColumn(tmp, Codec(sd).encode(F.col(col), dtype)))
+            flow = flow.with_df(flow.df.withColumn(tmp, self.bytes_of(col)))
             # a value that was there but has no bytes in this serde is a bad record, not a delete
             flow = flow.fail_where(
                 F.col(col).isNotNull() & F.col(tmp).isNull(), f"{col} does not fit {sd!r}"

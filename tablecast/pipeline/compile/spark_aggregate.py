@@ -21,14 +21,13 @@ query (``Query.dead_letters``) writes them to the dead-letter topic.
 
 from __future__ import annotations
 
-from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql.types import VariantType
 
 from tablecast.pipeline.compile import envelope as env
 from tablecast.pipeline.compile.codecs import Codec
 from tablecast.pipeline.compile.columns import classic
-from tablecast.pipeline.compile.flow import BYTES, Flow, ok
+from tablecast.pipeline.compile.flow import Flow, ok
 from tablecast.pipeline.plan import nodes as plan
 from tablecast.pipeline.plan.queries import Step
 
@@ -47,7 +46,7 @@ def apply(flow: Flow, step: Step) -> Flow:
         flow = flow.decode()
         df = flow.df
         # grouped by the key's bytes: a decoded key may not be groupable (a JSON variant)
-        key = _key_bytes(flow)
+        key = flow.bytes_of("key")
         skip = F.col("value").isNull()
         if isinstance(df.schema["value"].dataType, VariantType):
             skip = skip | F.is_variant_null(F.col("value"))  # JSON null: no value either
@@ -72,10 +71,3 @@ def apply(flow: Flow, step: Step) -> Flow:
         env.TS,
     )
     return Flow(out, step.key, step.value, step.kind)
-
-
-def _key_bytes(flow: Flow) -> Column:
-    """The key as its serde's bytes: as read, unless a Column step changed it."""
-    if "key" not in flow.changed:
-        return F.col(BYTES["key"])
-    return Codec(flow.key).encode(F.col("key"), flow.df.schema["key"].dataType)
