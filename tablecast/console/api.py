@@ -18,6 +18,7 @@ from tablecast import __version__
 from tablecast.cluster.node import Node
 from tablecast.console.assets import Asset, load
 from tablecast.console.feed import ConsoleFeed
+from tablecast.server.answers import Answers
 from tablecast.server.errors import ApiError
 from tablecast.server.metrics import BUCKETS, HttpStats
 from tablecast.server.peers import PeerPool, PeerUnavailable
@@ -30,10 +31,14 @@ PEER_TIMEOUT_S = 1.0
 
 
 class Console:
-    def __init__(self, node: Node, stats: HttpStats, peers: PeerPool) -> None:
+    def __init__(
+        self, node: Node, stats: HttpStats, peers: PeerPool, answers: Answers | None = None
+    ) -> None:
         self.node = node
         self.stats = stats
         self.peers = peers
+        #: whole answers kept in front of the stores: a hit there is a cache hit too
+        self.answers = answers
         self.assets = load()
         self.feed = ConsoleFeed(node.config.bootstrap_servers, node.config.app_id)
         self.started_ms = int(time.time() * 1000)
@@ -58,7 +63,8 @@ class Console:
     def node_detail(self) -> dict[str, Any]:
         """This node as its detail panel shows it."""
         node = self.node
-        hits = misses = 0
+        hits = self.answers.hits if self.answers is not None else 0
+        misses = 0
         for replica in list(node.ingestor.replicas.values()):
             hits += getattr(replica.store, "hits", 0)
             misses += getattr(replica.store, "misses", 0)

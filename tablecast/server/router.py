@@ -20,6 +20,7 @@ import orjson
 from tablecast.cluster.node import Node
 from tablecast.cluster.replica import Replica
 from tablecast.kafka.catalog import TableInfo
+from tablecast.server.answers import Answers
 from tablecast.server.consistency import (
     NO_OPTIONS,
     ReadOptions,
@@ -58,6 +59,8 @@ class Router:
         self.routing = Routing(node, self.local)
         self.rpc = Rpc(peers, self.routing)
         self.cursors = cursors
+        #: whole answers of plain key reads, when the server keeps them
+        self.answers: Answers | None = None
         self.waits = waits or WaitSlots(DEFAULT_WAITS_PER_CALLER)
         self.fan = FanOut(self)
 
@@ -81,7 +84,11 @@ class Router:
         return info, raw
 
     # -- reads of one partition ------------------------------------------------
-    def get_key(self, table: str, key_text: str, req: Request) -> Answer | Awaitable[Answer]:
+    def get_key(
+        self, table: str, key_text: str, req: Request, keep_as: str | None = None
+    ) -> Answer | Awaitable[Answer]:
+        """One key's entry. `keep_as`: the URL path to remember a plain local answer under
+        in :attr:`answers` (the HTTP hot path; see :mod:`tablecast.server.answers`)."""
         caller = req.caller
         if caller is None or caller.grants is None:  # the hot path without a policy: no call
             info, scope = self.local.table(table), None
@@ -102,7 +109,12 @@ class Router:
             if replica is not None and self.routing.answers_here(info, partition, req, opts):
                 # the hot path: one replica lookup, no choice list, no closure
                 try:
-                    return local.read_key(info, raw, partition, replica, key_text)
+                    if keep_as is None or self.answers is None:
+                        return local.read_key(info, raw, partition, replica, key_text)
+                    version, end = replica.version, replica.end_offset
+                    answer = local.read_key(info, raw, partition, replica, key_text)
+                    self.answers.keep(keep_as, info, replica, version, end, answer[2], answer[1])
+                    return answer
                 except ApiError as e:
                     if e.code != "partition_unavailable":
                         raise

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import signal
+import time
 from pathlib import Path
 from urllib.parse import quote
 
@@ -13,6 +14,7 @@ import orjson
 import pytest
 
 from tablecast import serde
+from tablecast.kafka import positions
 from tablecast.kafka.partitioner import partition_for
 
 from ..support.procs import NodeProcess, eventually, start_node
@@ -133,6 +135,49 @@ def test_queries_match_the_model_and_survive_kill_9(
             if line.startswith("tablecast_records_applied_total")
         )
         assert 0 < applied <= 201
+    finally:
+        node.stop()
+
+
+def test_kept_answers_follow_every_write(bootstrap: str, unique: str, logs: Path) -> None:
+    """Plain key reads are answered from whole kept answers (server/answers.py): every
+    answer must still be what the store holds at the position its header names, so a
+    write to the key, or to another key of its partition, is seen by the next reads."""
+    model = make_table(bootstrap, unique, "hot", 1, serde.string(), serde.json())
+    model.write(bootstrap, [("k", 0), ("other", 0)])
+    node = start_node(unique, bootstrap, logs)
+    try:
+        node.wait_ready()
+        node.wait_caught_up(bootstrap, "hot", model.info.topic)
+        with httpx.Client(base_url=node.url, timeout=10.0) as http:
+
+            def read(key: str) -> tuple[int, int, int]:
+                r = http.get(f"/v1/tables/hot/keys/{key}")
+                assert r.status_code == 200, r.text
+                body = r.json()
+                position = positions.parse(r.headers["x-tablecast-position"]).offsets[0]
+                assert body["offset"] < position  # exact at its position: the record is in it
+                return body["value"], body["offset"], position
+
+            seen = read("k")
+            assert seen == (0, 0, 2)
+            assert read("k") == seen  # the same answer again: no write since
+            latest = {"k": 0, "other": 0}
+            for i in range(1, 16):
+                key = "other" if i % 3 == 0 else "k"
+                model.write(bootstrap, [(key, i)])  # one record: the end is now 2 + i
+                latest[key] = i
+                for _ in range(500):  # until this write is seen; never an older answer
+                    now = read("k")
+                    assert now[2] >= seen[2] and now[1] >= seen[1], (now, seen)
+                    seen = now
+                    if now[2] == 2 + i:
+                        break
+                    time.sleep(0.01)
+                assert seen[2] == 2 + i and seen[0] == latest["k"], (i, seen)
+                assert read("other")[0::2] == (latest["other"], 2 + i)
+            detail = http.get("/internal/console/node").json()
+            assert detail["cache"]["hits"] > 0  # the kept answers were used
     finally:
         node.stop()
 

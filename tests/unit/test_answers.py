@@ -1,0 +1,170 @@
+"""Kept answers of plain key reads are answered only while the read path would give the same.
+
+The HTTP hot path answers ``GET /v1/tables/{t}/keys/{k}`` from whole answers kept
+by URL path (server/answers.py). Each way the read path's answer can change must
+make a kept answer unusable: an apply (of any key of the partition: the position
+header moves), a new topic end (the lag header), staleness, a release or reopen,
+another owner, a changed catalog entry, and a read that overlapped an apply must
+not be kept at all."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+from typing import Any
+
+import orjson
+import pytest
+
+from tablecast import serde
+from tablecast.cluster.replica import Replica
+from tablecast.kafka.catalog import TableInfo
+from tablecast.server.answers import JSON, Answers
+from tablecast.server.cursor import Cursors
+from tablecast.server.errors import ApiError
+from tablecast.server.request import Request
+from tablecast.server.router import Router
+from tablecast.store import Write
+from tablecast.store.memory import MemoryStore
+
+INFO = TableInfo(
+    name="t",
+    topic="app.table.t",
+    partitions=1,
+    key=serde.string().spec(),
+    value=serde.json().spec(),
+    store="memory",
+)
+PATH = "/v1/tables/t/keys/k"
+
+
+class Node:
+    id = "me"
+
+    def __init__(self, replica: Replica) -> None:
+        self.tables = {"t": INFO}
+        self.ingestor = SimpleNamespace(replicas={("t", 0): replica}, tables=self.tables)
+        self.config = SimpleNamespace(max_key_bytes=1024)
+        self.view = SimpleNamespace(
+            target={("t", 0): ["me"]},
+            effective_active=lambda slot: "me",
+            candidates=lambda slot: [],
+        )
+        self.coordinator = SimpleNamespace(view=self.view)
+
+
+def _setup(max_bytes: int = 1 << 20) -> tuple[Router, Answers, Replica, Node]:
+    replica = Replica(INFO, 0, MemoryStore(), caught_up=True, restored=True)
+    replica.apply([Write(b"k", orjson.dumps("v0"), 0, 0), Write(b"j", b"1", 1, 0)])
+    replica.end_offset = replica.position
+    node = Node(replica)
+    router = Router(node, Cursors(b"s" * 32), None)  # type: ignore[arg-type]
+    answers = router.answers = Answers(node, max_bytes)  # type: ignore[arg-type]
+    return router, answers, replica, node
+
+
+def _read(router: Router, key: str = "k", headers: Any = None, **params: str) -> Any:
+    req = Request(params, "", headers or {})
+    return router.get_key("t", key, req, f"/v1/tables/t/keys/{key}")
+
+
+def _write(replica: Replica, key: bytes, value: object) -> None:
+    replica.apply([Write(key, orjson.dumps(value), replica.position, 0)])
+    replica.end_offset = replica.position
+
+
+def test_a_read_is_kept_whole_and_answered_as_the_read_path_would() -> None:
+    router, answers, _, _ = _setup()
+    code, body, headers = _read(router)
+    assert code == 200 and orjson.loads(body)["value"] == "v0"
+    entry = answers.get(PATH)
+    assert entry is not None
+    assert entry.body == body and entry.headers == [JSON, *headers]
+    assert answers.hits == 1
+
+
+@pytest.mark.parametrize("key", [b"k", b"j"])
+def test_any_apply_to_the_partition_ends_it(key: bytes) -> None:
+    router, answers, replica, _ = _setup()
+    _read(router)
+    _write(replica, key, "v1")  # another key too: the position header moved
+    assert answers.get(PATH) is None
+    _, body, headers = _read(router)
+    entry = answers.get(PATH)
+    assert entry is not None and entry.body == body and entry.headers == [JSON, *headers]
+    assert orjson.loads(body)["value"] == ("v1" if key == b"k" else "v0")
+
+
+def test_a_new_topic_end_ends_it_lag_is_in_the_headers() -> None:
+    router, answers, replica, _ = _setup()
+    _read(router)
+    replica.end_offset += 5
+    assert answers.get(PATH) is None
+    _, _, headers = _read(router)
+    assert ("x-tablecast-lag", "5") in headers
+    assert answers.get(PATH) is not None
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda r, n: setattr(r, "stale_since", 1.0),
+        lambda r, n: setattr(r, "caught_up", False),
+        lambda r, n: r.release(),
+        lambda r, n: setattr(r, "reopening", True),
+        lambda r, n: n.view.target.__setitem__(("t", 0), ["peer", "me"]),
+        lambda r, n: n.ingestor.tables.__setitem__("t", dataclasses.replace(INFO)),
+        lambda r, n: n.ingestor.tables.pop("t"),
+    ],
+    ids=["stale", "behind", "released", "reopening", "other owner", "catalog", "dropped"],
+)
+def test_whatever_would_change_the_answer_ends_it(change: Any) -> None:
+    router, answers, replica, node = _setup()
+    _read(router)
+    assert answers.get(PATH) is not None
+    change(replica, node)
+    assert answers.get(PATH) is None
+
+
+def test_a_read_that_overlapped_an_apply_is_not_kept() -> None:
+    router, answers, replica, _ = _setup()
+    local = router.local
+    real_headers = local.headers
+
+    def headers_then_apply(r: Replica, position: int) -> Any:
+        made = real_headers(r, position)
+        # an apply lands after the store was read, before the answer is kept (the topic's
+        # end known already): the answer is exact at the old position, not the new one
+        local.headers = real_headers  # type: ignore[method-assign]
+        replica.apply([Write(b"k", orjson.dumps("v1"), replica.position, 0)])
+        return made
+
+    local.headers = headers_then_apply  # type: ignore[method-assign]
+    code, body, _ = _read(router)
+    assert code == 200 and orjson.loads(body)["value"] == "v0"
+    assert answers.get(PATH) is None
+    _, body, _ = _read(router)
+    assert orjson.loads(body)["value"] == "v1"
+    entry = answers.get(PATH)
+    assert entry is not None and orjson.loads(entry.body)["value"] == "v1"
+
+
+def test_only_plain_found_reads_are_kept() -> None:
+    router, answers, _, _ = _setup()
+    with pytest.raises(ApiError):
+        _read(router, "missing")
+    assert answers.get("/v1/tables/t/keys/missing") is None
+    _read(router, max_lag="0")  # consistency options: not the plain read
+    assert answers.get(PATH) is None
+    router.get_key("t", "k", Request({}, "", {}))  # another caller of get_key: no path
+    assert answers.get(PATH) is None
+
+
+def test_it_starts_over_when_full() -> None:
+    router, answers, replica, _ = _setup(max_bytes=700)
+    for i in range(5):
+        _write(replica, f"k{i}".encode(), i)
+    for i in range(5):
+        _read(router, f"k{i}")
+    assert 0 < len(answers) < 5
+    assert answers.get("/v1/tables/t/keys/k4") is not None  # the newest is always there
