@@ -29,6 +29,7 @@ BENCHES = {
     "concurrency": "bench.concurrency",
     "cold": "bench.cold",
     "stream_count": "bench.stream_count",
+    "redis_get": "bench.redis_get",
 }
 # the pipeline benchmark is written by another change; run it once its module exists
 if importlib.util.find_spec("bench.pipeline") is not None:

@@ -99,6 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
     _opt(p, "--cache-mb", 64, type=int, help="read cache per table in front of RocksDB (0: none)")
     _opt(
         p,
+        "--answers-mb",
+        64,
+        type=int,
+        help="whole answers of plain key GETs kept by the node (MiB, 0: none)",
+    )
+    _opt(
+        p,
         "--block-cache-mb",
         256,
         type=int,
@@ -367,6 +374,8 @@ def _serve(args: argparse.Namespace) -> int:
         return fail("--rate-limit is a positive number of requests per second")
     if args.max_waits < 1:
         return fail("--max-waits is at least 1")
+    if args.answers_mb < 0 or args.cache_mb < 0:
+        return fail("--cache-mb and --answers-mb are at least 0")
     if args.block_cache_mb < 1:
         return fail("--block-cache-mb is at least 1")
     from tablecast.store import rocksdb
@@ -392,6 +401,7 @@ def _serve(args: argparse.Namespace) -> int:
         data_dir=Path(data_dir),
         standby_replicas=args.standby_replicas,
         cache_bytes=args.cache_mb * 1024 * 1024,
+        answers_bytes=args.answers_mb * 1024 * 1024,
         cluster_secret=cluster_secret,
         tls_ca=args.tls_ca,
         drop_released_after_s=args.drop_released_after,

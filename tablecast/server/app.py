@@ -75,9 +75,9 @@ class HttpApp:
         self._auth_metrics = auth_metrics and self._auth_on
         self.router = Router(node, Cursors(node.config.app_id.encode()), self.peers, self.waits)
         # a token's grants or a caller's rate limit make answers differ per caller: not kept
-        cache = node.config.cache_bytes
+        kept = node.config.answers_bytes
         self._answers = (
-            Answers(node, cache) if cache > 0 and not self._auth_on and self.rate is None else None
+            Answers(node, kept) if kept > 0 and not self._auth_on and self.rate is None else None
         )
         self.router.answers = self._answers
         self.live = Live(node, self.router)

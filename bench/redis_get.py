@@ -1,0 +1,164 @@
+"""Point GET per core against Redis (issue 19): ``python -m bench redis_get [--seconds 6]
+[--rounds 7] [--keys 100000]``.
+
+One server at a time on core 0, its load generator on core 1, alternated each round:
+a tablecast node with kept answers (the default), a node with ``--answers-mb 0`` (every GET
+routed and read from the read cache), Redis (redis-benchmark's GET, 50 clients) and the
+node's HTTP stack returning a constant body (wrk, 50 connections for the HTTP servers).
+Each round's own ratios are reported with their median and interquartile range; the target
+(≥ 0.5× Redis) is met only when the whole range clears it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from bench import common
+from bench.anchors import CONNECTIONS, key_script, on_load_core, redis_get, rkey, tc_path
+from bench.common import (
+    LOAD_CPU,
+    SERVER_CPU,
+    command,
+    facts_line,
+    machine,
+    median,
+    ratio_spread,
+    save,
+    settled,
+    wait_http,
+    write_section,
+    wrk,
+)
+from bench.peers import redis as rp
+from bench.stack import Stack, value_of
+
+log = logging.getLogger("bench")
+TARGET = 0.5
+PARTITIONS = 12
+#: each node its own app id: two nodes of one app would split the partitions and forward
+APPS = {"tablecast": "redisget", "tablecast_routed": "redisget-routed"}
+NAMES = ("tablecast", "tablecast_routed", "redis", "constant")
+#: `python -m bench all --quick`: a test of the harness, not figures
+QUICK_ARGS = ["--seconds", "2", "--keys", "20000", "--rounds", "3"]
+
+
+def main(argv: list[str]) -> None:
+    args = common.rounds_args("redis_get", argv)
+    rp.ensure_installed()
+    common.ensure_tools({"wrk": "wrk"})
+    r: dict[str, Any] = {"machine": machine(), "command": command(), "args": vars(args)}
+    with Stack() as stack, on_load_core():
+        urls, procs = {}, []
+        for name, app in APPS.items():
+            stack.table("points", args.keys, PARTITIONS, app=app, key_of=rkey)
+            extra = ("--answers-mb", "0") if name == "tablecast_routed" else ()
+            proc, url = stack.node(stack.dir / name, None, *extra, app=app)
+            wait_http(url + "/readyz", timeout=300, proc=proc)
+            urls[name] = url
+            procs.append(proc)
+        const_proc, urls["constant"] = stack.baseline("granian-rsgi")
+        procs.append(const_proc)
+        with rp.start(stack.dir / "redis", cpus=SERVER_CPU) as redis:
+            rp.load_numbered(redis, args.keys, value_of)
+            r["rounds"] = measure(urls, redis, args.keys, args.seconds, args.rounds)
+        for p in procs:
+            stack.stop(p)
+    save("redis_get", r)
+    write_section("redis_get", render(r))
+
+
+def measure(
+    urls: dict[str, str], redis: rp.RedisServer, keys: int, seconds: int, rounds: int
+) -> dict[str, list[dict[str, Any]]]:
+    script = key_script(tc_path("points"), keys)
+    # warm-ups: every key asked for at least once (kept answers, read cache, block cache)
+    for name in ("tablecast", "tablecast_routed"):
+        wrk(urls[name] + "/", script, max(seconds, 10), CONNECTIONS)
+    wrk(urls["constant"] + "/", None, 2, CONNECTIONS)
+    guess = rp.benchmark(redis, keys, 200_000, clients=CONNECTIONS, cpus=LOAD_CPU).rps
+    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in NAMES}
+    for n in range(rounds):
+        runs["tablecast"].append(wrk(urls["tablecast"] + "/", script, seconds, CONNECTIONS))
+        runs["redis"].append(redis_get(redis, keys, seconds, guess))
+        runs["tablecast_routed"].append(
+            wrk(urls["tablecast_routed"] + "/", script, seconds, CONNECTIONS)
+        )
+        runs["constant"].append(wrk(urls["constant"] + "/", None, seconds, CONNECTIONS))
+        log.info(
+            "round %d: %s", n + 1, ", ".join(f"{k} {v[-1]['rps']:,.0f}" for k, v in runs.items())
+        )
+    return runs
+
+
+def ratios(runs: dict[str, list[dict[str, Any]]], ours: str, theirs: str) -> dict[str, Any]:
+    return ratio_spread(
+        [a["rps"] / b["rps"] for a, b in zip(runs[ours], runs[theirs], strict=True)]
+    )
+
+
+LABELS = {
+    "tablecast": "tablecast node, kept answers (default)",
+    "tablecast_routed": "tablecast node, `--answers-mb 0` (routed, read cache)",
+    "redis": "Redis GET (redis-benchmark)",
+    "constant": "constant body, the node's HTTP stack (granian RSGI)",
+}
+
+
+def render(r: dict[str, Any]) -> str:
+    runs, args = r["rounds"], r["args"]
+    rows = "\n".join(
+        f"| {LABELS[n]} | {median(runs[n])['rps']:,.0f} | {median(runs[n])['p50_us'] / 1000:.2f} "
+        f"| {median(runs[n])['p99_us'] / 1000:.2f} |"
+        for n in NAMES
+    )
+    pairs = [
+        ("tablecast", "redis", "kept answers ÷ Redis", True),
+        ("tablecast_routed", "redis", "routed ÷ Redis", False),
+        ("tablecast", "tablecast_routed", "kept answers ÷ routed", False),
+        ("tablecast", "constant", "kept answers ÷ constant body", False),
+        ("constant", "redis", "constant body ÷ Redis", False),
+    ]
+    ratio_rows = []
+    for ours, theirs, label, target in pairs:
+        s = ratios(runs, ours, theirs)
+        lo, hi = s["ratio_iqr"]
+        verdict = f"{settled(s['ratio_iqr'], TARGET)} (≥ {TARGET})" if target else ""
+        ratio_rows.append(f"| {label} | {s['ratio_median']:.2f} | {lo:.2f}–{hi:.2f} | {verdict} |")
+    ratio_table = "\n".join(ratio_rows)
+    per_round = "; ".join(f"{n} " + ", ".join(f"{x['rps']:,.0f}" for x in runs[n]) for n in NAMES)
+    return f"""## Point GET per core against Redis (issue 19)
+
+`{r["command"]}` — {facts_line(r["machine"])}.
+
+Each server in turn on core 0, its load generator on core 1: wrk (1 thread,
+{CONNECTIONS} keep-alive connections, random keys) for the HTTP servers,
+redis-benchmark ({CONNECTIONS} clients, random keys) for Redis; {args["keys"]:,} keys
+named as redis-benchmark names them with 100-byte JSON values, a {PARTITIONS}-partition
+RocksDB table; {args["rounds"]} rounds of {args["seconds"]} s alternating the four servers,
+medians shown.
+
+| server | req/s | p50 ms | p99 ms |
+|---|---|---|---|
+{rows}
+
+Ratios of each round's own runs:
+
+| | median | interquartile range | target |
+|---|---|---|---|
+{ratio_table}
+
+Rounds (req/s): {per_round}.
+
+Hot: every key was asked for during a warm-up, so the kept answers and the read cache
+hold all of them, and no write moves a partition during the runs (a write to a partition
+ends its kept answers until they are read again; BENCHMARKS' cold section has reads that go
+to disk). Redis answers RESP from its own C client; the HTTP servers answer HTTP/1.1 to
+wrk, so the protocols differ, as they do for a user choosing between them. The
+constant-body row is the ceiling of the node's HTTP stack when Python does nothing.
+"""
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    main(__import__("sys").argv[1:])
