@@ -71,6 +71,7 @@ class Answers:
         if entry is None:
             return None
         replica = entry.replica
+        info = entry.info
         if (
             replica.position != entry.position
             or replica.end_offset != entry.end
@@ -78,9 +79,13 @@ class Answers:
             or not replica.caught_up
             or replica.closed
             or replica.reopening
-            or not self._answers_for(entry.info, entry.slot)
+            or self._ingestor.tables.get(info.name) is not info
         ):
             return None
+        if not info.is_global:  # _answers_for, inlined: this runs on every hit
+            owners = self._coordinator.view.target.get(entry.slot)
+            if not owners or owners[0] != self.me:
+                return None
         self.hits += 1
         return entry
 
