@@ -222,9 +222,15 @@ def test_a_full_disk_stops_the_partition_without_a_gap_and_it_resumes(
             stuck = eventually(failed, 30)
             assert "No space left" in stuck[0]["error"]
             assert metric(node, "tablecast_replica_write_failed") >= 1
-            # the state heartbeats carry, as /v1/cluster shows it
-            replicas = [r for n in node.get("/v1/cluster").json()["nodes"] for r in n["replicas"]]
-            assert any(r["state"] == "failed" and "No space" in r["error"] for r in replicas)
+            # the state heartbeats carry, as /v1/cluster shows it: the next heartbeat (every
+            # 0.5 s) carries it, read back through Kafka, so it shows a moment after /readyz
+
+            def failed_in_view() -> bool:
+                nodes = node.get("/v1/cluster").json()["nodes"]
+                replicas = [r for n in nodes for r in n["replicas"]]
+                return any(r["state"] == "failed" and "No space" in r["error"] for r in replicas)
+
+            eventually(failed_in_view, 15)
             # the failed partitions stay where they were...
             offsets = {
                 (d["partition"]): metric(
