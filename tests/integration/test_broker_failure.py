@@ -9,6 +9,7 @@ Run with ``-s`` to see the figures (reads, failed, slowest read) reported in BEN
 from __future__ import annotations
 
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -174,3 +175,4 @@ def test_leader_broker_stops_and_returns(unique: str, tmp_path: Path) -> None:
         for p in procs:
             stop_process(p, signal.SIGTERM, 60)
         cluster.stop()
+        shutil.rmtree(data, ignore_errors=True)  # outside pytest's temp dirs: ours to remove

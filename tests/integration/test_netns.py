@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import ssl
 import subprocess
 import sys
@@ -115,6 +116,7 @@ def bridge_broker(hosts: Hosts) -> Iterator[Broker]:
         yield b
     finally:
         b.stop()
+        shutil.rmtree(data, ignore_errors=True)  # outside pytest's temp dirs: ours to remove
 
 
 @dataclass
