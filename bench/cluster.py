@@ -224,8 +224,9 @@ Rounds, own cores: local {", ".join(f"{x:,.0f}" for x in o["rounds"]["local"])};
 {", ".join(f"{x:,.0f}" for x in f["rounds"]["local"])}; forwarded
 {", ".join(f"{x:,.0f}" for x in f["rounds"]["forwarded"])}.
 
-What is hot and what could flatter or hurt: every key is in the nodes' read cache after the
-warm-up (hot reads). With own cores, B shares core 1 with wrk: idle in the local runs, busy
+What is hot and what could flatter or hurt: every key is in the nodes' read cache and kept
+answers after the warm-up (hot reads): a local read and B's side of a forward are answered
+from kept answers, A's side of a forward cannot be (only B knows its position). With own cores, B shares core 1 with wrk: idle in the local runs, busy
 in the forwarded ones, which can only lower the forwarded figure. On the shared core a
 forwarded request costs core 0 A's work (inbound request plus the outbound hop) and B's local
 read: CPU per request in the median runs, local A {f["local"]["cpu_us_per_request"][0]:.1f} µs;
