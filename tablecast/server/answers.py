@@ -71,27 +71,26 @@ class Answers:
         if entry is None:
             return None
         replica = entry.replica
-        info = entry.info
         if (
             replica.position != entry.position
             or replica.end_offset != entry.end
-            or replica.stale_since is not None
-            or not replica.caught_up
-            or replica.closed
-            or replica.reopening
-            or self._ingestor.tables.get(info.name) is not info
+            or not self._answerable(entry.info, replica, entry.slot)
         ):
             return None
-        if not info.is_global:  # _answers_for, inlined: this runs on every hit
-            owners = self._coordinator.view.target.get(entry.slot)
-            if not owners or owners[0] != self.me:
-                return None
         self.hits += 1
         return entry
 
-    def _answers_for(self, info: TableInfo, slot: tuple[str, int]) -> bool:
-        """This node answers `slot` itself, as the router would decide for a plain read."""
-        if self._ingestor.tables.get(info.name) is not info:  # dropped, or changed
+    def _answerable(self, info: TableInfo, replica: Replica, slot: tuple[str, int]) -> bool:
+        """`replica` answers a plain read here, as the router would decide: caught up, not
+        stale, not released or reopening, its table as in the catalog, and this node the
+        partition's first owner (or the table global)."""
+        if (
+            replica.stale_since is not None
+            or not replica.caught_up
+            or replica.closed
+            or replica.reopening
+            or self._ingestor.tables.get(info.name) is not info  # dropped, or changed
+        ):
             return False
         if info.is_global:
             return True
@@ -119,9 +118,7 @@ class Answers:
             version & 1
             or replica.version != version
             or replica.end_offset != end
-            or replica.stale_since is not None
-            or not replica.caught_up
-            or not self._answers_for(info, (info.name, replica.partition))
+            or not self._answerable(info, replica, (info.name, replica.partition))
         ):
             return
         size = len(path) + len(body) + ENTRY_OVERHEAD
