@@ -24,13 +24,12 @@ from typing import Any
 from tablecast.cluster.node import Node
 from tablecast.cluster.replica import Replica
 from tablecast.kafka.catalog import TableInfo
+from tablecast.server.local import Headers
 
 #: dict slot, entry object and header list per entry, beyond the path and body (measured
 #: with tracemalloc: about 150 bytes; the rest is margin)
 ENTRY_OVERHEAD = 200
 JSON = ("content-type", "application/json")
-
-Headers = list[tuple[str, str]]
 
 
 class Entry:
