@@ -411,7 +411,7 @@ def _short(frame: str) -> str:
 
 #: the HTTP servers the Kafka Streams peer runs behind: the JDK's, Jetty (seed 001's stack)
 #: and Reactor Netty (under seed 000's Spring reactive web); the headline is the fastest
-KS_FRONTS = ("jdk", "jetty")  # "netty" too once its hang is explained (bench/peers/README.md)
+KS_FRONTS = ("jdk", "jetty", "netty")
 
 
 def ks_per_front(
