@@ -1171,7 +1171,7 @@ def targets(r: dict[str, Any], fwd: float) -> list[tuple[str, str, str, str]]:
         ),
         (
             f"forwarded ≥ {TARGETS['forwarded']}× local",
-            f"{fwd:.2f}× (derived from the 3-node run)",
+            f"{fwd:.2f}× (derived from the 3-node run on one core; the cluster section measures it)",
             verdict(fwd >= TARGETS["forwarded"]),
             "a forwarded request costs the node that takes it an outbound request and a "
             "response parse in Python (`PeerPool.request` in the three-node profile) and the "
