@@ -30,6 +30,7 @@ BENCHES = {
     "cold": "bench.cold",
     "stream_count": "bench.stream_count",
     "redis_get": "bench.redis_get",
+    "recovery": "bench.recovery",
 }
 # the pipeline benchmark is written by another change; run it once its module exists
 if importlib.util.find_spec("bench.pipeline") is not None:
