@@ -88,6 +88,12 @@ def test_leader_broker_stops_and_returns(unique: str, tmp_path: Path) -> None:
         ]
         for n in nodes:
             n.wait_ready(180)
+        # ready with no table yet: the pipeline publishes it, then each node checks its topic
+        # and answers 503 (retry) meanwhile; reads are counted from when both serve it
+        eventually(
+            lambda: all(n.get("/v1/tables/kv/count").status_code == 200 for n in nodes),
+            timeout=180,
+        )
 
         acked: dict[str, int] = {}
         producer = tc.producer(bootstrap, {"linger.ms": 5})
@@ -112,6 +118,8 @@ def test_leader_broker_stops_and_returns(unique: str, tmp_path: Path) -> None:
                 time.sleep(0.005)
 
         outcomes: Counter[str] = Counter()
+        why: list[str] = []
+        t0 = time.monotonic()
         slowest = [0.0]
 
         def read() -> None:
@@ -122,6 +130,9 @@ def test_leader_broker_stops_and_returns(unique: str, tmp_path: Path) -> None:
                     try:
                         r = http.get(f"{url}/v1/tables/kv/keys/k{random.randrange(KEYS):03d}")
                         outcomes[str(r.status_code)] += 1
+                        if r.status_code not in (200, 404) and len(why) < 5:
+                            # which answer, from where and when: the assertion shows them
+                            why.append(f"{time.monotonic() - t0:.1f}s {url} {r.text[:200]}")
                     except httpx.HTTPError as e:
                         outcomes[type(e).__name__] += 1
                     slowest[0] = max(slowest[0], time.monotonic() - started)
@@ -142,6 +153,7 @@ def test_leader_broker_stops_and_returns(unique: str, tmp_path: Path) -> None:
         )
         victim = leaders.most_common(1)[0][0] - 1  # node ids are 1-based
         before = sum(outcomes.values())
+        why.append(f"{time.monotonic() - t0:.1f}s broker {victim} stops")
         cluster.stop(victim)
         time.sleep(10)
         cluster.start(victim)
@@ -167,7 +179,7 @@ def test_leader_broker_stops_and_returns(unique: str, tmp_path: Path) -> None:
             f"{victim} was down or rejoining), {failed} failed, slowest read "
             f"{slowest[0] * 1000:.0f} ms, {len(acked)} keys acked, 0 lost; {dict(outcomes)}"
         )
-        assert failed == 0, outcomes
+        assert failed == 0, (outcomes, why)
     finally:
         stop.set()
         for n in nodes:
