@@ -113,6 +113,16 @@ def ingest(stack: Stack, rows: int) -> dict[str, Any]:
     return result
 
 
+def applied_so_far(proc: subprocess.Popen[bytes], url: str) -> float | None:
+    """The node's records-applied counter; None while it does not answer yet."""
+    try:
+        return applied(url)
+    except Exception:  # not up yet (no answer, or no counter yet)
+        if proc.poll() is not None:
+            raise RuntimeError(f"node {url} exited with {proc.returncode}") from None
+        return None
+
+
 def follow_ingest(
     proc: subprocess.Popen[bytes], url: str, rows: int, started: float
 ) -> dict[str, Any]:
@@ -125,14 +135,12 @@ def follow_ingest(
     """
     samples: list[tuple[float, float]] = []
     while True:
-        try:
-            samples.append((time.monotonic(), applied(url)))
-        except Exception:  # not up yet
-            if proc.poll() is not None:
-                raise RuntimeError(f"node {url} exited with {proc.returncode}") from None
+        n = applied_so_far(proc, url)
+        if n is None:
             time.sleep(0.05)
             continue
-        if samples[-1][1] >= rows:
+        samples.append((time.monotonic(), n))
+        if n >= rows:
             break
         time.sleep(0.05)
     ready = wait_http(url + "/readyz", timeout=60, proc=proc)
