@@ -276,7 +276,8 @@ def test_two_nodes_started_together_answer_every_read_once_ready(
     try:
         for node in nodes:
             node.wait_ready()
-        # the handover (RELEASE_GRACE_S after the new owner caught up) falls in this window
+        # the other node's heartbeat naming its partitions ready falls in this window (and
+        # a handover, RELEASE_GRACE_S after a new owner caught up, when one first held all)
         deadline = time.monotonic() + 8.0
         failures: list[str] = []
         reads = 0
