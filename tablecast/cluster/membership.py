@@ -49,6 +49,7 @@ from tablecast.cluster.liveness import (
     Prober,
 )
 from tablecast.cluster.signing import Signer
+from tablecast.kafka import batches
 from tablecast.kafka.config import client_conf
 from tablecast.kafka.topics import COMPACTED, ensure_topic, members_topic
 
@@ -365,7 +366,7 @@ class Membership:
 
     def _consume(self, timeout: float, live: bool) -> None:
         changed = False
-        for msg in self._consumer.consume(1000, timeout):
+        for msg in batches.take(self._consumer, 1000, timeout):
             if msg.error() is not None or msg.key() is None:
                 continue
             try:

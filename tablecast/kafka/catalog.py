@@ -30,7 +30,7 @@ from confluent_kafka import (
 )
 
 from tablecast import serde
-from tablecast.kafka import indexes
+from tablecast.kafka import batches, indexes
 from tablecast.kafka.config import client_conf, producer_conf
 from tablecast.kafka.partitioner import Partitioner
 from tablecast.kafka.topics import COMPACTED, catalog_topic, ensure_topic
@@ -238,15 +238,20 @@ class CatalogReader:
             except KafkaException:
                 return self.tables  # just created: not in this client's metadata yet
             self._consumer.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
+            self.loaded = self._initial_end == 0
         deadline = time.monotonic() + timeout
         while True:
-            msgs = self._consumer.consume(500, max(0.0, deadline - time.monotonic()))
+            # waits only while the catalog is not loaded, and only for its first record
+            # (consume(500, timeout) waits for 500 records or the whole timeout: a catalog
+            # of a few tables kept every node's start waiting that second)
+            wait = 0.0 if self.loaded else max(0.0, deadline - time.monotonic())
+            msgs = batches.take(self._consumer, 500, wait)
             for msg in msgs:
                 if msg.error() is None:
                     self._apply(msg.key(), msg.value(), msg.offset())
             if not self.loaded:
                 position = self._consumer.position([self._tp])[0].offset
-                self.loaded = self._initial_end == 0 or position >= self._initial_end
+                self.loaded = position >= self._initial_end
             if (self.loaded and not msgs) or time.monotonic() >= deadline:
                 return self.tables
 

@@ -88,6 +88,12 @@ def _options() -> Options:
     # a node holds many partitions: keep each instance's memtables modest
     opts.set_write_buffer_size(16 * 1024 * 1024)
     opts.set_max_write_buffer_number(3)
+    # a bloom filter over each memtable's keys: every apply looks its batch's keys up first
+    # (the key count), and during a restore nearly all miss; without it each miss is a
+    # skiplist search (apply alone 1.11x faster, median of 7 rounds). 1 % of the memtable,
+    # about 10 bits a key for rows of ~130 bytes: 160 KiB per store, with each memtable
+    opts.set_memtable_prefix_bloom_ratio(0.01)
+    opts.set_memtable_whole_key_filtering(True)
     table = BlockBasedOptions()
     table.set_block_cache(_cache)
     # point reads dominate: a bloom filter skips files without the key, and
