@@ -5,7 +5,7 @@
 Every figure of ``bench anchors`` is hot: 100,000 keys fit the read cache and the block
 cache after the warm-up. Here the same servers hold `--keys` keys (10M: about 1.5 GB of
 RocksDB files per server) behind caches of a few MiB: the tablecast node with
-``--cache-mb`` read cache and ``--block-cache-mb`` block cache, the Kafka Streams peer
+``--cache-mb`` each of read cache, kept answers and block cache, the Kafka Streams peer
 (Jetty front) with one block cache of the same size shared by its stores (its record
 cache does not serve reads). Both pinned to core 0 in turn, wrk on core 1. Three key
 choices, alternated within each round:
@@ -120,7 +120,15 @@ def main(argv: list[str]) -> None:
         work = stack.dir
         topic, _ = fill_data(stack, args.keys)
         node_proc, node = stack.node(
-            work / "node", None, "--cache-mb", mb, "--block-cache-mb", mb, app=APP
+            work / "node",
+            None,
+            "--cache-mb",
+            mb,
+            "--answers-mb",
+            mb,
+            "--block-cache-mb",
+            mb,
+            app=APP,
         )
         wait_http(node + "/readyz", timeout=1800, proc=node_proc)
         cluster = peers.enter_context(
@@ -220,7 +228,7 @@ def render(r: dict[str, Any]) -> str:
 `{r["command"]}` — {facts_line(r["machine"])}.
 
 {a["keys"]:,} keys (100-byte JSON values) in a tablecast node (read cache {a["cache_mb"]} MiB per
-table, block cache {a["cache_mb"]} MiB; {r["disk_mib"]["tablecast"]:,.0f} MiB on disk) and in the
+table, kept answers and block cache {a["cache_mb"]} MiB each; {r["disk_mib"]["tablecast"]:,.0f} MiB on disk) and in the
 Kafka Streams peer behind Jetty (one {a["cache_mb"]} MiB block cache shared by its stores, as its
 bounded-memory config setter does; {r["disk_mib"]["kafka_streams"]:,.0f} MiB on disk), each pinned to
 core 0 in turn, wrk (50 connections) on core 1; {a["rounds"]} rounds of {a["seconds"]} s alternating
