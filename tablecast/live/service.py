@@ -153,15 +153,17 @@ class Live:
         return Start([], {p: await self._now(info, p) for p in parts})
 
     async def _now(self, info: TableInfo, partition: int) -> int:
-        """Where "from now on" starts in a partition: the feed's position, this node's replica's,
-        or the topic's end."""
-        fed = self.hub.now(info, partition)
-        if fed is not None:
-            return fed
+        """Where "from now on" starts in a partition: this node's replica's position, else the
+        topic's end; the feed's position when it is further on.
+
+        Not the feed's position alone: a feed joined a moment ago for another watch starts a
+        little before that watch's snapshot and is still reading up to it, and a watch
+        started there would get records older than itself as changes."""
+        fed = self.hub.now(info, partition) or 0
         replica = self.router.local.readable(info, partition, NO_OPTIONS)
         if replica is not None:
-            return replica.position
-        return await self.hub.end_offset(info, partition)
+            return max(fed, replica.position)
+        return max(fed, await self.hub.end_offset(info, partition))
 
     def begin(self, plan: Plan, encoder: Encoder, sink: Sink) -> Watch:
         watch = Watch(self.hub, plan.info, plan.renderer, plan.selection, encoder, plan.expires)
