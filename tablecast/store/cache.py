@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tablecast.store.base import PartitionStore, Record, Version, Views, Write
+from tablecast.store.base import PartitionStore, Record, StoreClosed, Version, Views, Write
 
 #: dict slot, key and Record object overhead per entry, beyond the bytes themselves
 ENTRY_OVERHEAD = 200
@@ -34,6 +34,7 @@ class CachedStore:
         self._bytes = 0
         self._generation = 0
         self._applied = inner.applied_offset
+        self._closed = False
         #: reads answered from the cache, and read from the store (the console shows the rate)
         self.hits = self.misses = 0
 
@@ -51,6 +52,8 @@ class CachedStore:
     def get(self, key: bytes) -> Record | None:
         record = self._records.get(key)
         if record is not None:
+            if self._closed:  # a read that raced the close remembered its record after it
+                raise StoreClosed("the store was closed")
             self.hits += 1
             return record
         self.misses += 1
@@ -127,5 +130,6 @@ class CachedStore:
         return len(self.inner)
 
     def close(self) -> None:
+        self._closed = True
         self._records = {}
         self.inner.close()

@@ -15,6 +15,8 @@ from tablecast.cluster.validate import checker
 from tablecast.kafka.catalog import BadEntry, TableInfo
 from tablecast.kafka.windowed import window_key
 from tablecast.store import PartitionStore, Record, StoreClosed, Write, open_store
+from tablecast.store.cache import CachedStore
+from tablecast.store.memory import MemoryStore
 from tablecast.store.rocksdb import _META_V1, META, RocksDBStore
 
 KEYS = [b"k%03d" % i for i in range(200)]
@@ -88,6 +90,25 @@ def test_reads_racing_a_close_answer_right_or_raise_store_closed(
             store.get(KEYS[0])
         with pytest.raises(StoreClosed):
             len(store)
+
+
+def test_a_read_that_raced_the_close_leaves_no_answer_behind_it() -> None:
+    """A cache miss whose store read finished just before the close remembers its record after
+    the close emptied the cache: the next read must still meet the close, not that record
+    (it failed once in CI, under load, as the race test's read after the close)."""
+    cached = CachedStore(MemoryStore(), 1 << 20)
+    cached.apply([Write(b"k", b"v", 0, 7)])
+    inner_get = cached.inner.get
+
+    def get_then_close(key: bytes) -> Record | None:
+        record = inner_get(key)
+        cached.close()  # the close lands between the store's answer and the cache's fill
+        return record
+
+    cached.inner.get = get_then_close  # type: ignore[method-assign]
+    assert cached.get(b"k") == Record(b"v", 0, 7)  # read before the close: the right answer
+    with pytest.raises(StoreClosed):
+        cached.get(b"k")
 
 
 def test_rocksdb_store_keeps_its_sync_time_and_reads_the_old_bookkeeping(tmp_path: Path) -> None:
