@@ -141,6 +141,9 @@ def test_a_watch_is_its_topic_from_its_snapshot_on(bootstrap: str, one) -> None:
                 rest = _by_partition(events[cut + 1 :])
                 got = _by_partition(again.events)
                 assert {p: got.get(p, [])[: len(r)] for p, r in rest.items()} == rest
+                for e in again.events:  # each change's id stands right after it in its partition
+                    if e.event == "change":
+                        assert parse(e.id).offsets[e.data["partition"]] == e.data["offset"] + 1
 
 
 def _by_partition(events: Any) -> dict[int, list[tuple[str, Any]]]:
