@@ -22,6 +22,7 @@ from tablecast.kafka.topics import (
 )
 from tablecast.pipeline.plan import nodes as plan
 from tablecast.pipeline.plan import queries as planner
+from tablecast.pipeline.run import checkpoints as checkpoint_files
 from tablecast.pipeline.run import explain as explaining
 from tablecast.pipeline.run import spark as spark_setup
 from tablecast.pipeline.run import status
@@ -211,6 +212,7 @@ class Pipeline:
         _ensure_topic(bootstrap_servers, dlq_topic(app.id), 1)
         infos, chains = [], []
         checkpoints = app.resolve_checkpoint_dir()
+        checkpoint_files.choose_manager(spark, checkpoints)
         files, base = Files(spark), checkpoints.rstrip("/")
         for out in outputs:
             count = partitions[plan.source_of(out).topic]

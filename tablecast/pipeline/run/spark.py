@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tablecast import jvm
+from tablecast.pipeline.run import checkpoints
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -94,6 +95,9 @@ def session(
     )
     for k, v in driver_address(submitted).items():
         builder = builder.config(k, v)
+    if not submitted:  # local checkpoint files without a process per rename
+        for k, v in checkpoints.SESSION_CONF.items():
+            builder = builder.config(k, v)
     for k, v in (conf or {}).items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
