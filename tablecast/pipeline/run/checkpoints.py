@@ -6,10 +6,10 @@ through Hadoop's FileContext, whose local file system asks for the link status
 of both names, and Hadoop answers that by running ``readlink`` as a child
 process (it has no native library here): 960 of them in 163 s of one group_by
 benchmark (a JFR recording). Under a trickle of 400 records/s into a table
-group_by (2 runs each way), a micro-batch's WAL write took 116-148 ms (median of
-a run) with it and 16-22 ms without, its commit 91-118 ms and 21-24 ms, and a
-whole stateful micro-batch 2.9-3.3 s and 2.3-2.6 s (its state-store changelogs
-are checkpoint files too).
+group_by (7 alternating rounds, each a run's median per micro-batch), the WAL
+write took 138 ms with it and 18.5 ms without, the commit 108 and 20.5 ms, and a
+whole stateful micro-batch 3.17 s and 2.43 s: 0.77x (interquartile range
+0.67-0.80; its state-store changelogs are checkpoint files too).
 
 For a local checkpoint location a tablecast session therefore uses Hadoop's
 raw local file system (no ``.crc`` side files: the default manager writes
