@@ -15,6 +15,7 @@ import orjson
 from tablecast.cli.appfile import peek_app
 from tablecast.cli.supervisor import Supervisor
 from tablecast.kafka.broker import Broker
+from tablecast.server.listen import cannot_listen
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,9 @@ def run(args: argparse.Namespace) -> int:
     generate = demo or args.generate
     app = peek_app(app_file)
     data_dir = Path(args.data_dir)
+    for i in range(args.nodes):  # before anything starts: node i listens on --port + i
+        if why := cannot_listen("127.0.0.1", args.port + i):
+            raise SystemExit(f"tablecast: error: {why} (node-{i}); choose another --port")
     sup = Supervisor(data_dir / "logs")
     broker = None
     bootstrap = args.bootstrap_servers

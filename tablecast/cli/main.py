@@ -357,6 +357,7 @@ def _serve(args: argparse.Namespace) -> int:
     from tablecast.kafka import probe
     from tablecast.server import process
     from tablecast.server.auth import Auth
+    from tablecast.server.listen import cannot_listen
     from tablecast.server.policy import Policy, PolicyError
 
     if bool(args.tls_cert) != bool(args.tls_key):
@@ -385,6 +386,9 @@ def _serve(args: argparse.Namespace) -> int:
         policy = Policy.load(args.auth_policy) if args.auth_policy else None
     except PolicyError as e:
         return fail(str(e))
+    for port in (args.port, args.grpc_port):
+        if port is not None and (why := cannot_listen(args.host, port)):
+            return fail(why)
     probe.check(args.bootstrap_servers)
     scheme = "https" if args.tls_cert else "http"
     url = args.advertised_url or f"{scheme}://{args.host}:{args.port}"
@@ -413,7 +417,12 @@ def _serve(args: argparse.Namespace) -> int:
     auth = Auth(secret, args.auth_jwks, args.auth_audience, args.auth_issuer, policy)
     tls = (args.tls_cert, args.tls_key) if args.tls_cert else None
     limits = process.Limits(args.rate_limit, args.max_waits, args.auth_metrics, args.grpc_port)
-    process.run(config, args.host, args.port, auth, tls, limits)
+    try:
+        process.run(config, args.host, args.port, auth, tls, limits)
+    except RuntimeError as e:  # granian's bind, when the port was taken after the check above
+        if "Address already in use" not in str(e):
+            raise
+        return fail(f"cannot listen on {args.host}:{args.port}: taken while the node started")
     return 0
 
 

@@ -20,7 +20,7 @@ from tablecast.kafka.broker import Broker, free_port
 from tablecast.kafka.topics import end_offsets, ensure_topic
 from tests import reference_model as ref
 
-from ..support.procs import eventually
+from ..support.procs import eventually, free_port_run
 from .test_pipeline_restart import Row, batch, json_sender, kill_group, sel, start
 from .test_pipeline_support import read_table
 from .test_spark_cluster import GROUPING_APP, LONG, STR
@@ -101,10 +101,21 @@ def test_dev_pipeline_and_nodes_on_the_secured_broker(
 ) -> None:
     """The stock-price example end to end: its generator, the Spark pipeline and two nodes
     read and write Kafka only through SASL_SSL, configured by one --kafka-config file."""
-    port = free_port()
+    port = free_port_run(2)
     out = tmp_path / "dev.out"
     settings = secure_broker.client_properties
     assert settings is not None
+
+    def logs() -> str:
+        return out.read_text() + "".join(
+            p.read_text(errors="replace") for p in (tmp_path / "dev" / "logs").glob("*.log")
+        )
+
+    def up() -> bool:
+        if dev.poll() is not None:  # fail now, with its reason, not when the wait runs out
+            raise RuntimeError(f"dev exited with {dev.returncode}:\n{logs()[-4000:]}")
+        return "is up" in out.read_text()
+
     with open(out, "wb") as sink:
         dev = subprocess.Popen(
             [
@@ -130,27 +141,32 @@ def test_dev_pipeline_and_nodes_on_the_secured_broker(
             stdin=subprocess.DEVNULL,
         )
     try:
-        eventually(lambda: dev.poll() is None and "is up" in out.read_text(), timeout=300)
-        urls = [f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"]
+        try:
+            eventually(up, timeout=300)
+            urls = [f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"]
 
-        def aapl(url: str) -> dict | None:
-            r = httpx.get(f"{url}/v1/tables/prices/keys/AAPL", timeout=5)
-            return r.json() if r.status_code == 200 else None
+            def aapl(url: str) -> dict | None:
+                r = httpx.get(f"{url}/v1/tables/prices/keys/AAPL", timeout=5)
+                return r.json() if r.status_code == 200 else None
 
-        first = eventually(lambda: aapl(urls[0]), timeout=120)
-        assert first["key"] == "AAPL" and first["value"]
-        eventually(lambda: (aapl(urls[1]) or {}).get("offset", -1) >= first["offset"], timeout=60)
-        # the generator keeps producing through SASL_SSL: the answer moves on
-        eventually(lambda: (aapl(urls[0]) or {}).get("offset", -1) > first["offset"], timeout=60)
+            first = eventually(lambda: aapl(urls[0]), timeout=120)
+            assert first["key"] == "AAPL" and first["value"]
+            eventually(
+                lambda: (aapl(urls[1]) or {}).get("offset", -1) >= first["offset"], timeout=60
+            )
+            # the generator keeps producing through SASL_SSL: the answer moves on
+            eventually(
+                lambda: (aapl(urls[0]) or {}).get("offset", -1) > first["offset"], timeout=60
+            )
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{logs()[-4000:]}") from e
     finally:
         dev.send_signal(signal.SIGTERM)
         code = dev.wait(60)
-    logs = out.read_text() + "".join(
-        p.read_text(errors="replace") for p in (tmp_path / "dev" / "logs").glob("*.log")
-    )
-    assert code == 0, logs[-3000:]
-    assert secure_broker.material.password not in logs
-    assert "SASL_SSL SCRAM-SHA-512 as 'admin'" in logs  # each command says how it connects
+    text = logs()
+    assert code == 0, text[-3000:]
+    assert secure_broker.material.password not in text
+    assert "SASL_SSL SCRAM-SHA-512 as 'admin'" in text  # each command says how it connects
 
 
 def test_grouped_tables_are_exact_through_sasl_ssl_across_a_kill_9(

@@ -110,6 +110,17 @@ def start_node(
     return NodeProcess(proc, f"{scheme}://127.0.0.1:{port}", log_file)
 
 
+def free_port_run(n: int) -> int:
+    """The first of `n` consecutive loopback ports that are all free right now (for
+    `tablecast dev --nodes n --port P`, whose node i listens on P + i)."""
+    from tablecast.server.listen import cannot_listen
+
+    while True:
+        first = free_port()
+        if first + n <= 65536 and not any(cannot_listen("127.0.0.1", first + i) for i in range(n)):
+            return first
+
+
 def eventually(check, timeout: float = 60.0, interval: float = 0.25):  # type: ignore[no-untyped-def]
     """Call `check` until it returns a truthy value (returned) or `timeout` passes."""
     deadline = time.monotonic() + timeout
