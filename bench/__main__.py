@@ -31,6 +31,7 @@ BENCHES = {
     "stream_count": "bench.stream_count",
     "redis_get": "bench.redis_get",
     "recovery": "bench.recovery",
+    "checkpoints": "bench.checkpoints",
 }
 # the pipeline benchmark is written by another change; run it once its module exists
 if importlib.util.find_spec("bench.pipeline") is not None:

@@ -68,9 +68,12 @@ def wait_settled(url: str, nodes: int, timeout: float = 120.0) -> dict[int, str]
 def forwarded(
     stack: Stack, seconds: int, keys: int, rounds: int = 7, b_cpu: str = SERVER_CPU
 ) -> dict[str, Any]:
-    """Node A on core 0 takes every request; node B owns half the partitions, on `b_cpu`.
+    """Node A on core 0 takes every request; node B owns a third of the partitions, on `b_cpu`;
+    node A1 (core 0 too, idle unless asked) is A with forwarded reads sent one by one
+    (TABLECAST_FORWARD_BATCH=0).
 
-    wrk (core 1) sends A only keys A owns (local) or only keys B owns (each forwarded A → B),
+    wrk (core 1) sends A only keys A owns (local), A only keys B owns (each forwarded A → B,
+    those waiting at once as one batch), and A1 only keys B owns (each forwarded alone),
     alternated `rounds` times. With B on core 1 each node has a core of its own, as in a
     real deployment, but B then shares it with wrk: in the local runs B is idle, in the
     forwarded ones its reads take some of wrk's core (which can only lower the forwarded rate).
@@ -78,41 +81,75 @@ def forwarded(
     tag = f"fwd{b_cpu}"
     a, url_a = stack.node(stack.dir / f"{tag}-a")
     b, url_b = stack.node(stack.dir / f"{tag}-b", cpus=b_cpu)
-    for url, proc in ((url_a, a), (url_b, b)):
+    alone, url_alone = stack.node(stack.dir / f"{tag}-a1", env={"TABLECAST_FORWARD_BATCH": "0"})
+    nodes = ((url_a, a), (url_b, b), (url_alone, alone))
+    for url, proc in nodes:
         wait_http(url + "/readyz", timeout=300, proc=proc)
-    owners = wait_settled(url_a, 2)
+    owners = wait_settled(url_a, 3)
     names = [f"k{i:07d}" for i in range(keys)]
     mine = [k for k in names if owners[partition_for(k.encode(), PARTITIONS)] == url_a]
     theirs = [k for k in names if owners[partition_for(k.encode(), PARTITIONS)] == url_b]
     local_script = key_script("/v1/tables/points/keys/", mine)
     remote_script = key_script("/v1/tables/points/keys/", theirs)
+    for url in (url_a, url_alone):
+        wrk(url + "/", remote_script, 2)
     wrk(url_a + "/", local_script, 2)
-    wrk(url_a + "/", remote_script, 2)
-    local_runs, remote_runs = [], []
-    for _ in range(rounds):
-        local_runs.append(with_cpu(wrk, url_a + "/", local_script, seconds, pids=(a.pid, b.pid)))
-        remote_runs.append(with_cpu(wrk, url_a + "/", remote_script, seconds, pids=(a.pid, b.pid)))
+    pids = tuple(p.pid for _, p in nodes)
+    local_runs, remote_runs, alone_runs = [], [], []
+    batches = [0.0, 0.0, 0.0]  # A's batches, the reads in them, all its forwarded reads
+    for i in range(rounds):
+        runs = [
+            (local_runs, url_a, local_script),
+            (remote_runs, url_a, remote_script),
+            (alone_runs, url_alone, remote_script),
+        ]
+        for runs_, url, script in runs if i % 2 == 0 else runs[::-1]:
+            before = batch_counts(url_a) if runs_ is remote_runs else None
+            runs_.append(with_cpu(wrk, url + "/", script, seconds, pids=pids))
+            if before is not None:
+                after = batch_counts(url_a)
+                batches[0] += after[0] - before[0]
+                batches[1] += after[1] - before[1]
+                batches[2] += runs_[-1]["requests"]
         log.info(
-            "B on core %s: local %.0f req/s, forwarded %.0f req/s",
+            "B on core %s: local %.0f req/s, forwarded %.0f req/s (one by one %.0f)",
             b_cpu,
             local_runs[-1]["rps"],
             remote_runs[-1]["rps"],
+            alone_runs[-1]["rps"],
         )
-    stack.stop(a)
-    stack.stop(b)
+    for _, proc in nodes:
+        stack.stop(proc)
     local, remote = median(local_runs), median(remote_runs)
     ratios = [f["rps"] / loc["rps"] for loc, f in zip(local_runs, remote_runs, strict=True)]
+    batched = [f["rps"] / one["rps"] for f, one in zip(remote_runs, alone_runs, strict=True)]
     return {
         "b_cpu": b_cpu,
         "local": local,
         "forwarded": remote,
+        "one_by_one": median(alone_runs),
         **ratio_spread(ratios),
         "ratio": statistics.median(ratios),
+        "batched_vs_alone": ratio_spread(batched),
+        "reads_per_batch": batches[1] / batches[0] if batches[0] else 0.0,
+        "batched_share": batches[1] / batches[2] if batches[2] else 0.0,
         "rounds": {
             "local": [r["rps"] for r in local_runs],
             "forwarded": [r["rps"] for r in remote_runs],
+            "one_by_one": [r["rps"] for r in alone_runs],
         },
     }
+
+
+def batch_counts(url: str) -> tuple[float, float]:
+    """Batches of forwarded reads the node at `url` sent, and the reads in them (/metrics)."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    found = {"tablecast_forward_batches_total": 0.0, "tablecast_forward_batched_reads_total": 0.0}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in found:
+            found[name] = float(value)
+    return found["tablecast_forward_batches_total"], found["tablecast_forward_batched_reads_total"]
 
 
 def failover(stack: Stack, keys: int, standbys: int, seconds: float = 12.0) -> dict[str, Any]:
@@ -190,11 +227,17 @@ def main(argv: list[str]) -> None:
 
 def layout_row(label: str, x: dict[str, Any]) -> str:
     lo, hi = x["ratio_iqr"]
+    blo, bhi = x["batched_vs_alone"]["ratio_iqr"]
     return (
         f"| {label} | {x['local']['rps']:,.0f} | {x['forwarded']['rps']:,.0f} | "
-        f"{x['forwarded']['p99_us'] / 1e3:.2f} | {x['ratio_median']:.2f} ({lo:.2f}–{hi:.2f}) | "
-        f"{settled(x['ratio_iqr'], 0.5)} |"
+        f"{x['forwarded']['p99_us'] / 1e3:.2f} | {x['one_by_one']['rps']:,.0f} | "
+        f"{x['batched_vs_alone']['ratio_median']:.2f} ({blo:.2f}–{bhi:.2f}) | "
+        f"{x['ratio_median']:.2f} ({lo:.2f}–{hi:.2f}) | {settled(x['ratio_iqr'], 0.5)} |"
     )
+
+
+def _rounds(x: dict[str, Any], which: str) -> str:
+    return ", ".join(f"{v:,.0f}" for v in x["rounds"][which])
 
 
 def render(r: dict[str, Any], args: argparse.Namespace) -> str:
@@ -204,34 +247,41 @@ def render(r: dict[str, Any], args: argparse.Namespace) -> str:
         f"| {x['standbys']} | {x['queries']:,} | {x['failed']} | {x['gap_s']:.2f} s |"
         for x in r["failover"]
     )
+    cpu = {k: f[k]["cpu_us_per_request"] for k in ("local", "forwarded", "one_by_one")}
     return f"""## Cluster (issue 4)
 
 `{r["command"]}` — {facts_line(r["machine"])}.
 
-**Forwarded vs local GET, measured**: two nodes, wrk (64 connections, core 1) sending node A
-only keys whose active is A (local) or only keys whose active is B (every request forwarded
-A → B over a pooled keep-alive connection); {args.keys:,} keys, 12 partitions,
-{len(o["ratios"])} alternating rounds of {args.seconds} s. The ratio is each round's forwarded ÷
-local; a target counts as met only when its whole interquartile range clears it.
+**Forwarded vs local GET, measured**: three nodes, wrk (64 connections, core 1) sending node A
+only keys whose active is A (local), A only keys whose active is B (every request forwarded
+A → B; forwards waiting at the same moment leave as one batch), or A1 only keys whose
+active is B (A1 is A with `TABLECAST_FORWARD_BATCH=0`: each forward alone over a pooled
+keep-alive connection, as before batches); {args.keys:,} keys, 12 partitions,
+{len(o["ratios"])} alternating rounds of {args.seconds} s (the order flips each round). The
+ratios are each round's; a target counts as met only when its whole interquartile range
+clears it.
 
-| layout | local req/s | forwarded req/s | forwarded p99 ms | forwarded ÷ local: median (IQR) | target ≥ 0.50 |
-|---|---|---|---|---|---|
-{layout_row("A on core 0, B on core 1 (own cores)", o)}
-{layout_row("A and B both on core 0", f)}
+| layout | local req/s | forwarded req/s | forwarded p99 ms | one by one req/s | batched ÷ one by one: median (IQR) | forwarded ÷ local: median (IQR) | target ≥ 0.50 |
+|---|---|---|---|---|---|---|---|
+{layout_row("A, A1 on core 0, B on core 1 (own cores)", o)}
+{layout_row("A, A1 and B all on core 0", f)}
 
-Rounds, own cores: local {", ".join(f"{x:,.0f}" for x in o["rounds"]["local"])}; forwarded
-{", ".join(f"{x:,.0f}" for x in o["rounds"]["forwarded"])}. Shared core: local
-{", ".join(f"{x:,.0f}" for x in f["rounds"]["local"])}; forwarded
-{", ".join(f"{x:,.0f}" for x in f["rounds"]["forwarded"])}.
+Rounds, own cores: local {_rounds(o, "local")}; forwarded {_rounds(o, "forwarded")}; one by
+one {_rounds(o, "one_by_one")}. Shared core: local {_rounds(f, "local")}; forwarded
+{_rounds(f, "forwarded")}; one by one {_rounds(f, "one_by_one")}. In the batched runs
+{o["batched_share"]:.0%} (own cores) and {f["batched_share"]:.0%} (shared core) of the
+forwards left in a batch, {o["reads_per_batch"]:.1f} and {f["reads_per_batch"]:.1f} reads per
+batch on average; the rest went alone.
 
 What is hot and what could flatter or hurt: every key is in the nodes' read cache and kept
 answers after the warm-up (hot reads): a local read and B's side of a forward are answered
-from kept answers, A's side of a forward cannot be (only B knows its position). With own cores, B shares core 1 with wrk: idle in the local runs, busy
-in the forwarded ones, which can only lower the forwarded figure. On the shared core a
-forwarded request costs core 0 A's work (inbound request plus the outbound hop) and B's local
-read: CPU per request in the median runs, local A {f["local"]["cpu_us_per_request"][0]:.1f} µs;
-forwarded A {f["forwarded"]["cpu_us_per_request"][0]:.1f} µs + B
-{f["forwarded"]["cpu_us_per_request"][1]:.1f} µs.
+from kept answers, A's side of a forward cannot be (only B knows its position). With own
+cores, B shares core 1 with wrk: idle in the local runs, busy in the forwarded ones, which can
+only lower the forwarded figure. On the shared core a forwarded request costs core 0 A's work
+(inbound request plus the outbound hop) and B's read: CPU per request in the median runs,
+local A {cpu["local"][0]:.1f} µs; forwarded in batches A {cpu["forwarded"][0]:.1f} µs + B
+{cpu["forwarded"][1]:.1f} µs; one by one A1 {cpu["one_by_one"][2]:.1f} µs + B
+{cpu["one_by_one"][1]:.1f} µs.
 
 **Answer gap after kill -9**: three nodes, four client threads querying random keys on the two
 survivors without pause; one node is killed with -9 a third of the way through.

@@ -4,6 +4,7 @@ and pinned serving-node processes, all stopped by pid at the end."""
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import signal
 import subprocess
@@ -137,6 +138,7 @@ class Stack:
         *extra: str,
         app: str = APP,
         cpus: str = SERVER_CPU,
+        env: dict[str, str] | None = None,
     ) -> tuple[subprocess.Popen[bytes], str]:
         port = port or free_port()
         log_file = open(self.dir / f"node-{port}.log", "ab")  # noqa: SIM115 - lives as long as the node
@@ -162,6 +164,7 @@ class Stack:
             stdout=log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            env={**os.environ, **env} if env else None,
         )
         self.procs.append(proc)
         return proc, f"http://127.0.0.1:{port}"

@@ -18,7 +18,7 @@ import ssl
 from collections.abc import Awaitable, Callable
 from time import perf_counter
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, unquote
 
 import orjson
 
@@ -30,12 +30,13 @@ from tablecast.live.service import Live
 from tablecast.server import openapi, params, status
 from tablecast.server.answers import JSON, Answers
 from tablecast.server.auth import Auth
+from tablecast.server.coalesce import BATCH_PATH, READ_PREFIX, decode_targets, encode_answers
 from tablecast.server.consistency import AFTER_HEADER
 from tablecast.server.cursor import Cursors
 from tablecast.server.errors import ApiError
 from tablecast.server.local import Answer
 from tablecast.server.metrics import HttpStats, exposition
-from tablecast.server.peers import SIGNATURE, PeerPool, signed_parts
+from tablecast.server.peers import SIGNATURE, PeerPool, received_parts
 from tablecast.server.ratelimit import TokenBuckets, WaitSlots
 from tablecast.server.request import HOP, Request, subject_of
 from tablecast.server.router import DEFAULT_WAITS_PER_CALLER, Router
@@ -153,7 +154,7 @@ class HttpApp:
             log.exception("unhandled error on %s %s", scope.method, scope.path)
             answer = (500, ApiError("internal", "internal error").body(), [])
         code, body, extra = answer
-        if route == "ui" and code < 400:  # the console's files say their own type
+        if route in OWN_TYPE and code < 400:  # the console's files say their own type
             proto.response_bytes(code, extra, body)
         else:
             proto.response_bytes(code, [PROMETHEUS if route == "metrics" else JSON, *extra], body)
@@ -215,6 +216,10 @@ class HttpApp:
                 return "internal_count", lambda q, _: r.fan.internal_count(parts[3], q)
             if parts[4] == "snapshot":
                 return "internal_snapshot", lambda q, _: snapshot.answer_peer(r, parts[3], q)
+        elif path == BATCH_PATH:
+            if method != "POST":
+                raise ApiError("method_not_allowed", f"{BATCH_PATH} takes POST")
+            return "internal_batch", lambda q, proto: self._batch(q, proto)
         elif parts[1] == "ui":
             return self._console_route(method, path)
         elif path == NODE_ROUTE:
@@ -291,7 +296,9 @@ class HttpApp:
     def _metrics(self, req: Request) -> Answer:
         if self._auth_metrics:
             self.auth.caller(req.headers.get("authorization"))
-        return 200, exposition(self.node, self.stats, self.rate, self.waits, self.live.hub), []
+        coalescer = self.router.rpc.coalescer
+        metrics = exposition(self.node, self.stats, self.rate, self.waits, self.live.hub, coalescer)
+        return 200, metrics, []
 
     def _readiness(self, req: Request) -> Answer:
         code, body = status.readiness(self.node)
@@ -306,8 +313,9 @@ class HttpApp:
 
     def _check_peer(self, method: str, path: str, query: str, body: bytes, headers: Any) -> None:
         """Internal routes and forwarded requests answer only peers that sign with the secret."""
-        target = path + ("?" + query if query else "")
-        if not self.signer.verify(headers.get(SIGNATURE), *signed_parts(method, target, body)):
+        if not self.signer.verify(
+            headers.get(SIGNATURE), *received_parts(method, path, query, body)
+        ):
             raise ApiError(
                 "forbidden", "internal calls and forwarded requests need a peer's signature"
             )
@@ -320,8 +328,74 @@ class HttpApp:
             )
         return await self.router.fan.batch_get(table, body, req)
 
+    async def _batch(self, req: Request, proto: Any) -> Answer:
+        """Reads a peer forwarded together (:mod:`tablecast.server.coalesce`): each answered
+        as if it had come alone with the batch's headers, framed in one answer."""
+        body = await _read_body(req, proto)
+        if self._peer_checks:
+            self._check_peer("POST", BATCH_PATH, req.query, body, req.headers)
+        if not req.forwarded:
+            raise ApiError("bad_request", f"{BATCH_PATH} takes reads a peer forwards")
+        started = perf_counter()
+        answers: list[Any] = []
+        routes: list[str] = []
+        for target in decode_targets(body):
+            route = "key"
+            try:
+                if self.rate is not None and not self._peer_checks:  # as a lone unsigned hop
+                    self.rate.take(req.subject)
+                route, answer = self._hop(target, req)
+            except ApiError as e:
+                answer = (e.status, e.body(), e.headers)
+            routes.append(route)
+            answers.append(answer)
+        pending = [i for i, a in enumerate(answers) if not isinstance(a, tuple)]
+        if pending:  # a read that awaits (none of a plain key read here): all at once
+            done = await asyncio.gather(*(answers[i] for i in pending), return_exceptions=True)
+            for i, result in zip(pending, done, strict=True):
+                answers[i] = _settled(result)
+        took = perf_counter() - started
+        for route, (code, _, _) in zip(routes, answers, strict=True):
+            self.stats.record(route, code, took)
+        return 200, encode_answers(answers), [BINARY]
+
+    def _hop(self, target: str, req: Request) -> tuple[str, Answer | Awaitable[Answer]]:
+        """One read of a batch: the route's name and its answer, as :meth:`__call__` gives it
+        a GET with the batch's headers (the path decoded, as the server decodes it)."""
+        path, _, query = target.partition("?")
+        path = unquote(path)
+        answers = self._answers
+        if answers is not None and not query:
+            entry = answers.get(path)
+            if entry is not None:
+                return "key", (200, entry.body, entry.headers)
+        key = None if query else _plain_key_read("GET", path)
+        if key is not None:
+            request = Request(NO_PARAMS, "", req.headers, req.caller, req.scope)
+            return "key", self.router.get_key(key[0], key[1], request, path)
+        route, handler = self.match("GET", path)
+        if route == "watch" or not path.startswith(READ_PREFIX):
+            raise ApiError("bad_request", f"a batch reads no {route}")
+        request = Request(_params(query), query, req.headers, req.caller, req.scope)
+        if request.params:
+            params.check(route, request.params)
+        return route, handler(request, None)
+
+
+def _settled(result: Any) -> Answer:
+    """A batched read's answer from what gather returned for it (an error is its answer)."""
+    if isinstance(result, ApiError):
+        return result.status, result.body(), result.headers
+    if isinstance(result, BaseException):
+        log.error("a batched read failed", exc_info=result)
+        return 500, ApiError("internal", "internal error").body(), []
+    return result
+
 
 NO_PARAMS: dict[str, str] = {}
+BINARY = ("content-type", "application/octet-stream")
+#: routes whose answers carry their own content type
+OWN_TYPE = ("ui", "internal_batch")
 _KEY_ROUTES = {"keys": "key", "windows": "windows", "metadata": "metadata", "history": "history"}
 
 

@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 
 from tablecast.cluster.node import Node
 from tablecast.live.hub import Hub
+from tablecast.server.coalesce import Coalescer
 from tablecast.server.ratelimit import TokenBuckets, WaitSlots
 from tablecast.store import StoreClosed
 
@@ -53,12 +54,14 @@ class NodeCollector(Collector):
         rate: TokenBuckets | None = None,
         waits: WaitSlots | None = None,
         hub: Hub | None = None,
+        coalescer: Coalescer | None = None,
     ) -> None:
         self.node = node
         self.http = http
         self.rate = rate
         self.waits = waits
         self.hub = hub
+        self.coalescer = coalescer
 
     def collect(self) -> Iterator[Metric]:
         requests = CounterMetricFamily(
@@ -171,6 +174,22 @@ class NodeCollector(Collector):
         yield left_out
         if self.hub is not None:
             yield from _watch_metrics(self.hub)
+        if self.coalescer is not None:
+            for name, text, value in (
+                (
+                    "tablecast_forward_batches",
+                    "batches of forwarded reads sent",
+                    self.coalescer.batches,
+                ),
+                (
+                    "tablecast_forward_batched_reads",
+                    "forwarded reads sent in a batch",
+                    self.coalescer.batched_reads,
+                ),
+            ):
+                counter = CounterMetricFamily(name, text)
+                counter.add_metric([], value)
+                yield counter
 
 
 def _watch_metrics(hub: Hub) -> Iterator[Metric]:
@@ -217,7 +236,8 @@ def exposition(
     rate: TokenBuckets | None = None,
     waits: WaitSlots | None = None,
     hub: Hub | None = None,
+    coalescer: Coalescer | None = None,
 ) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(NodeCollector(node, http, rate, waits, hub))
+    registry.register(NodeCollector(node, http, rate, waits, hub, coalescer))
     return generate_latest(registry)

@@ -89,6 +89,12 @@ def signed_parts(method: str, target: str, body: bytes) -> tuple[bytes, bytes, b
     return method.encode(), (unquote(path) + sep + query).encode(), body
 
 
+def received_parts(method: str, path: str, query: str, body: bytes) -> tuple[bytes, bytes, bytes]:
+    """What a signature covers, as the receiver has the request: its path is decoded already
+    (decoding it again would turn a key's ``%41`` into ``A``)."""
+    return method.encode(), (path + "?" + query if query else path).encode(), body
+
+
 class PeerPool:
     """Idle connections per peer, reused across requests (keep-alive).
 

@@ -14,6 +14,7 @@ policy, so another node would refuse alike.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
 from urllib.parse import quote, urlencode
@@ -23,6 +24,8 @@ import orjson
 from tablecast.cluster.membership import HEARTBEAT_S, Member
 from tablecast.cluster.node import TICK_S
 from tablecast.kafka.catalog import TableInfo
+from tablecast.server import coalesce
+from tablecast.server.coalesce import READ_PREFIX, Coalescer
 from tablecast.server.consistency import ReadOptions
 from tablecast.server.errors import ApiError
 from tablecast.server.local import Answer, unavailable
@@ -48,6 +51,8 @@ T = TypeVar("T")
 class Rpc:
     def __init__(self, peers: PeerPool, routing: Routing) -> None:
         self.peers = peers
+        #: forwarded reads that leave together go as one call (off: TABLECAST_FORWARD_BATCH=0)
+        self.coalescer = Coalescer(peers) if coalesce.ENABLED else None
         self.routing = routing
 
     async def ask(
@@ -61,12 +66,25 @@ class Rpc:
         timeout: float = FORWARD_TIMEOUT_S,
     ) -> Answer | None:
         """A peer's answer, or None if it could not give one (unreachable, or 503)."""
-        if opts is not None and opts.at_least:  # it may wait for `after` that long first
-            timeout += opts.timeout_ms / 1000 + WAIT_SLACK_S
+        waits = opts is not None and opts.at_least
+        if waits:  # it may wait for `after` that long first
+            timeout += opts.timeout_ms / 1000 + WAIT_SLACK_S  # type: ignore[union-attr]
         try:
-            status, headers, payload = await self.peers.request(
-                member.url, method, target, req.onward_headers(), body, timeout
-            )
+            coalescer = self.coalescer
+            if (
+                coalescer is not None
+                and method == "GET"
+                and not waits
+                and target.startswith(READ_PREFIX)
+            ):
+                # reads that leave together go as one call (a wait for `after` never does)
+                status, headers, payload = await coalescer.get(
+                    member.url, target, req.onward_headers(), timeout
+                )
+            else:
+                status, headers, payload = await self.peers.request(
+                    member.url, method, target, req.onward_headers(), body, timeout
+                )
         except PeerUnavailable:
             return None
         if status == 503:
@@ -217,10 +235,19 @@ def key_target(table: str, key_text: str, sub: str) -> str:
     query string carries on: forward it in that form too, since the owner sees
     the path decoded.
     """
-    t = quote(table, safe="")
+    t = _quoted(table)
     if key_text.endswith(KEY_SUB_ROUTES):
         return f"/v1/tables/{t}/{sub or 'keys'}"
-    return f"/v1/tables/{t}/keys/{quote(key_text, safe='')}" + (f"/{sub}" if sub else "")
+    return f"/v1/tables/{t}/keys/{_quoted(key_text)}" + (f"/{sub}" if sub else "")
+
+
+#: text that quote(..., safe="") leaves as it is (RFC 3986's unreserved characters)
+_UNRESERVED = re.compile(r"[A-Za-z0-9_.~-]*").fullmatch
+
+
+def _quoted(text: str) -> str:
+    # on every forwarded read: most keys need no quoting, and the check is cheaper
+    return text if _UNRESERVED(text) else quote(text, safe="")
 
 
 #: what a key's path may end with to name a route of that key rather than the key itself

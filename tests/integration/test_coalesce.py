@@ -1,0 +1,120 @@
+"""Forwarded reads that leave together go to their owner as one signed batch, and each
+answer is the one the owner gives that read alone (tablecast.server.coalesce)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+import pytest
+
+from tablecast import serde
+
+from ..support.procs import NodeProcess, eventually, start_node
+from .tables import make_table
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 12
+SECRET = "coalesce-cluster-secret-0123456789abcdef"
+#: keys a batch must carry through: reserved and non-ASCII characters in the path
+ODD = ["a/b", "with space", "ünïcödé", "percent%41", "q?x=1", "hash#tag"]
+
+
+def _batches(node: NodeProcess) -> int:
+    """How many batches `node` answered with 200 (its /metrics)."""
+    text = node.get("/metrics").text
+    found = re.search(
+        r'tablecast_http_requests_total\{route="internal_batch",status="200"\} (\S+)', text
+    )
+    return int(float(found.group(1))) if found else 0
+
+
+def _owner(node: NodeProcess, key: str) -> str:
+    r = node.get(f"/v1/tables/kv/keys/{quote(key, safe='')}/metadata")
+    assert r.status_code == 200, r.text
+    return r.json()["active"]["url"]
+
+
+async def _read_all(url: str, paths: list[str]) -> list[httpx.Response]:
+    # many connections at once: the forwarder has many reads for one peer in flight
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as http:
+        return await asyncio.gather(*(http.get(p) for p in paths))
+
+
+def _same(forwarded: httpx.Response, direct: httpx.Response) -> tuple[object, ...]:
+    return (
+        forwarded.status_code,
+        forwarded.json(),
+        forwarded.headers.get("x-tablecast-node"),
+    ) == (direct.status_code, direct.json(), direct.headers.get("x-tablecast-node"))
+
+
+def _paths(keys: list[str]) -> list[str]:
+    """Reads of these keys: plain, by ?key= with an option, and their history."""
+    plain = [f"/v1/tables/kv/keys/{quote(k, safe='')}" for k in keys]
+    by_query = [f"/v1/tables/kv/keys?key={quote(k, safe='')}&max_lag=0" for k in keys[:20]]
+    return plain + by_query + [f"{p}/history" for p in plain[:5]]
+
+
+def _compare(nodes: list[NodeProcess], to: dict[str, list[str]], together: bool) -> None:
+    """Each node's reads of keys another node owns (`to`: owner URL -> paths) against the
+    owner's own answers; `together`: all at once, else one by one (no batch)."""
+    for asked in nodes:
+        owner = next(n for n in nodes if n is not asked)
+        paths = to[owner.url]
+        if together:
+            forwarded = asyncio.run(_read_all(asked.url, paths))
+        else:
+            forwarded = [asked.get(p) for p in paths]
+        direct = asyncio.run(_read_all(owner.url, paths))
+        wrong = [
+            (asked.url, p, f.status_code, f.text, d.status_code, d.text)
+            for p, f, d in zip(paths, forwarded, direct, strict=True)
+            if not _same(f, d)
+        ]
+        assert not wrong, wrong[:5]
+        assert not together or {f.status_code for f in forwarded} >= {200, 404}
+
+
+def test_reads_forwarded_together_answer_as_alone(bootstrap: str, unique: str, logs: Path) -> None:
+    keys = [f"key-{i}" for i in range(300)] + ODD
+    model = make_table(bootstrap, unique, "kv", PARTITIONS, serde.string(), serde.json())
+    model.write(bootstrap, [(k, {"k": k, "n": i}) for i, k in enumerate(keys)])
+    nodes = [start_node(unique, bootstrap, logs, "--cluster-secret", SECRET) for _ in range(2)]
+    try:
+        for node in nodes:
+            node.wait_ready()
+        a, b = nodes
+
+        def owners_split() -> bool:
+            return {_owner(a, k) for k in keys[:40]} == {a.url, b.url}
+
+        eventually(owners_split, timeout=60)
+        # every key read through the node that does not own it; keys that do not exist too
+        missing = [f"missing-{i}" for i in range(40)]
+        owned: dict[str, list[str]] = {a.url: [], b.url: []}
+        for k in keys + missing:
+            owned[_owner(a, k)].append(k)
+        to = {url: _paths(ks) for url, ks in owned.items()}
+        before = [_batches(n) for n in nodes]
+        _compare(nodes, to, together=True)
+        # some of them did travel together, both ways
+        assert all(n > was for n, was in zip([_batches(n) for n in nodes], before, strict=True))
+        # the odd keys alone, as a quiet node forwards them: each its own signed request
+        odd = {url: _paths([k for k in ks if k in ODD]) for url, ks in owned.items()}
+        _compare(nodes, odd, together=False)
+        # a batch without the cluster's signature is refused, whoever sends it
+        r = httpx.post(
+            f"{b.url}/internal/batch",
+            content=b'["/v1/tables/kv/keys/key-1"]',
+            headers={"x-tablecast-hop": "1"},
+        )
+        assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden", r.text
+    finally:
+        for node in nodes:
+            node.stop()

@@ -1,0 +1,193 @@
+"""The forwarder's batches (tablecast.server.coalesce) against a small real HTTP peer: reads
+that leave together travel as one call, a lone one as before, and a peer that refuses the
+batch route gets each read alone with the answer it gives alone."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import orjson
+import pytest
+
+from tablecast.server import coalesce
+from tablecast.server.coalesce import BATCH_PATH, Coalescer, decode_answers, encode_answers
+from tablecast.server.errors import ApiError
+from tablecast.server.peers import PeerPool, PeerUnavailable
+
+Handler = Callable[[str, str, bytes], Awaitable[tuple[int, bytes]]]
+
+
+class Peer:
+    """An HTTP/1.1 keep-alive server answering each request with `handler`; it notes the
+    request lines it was sent."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.seen: list[tuple[str, str]] = []
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                method, target, _ = lines[0].split(" ")
+                length = next(
+                    int(line.split(":", 1)[1])
+                    for line in lines
+                    if line.startswith("content-length")
+                )
+                body = await reader.readexactly(length)
+                self.seen.append((method, target))
+                status, answer = await self.handler(method, target, body)
+                writer.write(
+                    f"HTTP/1.1 {status} X\r\ncontent-length: {len(answer)}\r\n"
+                    f"x-tablecast-node: peer\r\n\r\n".encode()
+                    + answer
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+
+def _alone(target: str) -> tuple[int, bytes]:
+    """What the peer answers a read of `target` alone: 404 for keys named missing-*."""
+    key = target.rsplit("/", 1)[1]
+    if key.startswith("missing"):
+        return 404, ApiError("key_not_found", f"no {key}").body()
+    return 200, orjson.dumps({"key": key})
+
+
+async def _batching(method: str, target: str, body: bytes) -> tuple[int, bytes]:
+    if target == BATCH_PATH:
+        node = [("x-tablecast-node", "peer")]
+        return 200, encode_answers([(*_alone(t), node) for t in orjson.loads(body)])
+    return _alone(target)
+
+
+async def _no_route(method: str, target: str, body: bytes) -> tuple[int, bytes]:
+    if target == BATCH_PATH:
+        return 404, ApiError("not_found", "no route").body()
+    return _alone(target)
+
+
+TARGETS = [f"/v1/tables/t/keys/{k}" for k in ("a", "missing-1", "b", "c", "missing-2")]
+
+
+def test_reads_that_leave_together_travel_as_one_call() -> None:
+    async def run() -> None:
+        peer = Peer(_batching)
+        async with peer as url:
+            c = Coalescer(PeerPool())
+            answers = await asyncio.gather(*(c.get(url, t, [], 2.0) for t in TARGETS))
+            assert [(s, b) for s, _, b in answers] == [_alone(t) for t in TARGETS]
+            assert all((b"x-tablecast-node", b"peer") in h for _, h, _ in answers)
+            assert peer.seen == [("POST", BATCH_PATH)]
+            assert (c.batches, c.batched_reads) == (1, len(TARGETS))
+            # a lone read goes as a plain GET
+            lone = await c.get(url, TARGETS[0], [], 2.0)
+            assert lone[0] == 200 and peer.seen[-1] == ("GET", TARGETS[0])
+            c.pool.close()
+
+    asyncio.run(run())
+
+
+def test_different_headers_never_share_a_batch() -> None:
+    async def run() -> None:
+        peer = Peer(_batching)
+        async with peer as url:
+            c = Coalescer(PeerPool())
+            tokens = [[("authorization", f"Bearer {i % 2}")] for i in range(4)]
+            await asyncio.gather(*(c.get(url, TARGETS[0], h, 2.0) for h in tokens))
+            assert peer.seen == [("POST", BATCH_PATH)] * 2
+            c.pool.close()
+
+    asyncio.run(run())
+
+
+def test_a_peer_without_the_route_gets_each_read_alone() -> None:
+    async def run() -> None:
+        peer = Peer(_no_route)
+        async with peer as url:
+            c = Coalescer(PeerPool())
+            answers = await asyncio.gather(*(c.get(url, t, [], 2.0) for t in TARGETS))
+            assert [(s, b) for s, _, b in answers] == [_alone(t) for t in TARGETS]
+            assert peer.seen[0] == ("POST", BATCH_PATH)
+            assert sorted(peer.seen[1:]) == sorted(("GET", t) for t in TARGETS)
+            # for a while, no batch is tried again
+            del peer.seen[:]
+            await asyncio.gather(*(c.get(url, t, [], 2.0) for t in TARGETS))
+            assert all(m == "GET" for m, _ in peer.seen)
+            c.pool.close()
+
+    asyncio.run(run())
+
+
+def test_an_unreachable_peer_fails_every_read_of_the_batch() -> None:
+    async def run() -> None:
+        peer = Peer(_batching)
+        async with peer as url:
+            pass  # closed: nothing listens there now
+        c = Coalescer(PeerPool())
+        results = await asyncio.gather(
+            *(c.get(url, t, [], 2.0) for t in TARGETS), return_exceptions=True
+        )
+        assert all(isinstance(r, PeerUnavailable) for r in results)
+
+    asyncio.run(run())
+
+
+def test_a_full_batch_leaves_and_the_next_read_opens_another(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(coalesce, "MAX_READS", 3)
+
+    async def run() -> None:
+        peer = Peer(_batching)
+        async with peer as url:
+            c = Coalescer(PeerPool())
+            answers = await asyncio.gather(*(c.get(url, t, [], 2.0) for t in TARGETS))
+            assert [(s, b) for s, _, b in answers] == [_alone(t) for t in TARGETS]
+            assert (c.batches, c.batched_reads) == (2, 5)
+            c.pool.close()
+
+    asyncio.run(run())
+
+
+def test_framing_round_trips_and_refuses_a_short_answer() -> None:
+    answers = [(200, b'{"a":1}', [("x-tablecast-node", "n")]), (404, b"", [])]
+    data = encode_answers(answers)
+    assert decode_answers(data, 2) == [
+        (200, [(b"x-tablecast-node", b"n")], b'{"a":1}'),
+        (404, [], b""),
+    ]
+    for bad in (data[:-1], data + b"x"):
+        with pytest.raises(PeerUnavailable):
+            decode_answers(bad, 2)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not json",
+        b"{}",
+        b"[]",
+        b'["/internal/tables/t/scan"]',
+        b"[1]",
+        orjson.dumps(["/v1/tables/t/keys/a"] * 65),
+    ],
+)
+def test_a_batch_holds_1_to_64_reads_of_tables(body: bytes) -> None:
+    with pytest.raises(ApiError) as e:
+        coalesce.decode_targets(body)
+    assert e.value.status == 400
