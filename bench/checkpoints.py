@@ -26,7 +26,14 @@ from typing import Any
 import orjson
 
 from bench import common
-from bench.common import command, facts_line, machine, ratio_spread, save, settled, write_section
+from bench.common import (
+    command,
+    facts_line,
+    machine,
+    publish,
+    ratio_spread,
+    settled,
+)
 
 log = logging.getLogger("bench.checkpoints")
 
@@ -191,9 +198,7 @@ def main(argv: list[str]) -> None:
             for ours, theirs in zip(runs["tablecast"], runs["spark_default"], strict=True)
         ]
     )
-    save("checkpoints", result)
-    write_section("checkpoints", render(result, command()))
-    print(render(result, command()))
+    publish("checkpoints", result, render(result, command()))
 
 
 if __name__ == "__main__":

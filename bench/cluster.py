@@ -50,16 +50,30 @@ end
 """
 
 
-def actives(url: str) -> dict[int, str]:
+def actives(url: str) -> tuple[dict[int, str], bool]:
+    """Each partition's active node, and whether some replica is still warming (to take
+    a partition over from its active)."""
     nodes = httpx.get(f"{url}/v1/cluster", timeout=5).json()["nodes"]
-    return {r["partition"]: n["url"] for n in nodes for r in n["replicas"] if r["role"] == "active"}
+    replicas = [(n["url"], r) for n in nodes for r in n["replicas"]]
+    owners = {r["partition"]: u for u, r in replicas if r["role"] == "active"}
+    return owners, any(r["role"] == "warming" for _, r in replicas)
 
 
-def wait_settled(url: str, nodes: int, timeout: float = 120.0) -> dict[int, str]:
+def wait_settled(url: str, nodes: int, timeout: float = 180.0) -> dict[int, str]:
+    """The actives once every node holds some, none is warming to take over, and the
+    assignment has stayed the same for 3 s (a node that joined last moves partitions)."""
     deadline = time.monotonic() + timeout
+    last: dict[int, str] = {}
+    since = time.monotonic()
     while time.monotonic() < deadline:
-        owners = actives(url)
-        if len(owners) == PARTITIONS and len(set(owners.values())) == nodes:
+        owners, warming = actives(url)
+        if owners != last or warming:
+            last, since = owners, time.monotonic()
+        elif (
+            len(owners) == PARTITIONS
+            and len(set(owners.values())) == nodes
+            and time.monotonic() - since >= 3.0
+        ):
             return owners
         time.sleep(0.3)
     raise TimeoutError("the cluster did not settle")
@@ -118,6 +132,9 @@ def forwarded(
             remote_runs[-1]["rps"],
             alone_runs[-1]["rps"],
         )
+    moved = actives(url_a)[0] != owners  # then some "local" reads were forwarded
+    if moved:
+        log.warning("B on core %s: the assignment moved during the runs", b_cpu)
     for _, proc in nodes:
         stack.stop(proc)
     local, remote = median(local_runs), median(remote_runs)
@@ -125,6 +142,7 @@ def forwarded(
     batched = [f["rps"] / one["rps"] for f, one in zip(remote_runs, alone_runs, strict=True)]
     return {
         "b_cpu": b_cpu,
+        "assignment_moved": moved,
         "local": local,
         "forwarded": remote,
         "one_by_one": median(alone_runs),
@@ -240,6 +258,12 @@ def _rounds(x: dict[str, Any], which: str) -> str:
     return ", ".join(f"{v:,.0f}" for v in x["rounds"][which])
 
 
+def moved_note(*layouts: dict[str, Any]) -> str:
+    if not any(x.get("assignment_moved") for x in layouts):
+        return " The assignment did not move during the runs."
+    return " **The assignment moved during the runs: these figures mix local and forwarded reads.**"
+
+
 def render(r: dict[str, Any], args: argparse.Namespace) -> str:
     f, o = r["forwarding"], r["forwarding_own_cores"]
 
@@ -271,7 +295,7 @@ one {_rounds(o, "one_by_one")}. Shared core: local {_rounds(f, "local")}; forwar
 {_rounds(f, "forwarded")}; one by one {_rounds(f, "one_by_one")}. In the batched runs
 {o["batched_share"]:.0%} (own cores) and {f["batched_share"]:.0%} (shared core) of the
 forwards left in a batch, {o["reads_per_batch"]:.1f} and {f["reads_per_batch"]:.1f} reads per
-batch on average; the rest went alone.
+batch on average; the rest went alone.{moved_note(o, f)}
 
 What is hot and what could flatter or hurt: every key is in the nodes' read cache and kept
 answers after the warm-up (hot reads): a local read and B's side of a forward are answered

@@ -37,11 +37,10 @@ from bench.common import (
     facts_line,
     machine,
     median,
+    publish,
     ratio_spread,
-    save,
     settled,
     wait_http,
-    write_section,
     wrk,
 )
 from bench.peers import kafka_streams as ks
@@ -193,9 +192,7 @@ def main(argv: list[str]) -> None:
             for dist in scripts
         }
         stack.stop(node_proc)
-    save("cold", r)
-    write_section("cold", render(r))
-    print(render(r))
+    publish("cold", r, render(r))
 
 
 def render(r: dict[str, Any]) -> str:

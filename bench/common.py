@@ -237,6 +237,13 @@ def write_section(name: str, markdown: str) -> None:
     BENCHMARKS.write_text(text)
 
 
+def publish(name: str, result: dict[str, Any], markdown: str) -> None:
+    """Save a run's results, put its section into BENCHMARKS.md, and print the section."""
+    save(name, result)
+    write_section(name, markdown)
+    print(markdown)
+
+
 def command() -> str:
     return "python -m bench " + " ".join(sys.argv[1:])
 

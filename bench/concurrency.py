@@ -33,11 +33,10 @@ from bench.common import (
     facts_line,
     machine,
     median,
+    publish,
     ratio_spread,
-    save,
     settled,
     wait_http,
-    write_section,
     wrk,
 )
 from bench.peers import kafka_streams as ks
@@ -143,9 +142,7 @@ def main(argv: list[str]) -> None:
                 failed[name] = f"warm-up: {type(e).__name__} ({str(e).splitlines()[0]})"
         r["runs"] = measure(servers, args.keys, args.connections, args.seconds, args.rounds, failed)
         stack.stop(node_proc)
-    save("concurrency", r)
-    write_section("concurrency", render(r))
-    print(render(r))
+    publish("concurrency", r, render(r))
 
 
 NAMES = {

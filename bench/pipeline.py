@@ -37,11 +37,10 @@ from bench.common import (
     command,
     facts_line,
     machine,
+    publish,
     ratio_spread,
-    save,
     settled,
     verdict,
-    write_section,
 )
 from tablecast.kafka.produce import produce_waiting
 
@@ -491,9 +490,7 @@ def main(argv: list[str]) -> None:
             spark.stop()
             broker.stop()
     result["load_after"] = [round(x, 1) for x in os.getloadavg()]
-    save("pipeline", result)
-    write_section("pipeline", render(result, command()))
-    print(render(result, command()))
+    publish("pipeline", result, render(result, command()))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import common
-from bench.common import command, facts_line, machine, save, write_section
+from bench.common import command, facts_line, machine, publish
 
 log = logging.getLogger("bench.spark_cluster")
 
@@ -184,9 +184,7 @@ def main(argv: list[str]) -> None:
     result["summary"] = {
         mode: {p: summary(rounds, mode, p) for p in PIPELINES} for mode in ("local", "cluster")
     }
-    save("spark_cluster", result)
-    write_section("spark_cluster", render(result, command()))
-    print(render(result, command()))
+    publish("spark_cluster", result, render(result, command()))
 
 
 if __name__ == "__main__":

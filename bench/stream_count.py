@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import common
-from bench.common import command, facts_line, machine, ratio_spread, save, write_section
+from bench.common import command, facts_line, machine, publish, ratio_spread
 from bench.pipeline import TopicWatch, background_load, drained_rate, percentiles, produce
 
 log = logging.getLogger("bench.stream_count")
@@ -231,9 +231,7 @@ def main(argv: list[str]) -> None:
             spark.stop()
             broker.stop()
     result["load_after"] = [round(x, 1) for x in os.getloadavg()]
-    save("stream_count", result)
-    write_section("stream_count", render(result, command()))
-    print(render(result, command()))
+    publish("stream_count", result, render(result, command()))
 
 
 if __name__ == "__main__":

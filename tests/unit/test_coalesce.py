@@ -13,7 +13,7 @@ import pytest
 from tablecast.server import coalesce
 from tablecast.server.coalesce import BATCH_PATH, Coalescer, decode_answers, encode_answers
 from tablecast.server.errors import ApiError
-from tablecast.server.peers import PeerPool, PeerUnavailable
+from tablecast.server.peers import PeerPool, PeerUnavailable, Response
 
 Handler = Callable[[str, str, bytes], Awaitable[tuple[int, bytes]]]
 
@@ -82,55 +82,63 @@ async def _no_route(method: str, target: str, body: bytes) -> tuple[int, bytes]:
 
 
 TARGETS = [f"/v1/tables/t/keys/{k}" for k in ("a", "missing-1", "b", "c", "missing-2")]
+Check = Callable[[str, Coalescer, Peer], Awaitable[None]]
+
+
+def _against(handler: Handler, check: Check) -> None:
+    """Run `check` with a Coalescer and a peer answering with `handler`."""
+
+    async def run() -> None:
+        peer = Peer(handler)
+        async with peer as url:
+            c = Coalescer(PeerPool())
+            try:
+                await check(url, c, peer)
+            finally:
+                c.pool.close()
+
+    asyncio.run(run())
+
+
+async def _all(c: Coalescer, url: str, targets: list[str]) -> list[Response]:
+    return await asyncio.gather(*(c.get(url, t, [], 2.0) for t in targets))
 
 
 def test_reads_that_leave_together_travel_as_one_call() -> None:
-    async def run() -> None:
-        peer = Peer(_batching)
-        async with peer as url:
-            c = Coalescer(PeerPool())
-            answers = await asyncio.gather(*(c.get(url, t, [], 2.0) for t in TARGETS))
-            assert [(s, b) for s, _, b in answers] == [_alone(t) for t in TARGETS]
-            assert all((b"x-tablecast-node", b"peer") in h for _, h, _ in answers)
-            assert peer.seen == [("POST", BATCH_PATH)]
-            assert (c.batches, c.batched_reads) == (1, len(TARGETS))
-            # a lone read goes as a plain GET
-            lone = await c.get(url, TARGETS[0], [], 2.0)
-            assert lone[0] == 200 and peer.seen[-1] == ("GET", TARGETS[0])
-            c.pool.close()
+    async def check(url: str, c: Coalescer, peer: Peer) -> None:
+        answers = await _all(c, url, TARGETS)
+        assert [(s, b) for s, _, b in answers] == [_alone(t) for t in TARGETS]
+        assert all((b"x-tablecast-node", b"peer") in h for _, h, _ in answers)
+        assert peer.seen == [("POST", BATCH_PATH)]
+        assert (c.batches, c.batched_reads) == (1, len(TARGETS))
+        # a lone read goes as a plain GET
+        lone = await c.get(url, TARGETS[0], [], 2.0)
+        assert lone[0] == 200 and peer.seen[-1] == ("GET", TARGETS[0])
 
-    asyncio.run(run())
+    _against(_batching, check)
 
 
 def test_different_headers_never_share_a_batch() -> None:
-    async def run() -> None:
-        peer = Peer(_batching)
-        async with peer as url:
-            c = Coalescer(PeerPool())
-            tokens = [[("authorization", f"Bearer {i % 2}")] for i in range(4)]
-            await asyncio.gather(*(c.get(url, TARGETS[0], h, 2.0) for h in tokens))
-            assert peer.seen == [("POST", BATCH_PATH)] * 2
-            c.pool.close()
+    async def check(url: str, c: Coalescer, peer: Peer) -> None:
+        tokens = [[("authorization", f"Bearer {i % 2}")] for i in range(4)]
+        await asyncio.gather(*(c.get(url, TARGETS[0], h, 2.0) for h in tokens))
+        assert peer.seen == [("POST", BATCH_PATH)] * 2
 
-    asyncio.run(run())
+    _against(_batching, check)
 
 
 def test_a_peer_without_the_route_gets_each_read_alone() -> None:
-    async def run() -> None:
-        peer = Peer(_no_route)
-        async with peer as url:
-            c = Coalescer(PeerPool())
-            answers = await asyncio.gather(*(c.get(url, t, [], 2.0) for t in TARGETS))
-            assert [(s, b) for s, _, b in answers] == [_alone(t) for t in TARGETS]
-            assert peer.seen[0] == ("POST", BATCH_PATH)
-            assert sorted(peer.seen[1:]) == sorted(("GET", t) for t in TARGETS)
-            # for a while, no batch is tried again
-            del peer.seen[:]
-            await asyncio.gather(*(c.get(url, t, [], 2.0) for t in TARGETS))
-            assert all(m == "GET" for m, _ in peer.seen)
-            c.pool.close()
+    async def check(url: str, c: Coalescer, peer: Peer) -> None:
+        answers = await _all(c, url, TARGETS)
+        assert [(s, b) for s, _, b in answers] == [_alone(t) for t in TARGETS]
+        assert peer.seen[0] == ("POST", BATCH_PATH)
+        assert sorted(peer.seen[1:]) == sorted(("GET", t) for t in TARGETS)
+        # for a while, no batch is tried again
+        del peer.seen[:]
+        await _all(c, url, TARGETS)
+        assert all(m == "GET" for m, _ in peer.seen)
 
-    asyncio.run(run())
+    _against(_no_route, check)
 
 
 def test_an_unreachable_peer_fails_every_read_of_the_batch() -> None:
@@ -152,16 +160,12 @@ def test_a_full_batch_leaves_and_the_next_read_opens_another(
 ) -> None:
     monkeypatch.setattr(coalesce, "MAX_READS", 3)
 
-    async def run() -> None:
-        peer = Peer(_batching)
-        async with peer as url:
-            c = Coalescer(PeerPool())
-            answers = await asyncio.gather(*(c.get(url, t, [], 2.0) for t in TARGETS))
-            assert [(s, b) for s, _, b in answers] == [_alone(t) for t in TARGETS]
-            assert (c.batches, c.batched_reads) == (2, 5)
-            c.pool.close()
+    async def check(url: str, c: Coalescer, peer: Peer) -> None:
+        answers = await _all(c, url, TARGETS)
+        assert [(s, b) for s, _, b in answers] == [_alone(t) for t in TARGETS]
+        assert (c.batches, c.batched_reads) == (2, 5)
 
-    asyncio.run(run())
+    _against(_batching, check)
 
 
 def test_framing_round_trips_and_refuses_a_short_answer() -> None:
