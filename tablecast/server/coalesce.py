@@ -106,6 +106,8 @@ class Coalescer:
         self._open: dict[tuple[str, tuple[tuple[str, str], ...]], _Open] = {}
         #: peers without the batch route, and until when their reads go one by one
         self._one_by_one: dict[str, float] = {}
+        #: batches being sent (the loop keeps only weak references to tasks)
+        self._sending: set[asyncio.Task[None]] = set()
         #: batches sent and the reads in them (for /metrics)
         self.batches = 0
         self.batched_reads = 0
@@ -134,14 +136,19 @@ class Coalescer:
     ) -> None:
         if self._open.get(key) is batch:
             del self._open[key]
-        asyncio.get_running_loop().create_task(self._send(key[0], list(key[1]), batch, timeout))
+        task = asyncio.get_running_loop().create_task(
+            self._send(key[0], list(key[1]), batch, timeout)
+        )
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
 
     async def _send(
         self, base_url: str, headers: list[tuple[str, str]], batch: _Open, timeout: float
     ) -> None:
         targets, waiters = batch.targets, batch.waiters
-        if len(targets) > 1:
-            try:
+        failure = PeerUnavailable(f"{base_url}: the batch was not answered")
+        try:
+            if len(targets) > 1:
                 status, _, body = await self.pool.request(
                     base_url, "POST", BATCH_PATH, headers, encode_targets(targets), timeout
                 )
@@ -155,13 +162,15 @@ class Coalescer:
                     return
                 if status == 404:  # no such route there: an earlier version
                     self._one_by_one[base_url] = asyncio.get_running_loop().time() + ONE_BY_ONE_S
-            except PeerUnavailable as e:
-                for waiter in waiters:
-                    if not waiter.done():
-                        waiter.set_exception(PeerUnavailable(str(e)))
-                return
-        pairs = zip(targets, waiters, strict=True)
-        await asyncio.gather(*(self._alone(base_url, t, headers, w, timeout) for t, w in pairs))
+            pairs = zip(targets, waiters, strict=True)
+            await asyncio.gather(*(self._alone(base_url, t, headers, w, timeout) for t, w in pairs))
+        except PeerUnavailable as e:
+            failure = e
+        finally:
+            # whatever went wrong (the peer, or a bug here), no read waits for ever
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_exception(PeerUnavailable(str(failure)))
 
     async def _alone(
         self,

@@ -195,3 +195,18 @@ def test_a_batch_holds_1_to_64_reads_of_tables(body: bytes) -> None:
     with pytest.raises(ApiError) as e:
         coalesce.decode_targets(body)
     assert e.value.status == 400
+
+
+def test_a_garbled_batch_answer_fails_its_reads_and_none_hangs() -> None:
+    async def garbled(method: str, target: str, body: bytes) -> tuple[int, bytes]:
+        return (200, b"\x00\x01garbage") if target == BATCH_PATH else _alone(target)
+
+    async def check(url: str, c: Coalescer, peer: Peer) -> None:
+        results = await asyncio.wait_for(
+            asyncio.gather(*(c.get(url, t, [], 2.0) for t in TARGETS), return_exceptions=True),
+            5.0,
+        )
+        assert all(isinstance(r, PeerUnavailable) for r in results)
+        assert c.batches == 0
+
+    _against(garbled, check)
