@@ -30,7 +30,7 @@ from tablecast.live.service import Live
 from tablecast.server import openapi, params, status
 from tablecast.server.answers import JSON, Answers
 from tablecast.server.auth import Auth
-from tablecast.server.coalesce import BATCH_PATH, READ_PREFIX, decode_targets, encode_answers
+from tablecast.server.coalesce import BATCH_PATH, decode_targets, encode_answers
 from tablecast.server.consistency import AFTER_HEADER
 from tablecast.server.cursor import Cursors
 from tablecast.server.errors import ApiError
@@ -148,11 +148,8 @@ class HttpApp:
                 answer = handler(request, proto)
             if not isinstance(answer, tuple):
                 answer = await answer
-        except ApiError as e:
-            answer = (e.status, e.body(), e.headers)
-        except Exception:  # no client input may produce a stack trace or a hung request
-            log.exception("unhandled error on %s %s", scope.method, scope.path)
-            answer = (500, ApiError("internal", "internal error").body(), [])
+        except Exception as e:  # no client input may produce a stack trace or a hung request
+            answer = _failed(e, scope.method, scope.path)
         code, body, extra = answer
         if route in OWN_TYPE and code < 400:  # the console's files say their own type
             proto.response_bytes(code, extra, body)
@@ -339,21 +336,23 @@ class HttpApp:
         started = perf_counter()
         answers: list[Any] = []
         routes: list[str] = []
-        for target in decode_targets(body):
+        targets = decode_targets(body)
+        for target in targets:
             route = "key"
             try:
                 if self.rate is not None and not self._peer_checks:  # as a lone unsigned hop
                     self.rate.take(req.subject)
                 route, answer = self._hop(target, req)
-            except ApiError as e:
-                answer = (e.status, e.body(), e.headers)
+            except Exception as e:
+                answer = _failed(e, "GET", target)
             routes.append(route)
             answers.append(answer)
         pending = [i for i, a in enumerate(answers) if not isinstance(a, tuple)]
         if pending:  # a read that awaits (none of a plain key read here): all at once
             done = await asyncio.gather(*(answers[i] for i in pending), return_exceptions=True)
             for i, result in zip(pending, done, strict=True):
-                answers[i] = _settled(result)
+                is_error = isinstance(result, Exception)
+                answers[i] = _failed(result, "GET", targets[i]) if is_error else result
         took = perf_counter() - started
         for route, (code, _, _) in zip(routes, answers, strict=True):
             self.stats.record(route, code, took)
@@ -374,22 +373,20 @@ class HttpApp:
             request = Request(NO_PARAMS, "", req.headers, req.caller, req.scope)
             return "key", self.router.get_key(key[0], key[1], request, path)
         route, handler = self.match("GET", path)
-        if route == "watch" or not path.startswith(READ_PREFIX):
-            raise ApiError("bad_request", f"a batch reads no {route}")
+        if route == "watch":  # a stream, not a read with one answer
+            raise ApiError("bad_request", "a batch reads no watch")
         request = Request(_params(query), query, req.headers, req.caller, req.scope)
         if request.params:
             params.check(route, request.params)
         return route, handler(request, None)
 
 
-def _settled(result: Any) -> Answer:
-    """A batched read's answer from what gather returned for it (an error is its answer)."""
-    if isinstance(result, ApiError):
-        return result.status, result.body(), result.headers
-    if isinstance(result, BaseException):
-        log.error("a batched read failed", exc_info=result)
-        return 500, ApiError("internal", "internal error").body(), []
-    return result
+def _failed(e: Exception, method: str, target: str) -> Answer:
+    """The answer to a request that raised `e`: the SPEC's error JSON, a 500 for a bug."""
+    if isinstance(e, ApiError):
+        return e.status, e.body(), e.headers
+    log.error("unhandled error on %s %s", method, target, exc_info=e)
+    return 500, ApiError("internal", "internal error").body(), []
 
 
 NO_PARAMS: dict[str, str] = {}
