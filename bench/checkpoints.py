@@ -155,14 +155,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--seconds", type=float, default=40.0, help="trickle per run")
     parser.add_argument("--rate", type=int, default=400, help="records/s of the trickle")
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="small, in a few minutes; writes to bench/results/quick/, not BENCHMARKS.md",
-    )
+    common.add_quick(parser)
     args = parser.parse_args(argv)
-    if args.quick:
-        common.use_scratch_output()
+    if common.quick(args):
         args.seconds, args.rounds = 25.0, 2
     from tablecast.kafka.broker import Broker, free_port
     from tablecast.pipeline.run.spark import session

@@ -200,6 +200,22 @@ def rss_bytes(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
+def add_quick(parser: argparse.ArgumentParser) -> None:
+    """The --quick option every benchmark takes (apply it with :func:`quick`)."""
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="small, in a few minutes; writes to bench/results/quick/, not BENCHMARKS.md",
+    )
+
+
+def quick(args: argparse.Namespace) -> bool:
+    """Whether this is a --quick run; its sections and plots then go to the scratch output."""
+    if args.quick:
+        use_scratch_output()
+    return bool(args.quick)
+
+
 def use_scratch_output() -> None:
     """Send BENCHMARKS.md sections and plots of this run to bench/results/quick/.
 

@@ -452,14 +452,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--seconds", type=float, default=70.0, help="freshness run length")
     parser.add_argument("--load", type=int, default=2000, help="background records/s")
     parser.add_argument("--rounds", type=int, default=7, help="group_by rounds (each side)")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="small, in a few minutes; writes to bench/results/quick/, not BENCHMARKS.md",
-    )
+    common.add_quick(parser)
     args = parser.parse_args(argv)
-    if args.quick:
-        common.use_scratch_output()
+    if common.quick(args):
         args.records, args.seconds, args.rounds = 100_000, 10.0, 2
     from tablecast.kafka.broker import Broker, free_port
     from tablecast.pipeline.run.spark import session
