@@ -146,7 +146,7 @@ class NodeCollector(Collector):
         for (table, reason), n in sorted(ingest.bad_records.items()):
             bad.add_metric([table, reason], n)
         yield bad
-        for name, text, value in (
+        yield from _counters(
             ("tablecast_store_write_failures", "store writes that failed", ingest.write_failures),
             (
                 "tablecast_catalog_bad_entries",
@@ -163,10 +163,7 @@ class NodeCollector(Collector):
                 "stores too old to resume (compaction may have dropped tombstones)",
                 ingest.restored_from_scratch,
             ),
-        ):
-            counter = CounterMetricFamily(name, text)
-            counter.add_metric([], value)
-            yield counter
+        )
         left_out = GaugeMetricFamily(
             "tablecast_tables_left_out", "catalog tables not served: bad entry or topic"
         )
@@ -175,7 +172,7 @@ class NodeCollector(Collector):
         if self.hub is not None:
             yield from _watch_metrics(self.hub)
         if self.coalescer is not None:
-            for name, text, value in (
+            yield from _counters(
                 (
                     "tablecast_forward_batches",
                     "batches of forwarded reads sent",
@@ -186,10 +183,15 @@ class NodeCollector(Collector):
                     "forwarded reads sent in a batch",
                     self.coalescer.batched_reads,
                 ),
-            ):
-                counter = CounterMetricFamily(name, text)
-                counter.add_metric([], value)
-                yield counter
+            )
+
+
+def _counters(*rows: tuple[str, str, float]) -> Iterator[Metric]:
+    """One unlabelled counter per (name, help, value)."""
+    for name, text, value in rows:
+        counter = CounterMetricFamily(name, text)
+        counter.add_metric([], value)
+        yield counter
 
 
 def _watch_metrics(hub: Hub) -> Iterator[Metric]:
@@ -209,15 +211,12 @@ def _watch_metrics(hub: Hub) -> Iterator[Metric]:
     for reason, n in sorted(hub.closed.items()):
         closed.add_metric([reason], n)
     yield closed
-    for name, text, value in (
+    yield from _counters(
         ("tablecast_watch_events", "change events delivered to watches", hub.delivered),
         ("tablecast_watch_opened", "watches opened", hub.opened),
         ("tablecast_watch_catch_ups", "watches that read the topic privately first", hub.catch_ups),
         ("tablecast_watch_feed_records", "records the watch feed read", hub.feed.records),
-    ):
-        counter = CounterMetricFamily(name, text)
-        counter.add_metric([], value)
-        yield counter
+    )
     fed = GaugeMetricFamily(
         "tablecast_watch_feed_partitions", "table partitions the watch feed reads"
     )
