@@ -258,6 +258,20 @@ def _rounds(x: dict[str, Any], which: str) -> str:
     return ", ".join(f"{v:,.0f}" for v in x["rounds"][which])
 
 
+def own_cores_note(o: dict[str, Any]) -> str:
+    """How busy A's core was in the median forwarded run with own cores: when A had
+    time to spare, that rate is B's (on the core it shares with wrk), not A's."""
+    fwd = o["forwarded"]
+    busy = fwd["cpu_us_per_request"][0] * fwd["rps"] / 1e6
+    lead = (
+        f" With own cores A spent {fwd['cpu_us_per_request'][0]:.1f} µs per forwarded read "
+        f"and its core was {busy:.0%} busy in the median run"
+    )
+    if busy < 0.9:
+        return lead + ": the forwarded rate there is bounded by B's answers, not by A."
+    return lead + "."
+
+
 def moved_note(*layouts: dict[str, Any]) -> str:
     if not any(x.get("assignment_moved") for x in layouts):
         return " The assignment did not move during the runs."
@@ -305,7 +319,7 @@ only lower the forwarded figure. On the shared core a forwarded request costs co
 (inbound request plus the outbound hop) and B's read: CPU per request in the median runs,
 local A {cpu["local"][0]:.1f} µs; forwarded in batches A {cpu["forwarded"][0]:.1f} µs + B
 {cpu["forwarded"][1]:.1f} µs; one by one A1 {cpu["one_by_one"][2]:.1f} µs + B
-{cpu["one_by_one"][1]:.1f} µs.
+{cpu["one_by_one"][1]:.1f} µs.{own_cores_note(o)}
 
 **Answer gap after kill -9**: three nodes, four client threads querying random keys on the two
 survivors without pause; one node is killed with -9 a third of the way through.

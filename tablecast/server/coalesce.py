@@ -76,24 +76,27 @@ def decode_answers(data: bytes, count: int) -> list[Response]:
         for _ in range(count):
             status, head_len, body_len = _FRAME.unpack_from(data, at)
             at += _FRAME.size
-            headers = [
-                (k.encode("latin-1"), v.encode("latin-1"))
-                for k, v in orjson.loads(data[at : at + head_len])
-            ]
+            headers = [(k, v) for k, v in orjson.loads(data[at : at + head_len])]
             at += head_len
             answers.append((status, headers, data[at : at + body_len]))
             at += body_len
-    except (struct.error, orjson.JSONDecodeError, ValueError) as e:
+    except (struct.error, orjson.JSONDecodeError, ValueError, TypeError) as e:
         raise PeerUnavailable(f"bad batch answer: {e}") from None
     if at != len(data) or len(answers) != count:
         raise PeerUnavailable("bad batch answer: its length does not match its reads")
     return answers
 
 
-class _Open:
-    __slots__ = ("targets", "waiters")
+def _now() -> float:
+    return asyncio.get_running_loop().time()
 
-    def __init__(self) -> None:
+
+class _Open:
+    __slots__ = ("loop", "targets", "waiters")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        #: kept: asyncio.get_running_loop() costs a getpid() system call per read here
+        self.loop = loop
         self.targets: list[str] = []
         self.waiters: list[asyncio.Future[Response]] = []
 
@@ -115,16 +118,16 @@ class Coalescer:
     async def get(
         self, base_url: str, target: str, headers: list[tuple[str, str]], timeout: float
     ) -> Response:
-        loop = asyncio.get_running_loop()
-        if self._one_by_one and self._one_by_one.get(base_url, 0.0) > loop.time():
+        if self._one_by_one and self._one_by_one.get(base_url, 0.0) > _now():
             return await self.pool.request(base_url, "GET", target, headers, b"", timeout)
         key = (base_url, tuple(headers))
         batch = self._open.get(key)
         if batch is None:
-            batch = self._open[key] = _Open()
+            loop = asyncio.get_running_loop()
+            batch = self._open[key] = _Open(loop)
             # after the callbacks that are ready now: the reads they start join this batch
             loop.call_soon(self._leave, key, batch, timeout)
-        waiter: asyncio.Future[Response] = loop.create_future()
+        waiter: asyncio.Future[Response] = batch.loop.create_future()
         batch.targets.append(target)
         batch.waiters.append(waiter)
         if len(batch.targets) >= MAX_READS:
@@ -136,9 +139,7 @@ class Coalescer:
     ) -> None:
         if self._open.get(key) is batch:
             del self._open[key]
-        task = asyncio.get_running_loop().create_task(
-            self._send(key[0], list(key[1]), batch, timeout)
-        )
+        task = batch.loop.create_task(self._send(key[0], list(key[1]), batch, timeout))
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
 
@@ -161,7 +162,7 @@ class Coalescer:
                             waiter.set_result(answer)
                     return
                 if status == 404:  # no such route there: an earlier version
-                    self._one_by_one[base_url] = asyncio.get_running_loop().time() + ONE_BY_ONE_S
+                    self._one_by_one[base_url] = _now() + ONE_BY_ONE_S
             pairs = zip(targets, waiters, strict=True)
             await asyncio.gather(*(self._alone(base_url, t, headers, w, timeout) for t, w in pairs))
         except PeerUnavailable as e:

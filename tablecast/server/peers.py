@@ -23,7 +23,8 @@ SIGNATURE = "x-tablecast-signature"
 #: for 10 s (process.HEADER_TIMEOUT_MS), and one closing as a request goes out would fail it
 MAX_IDLE_S = 5.0
 
-Response = tuple[int, list[tuple[bytes, bytes]], bytes]
+#: status, headers (names in lower case, latin-1 text as HTTP sends it), body
+Response = tuple[int, list[tuple[str, str]], bytes]
 
 
 class PeerUnavailable(Exception):
@@ -35,7 +36,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.waiter: asyncio.Future[Response] | None = None
-        self.headers: list[tuple[bytes, bytes]] = []
+        self.headers: list[tuple[str, str]] = []
         self.body: list[bytes] = []
         self.closed = False
 
@@ -49,7 +50,7 @@ class _Connection(asyncio.Protocol):
             self._fail(PeerUnavailable(f"bad response: {e}"))
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name.lower(), value))
+        self.headers.append((name.lower().decode("latin-1"), value.decode("latin-1")))
 
     def on_body(self, body: bytes) -> None:
         self.body.append(body)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Awaitable, Callable, Iterable
+from time import monotonic
 from typing import TypeVar
 from urllib.parse import quote, urlencode
 
@@ -33,12 +34,14 @@ from tablecast.server.peers import PeerPool, PeerUnavailable
 from tablecast.server.request import Request
 from tablecast.server.routing import ME, Choice, Routing
 
-PASS_HEADERS = (
-    b"x-tablecast-node",
-    b"x-tablecast-lag",
-    b"x-tablecast-staleness-ms",
-    b"x-tablecast-position",
-    b"retry-after",
+PASS_HEADERS = frozenset(
+    (
+        "x-tablecast-node",
+        "x-tablecast-lag",
+        "x-tablecast-staleness-ms",
+        "x-tablecast-position",
+        "retry-after",
+    )
 )
 FORWARD_TIMEOUT_S = 2.0
 #: how long an internal call may take beyond the wait for ``after`` it passes on
@@ -89,7 +92,7 @@ class Rpc:
             return None
         if status == 503:
             return None
-        passed = [(k.decode(), v.decode()) for k, v in headers if k in PASS_HEADERS]
+        passed = [(k, v) for k, v in headers if k in PASS_HEADERS]
         return status, payload, passed
 
     async def elsewhere(
@@ -105,7 +108,8 @@ class Rpc:
         """Redirect to, or forward to, the first choice that answers."""
         if req.query and not opts.redirect:
             target += "?" + req.query
-        deadline = asyncio.get_running_loop().time() + NO_REPLICA_GRACE_S
+        # monotonic(), not the loop's time: looking the loop up costs a getpid() system call
+        deadline = monotonic() + NO_REPLICA_GRACE_S
         while True:
             answer = await self._first_able(choices, target, req, opts, here)
             if answer is not None:
@@ -146,8 +150,7 @@ class Rpc:
     ) -> list[Choice]:
         """The choices of the next views until one names any, or [] at `deadline` (and at
         once for a forwarded read: its forwarder moves on to its own next choice)."""
-        loop = asyncio.get_running_loop()
-        while not req.forwarded and loop.time() < deadline:
+        while not req.forwarded and monotonic() < deadline:
             await asyncio.sleep(TICK_S)
             choices = self.routing.choices(info, partition, req, opts)
             if choices:
@@ -187,7 +190,7 @@ class Rpc:
         routing = self.routing
         pending = {p: routing.choices(info, p, req, opts) for p in partitions}
         results: list[T] = []
-        deadline = asyncio.get_running_loop().time() + NO_REPLICA_GRACE_S
+        deadline = monotonic() + NO_REPLICA_GRACE_S
         while pending:
             groups: dict[str, list[int]] = {}
             for p, choices in list(pending.items()):

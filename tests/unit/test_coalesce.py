@@ -108,7 +108,7 @@ def test_reads_that_leave_together_travel_as_one_call() -> None:
     async def check(url: str, c: Coalescer, peer: Peer) -> None:
         answers = await _all(c, url, TARGETS)
         assert [(s, b) for s, _, b in answers] == [_alone(t) for t in TARGETS]
-        assert all((b"x-tablecast-node", b"peer") in h for _, h, _ in answers)
+        assert all(("x-tablecast-node", "peer") in h for _, h, _ in answers)
         assert peer.seen == [("POST", BATCH_PATH)]
         assert (c.batches, c.batched_reads) == (1, len(TARGETS))
         # a lone read goes as a plain GET
@@ -172,7 +172,7 @@ def test_framing_round_trips_and_refuses_a_short_answer() -> None:
     answers = [(200, b'{"a":1}', [("x-tablecast-node", "n")]), (404, b"", [])]
     data = encode_answers(answers)
     assert decode_answers(data, 2) == [
-        (200, [(b"x-tablecast-node", b"n")], b'{"a":1}'),
+        (200, [("x-tablecast-node", "n")], b'{"a":1}'),
         (404, [], b""),
     ]
     for bad in (data[:-1], data + b"x"):
