@@ -2,7 +2,8 @@
 [--rounds 7] [--keys 100000]``.
 
 One server at a time on core 0, its load generator on core 1, alternated each round:
-a tablecast node with kept answers (the default), a node with ``--answers-mb 0`` (every GET
+a tablecast node with kept answers (the default), the same with ``--http-engine loop``
+(HTTP/1.1 parsed on the event loop's thread), a node with ``--answers-mb 0`` (every GET
 routed and read from the read cache), Redis (redis-benchmark's GET, 50 clients) and the
 node's HTTP stack returning a constant body (wrk, 50 connections for the HTTP servers).
 Each round's own ratios are reported with their median and interquartile range; the target
@@ -39,8 +40,13 @@ log = logging.getLogger("bench")
 TARGET = 0.5
 PARTITIONS = 12
 #: each node its own app id: two nodes of one app would split the partitions and forward
-APPS = {"tablecast": "redisget", "tablecast_routed": "redisget-routed"}
-NAMES = ("tablecast", "tablecast_routed", "redis", "constant")
+APPS = {
+    "tablecast": "redisget",
+    "tablecast_loop": "redisget-loop",
+    "tablecast_routed": "redisget-routed",
+}
+EXTRA = {"tablecast_loop": ("--http-engine", "loop"), "tablecast_routed": ("--answers-mb", "0")}
+NAMES = ("tablecast", "tablecast_loop", "tablecast_routed", "redis", "constant")
 #: `python -m bench all --quick`: a test of the harness, not figures
 QUICK_ARGS = ["--seconds", "2", "--keys", "20000", "--rounds", "3"]
 
@@ -59,8 +65,7 @@ def main(argv: list[str]) -> None:
         urls, procs = {}, []
         for name, app in APPS.items():
             stack.table("points", args.keys, PARTITIONS, app=app, key_of=rkey)
-            extra = ("--answers-mb", "0") if name == "tablecast_routed" else ()
-            proc, url = stack.node(stack.dir / name, None, *extra, app=app)
+            proc, url = stack.node(stack.dir / name, None, *EXTRA.get(name, ()), app=app)
             wait_http(url + "/readyz", timeout=300, proc=proc)
             urls[name] = url
             procs.append(proc)
@@ -80,7 +85,7 @@ def measure(
 ) -> dict[str, list[dict[str, Any]]]:
     script = key_script(tc_path("points"), keys)
     # warm-ups: every key asked for at least once (kept answers, read cache, block cache)
-    for name in ("tablecast", "tablecast_routed"):
+    for name in APPS:
         wrk(urls[name] + "/", script, max(seconds, 10), CONNECTIONS)
     wrk(urls["constant"] + "/", None, 2, CONNECTIONS)
     guess = rp.benchmark(redis, keys, 200_000, clients=CONNECTIONS, cpus=LOAD_CPU).rps
@@ -88,6 +93,9 @@ def measure(
     for n in range(rounds):
         runs["tablecast"].append(wrk(urls["tablecast"] + "/", script, seconds, CONNECTIONS))
         runs["redis"].append(redis_get(redis, keys, seconds, guess))
+        runs["tablecast_loop"].append(
+            wrk(urls["tablecast_loop"] + "/", script, seconds, CONNECTIONS)
+        )
         runs["tablecast_routed"].append(
             wrk(urls["tablecast_routed"] + "/", script, seconds, CONNECTIONS)
         )
@@ -106,6 +114,7 @@ def ratios(runs: dict[str, list[dict[str, Any]]], ours: str, theirs: str) -> dic
 
 LABELS = {
     "tablecast": "tablecast node, kept answers (default)",
+    "tablecast_loop": "tablecast node, kept answers, `--http-engine loop`",
     "tablecast_routed": "tablecast node, `--answers-mb 0` (routed, read cache)",
     "redis": "Redis GET (redis-benchmark)",
     "constant": "constant body, the node's HTTP stack (granian RSGI)",
@@ -121,6 +130,8 @@ def render(r: dict[str, Any]) -> str:
     )
     pairs = [
         ("tablecast", "redis", "kept answers ÷ Redis", True),
+        ("tablecast_loop", "redis", "kept answers, loop engine ÷ Redis", True),
+        ("tablecast_loop", "tablecast", "loop engine ÷ granian (kept answers)", False),
         ("tablecast_routed", "redis", "routed ÷ Redis", False),
         ("tablecast", "tablecast_routed", "kept answers ÷ routed", False),
         ("tablecast", "constant", "kept answers ÷ constant body", False),
@@ -144,7 +155,7 @@ Each server in turn on core 0, its load generator on core 1: wrk (1 thread,
 {CONNECTIONS} keep-alive connections, random keys) for the HTTP servers,
 redis-benchmark ({CONNECTIONS} clients, random keys) for Redis; {args["keys"]:,} keys
 named as redis-benchmark names them with 100-byte JSON values, a {PARTITIONS}-partition
-RocksDB table; {args["rounds"]} rounds of {args["seconds"]} s alternating the four servers,
+RocksDB table; {args["rounds"]} rounds of {args["seconds"]} s alternating the five servers,
 medians shown.
 
 | server | req/s | p50 ms | p99 ms |
@@ -172,8 +183,10 @@ constant body at {const_redis:.2f}× of it; on other days this machine's Redis a
 137,000–165,000/s with the same constant body at 0.55–0.61× (the anchors section), where
 kept answers at this run's {kept_const:.2f}× of the constant body would be about
 {kept_const * 0.55:.2f}–{kept_const * 0.61:.2f}× Redis. The HTTP stack itself (granian
-handing each request to the Python event loop) is what is left: a read path that answers
-without Python is not built.
+handing each request to the Python event loop) is what is left with the default engine; the
+loop engine parses HTTP/1.1 on the event loop and writes a kept answer as the bytes it last
+wrote (no HTTP/2 or WebSocket there: docs/operations.md). A read path that answers without
+Python is not built.
 """
 
 

@@ -33,7 +33,7 @@ JSON = ("content-type", "application/json")
 
 
 class Entry:
-    __slots__ = ("body", "end", "headers", "info", "position", "replica", "slot")
+    __slots__ = ("body", "end", "headers", "info", "position", "replica", "slot", "wire")
 
     def __init__(
         self,
@@ -51,6 +51,8 @@ class Entry:
         self.end = end
         self.headers = headers
         self.body = body
+        #: the whole HTTP/1.1 response, once the loop server has written it (server/http1.py)
+        self.wire: bytes | None = None
 
 
 class Answers:

@@ -28,7 +28,7 @@ from tablecast.console.api import NODE_ROUTE, Console
 from tablecast.live import snapshot, sse, websocket
 from tablecast.live.service import Live
 from tablecast.server import openapi, params, status
-from tablecast.server.answers import JSON, Answers
+from tablecast.server.answers import JSON, Answers, Entry
 from tablecast.server.auth import Auth
 from tablecast.server.coalesce import BATCH_PATH, decode_targets, encode_answers
 from tablecast.server.consistency import AFTER_HEADER
@@ -91,17 +91,22 @@ class HttpApp:
             if scope.proto == "ws":
                 await self._websocket(scope, proto)
             return
+        rest = self.begin(scope, proto)
+        if rest is not None:
+            await rest
+
+    def begin(self, scope: Any, proto: Any) -> Awaitable[None] | None:
+        """Answer an HTTP request now if it can be (None), or return what answers it later.
+
+        Most reads are answered without a task of their own; the HTTP server
+        awaits the rest (a read forwarded to a peer, a body to read, a wait).
+        """
+        if scope.method == "GET" and not scope.query_string:
+            kept = self.kept(scope.path, scope.headers)
+            if kept is not None:
+                proto.response_bytes(200, kept.headers, kept.body)
+                return None
         started = perf_counter()
-        answers = self._answers
-        if answers is not None and scope.method == "GET" and not scope.query_string:
-            headers = scope.headers
-            # a read after a position may have to wait; a hop's signature is checked
-            if AFTER_HEADER not in headers and not (self._peer_checks and HOP in headers):
-                entry = answers.get(scope.path)
-                if entry is not None:
-                    proto.response_bytes(200, entry.headers, entry.body)
-                    self.stats.record("key", 200, perf_counter() - started)
-                    return
         route = "unmatched"
         try:
             path = scope.path
@@ -135,27 +140,60 @@ class HttpApp:
                 route, handler = self.match(scope.method, path)
                 if route == "watch":
                     # a stream: answered by the watch itself (it parses its own query, which
-                    # may name many keys); an error before the stream starts is raised here
+                    # may name many keys); an error before the stream starts is raised there
                     # the token goes on with its snapshot's peer calls, also when it came as
                     # ?access_token=
                     watch = Request(NO_PARAMS, query, headers, caller, scope, authorization)
-                    await handler(watch, proto)
-                    self.stats.record(route, 200, perf_counter() - started)
-                    return
+                    return self._stream(handler(watch, proto), scope, proto, started)
                 request = Request(_params(query), query, headers, caller, scope)
                 if request.params:
                     params.check(route, request.params)
                 answer = handler(request, proto)
             if not isinstance(answer, tuple):
-                answer = await answer
+                return self._later(answer, route, scope, proto, started)
         except Exception as e:  # no client input may produce a stack trace or a hung request
             answer = _failed(e, scope.method, scope.path)
+        self._respond(route, answer, proto, started)
+        return None
+
+    async def _later(
+        self, pending: Awaitable[Answer], route: str, scope: Any, proto: Any, started: float
+    ) -> None:
+        try:
+            answer = await pending
+        except Exception as e:  # as in begin(): every failure is an answer
+            answer = _failed(e, scope.method, scope.path)
+        self._respond(route, answer, proto, started)
+
+    async def _stream(self, watch: Awaitable[None], scope: Any, proto: Any, started: float) -> None:
+        try:
+            await watch
+        except Exception as e:  # before the stream started: an answer like any other
+            self._respond("watch", _failed(e, scope.method, scope.path), proto, started)
+            return
+        self.stats.record("watch", 200, perf_counter() - started)
+
+    def _respond(self, route: str, answer: Answer, proto: Any, started: float) -> None:
         code, body, extra = answer
         if route in OWN_TYPE and code < 400:  # the console's files say their own type
             proto.response_bytes(code, extra, body)
         else:
             proto.response_bytes(code, [PROMETHEUS if route == "metrics" else JSON, *extra], body)
         self.stats.record(route, code, perf_counter() - started)
+
+    def kept(self, path: str, headers: Any) -> Entry | None:
+        """The kept answer of a GET of `path` without a query string, if one is kept and
+        may be given as it is (counted as answered)."""
+        answers = self._answers
+        # a read after a position may have to wait; a hop's signature is checked
+        if answers is None or AFTER_HEADER in headers or (self._peer_checks and HOP in headers):
+            return None
+        started = perf_counter()
+        entry = answers.get(path)
+        if entry is None:
+            return None
+        self.stats.record("key", 200, perf_counter() - started)
+        return entry
 
     def match(self, method: str, path: str) -> tuple[str, Handler]:
         """The route's name (for metrics) and its handler(request, proto)."""

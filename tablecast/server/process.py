@@ -6,6 +6,7 @@ import asyncio
 import logging
 import resource
 import signal
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from tablecast.cluster.node import Node, NodeConfig
 from tablecast.server import collector
 from tablecast.server.app import HttpApp
 from tablecast.server.auth import Auth
+from tablecast.server.http1 import LoopServer
 from tablecast.server.router import DEFAULT_WAITS_PER_CALLER
 
 log = logging.getLogger(__name__)
@@ -99,6 +101,32 @@ async def serve_rsgi(
     await server.serve()
 
 
+async def serve_loop(
+    app: HttpApp,
+    host: str,
+    port: int,
+    tls: tuple[str, str] | None = None,
+    on_stop: Callable[[], None] | None = None,
+) -> None:
+    """Serve `app` with :mod:`tablecast.server.http1` until SIGINT/SIGTERM."""
+    context = None
+    if tls:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(tls[0], tls[1])
+    server = LoopServer(app, app.kept, context)
+    await server.start(host, port)
+    log.info("HTTP/1.1 served on the event loop's thread (--http-engine loop)")
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopping.set)
+    await stopping.wait()
+    if on_stop is not None:
+        on_stop()
+    await server.stop()
+
+
 async def serve(
     config: NodeConfig,
     host: str,
@@ -125,7 +153,10 @@ async def serve(
     collector.tune()
     collecting = asyncio.get_running_loop().create_task(collector.collect_periodically())
     try:
-        await serve_rsgi(app, host, port, tls, on_stop=app.live.hub.close_all)
+        if limits.http_engine == "loop":
+            await serve_loop(app, host, port, tls, on_stop=app.live.hub.close_all)
+        else:
+            await serve_rsgi(app, host, port, tls, on_stop=app.live.hub.close_all)
     finally:
         collecting.cancel()
         app.console.close()
@@ -148,6 +179,8 @@ class Limits:
     auth_metrics: bool = False
     #: serve gRPC (tablecast.v1.Tables) on this port too
     grpc_port: int | None = None
+    #: "granian", or "loop": HTTP/1.1 on the event loop's thread (server/http1.py)
+    http_engine: str = "granian"
 
 
 def run(

@@ -25,6 +25,12 @@ pytestmark = pytest.mark.integration
 PARTITIONS = 6
 
 
+@pytest.fixture(params=["granian", "loop"])
+def engine(request: pytest.FixtureRequest) -> tuple[str, str]:
+    """Every test here runs on both HTTP servers a node can use (serve --http-engine)."""
+    return ("--http-engine", request.param)
+
+
 def random_rows(rng: random.Random, n: int, keys: int) -> list[tuple[str, object]]:
     rows: list[tuple[str, object]] = []
     for _ in range(n):
@@ -99,13 +105,13 @@ def check_everything(node: NodeProcess, model: TableModel, rng: random.Random) -
 
 
 def test_queries_match_the_model_and_survive_kill_9(
-    bootstrap: str, unique: str, logs: Path
+    bootstrap: str, unique: str, logs: Path, engine: tuple[str, str]
 ) -> None:
     rng = random.Random(11)
     model = make_table(bootstrap, unique, "kv", PARTITIONS, serde.string(), serde.json())
     model.write(bootstrap, random_rows(rng, 600, 120))
     data = logs / "node-data"
-    node = start_node(unique, bootstrap, logs, "--data-dir", str(data))
+    node = start_node(unique, bootstrap, logs, *engine, "--data-dir", str(data))
     try:
         node.wait_ready()
         node.wait_caught_up(bootstrap, "kv", model.info.topic)
@@ -123,7 +129,7 @@ def test_queries_match_the_model_and_survive_kill_9(
 
         node.stop(signal.SIGKILL)
         model.write(bootstrap, random_rows(rng, 200, 150))
-        node = start_node(unique, bootstrap, logs, "--data-dir", str(data))
+        node = start_node(unique, bootstrap, logs, *engine, "--data-dir", str(data))
         node.wait_ready()
         node.wait_caught_up(bootstrap, "kv", model.info.topic)
         check_everything(node, model, rng)
@@ -139,13 +145,15 @@ def test_queries_match_the_model_and_survive_kill_9(
         node.stop()
 
 
-def test_kept_answers_follow_every_write(bootstrap: str, unique: str, logs: Path) -> None:
+def test_kept_answers_follow_every_write(
+    bootstrap: str, unique: str, logs: Path, engine: tuple[str, str]
+) -> None:
     """Plain key reads are answered from whole kept answers (server/answers.py): every
     answer must still be what the store holds at the position its header names, so a
     write to the key, or to another key of its partition, is seen by the next reads."""
     model = make_table(bootstrap, unique, "hot", 1, serde.string(), serde.json())
     model.write(bootstrap, [("k", 0), ("other", 0)])
-    node = start_node(unique, bootstrap, logs)
+    node = start_node(unique, bootstrap, logs, *engine)
     try:
         node.wait_ready()
         node.wait_caught_up(bootstrap, "hot", model.info.topic)
@@ -222,10 +230,12 @@ def test_windows(bootstrap: str, unique: str, logs: Path) -> None:
         node.stop()
 
 
-def test_malformed_requests_get_4xx_json(bootstrap: str, unique: str, logs: Path) -> None:
+def test_malformed_requests_get_4xx_json(
+    bootstrap: str, unique: str, logs: Path, engine: tuple[str, str]
+) -> None:
     model = make_table(bootstrap, unique, "ids", 3, serde.long(), serde.json(), store="memory")
     model.write(bootstrap, [(i, {"i": i}) for i in range(-5, 20)])
-    node = start_node(unique, bootstrap, logs)
+    node = start_node(unique, bootstrap, logs, *engine)
     try:
         node.wait_ready()
         node.wait_caught_up(bootstrap, "ids", model.info.topic)

@@ -1,0 +1,353 @@
+"""HTTP/1.1 served on the event loop's own thread (``serve --http-engine loop``).
+
+granian parses HTTP in Rust on a thread of its own and hands each request to
+the event loop: every answer wakes that thread again with a system call (a
+quarter of a node's main thread under load, py-spy). This server parses with
+httptools on the loop itself and writes answers straight to the socket; a
+plain key read whose whole answer is kept (:mod:`tablecast.server.answers`) is
+answered while its headers are parsed, without a task. Everything else runs
+the same RSGI app as under granian, through the small subset of RSGI the app
+uses (:class:`_Proto`).
+
+Not served here: HTTP/2 and protocol upgrades (both are granian's; a
+WebSocket request gets 501). Requests of one connection are answered in
+order, one at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from http import HTTPStatus
+from typing import Any
+from urllib.parse import unquote
+
+import httptools
+
+from tablecast.server.answers import JSON, Entry
+from tablecast.server.errors import ApiError
+
+log = logging.getLogger(__name__)
+
+#: a request's headers must arrive within this long, and an idle connection is closed after it
+HEADER_TIMEOUT_S = 10.0
+#: how often connections are checked for that
+SWEEP_S = 1.0
+#: bytes a request's line and headers may take (more is refused; a read chunk can hold
+#: a whole request and the start of the next, so this is well over one chunk)
+MAX_HEAD = 1 << 20
+#: requests of one connection waiting their turn before it is read no further
+MAX_QUEUED = 32
+#: how long a stopping server waits for requests under way
+STOP_GRACE_S = 5.0
+#: body bytes buffered ahead of the app before the request is refused (the app's own
+#: limit, MAX_BODY, is smaller: this only bounds what an app that never reads can hold)
+MAX_BUFFERED = 2 << 20
+_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+
+#: (path, headers) of a GET without a query string -> its kept answer, or None
+Kept = Callable[[str, Any], Entry | None]
+
+
+def _head(status: int, headers: list[tuple[str, str]], extra: bytes) -> bytes:
+    lines = b"".join(f"{k}: {v}\r\n".encode("latin-1") for k, v in headers)
+    return b"HTTP/1.1 %d %s\r\n%s%s\r\n" % (status, _REASONS.get(status, b""), lines, extra)
+
+
+class _Headers(dict[str, str]):
+    """Request headers by lower-case name (the first of repeated ones), as RSGI's."""
+
+
+class _Scope:
+    __slots__ = ("client", "headers", "method", "path", "query_string", "scheme")
+    proto = "http"
+    http_version = "1.1"
+
+    def __init__(
+        self, method: str, path: str, query: str, headers: _Headers, client: str, scheme: str
+    ) -> None:
+        self.method, self.path, self.query_string = method, path, query
+        self.headers, self.client, self.scheme = headers, client, scheme
+
+
+class _Stream:
+    """A chunked response body the app writes as it goes (server-sent events)."""
+
+    def __init__(self, conn: _Connection) -> None:
+        self._conn = conn
+
+    def send_bytes(self, data: bytes) -> None:
+        if data:
+            self._conn.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def send_str(self, data: str) -> None:
+        self.send_bytes(data.encode())
+
+
+class _Proto:
+    """One request's RSGI protocol object: its body in, its answer out."""
+
+    def __init__(self, conn: _Connection, keep_alive: bool) -> None:
+        self._conn = conn
+        self.keep_alive = keep_alive
+        self.chunks: deque[bytes] = deque()
+        self.buffered = 0
+        self.complete = False
+        self.arrived: asyncio.Event | None = None
+        self.answered = False
+        self.streaming = False
+
+    # -- the body --------------------------------------------------------------
+    def _feed(self, chunk: bytes | None) -> None:
+        if chunk is None:
+            self.complete = True
+        else:
+            self.chunks.append(chunk)
+            self.buffered += len(chunk)
+        if self.arrived is not None:
+            self.arrived.set()
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while True:
+            while self.chunks:
+                chunk = self.chunks.popleft()
+                self.buffered -= len(chunk)
+                yield chunk
+            if self.complete:
+                return
+            self.arrived = asyncio.Event()
+            await self.arrived.wait()
+
+    async def __call__(self) -> bytes:
+        return b"".join([c async for c in self])
+
+    async def client_disconnect(self) -> None:
+        await asyncio.shield(self._conn.gone)
+
+    # -- the answer ------------------------------------------------------------
+    def response_bytes(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
+        if self.answered:
+            return
+        self.answered = True
+        close = b"" if self.keep_alive else b"connection: close\r\n"
+        # one write: each is a system call
+        self._conn.write(
+            _head(status, headers, b"content-length: %d\r\n%s" % (len(body), close)) + body
+        )
+
+    def response_str(self, status: int, headers: list[tuple[str, str]], body: str) -> None:
+        self.response_bytes(status, headers, body.encode())
+
+    def response_empty(self, status: int, headers: list[tuple[str, str]]) -> None:
+        self.response_bytes(status, headers, b"")
+
+    def response_stream(self, status: int, headers: list[tuple[str, str]]) -> _Stream:
+        self.answered = self.streaming = True
+        self.keep_alive = False  # a stream ends with its connection
+        self._conn.write(_head(status, headers, b"transfer-encoding: chunked\r\n"))
+        return _Stream(self._conn)
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, server: LoopServer) -> None:
+        self.server = server
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.client = ""
+        self.gone: asyncio.Future[None] = server.loop.create_future()
+        self.url = b""
+        self.headers = _Headers()
+        self.proto: _Proto | None = None  # the request being parsed
+        self.queue: deque[tuple[_Scope, _Proto]] = deque()  # waiting their turn
+        self.busy = False
+        self.paused = False
+        #: since when the connection waits for a request's headers (None: it does not)
+        self.waiting_since: float | None = server.loop.time()
+        #: bytes received while waiting for headers
+        self.head_bytes = 0
+
+    # -- connection ------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.client = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else ""
+        self.server.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.connections.discard(self)
+        self.queue.clear()  # nobody to answer
+        if not self.gone.done():
+            self.gone.set_result(None)
+        if self.proto is not None:
+            self.proto._feed(None)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+            if self.waiting_since is None:
+                self.head_bytes = 0
+            else:
+                self.head_bytes += len(data)
+                if self.head_bytes > MAX_HEAD:
+                    self._refuse(ApiError("bad_request", "the request's headers are too large"))
+        except httptools.HttpParserUpgrade:
+            upgrades = "upgrades (WebSocket, h2c) are served by --http-engine granian"
+            self._refuse(ApiError("bad_request", upgrades))
+        except httptools.HttpParserError:
+            self._refuse(ApiError("bad_request", "malformed HTTP request"))
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def _refuse(self, error: ApiError) -> None:
+        """The SPEC's error answer, then the connection closes (its stream cannot go on)."""
+        body = error.body()
+        extra = b"content-length: %d\r\nconnection: close\r\n" % len(body)
+        self.write(_head(error.status, [JSON], extra) + body)
+        self.close()
+
+    # -- parsing -----------------------------------------------------------------
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
+
+    def on_message_complete(self) -> None:
+        if self.proto is not None:
+            self.proto._feed(None)
+            self.proto = None
+        self.url = b""
+        self.headers = _Headers()
+
+    def on_headers_complete(self) -> None:
+        self.waiting_since = None
+        if self.parser.should_upgrade():  # refused once the parser stops on it (data_received)
+            return
+        method = self.parser.get_method().decode()
+        raw_path, _, query = self.url.partition(b"?")
+        path = raw_path.decode("utf-8", "replace")
+        if "%" in path:  # RSGI's path is decoded
+            path = unquote(path, errors="replace")
+        keep_alive = self.parser.should_keep_alive()
+        if keep_alive and not self.busy and not self.queue and method == "GET" and not query:
+            kept = self.server.kept(path, self.headers)
+            if kept is not None:  # the hot path: no request objects, no task
+                wire = kept.wire
+                if wire is None:
+                    extra = b"content-length: %d\r\n" % len(kept.body)
+                    wire = kept.wire = _head(200, kept.headers, extra) + kept.body
+                self.write(wire)
+                self.proto = None
+                self.waiting_since = self.server.loop.time()
+                return
+        proto = _Proto(self, keep_alive)
+        scope = _Scope(
+            method,
+            path,
+            query.decode("latin-1"),
+            self.headers,
+            self.client,
+            self.server.scheme,
+        )
+        self.proto = proto
+        self.queue.append((scope, proto))
+        if not self.busy:
+            self._start()
+        elif len(self.queue) >= MAX_QUEUED and self.transport is not None:
+            self.paused = True  # a client that pipelines without reading waits for us
+            self.transport.pause_reading()
+
+    def on_body(self, body: bytes) -> None:
+        proto = self.proto
+        if proto is not None:
+            proto._feed(body)
+            if proto.buffered > MAX_BUFFERED:
+                self._refuse(ApiError("payload_too_large", "the body is too large"))
+
+    # -- answering in order ------------------------------------------------------
+    def _start(self) -> None:
+        scope, proto = self.queue.popleft()
+        self.busy = True
+        if self.paused and len(self.queue) < MAX_QUEUED // 2 and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
+        try:
+            rest = self.server.app.begin(scope, proto)
+        except Exception:
+            log.exception("request failed")
+            rest = None
+        if rest is None:  # answered already: most reads
+            self._finished(None, proto)
+            return
+        task = self.server.loop.create_task(rest)  # type: ignore[arg-type]
+        task.add_done_callback(lambda t: self._finished(t, proto))
+
+    def _finished(self, task: asyncio.Task[None] | None, proto: _Proto) -> None:
+        self.busy = False
+        if task is not None and not task.cancelled() and task.exception() is not None:
+            log.error("request failed", exc_info=task.exception())
+        if not proto.answered:
+            failed = ApiError("internal", "the request failed; the node's log says why")
+            proto.response_bytes(failed.status, [JSON], failed.body())
+        elif proto.streaming:
+            self.write(b"0\r\n\r\n")
+        self._next_or_idle(proto)
+
+    def _next_or_idle(self, proto: _Proto) -> None:
+        if not proto.keep_alive:
+            self.close()
+        elif self.queue:
+            self._start()
+        else:  # the next request's headers, or the rest of an unread body, within the timeout
+            self.waiting_since = self.server.loop.time()
+
+
+class LoopServer:
+    """Serve `app` (:class:`~tablecast.server.app.HttpApp`: its ``begin``) on host:port from
+    this event loop; `kept` answers plain key reads whose answer is kept before a request
+    object is made (None: every request goes to `app`)."""
+
+    def __init__(
+        self, app: Any, kept: Kept | None = None, ssl_context: ssl.SSLContext | None = None
+    ) -> None:
+        self.app = app
+        self.kept: Kept = kept or (lambda path, headers: None)
+        self.ssl = ssl_context
+        self.scheme = "https" if ssl_context else "http"
+        self.loop = asyncio.get_running_loop()
+        self.connections: set[_Connection] = set()
+        self._server: asyncio.base_events.Server | None = None
+        self._sweeper: asyncio.TimerHandle = self.loop.call_later(SWEEP_S, lambda: None)
+
+    async def start(self, host: str, port: int, backlog: int = 1024) -> None:
+        self._server = await self.loop.create_server(
+            lambda: _Connection(self), host, port, ssl=self.ssl, backlog=backlog
+        )
+        self._sweep()
+
+    def _sweep(self) -> None:
+        """Close connections that waited for headers too long (one timer, not one per request)."""
+        limit = self.loop.time() - HEADER_TIMEOUT_S
+        for conn in [c for c in self.connections if (c.waiting_since or limit) < limit]:
+            conn.close()
+        self._sweeper = self.loop.call_later(SWEEP_S, self._sweep)
+
+    async def stop(self) -> None:
+        """Take no new connections, give requests under way a moment, close the rest."""
+        self._sweeper.cancel()
+        if self._server is not None:
+            self._server.close()
+        deadline = self.loop.time() + STOP_GRACE_S
+        while any(c.busy for c in self.connections) and self.loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        for conn in list(self.connections):
+            conn.close()

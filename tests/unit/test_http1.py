@@ -1,0 +1,242 @@
+"""The event loop's HTTP/1.1 server (server/http1.py), over real sockets, with a small app
+in place of the node's (the node's own routes run on it in tests/integration: see
+test_http_engines.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from tablecast.server import http1
+from tablecast.server.http1 import LoopServer
+
+JSON = [("content-type", "application/json")]
+
+
+class Kept:
+    def __init__(self, body: bytes) -> None:
+        self.headers = [*JSON, ("x-kept", "1")]
+        self.body = body
+        self.wire: bytes | None = None
+
+
+class App:
+    """Answers /echo (the body back), /slow (after a sleep), /stream (three chunks),
+    /boom (raises); everything else now, with the path and query it saw."""
+
+    def __init__(self) -> None:
+        self.kept_paths = {"/kept": Kept(b'{"kept":true}')}
+
+    def kept(self, path: str, headers: Any) -> Kept | None:
+        return self.kept_paths.get(path)
+
+    def begin(self, scope: Any, proto: Any) -> Awaitable[None] | None:
+        kept = self.kept(scope.path, scope.headers)  # as the node's app: kept answers first
+        if kept is not None:
+            proto.response_bytes(200, kept.headers, kept.body)
+            return None
+        if scope.path == "/echo":
+            return self._echo(proto)
+        if scope.path == "/slow":
+            return self._slow(proto)
+        if scope.path == "/stream":
+            return self._stream(proto)
+        if scope.path == "/boom":
+            raise RuntimeError("a bug")
+        seen = f"{scope.method} {scope.path} ?{scope.query_string} {scope.headers.get('x-a')}"
+        proto.response_bytes(200, JSON, seen.encode())
+        return None
+
+    async def _echo(self, proto: Any) -> None:
+        proto.response_bytes(200, JSON, await proto())
+
+    async def _slow(self, proto: Any) -> None:
+        await asyncio.sleep(0.01)
+        proto.response_bytes(200, JSON, b"slow")
+
+    async def _stream(self, proto: Any) -> None:
+        out = proto.response_stream(200, [("content-type", "text/event-stream")])
+        for i in range(3):
+            out.send_bytes(b"data: %d\n\n" % i)
+            await asyncio.sleep(0)
+
+
+def _run(check: Callable[[int], Awaitable[None]], apps: list[App] | None = None) -> None:
+    async def main() -> None:
+        app = App()
+        if apps is not None:
+            apps.append(app)
+        server = LoopServer(app, app.kept)
+        await server.start("127.0.0.1", 0)
+        port = server._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        try:
+            await asyncio.wait_for(check(port), 10)
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
+
+
+async def _exchange(port: int, raw: bytes) -> bytes:
+    """Send `raw`, then read until the server closes the connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(raw)
+    data = await reader.read()
+    writer.close()
+    return data
+
+
+def _responses(data: bytes) -> list[tuple[int, bytes]]:
+    """(status, body) of each response with a content-length, in order."""
+    out = []
+    while data:
+        head, _, rest = data.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        length = int(
+            next(v for k, _, v in (x.partition(b": ") for x in lines[1:]) if k == b"content-length")
+        )
+        out.append((int(lines[0].split()[1]), rest[:length]))
+        data = rest[length:]
+    return out
+
+
+def test_requests_of_one_connection_are_answered_in_order_also_when_pipelined() -> None:
+    async def check(port: int) -> None:
+        raw = (
+            b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n"
+            b"GET /a%2Fb/%41?q=1 HTTP/1.1\r\nhost: x\r\nX-A: first\r\nx-a: second\r\n\r\n"
+            b"GET /kept HTTP/1.1\r\nhost: x\r\n\r\n"
+            b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\nhello"
+            b"GET /kept HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+        )
+        assert _responses(await _exchange(port, raw)) == [
+            (200, b"slow"),
+            (200, b"GET /a/b/A ?q=1 first"),  # the path decoded, the first of repeated headers
+            (200, b'{"kept":true}'),
+            (200, b"hello"),
+            (200, b'{"kept":true}'),
+        ]
+
+    _run(check)
+
+
+def test_a_kept_answer_is_written_whole_and_remembered() -> None:
+    apps: list[App] = []
+
+    async def check(port: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /kept HTTP/1.1\r\nhost: x\r\n\r\n")
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"x-kept: 1\r\n" in head
+        assert await reader.readexactly(13) == b'{"kept":true}'
+        writer.close()
+        [app] = apps
+        assert app.kept_paths["/kept"].wire == head + b'{"kept":true}'
+
+    _run(check, apps)
+
+
+def test_a_chunked_body_and_a_streamed_answer() -> None:
+    async def check(port: int) -> None:
+        raw = (
+            b"POST /echo HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+            b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+            b"GET /x HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+        )
+        assert _responses(await _exchange(port, raw)) == [(200, b"abcde"), (200, b"GET /x ? None")]
+        data = await _exchange(port, b"GET /stream HTTP/1.1\r\nhost: x\r\n\r\n")
+        head, _, body = data.partition(b"\r\n\r\n")
+        assert b"transfer-encoding: chunked" in head
+        assert body == b"".join(b"9\r\ndata: %d\n\n\r\n" % i for i in range(3)) + b"0\r\n\r\n"
+
+    _run(check)
+
+
+@pytest.mark.parametrize(
+    ("raw", "status"),
+    [
+        (b"NOT HTTP AT ALL\r\n\r\n", 400),
+        (b"GET / HTTP/1.1\r\nhost: x\r\ncontent-length: -1\r\n\r\n", 400),
+        (
+            b"GET /ws HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n",
+            400,
+        ),
+    ],
+)
+def test_a_malformed_request_or_an_upgrade_is_refused_and_closed(raw: bytes, status: int) -> None:
+    async def check(port: int) -> None:
+        [(got, body)] = _responses(await _exchange(port, raw))
+        assert got == status and b'"error"' in body
+
+    _run(check)
+
+
+def test_an_app_failure_is_a_500_and_the_connection_goes_on() -> None:
+    async def check(port: int) -> None:
+        raw = (
+            b"GET /boom HTTP/1.1\r\nhost: x\r\n\r\n"
+            b"GET /after HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+        )
+        statuses = [s for s, _ in _responses(await _exchange(port, raw))]
+        assert statuses == [500, 200]
+
+    _run(check)
+
+
+def test_a_body_too_large_to_buffer_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(http1, "MAX_BUFFERED", 1000)
+
+    async def check(port: int) -> None:
+        # /x never reads its body; /slow keeps the connection busy while it arrives
+        raw = (
+            b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n"
+            b"POST /x HTTP/1.1\r\nhost: x\r\ncontent-length: 5000\r\n\r\n" + b"x" * 5000
+        )
+        statuses = [s for s, _ in _responses(await _exchange(port, raw))]
+        assert 413 in statuses
+
+    _run(check)
+
+
+def test_a_connection_silent_past_the_header_timeout_is_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(http1, "HEADER_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(http1, "SWEEP_S", 0.1)
+
+    async def check(port: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /x HTTP/1.1\r\nhost: x\r\n")  # headers never end
+        assert await asyncio.wait_for(reader.read(), 3) == b""
+        writer.close()
+
+    _run(check)
+
+
+def test_headers_past_the_limit_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(http1, "MAX_HEAD", 10_000)
+
+    async def check(port: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /x HTTP/1.1\r\nhost: x\r\n")
+        writer.write(b"".join(b"x-%d: %s\r\n" % (i, b"a" * 1000) for i in range(12)))
+        [(status, body)] = _responses(await reader.read())
+        assert status == 400 and b"too large" in body
+        writer.close()
+
+    _run(check)
+
+
+def test_many_pipelined_requests_are_all_answered_in_order() -> None:
+    count = http1.MAX_QUEUED * 3  # past the point where the connection is read no further
+
+    async def check(port: int) -> None:
+        raw = b"".join(b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n" for _ in range(count - 1))
+        raw += b"GET /last HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+        answers = _responses(await _exchange(port, raw))
+        assert [b for _, b in answers] == [b"slow"] * (count - 1) + [b"GET /last ? None"]
+
+    _run(check)
