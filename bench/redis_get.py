@@ -146,6 +146,7 @@ def render(r: dict[str, Any]) -> str:
     ratio_table = "\n".join(ratio_rows)
     const_redis = ratios(runs, "constant", "redis")["ratio_median"]
     kept_const = ratios(runs, "tablecast", "constant")["ratio_median"]
+    loop_const = ratios(runs, "tablecast_loop", "constant")["ratio_median"]
     per_round = "; ".join(f"{n} " + ", ".join(f"{x['rps']:,.0f}" for x in runs[n]) for n in NAMES)
     return f"""## Point GET per core against Redis (issue 19)
 
@@ -182,7 +183,9 @@ margin. Redis answered {median(runs["redis"])["rps"]:,.0f} GET/s in this run, wi
 constant body at {const_redis:.2f}× of it; on other days this machine's Redis answered
 137,000–165,000/s with the same constant body at 0.55–0.61× (the anchors section), where
 kept answers at this run's {kept_const:.2f}× of the constant body would be about
-{kept_const * 0.55:.2f}–{kept_const * 0.61:.2f}× Redis. The HTTP stack itself (granian
+{kept_const * 0.55:.2f}–{kept_const * 0.61:.2f}× Redis, and the loop engine at its
+{loop_const:.2f}× about {loop_const * 0.55:.2f}–{loop_const * 0.61:.2f}× (derived, not
+measured: a faster Redis hour may not move the others alike). The HTTP stack itself (granian
 handing each request to the Python event loop) is what is left with the default engine; the
 loop engine parses HTTP/1.1 on the event loop and writes a kept answer as the bytes it last
 wrote (no HTTP/2 or WebSocket there: docs/operations.md). A read path that answers without

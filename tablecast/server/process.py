@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import resource
 import signal
@@ -115,7 +116,12 @@ async def serve_loop(
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.load_cert_chain(tls[0], tls[1])
     server = LoopServer(app, app.kept, context)
-    await server.start(host, port)
+    try:
+        await server.start(host, port)
+    except OSError as e:  # as granian reports it: the CLI's one line (cli/main.py)
+        if e.errno != errno.EADDRINUSE:
+            raise
+        raise RuntimeError(f"Address already in use: {host}:{port}") from None
     log.info("HTTP/1.1 served on the event loop's thread (--http-engine loop)")
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
