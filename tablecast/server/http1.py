@@ -90,9 +90,11 @@ class _Stream:
 class _Proto:
     """One request's RSGI protocol object: its body in, its answer out."""
 
-    def __init__(self, conn: _Connection, keep_alive: bool) -> None:
+    def __init__(self, conn: _Connection, keep_alive: bool, head_only: bool = False) -> None:
         self._conn = conn
         self.keep_alive = keep_alive
+        #: a HEAD request: the answer's headers say its length, no body follows
+        self.head_only = head_only
         self.chunks: deque[bytes] = deque()
         self.buffered = 0
         self.complete = False
@@ -134,9 +136,8 @@ class _Proto:
         self.answered = True
         close = b"" if self.keep_alive else b"connection: close\r\n"
         # one write: each is a system call
-        self._conn.write(
-            _head(status, headers, b"content-length: %d\r\n%s" % (len(body), close)) + body
-        )
+        head = _head(status, headers, b"content-length: %d\r\n%s" % (len(body), close))
+        self._conn.write(head if self.head_only else head + body)
 
     def response_str(self, status: int, headers: list[tuple[str, str]], body: str) -> None:
         self.response_bytes(status, headers, body.encode())
@@ -238,6 +239,8 @@ class _Connection(asyncio.Protocol):
         if "%" in path:  # RSGI's path is decoded
             path = unquote(path, errors="replace")
         keep_alive = self.parser.should_keep_alive()
+        if self.headers.get("expect", "").lower() == "100-continue":
+            self.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits a second for it
         if keep_alive and not self.busy and not self.queue and method == "GET" and not query:
             kept = self.server.kept(path, self.headers)
             if kept is not None:  # the hot path: no request objects, no task
@@ -249,7 +252,7 @@ class _Connection(asyncio.Protocol):
                 self.proto = None
                 self.waiting_since = self.server.loop.time()
                 return
-        proto = _Proto(self, keep_alive)
+        proto = _Proto(self, keep_alive, method == "HEAD")
         scope = _Scope(
             method,
             path,

@@ -240,3 +240,20 @@ def test_many_pipelined_requests_are_all_answered_in_order() -> None:
         assert [b for _, b in answers] == [b"slow"] * (count - 1) + [b"GET /last ? None"]
 
     _run(check)
+
+
+def test_head_has_no_body_and_expect_100_continue_is_answered() -> None:
+    async def check(port: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"HEAD /x HTTP/1.1\r\nhost: x\r\n\r\n")
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"content-length: 14\r\n" in head
+        # the next answer follows the head at once: no body came between
+        writer.write(b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n")
+        writer.write(b"expect: 100-continue\r\nconnection: close\r\n\r\n")
+        assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
+        writer.write(b"hi")
+        assert _responses(await reader.read()) == [(200, b"hi")]
+        writer.close()
+
+    _run(check)
