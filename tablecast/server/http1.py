@@ -10,7 +10,7 @@ the same RSGI app as under granian, through the small subset of RSGI the app
 uses (:class:`_Proto`).
 
 Not served here: HTTP/2 and protocol upgrades (both are granian's; a
-WebSocket request gets 501). Requests of one connection are answered in
+WebSocket request gets 400). Requests of one connection are answered in
 order, one at a time.
 """
 
@@ -20,14 +20,14 @@ import asyncio
 import logging
 import ssl
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from http import HTTPStatus
 from typing import Any
 from urllib.parse import unquote
 
 import httptools
 
-from tablecast.server.answers import JSON, Entry
+from tablecast.server.answers import JSON
 from tablecast.server.errors import ApiError
 
 log = logging.getLogger(__name__)
@@ -48,13 +48,16 @@ STOP_GRACE_S = 5.0
 MAX_BUFFERED = 2 << 20
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 
-#: (path, headers) of a GET without a query string -> its kept answer, or None
-Kept = Callable[[str, Any], Entry | None]
-
 
 def _head(status: int, headers: list[tuple[str, str]], extra: bytes) -> bytes:
     lines = b"".join(f"{k}: {v}\r\n".encode("latin-1") for k, v in headers)
     return b"HTTP/1.1 %d %s\r\n%s%s\r\n" % (status, _REASONS.get(status, b""), lines, extra)
+
+
+def _sized_head(status: int, headers: list[tuple[str, str]], size: int, close: bool) -> bytes:
+    """The head of an answer whose body (`size` bytes) follows whole."""
+    extra = b"content-length: %d\r\n%s" % (size, b"connection: close\r\n" if close else b"")
+    return _head(status, headers, extra)
 
 
 class _Headers(dict[str, str]):
@@ -82,9 +85,6 @@ class _Stream:
     def send_bytes(self, data: bytes) -> None:
         if data:
             self._conn.write(b"%x\r\n%s\r\n" % (len(data), data))
-
-    def send_str(self, data: str) -> None:
-        self.send_bytes(data.encode())
 
 
 class _Proto:
@@ -123,9 +123,6 @@ class _Proto:
             self.arrived = asyncio.Event()
             await self.arrived.wait()
 
-    async def __call__(self) -> bytes:
-        return b"".join([c async for c in self])
-
     async def client_disconnect(self) -> None:
         await asyncio.shield(self._conn.gone)
 
@@ -134,16 +131,8 @@ class _Proto:
         if self.answered:
             return
         self.answered = True
-        close = b"" if self.keep_alive else b"connection: close\r\n"
-        # one write: each is a system call
-        head = _head(status, headers, b"content-length: %d\r\n%s" % (len(body), close))
-        self._conn.write(head if self.head_only else head + body)
-
-    def response_str(self, status: int, headers: list[tuple[str, str]], body: str) -> None:
-        self.response_bytes(status, headers, body.encode())
-
-    def response_empty(self, status: int, headers: list[tuple[str, str]]) -> None:
-        self.response_bytes(status, headers, b"")
+        head = _sized_head(status, headers, len(body), not self.keep_alive)
+        self._conn.write(head if self.head_only else head + body)  # one write: one system call
 
     def response_stream(self, status: int, headers: list[tuple[str, str]]) -> _Stream:
         self.answered = self.streaming = True
@@ -211,8 +200,7 @@ class _Connection(asyncio.Protocol):
     def _refuse(self, error: ApiError) -> None:
         """The SPEC's error answer, then the connection closes (its stream cannot go on)."""
         body = error.body()
-        extra = b"content-length: %d\r\nconnection: close\r\n" % len(body)
-        self.write(_head(error.status, [JSON], extra) + body)
+        self.write(_sized_head(error.status, [JSON], len(body), True) + body)
         self.close()
 
     # -- parsing -----------------------------------------------------------------
@@ -242,12 +230,12 @@ class _Connection(asyncio.Protocol):
         if self.headers.get("expect", "").lower() == "100-continue":
             self.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits a second for it
         if keep_alive and not self.busy and not self.queue and method == "GET" and not query:
-            kept = self.server.kept(path, self.headers)
+            kept = self.server.app.kept(path, self.headers)
             if kept is not None:  # the hot path: no request objects, no task
                 wire = kept.wire
                 if wire is None:
-                    extra = b"content-length: %d\r\n" % len(kept.body)
-                    wire = kept.wire = _head(200, kept.headers, extra) + kept.body
+                    head = _sized_head(200, kept.headers, len(kept.body), False)
+                    wire = kept.wire = head + kept.body
                 self.write(wire)
                 self.proto = None
                 self.waiting_since = self.server.loop.time()
@@ -315,15 +303,12 @@ class _Connection(asyncio.Protocol):
 
 
 class LoopServer:
-    """Serve `app` (:class:`~tablecast.server.app.HttpApp`: its ``begin``) on host:port from
-    this event loop; `kept` answers plain key reads whose answer is kept before a request
-    object is made (None: every request goes to `app`)."""
+    """Serve `app` on host:port from this event loop: an
+    :class:`~tablecast.server.app.HttpApp`, of which it calls ``kept`` (a plain key read's
+    kept answer, before a request object is made) and ``begin`` (everything else)."""
 
-    def __init__(
-        self, app: Any, kept: Kept | None = None, ssl_context: ssl.SSLContext | None = None
-    ) -> None:
+    def __init__(self, app: Any, ssl_context: ssl.SSLContext | None = None) -> None:
         self.app = app
-        self.kept: Kept = kept or (lambda path, headers: None)
         self.ssl = ssl_context
         self.scheme = "https" if ssl_context else "http"
         self.loop = asyncio.get_running_loop()

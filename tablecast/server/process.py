@@ -90,16 +90,20 @@ async def serve_rsgi(
         http1_settings=HTTP1Settings(header_read_timeout=HEADER_TIMEOUT_MS),
         **ssl_files,  # type: ignore[arg-type]
     )
-    loop = asyncio.get_running_loop()
 
     def stop() -> None:
         if on_stop is not None:
             on_stop()
         server.stop()
 
+    _on_stop_signals(stop)
+    await server.serve()
+
+
+def _on_stop_signals(stop: Callable[[], None]) -> None:
+    loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop)
-    await server.serve()
 
 
 async def serve_loop(
@@ -115,7 +119,7 @@ async def serve_loop(
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.load_cert_chain(tls[0], tls[1])
-    server = LoopServer(app, app.kept, context)
+    server = LoopServer(app, context)
     try:
         await server.start(host, port)
     except OSError as e:  # as granian reports it: the CLI's one line (cli/main.py)
@@ -124,9 +128,7 @@ async def serve_loop(
         raise RuntimeError(f"Address already in use: {host}:{port}") from None
     log.info("HTTP/1.1 served on the event loop's thread (--http-engine loop)")
     stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stopping.set)
+    _on_stop_signals(stopping.set)
     await stopping.wait()
     if on_stop is not None:
         on_stop()

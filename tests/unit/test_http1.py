@@ -51,7 +51,7 @@ class App:
         return None
 
     async def _echo(self, proto: Any) -> None:
-        proto.response_bytes(200, JSON, await proto())
+        proto.response_bytes(200, JSON, b"".join([c async for c in proto]))
 
     async def _slow(self, proto: Any) -> None:
         await asyncio.sleep(0.01)
@@ -69,7 +69,7 @@ def _run(check: Callable[[int], Awaitable[None]], apps: list[App] | None = None)
         app = App()
         if apps is not None:
             apps.append(app)
-        server = LoopServer(app, app.kept)
+        server = LoopServer(app)
         await server.start("127.0.0.1", 0)
         port = server._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         try:
