@@ -175,9 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
         p,
         "--http-engine",
         choices=("granian", "loop"),
-        default="granian",
-        help="granian (default: HTTP/1.1, HTTP/2, WebSocket), or loop: HTTP/1.1 parsed on the "
-        "event loop's own thread, faster for point reads (no HTTP/2, no WebSocket)",
+        default="loop",
+        help="loop (default): HTTP/1.1 and WebSocket parsed on the event loop's own thread, "
+        "the faster for reads; or granian: HTTP/1.1, HTTP/2 and WebSocket in Rust on a thread "
+        "of its own (HTTP/2 carries many watches on one connection)",
     )
 
     for name, what in (("dev", "everything on one machine"), ("demo", "the stock-price demo")):

@@ -55,7 +55,7 @@ async def serve(live: Live, table: str, req: Request, proto: Any) -> None:
 
 
 async def _until_closed(transport: Any) -> None:
-    """Read (and ignore) what the client sends, until it closes: pings are answered by granian."""
+    """Read (and ignore) what the client sends, until it closes: the HTTP engine answers pings."""
     while True:
         message = await transport.receive()
         if message.kind == 0:  # closed by the client

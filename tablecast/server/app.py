@@ -1,7 +1,9 @@
-"""The node's HTTP API (SPEC §3) as an RSGI application, served by granian.
+"""The node's HTTP API (SPEC §3) as an RSGI application, served by the loop engine
+(:mod:`tablecast.server.http1`, the default) or by granian.
 
-RSGI is granian's native interface and measured fastest here (BENCHMARKS.md),
-so there is no framework: :meth:`HttpApp.__call__` checks auth (and rate
+RSGI is granian's native interface and measured fastest there (BENCHMARKS.md);
+the loop engine calls the same app through the part of RSGI it uses. There is
+no framework: :meth:`HttpApp.__call__` checks auth (and rate
 limits), matches the route, calls the :class:`Router` or a status handler, and
 turns :class:`ApiError` into the SPEC's error JSON. No client input reaches the
 client as a stack trace.
@@ -312,7 +314,7 @@ class HttpApp:
         try:
             request = Request(NO_PARAMS, query, headers, caller, scope, authorization)
             await websocket.serve(self.live, parts[3], request, proto)
-        except Exception:  # a broken socket must not reach granian as a stack trace
+        except Exception:  # a broken socket must not reach the HTTP engine as a stack trace
             log.exception("websocket watch failed")
         self.stats.record("watch_websocket", 101, perf_counter() - started)
 

@@ -9,9 +9,10 @@ answered while its headers are parsed, without a task. Everything else runs
 the same RSGI app as under granian, through the small subset of RSGI the app
 uses (:class:`_Proto`).
 
-Not served here: HTTP/2 and protocol upgrades (both are granian's; a
-WebSocket request gets 400). Requests of one connection are answered in
-order, one at a time.
+A WebSocket upgrade (the watch route's) is handed to
+:mod:`tablecast.server.http1_websocket`. Not served here: HTTP/2 (granian's;
+an h2c upgrade gets 400). Requests of one connection are answered in order,
+one at a time.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import httptools
 
 from tablecast.server.answers import JSON
 from tablecast.server.errors import ApiError
+from tablecast.server.http1_websocket import CLOSE_WAIT_S, GOING_AWAY, WebSocket
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +76,11 @@ class _Scope:
     ) -> None:
         self.method, self.path, self.query_string = method, path, query
         self.headers, self.client, self.scheme = headers, client, scheme
+
+
+class _WebSocketScope(_Scope):
+    __slots__ = ()
+    proto = "ws"
 
 
 class _Stream:
@@ -158,10 +165,20 @@ class _Connection(asyncio.Protocol):
         self.waiting_since: float | None = server.loop.time()
         #: bytes received while waiting for headers
         self.head_bytes = 0
+        #: set while the transport takes more writes (cleared while its buffer is full)
+        self.writable = asyncio.Event()
+        self.writable.set()
+        self.ws: WebSocket | None = None  # an upgraded connection's WebSocket
+        self.ws_scope: _WebSocketScope | None = None
+        self.ws_task: asyncio.Task[None] | None = None
 
     # -- connection ------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        if len(self.server.connections) >= self.server.max_connections:
+            self.server.turned_away()
+            transport.close()  # before it holds a file the node needs (stores, Kafka, peers)
+            return
         peer = transport.get_extra_info("peername")
         self.client = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else ""
         self.server.connections.add(self)
@@ -173,8 +190,25 @@ class _Connection(asyncio.Protocol):
             self.gone.set_result(None)
         if self.proto is not None:
             self.proto._feed(None)
+        if self.ws is not None:
+            self.ws.connection_lost()
+        self.writable.set()  # writers waiting for room find the connection gone
+
+    def pause_writing(self) -> None:
+        self.writable.clear()
+
+    def resume_writing(self) -> None:
+        self.writable.set()
+
+    async def drained(self) -> None:
+        """Wait while the transport's buffer is full (a WebSocket's writes wait for the client)."""
+        if not self.writable.is_set():
+            await self.writable.wait()
 
     def data_received(self, data: bytes) -> None:
+        if self.ws is not None:
+            self.ws.data_received(data)
+            return
         try:
             self.parser.feed_data(data)
             if self.waiting_since is None:
@@ -182,12 +216,16 @@ class _Connection(asyncio.Protocol):
             else:
                 self.head_bytes += len(data)
                 if self.head_bytes > MAX_HEAD:
-                    self._refuse(ApiError("bad_request", "the request's headers are too large"))
-        except httptools.HttpParserUpgrade:
-            upgrades = "upgrades (WebSocket, h2c) are served by --http-engine granian"
-            self._refuse(ApiError("bad_request", upgrades))
+                    self.refuse(ApiError("bad_request", "the request's headers are too large"))
+        except httptools.HttpParserUpgrade as e:
+            if self.ws is None:
+                self.refuse(ApiError("bad_request", "h2c is served by --http-engine granian"))
+            else:  # what followed the handshake is the WebSocket's
+                if len(data) > e.args[0]:
+                    self.ws.data_received(data[e.args[0] :])
+                self._start_websocket()
         except httptools.HttpParserError:
-            self._refuse(ApiError("bad_request", "malformed HTTP request"))
+            self.refuse(ApiError("bad_request", "malformed HTTP request"))
 
     def write(self, data: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -197,7 +235,7 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
-    def _refuse(self, error: ApiError) -> None:
+    def refuse(self, error: ApiError) -> None:
         """The SPEC's error answer, then the connection closes (its stream cannot go on)."""
         body = error.body()
         self.write(_sized_head(error.status, [JSON], len(body), True) + body)
@@ -219,13 +257,24 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.waiting_since = None
-        if self.parser.should_upgrade():  # refused once the parser stops on it (data_received)
-            return
         method = self.parser.get_method().decode()
         raw_path, _, query = self.url.partition(b"?")
         path = raw_path.decode("utf-8", "replace")
         if "%" in path:  # RSGI's path is decoded
             path = unquote(path, errors="replace")
+        if self.parser.should_upgrade():  # served once the parser stops on it (data_received)
+            websocket = self.headers.get("upgrade", "").lower() == "websocket"
+            if websocket and method == "GET" and not self.busy and not self.queue:
+                self.ws = WebSocket(self, self.url.decode("latin-1"), self.headers)
+                self.ws_scope = _WebSocketScope(
+                    method,
+                    path,
+                    query.decode("latin-1"),
+                    self.headers,
+                    self.client,
+                    self.server.scheme,
+                )
+            return
         keep_alive = self.parser.should_keep_alive()
         if self.headers.get("expect", "").lower() == "100-continue":
             self.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits a second for it
@@ -262,7 +311,28 @@ class _Connection(asyncio.Protocol):
         if proto is not None:
             proto._feed(body)
             if proto.buffered > MAX_BUFFERED:
-                self._refuse(ApiError("payload_too_large", "the body is too large"))
+                self.refuse(ApiError("payload_too_large", "the body is too large"))
+
+    def _start_websocket(self) -> None:
+        assert self.ws is not None and self.ws_scope is not None
+        malformed = self.ws.malformed()
+        if malformed is not None:
+            self.refuse(malformed)
+            return
+        self.waiting_since = None  # a watch's keep-alive messages keep it open, not requests
+        self.ws_task = self.server.loop.create_task(self.server.app(self.ws_scope, self.ws))
+        self.ws_task.add_done_callback(self._websocket_done)
+
+    def _websocket_done(self, task: asyncio.Task[None]) -> None:
+        ws = self.ws
+        assert ws is not None
+        if not task.cancelled() and task.exception() is not None:
+            log.error("WebSocket failed", exc_info=task.exception())
+        if not ws.answered:  # the app neither accepted nor refused it
+            ws.close(500)
+        else:
+            ws.close(1011 if task.cancelled() or task.exception() else 1000)
+            self.server.loop.call_later(CLOSE_WAIT_S, self.close)
 
     # -- answering in order ------------------------------------------------------
     def _start(self) -> None:
@@ -307,8 +377,13 @@ class LoopServer:
     :class:`~tablecast.server.app.HttpApp`, of which it calls ``kept`` (a plain key read's
     kept answer, before a request object is made) and ``begin`` (everything else)."""
 
-    def __init__(self, app: Any, ssl_context: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self, app: Any, ssl_context: ssl.SSLContext | None = None, max_connections: int = 100_000
+    ) -> None:
         self.app = app
+        #: connections served at once; more are closed as they come
+        self.max_connections = max_connections
+        self._warned = float("-inf")
         self.ssl = ssl_context
         self.scheme = "https" if ssl_context else "http"
         self.loop = asyncio.get_running_loop()
@@ -322,6 +397,12 @@ class LoopServer:
         )
         self._sweep()
 
+    def turned_away(self) -> None:
+        now = self.loop.time()
+        if now - self._warned > 60:  # once a minute, not once per connection
+            self._warned = now
+            log.warning("%d connections open: new ones are closed", self.max_connections)
+
     def _sweep(self) -> None:
         """Close connections that waited for headers too long (one timer, not one per request)."""
         limit = self.loop.time() - HEADER_TIMEOUT_S
@@ -334,6 +415,9 @@ class LoopServer:
         self._sweeper.cancel()
         if self._server is not None:
             self._server.close()
+        for conn in self.connections:
+            if conn.ws is not None:
+                conn.ws.close(GOING_AWAY)
         deadline = self.loop.time() + STOP_GRACE_S
         while any(c.busy for c in self.connections) and self.loop.time() < deadline:
             await asyncio.sleep(0.05)

@@ -1,4 +1,5 @@
-"""One serving node as a process: the node's ingestion thread plus granian on its event loop."""
+"""One serving node as a process: the node's ingestion thread plus its HTTP server (the loop
+engine, or granian) on its event loop."""
 
 from __future__ import annotations
 
@@ -119,7 +120,7 @@ async def serve_loop(
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.load_cert_chain(tls[0], tls[1])
-    server = LoopServer(app, context)
+    server = LoopServer(app, context, connection_cap())
     try:
         await server.start(host, port)
     except OSError as e:  # as granian reports it: the CLI's one line (cli/main.py)
@@ -187,8 +188,8 @@ class Limits:
     auth_metrics: bool = False
     #: serve gRPC (tablecast.v1.Tables) on this port too
     grpc_port: int | None = None
-    #: "granian", or "loop": HTTP/1.1 on the event loop's thread (server/http1.py)
-    http_engine: str = "granian"
+    #: "loop": HTTP/1.1 on the event loop's thread (server/http1.py), or "granian" (HTTP/2 too)
+    http_engine: str = "loop"
 
 
 def run(

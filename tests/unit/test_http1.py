@@ -1,6 +1,6 @@
-"""The event loop's HTTP/1.1 server (server/http1.py), over real sockets, with a small app
-in place of the node's (the node's own routes run on it in tests/integration: see
-test_http_engines.py)."""
+"""The event loop's HTTP/1.1 and WebSocket server (server/http1.py, http1_websocket.py), over
+real sockets, with a small app in place of the node's (the node's own routes run on it in
+tests/integration: test_serving.py on both engines, the rest on the default)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 
 from tablecast.server import http1
 from tablecast.server.http1 import LoopServer
+from tests.support.ws import WebSocket
 
 JSON = [("content-type", "application/json")]
 
@@ -29,6 +30,7 @@ class App:
 
     def __init__(self) -> None:
         self.kept_paths = {"/kept": Kept(b'{"kept":true}')}
+        self.websockets = 0  # WebSockets the app was called for
 
     def kept(self, path: str, headers: Any) -> Kept | None:
         return self.kept_paths.get(path)
@@ -49,6 +51,19 @@ class App:
         seen = f"{scope.method} {scope.path} ?{scope.query_string} {scope.headers.get('x-a')}"
         proto.response_bytes(200, JSON, seen.encode())
         return None
+
+    async def __call__(self, scope: Any, proto: Any) -> None:
+        """WebSockets: /ws/refuse is refused with 403; the rest echo each message until closed."""
+        assert scope.proto == "ws"
+        self.websockets += 1
+        if scope.path == "/ws/refuse":
+            proto.close(403)
+            return
+        transport = await proto.accept()
+        while (message := await transport.receive()).kind != 0:
+            await transport.send_str(
+                f'{{"echo": "{message.data}", "query": "{scope.query_string}"}}'
+            )
 
     async def _echo(self, proto: Any) -> None:
         proto.response_bytes(200, JSON, b"".join([c async for c in proto]))
@@ -160,18 +175,23 @@ def test_a_chunked_body_and_a_streamed_answer() -> None:
     [
         (b"NOT HTTP AT ALL\r\n\r\n", 400),
         (b"GET / HTTP/1.1\r\nhost: x\r\ncontent-length: -1\r\n\r\n", 400),
+        # a WebSocket handshake without its key: the app is not called
         (
             b"GET /ws HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n",
             400,
         ),
+        (b"GET / HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: h2c\r\n\r\n", 400),
     ],
 )
 def test_a_malformed_request_or_an_upgrade_is_refused_and_closed(raw: bytes, status: int) -> None:
+    apps: list[App] = []
+
     async def check(port: int) -> None:
         [(got, body)] = _responses(await _exchange(port, raw))
         assert got == status and b'"error"' in body
+        assert apps[0].websockets == 0
 
-    _run(check)
+    _run(check, apps)
 
 
 def test_an_app_failure_is_a_500_and_the_connection_goes_on() -> None:
@@ -257,3 +277,80 @@ def test_head_has_no_body_and_expect_100_continue_is_answered() -> None:
         writer.close()
 
     _run(check)
+
+
+def _frame(opcode: int, payload: bytes, fin: bool = True) -> bytes:
+    """A client's masked frame (the mask of zeros leaves the payload as it is)."""
+    return bytes([(0x80 if fin else 0) | opcode, 0x80 | len(payload)]) + b"\0" * 4 + payload
+
+
+def test_a_websocket_is_upgraded_and_its_messages_come_whole() -> None:
+    def client(port: int) -> list[Any]:
+        ws = WebSocket(f"http://127.0.0.1:{port}/ws", params={"q": "1"})
+        assert ws.status == 101  # and its sec-websocket-accept is right (the client checks)
+        got = []
+        ws.sock.sendall(_frame(0x1, b"one"))
+        got.append(ws.receive())
+        # a message in three fragments, a ping between them
+        ws.sock.sendall(_frame(0x1, b"t", fin=False) + _frame(0x9, b"p") + _frame(0x0, b"w", False))
+        ws.sock.sendall(_frame(0x0, b"o"))
+        got.append(ws.receive())
+        ws.close()
+        return got
+
+    async def check(port: int) -> None:
+        assert await asyncio.to_thread(client, port) == [
+            {"echo": "one", "query": "q=1"},
+            {"echo": "two", "query": "q=1"},
+        ]
+
+    _run(check)
+
+
+def test_a_websocket_refused_by_the_app_gets_its_status_and_the_spec_error() -> None:
+    async def check(port: int) -> None:
+        raw = (
+            b"GET /ws/refuse HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: websocket\r\n"
+            b"sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n"
+        )
+        [(status, body)] = _responses(await _exchange(port, raw))
+        assert status == 403 and b'"forbidden"' in body
+
+    _run(check)
+
+
+def test_a_stopping_server_closes_its_websockets_with_going_away() -> None:
+    async def main() -> None:
+        server = LoopServer(App())
+        await server.start("127.0.0.1", 0)
+        port = server._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        ws = await asyncio.to_thread(WebSocket, f"http://127.0.0.1:{port}/ws")
+        assert ws.status == 101
+        await asyncio.wait_for(server.stop(), 10)
+        b0, b1 = await asyncio.to_thread(ws._exact, 2)
+        assert b0 & 0x0F == 0x8 and await asyncio.to_thread(ws._exact, b1) == b"\x03\xe9"  # 1001
+        ws.sock.close()
+
+    asyncio.run(main())
+
+
+def test_connections_past_the_cap_are_closed_and_the_rest_are_served() -> None:
+    async def main() -> None:
+        server = LoopServer(App(), max_connections=2)
+        await server.start("127.0.0.1", 0)
+        port = server._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        try:
+            held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            assert await asyncio.wait_for(reader.read(), 3) == b""  # the third: closed
+            writer.close()
+            held[0][1].close()
+            await asyncio.sleep(0.1)
+            raw = b"GET /x HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+            assert _responses(await _exchange(port, raw)) == [(200, b"GET /x ? None")]
+            for _, w in held[1:]:
+                w.close()
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
