@@ -189,11 +189,11 @@ constant body at {const_redis:.2f}× of it; on other days this machine's Redis a
 kept answers at this run's {kept_const:.2f}× of the constant body would be about
 {kept_const * 0.55:.2f}–{kept_const * 0.61:.2f}× Redis, and the loop engine at its
 {loop_const:.2f}× about {loop_const * 0.55:.2f}–{loop_const * 0.61:.2f}× (derived, not
-measured: a faster Redis hour may not move the others alike). The HTTP stack itself (granian
-handing each request to the Python event loop) is what is left with the default engine; the
-loop engine parses HTTP/1.1 on the event loop and writes a kept answer as the bytes it last
-wrote (no HTTP/2 or WebSocket there: docs/operations.md). A read path that answers without
-Python is not built.
+measured: a faster Redis hour may not move the others alike). granian's rows are bounded by
+its HTTP stack (each request handed to the Python event loop from granian's own thread); the
+loop engine, the default, parses HTTP/1.1 on the event loop and writes a kept answer as the
+bytes it last wrote (it serves no HTTP/2: docs/operations.md). A read path that answers
+without Python is not built.
 """
 
 

@@ -219,7 +219,8 @@ class _Connection(asyncio.Protocol):
                     self.refuse(ApiError("bad_request", "the request's headers are too large"))
         except httptools.HttpParserUpgrade as e:
             if self.ws is None:
-                self.refuse(ApiError("bad_request", "h2c is served by --http-engine granian"))
+                only = "only a GET's WebSocket upgrade is served (h2c: --http-engine granian)"
+                self.refuse(ApiError("bad_request", only))
             else:  # what followed the handshake is the WebSocket's
                 if len(data) > e.args[0]:
                     self.ws.data_received(data[e.args[0] :])
