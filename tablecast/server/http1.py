@@ -169,7 +169,7 @@ class _Connection(asyncio.Protocol):
         self.writable = asyncio.Event()
         self.writable.set()
         self.ws: WebSocket | None = None  # an upgraded connection's WebSocket
-        self.ws_scope: _WebSocketScope | None = None
+        self.ws_scope: _Scope | None = None
         self.ws_task: asyncio.Task[None] | None = None
 
     # -- connection ------------------------------------------------------------
@@ -267,14 +267,7 @@ class _Connection(asyncio.Protocol):
             websocket = self.headers.get("upgrade", "").lower() == "websocket"
             if websocket and method == "GET" and not self.busy and not self.queue:
                 self.ws = WebSocket(self, self.url.decode("latin-1"), self.headers)
-                self.ws_scope = _WebSocketScope(
-                    method,
-                    path,
-                    query.decode("latin-1"),
-                    self.headers,
-                    self.client,
-                    self.server.scheme,
-                )
+                self.ws_scope = self._scope(_WebSocketScope, method, path, query)
             return
         keep_alive = self.parser.should_keep_alive()
         if self.headers.get("expect", "").lower() == "100-continue":
@@ -291,14 +284,7 @@ class _Connection(asyncio.Protocol):
                 self.waiting_since = self.server.loop.time()
                 return
         proto = _Proto(self, keep_alive, method == "HEAD")
-        scope = _Scope(
-            method,
-            path,
-            query.decode("latin-1"),
-            self.headers,
-            self.client,
-            self.server.scheme,
-        )
+        scope = self._scope(_Scope, method, path, query)
         self.proto = proto
         self.queue.append((scope, proto))
         if not self.busy:
@@ -306,6 +292,11 @@ class _Connection(asyncio.Protocol):
         elif len(self.queue) >= MAX_QUEUED and self.transport is not None:
             self.paused = True  # a client that pipelines without reading waits for us
             self.transport.pause_reading()
+
+    def _scope(self, kind: type[_Scope], method: str, path: str, query: bytes) -> _Scope:
+        return kind(
+            method, path, query.decode("latin-1"), self.headers, self.client, self.server.scheme
+        )
 
     def on_body(self, body: bytes) -> None:
         proto = self.proto
