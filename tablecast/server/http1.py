@@ -236,6 +236,10 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
     def refuse(self, error: ApiError) -> None:
         """The SPEC's error answer, then the connection closes (its stream cannot go on)."""
         body = error.body()

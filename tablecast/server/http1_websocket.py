@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 CLOSE_WAIT_S = 2.0
 #: the close code of a stopping server (RFC 6455)
 GOING_AWAY = 1001
+#: a client that reads nothing this long while messages wait is cut off (as an SSE client is,
+#: tablecast.live.sinks): else a stalled reader would hold its connection for ever
+WRITE_WAIT_S = 10.0
 #: a message from the client larger than this closes the WebSocket (1009): a watch reads none
 MAX_MESSAGE = 1 << 20
 #: the SPEC's error code for a refusal's status (404: the plain not_found)
@@ -100,7 +103,12 @@ class WebSocket:
             raise ConnectionError("the WebSocket is closed")
         self._protocol.send_text(data.encode())
         self._flush()
-        await self._conn.drained()
+        if not self._conn.writable.is_set():
+            try:
+                await asyncio.wait_for(self._conn.drained(), WRITE_WAIT_S)
+            except TimeoutError:
+                self._conn.abort()  # what is buffered would never be read: not flushed first
+                raise ConnectionError("the client read nothing while messages waited") from None
 
     async def receive(self) -> Message:
         while not self._messages:

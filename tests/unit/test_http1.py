@@ -5,12 +5,13 @@ tests/integration: test_serving.py on both engines, the rest on the default)."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
-from tablecast.server import http1
+from tablecast.server import http1, http1_websocket
 from tablecast.server.http1 import LoopServer
 from tests.support.ws import WebSocket
 
@@ -31,6 +32,7 @@ class App:
     def __init__(self) -> None:
         self.kept_paths = {"/kept": Kept(b'{"kept":true}')}
         self.websockets = 0  # WebSockets the app was called for
+        self.flood_ended: Exception | None = None
 
     def kept(self, path: str, headers: Any) -> Kept | None:
         return self.kept_paths.get(path)
@@ -60,6 +62,13 @@ class App:
             proto.close(403)
             return
         transport = await proto.accept()
+        if scope.path == "/ws/flood":  # messages until the server gives up on the client
+            try:
+                while True:
+                    await transport.send_str("x" * 10_000)
+            except ConnectionError as e:
+                self.flood_ended = e
+            return
         while (message := await transport.receive()).kind != 0:
             await transport.send_str(
                 f'{{"echo": "{message.data}", "query": "{scope.query_string}"}}'
@@ -354,3 +363,21 @@ def test_connections_past_the_cap_are_closed_and_the_rest_are_served() -> None:
             await server.stop()
 
     asyncio.run(main())
+
+
+def test_a_websocket_client_that_reads_nothing_is_cut_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(http1_websocket, "WRITE_WAIT_S", 0.5)
+    apps: list[App] = []
+
+    async def check(port: int) -> None:
+        ws = await asyncio.to_thread(WebSocket, f"http://127.0.0.1:{port}/ws/flood")
+        ws.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        assert ws.status == 101
+        for _ in range(100):  # never read: the node's writes fill the buffers, then wait
+            if apps[0].flood_ended is not None:
+                break
+            await asyncio.sleep(0.1)
+        assert isinstance(apps[0].flood_ended, ConnectionError), apps[0].flood_ended
+        ws.sock.close()
+
+    _run(check, apps)
