@@ -30,7 +30,7 @@ import httptools
 
 from tablecast.server.answers import JSON
 from tablecast.server.errors import ApiError
-from tablecast.server.http1_websocket import CLOSE_WAIT_S, GOING_AWAY, WebSocket
+from tablecast.server.http1_websocket import CLOSE_WAIT_S, GOING_AWAY, WRITE_WAIT_S, WebSocket
 
 log = logging.getLogger(__name__)
 
@@ -233,8 +233,21 @@ class _Connection(asyncio.Protocol):
             self.transport.write(data)
 
     def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
+        """Close once what is buffered is written; drop it if the client reads none of that
+        for WRITE_WAIT_S (a stalled stream's reader would hold the connection for ever)."""
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.close()
+            self._drop_if_stalled(transport, -1)
+
+    def _drop_if_stalled(self, transport: asyncio.Transport, before: int) -> None:
+        waiting = transport.get_write_buffer_size()
+        if not waiting or self.gone.done():
+            return
+        if before != -1 and waiting >= before:  # nothing read since the last look
+            transport.abort()
+            return
+        self.server.loop.call_later(WRITE_WAIT_S, self._drop_if_stalled, transport, waiting)
 
     def abort(self) -> None:
         if self.transport is not None:

@@ -5,6 +5,7 @@ tests/integration: test_serving.py on both engines, the rest on the default)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -48,6 +49,11 @@ class App:
             return self._slow(proto)
         if scope.path == "/stream":
             return self._stream(proto)
+        if scope.path == "/bigstream":  # 8 MB at once, then the stream ends
+            out = proto.response_stream(200, [("content-type", "text/event-stream")])
+            for _ in range(800):
+                out.send_bytes(b"x" * 10_000)
+            return None
         if scope.path == "/boom":
             raise RuntimeError("a bug")
         seen = f"{scope.method} {scope.path} ?{scope.query_string} {scope.headers.get('x-a')}"
@@ -381,3 +387,24 @@ def test_a_websocket_client_that_reads_nothing_is_cut_off(monkeypatch: pytest.Mo
         ws.sock.close()
 
     _run(check, apps)
+
+
+def test_a_stream_its_client_does_not_read_is_dropped_after_it_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(http1, "WRITE_WAIT_S", 0.5)
+
+    async def check(port: int) -> None:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(b"GET /bigstream HTTP/1.1\r\nhost: x\r\n\r\n")
+        await asyncio.sleep(1.5)  # the stream ended long ago; its bytes wait for this reader
+        got = 0
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := await asyncio.to_thread(sock.recv, 1 << 20):
+                got += len(chunk)
+        sock.close()
+        assert got < 8_000_000  # dropped, not flushed: what was buffered was never written
+
+    _run(check)
