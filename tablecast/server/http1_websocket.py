@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from websockets.datastructures import Headers
 from websockets.frames import Opcode
@@ -21,8 +21,20 @@ from websockets.server import ServerProtocol
 
 from tablecast.server.errors import STATUS, ApiError
 
-if TYPE_CHECKING:
-    from tablecast.server.http1 import _Connection
+
+class _Connection(Protocol):
+    """What this module uses of the loop engine's connection (server/http1.py imports this
+    module, so it is named here rather than imported)."""
+
+    server: Any
+    writable: asyncio.Event
+
+    def write(self, data: bytes) -> None: ...
+    def close(self) -> None: ...
+    def abort(self) -> None: ...
+    def refuse(self, error: ApiError) -> None: ...
+    async def drained(self) -> None: ...
+
 
 #: how long a close we sent waits for the client's close before the connection is dropped
 CLOSE_WAIT_S = 2.0
