@@ -30,7 +30,7 @@ import httptools
 
 from tablecast.server.answers import JSON
 from tablecast.server.errors import ApiError
-from tablecast.server.http1_websocket import CLOSE_WAIT_S, GOING_AWAY, WRITE_WAIT_S, WebSocket
+from tablecast.server.http1_websocket import GOING_AWAY, WRITE_WAIT_S, WebSocket
 
 log = logging.getLogger(__name__)
 
@@ -202,8 +202,7 @@ class _Connection(asyncio.Protocol):
 
     async def drained(self) -> None:
         """Wait while the transport's buffer is full (a WebSocket's writes wait for the client)."""
-        if not self.writable.is_set():
-            await self.writable.wait()
+        await self.writable.wait()
 
     def data_received(self, data: bytes) -> None:
         if self.ws is not None:
@@ -341,7 +340,6 @@ class _Connection(asyncio.Protocol):
             ws.close(500)
         else:
             ws.close(1011 if task.cancelled() or task.exception() else 1000)
-            self.server.loop.call_later(CLOSE_WAIT_S, self.close)
 
     # -- answering in order ------------------------------------------------------
     def _start(self) -> None:

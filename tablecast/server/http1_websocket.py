@@ -106,8 +106,9 @@ class WebSocket:
         if self._protocol.state is OPEN:
             self._protocol.send_close(code)
             self._flush()
-            # the client answers a close with its own; one that does not is dropped
-            self._conn.server.loop.call_later(CLOSE_WAIT_S, self._conn.close)
+        # the client answers a close with its own (then the library ends the stream); a
+        # client that does not is closed on
+        self._conn.server.loop.call_later(CLOSE_WAIT_S, self._conn.close)
 
     # -- RSGI, the transport --------------------------------------------------------
     async def send_str(self, data: str) -> None:
