@@ -193,7 +193,11 @@ tablecast ÷ the fastest peer ({NAMES.get(x["fastest_peer"], x["fastest_peer"])}
 
 What could flatter or hurt: one wrk thread opens every connection and drives them all, so at
 this count the load generator's own core may limit the faster servers (a server's figure is
-then a floor); every request is a hot read.
+then a floor); every request is a hot read. wrk counts a request unanswered after 2 s as a
+socket error (timeout): tablecast's come from its connections' start, when 10,000 clients
+connecting at once overflow the kernel's listen queue (net.core.somaxconn, 4,096 here) while
+the node's event loop, which also accepts, is busy answering; the clients dropped wait out
+TCP's SYN retries.
 """
 
 

@@ -398,7 +398,7 @@ class LoopServer:
         self._server: asyncio.base_events.Server | None = None
         self._sweeper: asyncio.TimerHandle = self.loop.call_later(SWEEP_S, lambda: None)
 
-    async def start(self, host: str, port: int, backlog: int = 1024) -> None:
+    async def start(self, host: str, port: int, backlog: int = 4096) -> None:
         self._server = await self.loop.create_server(
             lambda: _Connection(self), host, port, ssl=self.ssl, backlog=backlog
         )

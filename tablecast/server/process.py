@@ -41,6 +41,11 @@ MAX_CONNECTIONS = 100_000
 RESERVED_FILES = 2_048
 #: the soft limit is raised towards the hard one up to this
 FILE_CEILING = 262_144
+#: connections the kernel holds for us before we accept them; it clamps this to
+#: net.core.somaxconn (4096 by default since Linux 5.4). At 1024, 10,000 clients connecting
+#: at once overflowed it (tens of thousands of ListenOverflows, measured) and the clients
+#: dropped waited out SYN retries: seconds-long first requests, counted as timeouts
+LISTEN_BACKLOG = 65_535
 
 
 def connection_cap() -> int:
@@ -86,7 +91,7 @@ async def serve_rsgi(
         port=port,
         interface=Interfaces.RSGI,
         log_enabled=False,
-        backlog=1024,
+        backlog=LISTEN_BACKLOG,
         backpressure=connection_cap(),
         http1_settings=HTTP1Settings(header_read_timeout=HEADER_TIMEOUT_MS),
         **ssl_files,  # type: ignore[arg-type]
@@ -122,7 +127,7 @@ async def serve_loop(
         context.load_cert_chain(tls[0], tls[1])
     server = LoopServer(app, context, connection_cap())
     try:
-        await server.start(host, port)
+        await server.start(host, port, LISTEN_BACKLOG)
     except OSError as e:  # as granian reports it: the CLI's one line (cli/main.py)
         if e.errno != errno.EADDRINUSE:
             raise
