@@ -71,6 +71,7 @@ class WebSocket:
         self._handshake = ServerProtocol().accept(Request(target, Headers(headers)))
         self._protocol: ServerProtocol | None = None  # once accepted
         self._early: list[bytes] = []  # frames that came with the handshake, before accept
+        self._early_bytes = 0
         self._messages: deque[Message] = deque()
         self._arrived = asyncio.Event()
         self._parts: list[bytes] = []  # a fragmented message's frames so far
@@ -134,6 +135,13 @@ class WebSocket:
     # -- from the connection --------------------------------------------------------
     def data_received(self, data: bytes) -> None:
         if self._protocol is None:
+            # the app checks the caller before accepting; a client that does not wait for
+            # the answer may send one message's worth, not fill our memory meanwhile
+            self._early_bytes += len(data)
+            if self._early_bytes > MAX_MESSAGE:
+                self._early.clear()
+                self._conn.abort()
+                return
             self._early.append(data)
         else:
             self._receive(data)

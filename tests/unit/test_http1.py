@@ -67,6 +67,8 @@ class App:
         if scope.path == "/ws/refuse":
             proto.close(403)
             return
+        if scope.path == "/ws/late":  # a slow auth check before accepting
+            await asyncio.sleep(0.5)
         transport = await proto.accept()
         if scope.path == "/ws/flood":  # messages until the server gives up on the client
             try:
@@ -330,6 +332,27 @@ def test_a_websocket_refused_by_the_app_gets_its_status_and_the_spec_error() -> 
         )
         [(status, body)] = _responses(await _exchange(port, raw))
         assert status == 403 and b'"forbidden"' in body
+
+    _run(check)
+
+
+def test_a_websocket_client_that_floods_before_it_is_accepted_is_cut_off() -> None:
+    async def check(port: int) -> None:
+        raw = (
+            b"GET /ws/late HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: websocket\r\n"
+            b"sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n"
+        )
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(raw)
+        try:
+            for _ in range(40):  # 1.2 MiB of frames before the app accepts (it waits 0.5 s)
+                writer.write(_frame(0x1, b"x" * 100) * 300)
+                await writer.drain()
+            got = await reader.read()
+        except ConnectionError:
+            got = b""
+        writer.close()
+        assert b"101" not in got  # cut off before the app's accept answered
 
     _run(check)
 
