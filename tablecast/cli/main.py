@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     _opt(
         p,
         "--answers-mb",
-        64,
+        128,
         type=int,
         help="whole answers of plain key GETs kept by the node (MiB, 0: none)",
     )

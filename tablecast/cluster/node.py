@@ -34,7 +34,7 @@ class NodeConfig:
     #: read cache in front of RocksDB stores, per table (0: none)
     cache_bytes: int = 64 * 1024 * 1024
     #: whole answers of plain key reads kept by the HTTP server, for the node (0: none)
-    answers_bytes: int = 64 * 1024 * 1024
+    answers_bytes: int = 128 * 1024 * 1024
     #: signs membership records and internal calls (None: nothing is signed or checked)
     cluster_secret: str | None = None
     #: the CA that signed the nodes' certificates: peers are called over HTTPS and verified

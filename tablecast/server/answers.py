@@ -26,9 +26,12 @@ from tablecast.cluster.replica import Replica
 from tablecast.kafka.catalog import TableInfo
 from tablecast.server.local import Headers
 
-#: dict slot, entry object and header list per entry, beyond the path and body (measured
-#: with tracemalloc: about 150 bytes; the rest is margin)
-ENTRY_OVERHEAD = 200
+#: per entry beyond the path's and body's bytes: the dict slot, the entry, its header list,
+#: and the str and bytes objects' own (377 bytes measured with tracemalloc; the rest margin)
+ENTRY_OVERHEAD = 400
+#: the loop engine keeps the whole response beside it once written (Entry.wire): the body
+#: again after the head (175 bytes measured, longer with a long node id) in a bytes object
+WIRE_OVERHEAD = 300
 JSON = ("content-type", "application/json")
 
 
@@ -122,7 +125,7 @@ class Answers:
             or not self._answerable(info, replica, (info.name, replica.partition))
         ):
             return
-        size = len(path) + len(body) + ENTRY_OVERHEAD
+        size = len(path) + 2 * len(body) + ENTRY_OVERHEAD + WIRE_OVERHEAD
         if self._bytes + size > self.max_bytes:
             if size > self.max_bytes:
                 return

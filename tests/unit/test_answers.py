@@ -161,10 +161,45 @@ def test_only_plain_found_reads_are_kept() -> None:
 
 
 def test_it_starts_over_when_full() -> None:
-    router, answers, replica, _ = _setup(max_bytes=700)
+    router, answers, replica, _ = _setup(max_bytes=2500)  # two or three answers
     for i in range(5):
         _write(replica, f"k{i}".encode(), i)
     for i in range(5):
         _read(router, f"k{i}")
     assert 0 < len(answers) < 5
     assert answers.get("/v1/tables/t/keys/k4") is not None  # the newest is always there
+
+
+def test_what_it_counts_covers_the_memory_it_takes() -> None:
+    """--answers-mb bounds the memory: each entry's path, body, headers and objects, and the
+    whole response the loop engine keeps beside it once written (Entry.wire)."""
+    import gc
+    import tracemalloc
+
+    from tablecast.server.http1 import _sized_head
+
+    router, answers, replica, _ = _setup(max_bytes=1 << 30)
+    keys = [f"key-{i:06d}" for i in range(2000)]
+    replica.apply(
+        [
+            Write(k.encode(), orjson.dumps({"n": i, "text": "x" * 80}), i, 0)
+            for i, k in enumerate(keys)
+        ]
+    )
+    replica.end_offset = replica.position
+    tracemalloc.start()
+    try:
+        for k in keys:
+            _read(router, k)
+        for entry in answers._entries.values():  # as the loop engine does on a first hit
+            head = _sized_head(200, entry.headers, len(entry.body), False)
+            entry.wire = head + entry.body
+        gc.collect()
+        before = tracemalloc.get_traced_memory()[0]
+        counted = answers._bytes
+        answers._entries = {}
+        gc.collect()
+        taken = before - tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert len(keys) * 300 < taken <= counted, (taken, counted)
