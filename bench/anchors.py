@@ -454,9 +454,11 @@ def point_gets(
     The Kafka Streams peer runs behind each of :data:`KS_FRONTS`; ``kafka_streams`` is the
     one with the highest median, and the ratios are against it."""
     tc_script, ks_script = key_script(tc_path(), keys), key_script("/keys/", keys)
-    # warm-ups: the JVM's JIT above all, then caches and connection pools
+    # warm-ups: the JVM's JIT above all, then caches and connection pools; tablecast's kept
+    # answers and read cache fill as keys are first asked for (3 s of wrk asked for about a
+    # third of them: its first rounds were then a third of its later ones)
     ks_warm = {f: warm_up(url + "/", ks_script, CONNECTIONS) for f, url in ks_urls.items()}
-    wrk(node + "/", tc_script, 3, CONNECTIONS)
+    tc_warm = warm_up(node + "/", tc_script, CONNECTIONS)
     wrk(constant + "/", None, 2, CONNECTIONS)
     guess = rp.benchmark(redis, keys, 200_000, clients=CONNECTIONS, cpus=LOAD_CPU).rps
     fronts = [f"kafka_streams_{f}" for f in ks_urls]
@@ -481,6 +483,7 @@ def point_gets(
     out["kafka_streams_server"] = fastest.removeprefix("kafka_streams_")
     out["kafka_streams_warm_up"] = ks_warm[out["kafka_streams_server"]]
     out["kafka_streams_warm_ups"] = ks_warm
+    out["tablecast_warm_up"] = tc_warm
     rr = out["rounds"]
     pairs = {
         "vs_kafka_streams": (rr["tablecast"], rr[fastest]),
@@ -624,7 +627,7 @@ def three_nodes(
             ),
         }
         ks_warm = warm_up(cluster.urls[0] + "/", scripts["kafka_streams"][1], conns, threads=3)
-        wrk(urls[0] + "/", scripts["tablecast"][1], 3, conns, threads=3)
+        tc_warm = warm_up(urls[0] + "/", scripts["tablecast"][1], conns, threads=3)
         for _ in range(rounds):
             for name, (servers, script) in scripts.items():
                 runs[name].append(wrk(servers[0] + "/", script, seconds, conns, threads=3))
@@ -650,10 +653,19 @@ def three_nodes(
         checked_keys=checked,
         connections=conns,
         kafka_streams_warm_up=ks_warm,
+        tablecast_warm_up=tc_warm,
         rounds={k: [r["rps"] for r in v] for k, v in runs.items()},
         profile=profile,
     )
     return out
+
+
+def warm_up_note(rates: list[float] | None, who: str, lead: str = ", ") -> str:
+    """ "<lead><who> <n> (<rates> req/s)" for a warm-up that was recorded (older results lack
+    tablecast's: it had one 3-s run)."""
+    if not rates:
+        return ""
+    return f"{lead}{who} {len(rates)} ({', '.join(f'{x:,.0f}' for x in rates)} req/s)"
 
 
 def forwarded_share(mixed_vs_local: float) -> float:
@@ -1390,7 +1402,10 @@ generator drives through tablecast's HTTP stack when no lookup is done{
             ": the load side is not the limit"
             if pg["constant"]["rps"] > tc["rps"] * 1.1
             else " (in this run not clearly above tablecast: the machine's noise decided the medians)"
-        }. All rounds (req/s): {rounds}.
+        }. All rounds (req/s): {rounds}. Warm-ups (wrk runs until req/s stopped rising by
+a tenth): Kafka Streams on {pg["kafka_streams_server"]} {len(pg["kafka_streams_warm_up"])}{
+            warm_up_note(pg.get("tablecast_warm_up"), "tablecast", "; ")
+        }.
 
 {noise_note(pg)}
 
@@ -1407,7 +1422,9 @@ up (1/mixed = 1/3 · 1/local + 2/3 · 1/forwarded), so a forwarded request alone
 {fwd:.2f}× a local one for tablecast and {fwd_ks:.2f}× for Kafka Streams; the cluster section
 measures tablecast's directly. Kafka Streams' forward is a blocking `java.net.http` call on a
 request thread; its JVMs needed {len(tn["kafka_streams_warm_up"])} warm-up runs
-({", ".join(f"{x:,.0f}" for x in tn["kafka_streams_warm_up"])} req/s) before the timed ones.
+({", ".join(f"{x:,.0f}" for x in tn["kafka_streams_warm_up"])} req/s) before the timed ones{
+            warm_up_note(tn.get("tablecast_warm_up"), "tablecast's nodes")
+        }.
 
 {three_noise_note(tn)}
 
