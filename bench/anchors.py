@@ -1143,7 +1143,8 @@ def targets(r: dict[str, Any], fwd: float) -> list[tuple[str, str, str, str]]:
     us = {k: 1e6 / pg[k]["rps"] for k in ("tablecast", "kafka_streams", "redis", "constant")}
     p99 = hp["tablecast"]["p99_us"] / 1e3
     floor = hp["constant"]["p99_us"] / 1e3
-    ingest, biggest = loads[0]["rps_applying"], loads[-1]
+    # the headline is start → ready, wall clock (issue 19): the applying window flatters it
+    ingest, biggest = loads[0]["rps_wall"], loads[-1]
     hot_path = (
         f"per request, tablecast's core spends {us['tablecast']:.1f} µs, of which its HTTP stack "
         f"alone (constant body) needs {us['constant']:.1f} µs and the Python hot path (route, "
@@ -1191,7 +1192,8 @@ def targets(r: dict[str, Any], fwd: float) -> list[tuple[str, str, str, str]]:
         ),
         (
             f"ingest ≥ {TARGETS['ingest_rps']:,} records/s",
-            f"{ingest:,.0f}/s ({loads[0]['rows']:,} keys, RocksDB)",
+            f"{ingest:,.0f}/s start → ready ({loads[0]['rows']:,} keys, RocksDB; "
+            f"{loads[0]['rps_applying']:,.0f}/s while applying)",
             verdict(ingest >= TARGETS["ingest_rps"]),
             "see the ingest profile below: decoding each record from librdkafka into Python "
             "objects and the store's write batches are per-record Python work on one core.",
