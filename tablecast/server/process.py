@@ -22,7 +22,7 @@ from tablecast.cluster.node import Node, NodeConfig
 from tablecast.server import collector
 from tablecast.server.app import HttpApp
 from tablecast.server.auth import Auth
-from tablecast.server.http1 import LoopServer
+from tablecast.server.http1 import LISTEN_BACKLOG, LoopServer
 from tablecast.server.router import DEFAULT_WAITS_PER_CALLER
 
 log = logging.getLogger(__name__)
@@ -41,11 +41,6 @@ MAX_CONNECTIONS = 100_000
 RESERVED_FILES = 2_048
 #: the soft limit is raised towards the hard one up to this
 FILE_CEILING = 262_144
-#: connections the kernel holds for us before we accept them; it clamps this to
-#: net.core.somaxconn (4096 by default since Linux 5.4). At 1024, 10,000 clients connecting
-#: at once overflowed it (tens of thousands of ListenOverflows, measured) and the clients
-#: dropped waited out SYN retries: seconds-long first requests, counted as timeouts
-LISTEN_BACKLOG = 65_535
 
 
 def connection_cap() -> int:
@@ -127,7 +122,7 @@ async def serve_loop(
         context.load_cert_chain(tls[0], tls[1])
     server = LoopServer(app, context, connection_cap())
     try:
-        await server.start(host, port, LISTEN_BACKLOG)
+        await server.start(host, port)
     except OSError as e:  # as granian reports it: the CLI's one line (cli/main.py)
         if e.errno != errno.EADDRINUSE:
             raise
