@@ -102,6 +102,7 @@ def run(minutes: float, seed: int, work: Path) -> dict[str, Any]:
             k for k in injector.malformed_keys if ref.by_key[k][-1].value is MALFORMED
         }
         converged, diffs = converge(cluster, expected, malformed_unhealed, 180)
+        readers.judge_deferred(ref.catch_up(60))
         lost_keys = sorted({d.split()[1].rstrip(":") for d in diffs})
         t = readers.tally
         answered = t.queries - sum(t.failed.values())
@@ -122,6 +123,8 @@ def run(minutes: float, seed: int, work: Path) -> dict[str, Any]:
             "node_503_samples": t.node_503_samples,
             "max_staleness_ms": t.max_staleness_ms,
             "wrong": len(t.wrong),
+            "deferred": t.deferred,
+            "reference_renewed": ref.renewed,
             "wrong_samples": t.wrong[:50],
             "failed_samples": t.failures[:50],
             "lost": len(lost_keys),

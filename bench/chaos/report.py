@@ -42,6 +42,10 @@ def markdown(r: dict[str, Any]) -> str:
         f"| {r.get('node_503', 0):,} | |",
         f"| largest staleness an answer claimed | {r['max_staleness_ms']:,} ms | |",
         f"| wrong | {r['wrong']} | 0 |",
+        f"| answers judged after the soak (the reference had not read that far in 5 s) "
+        f"| {r.get('deferred', 0):,} | |",
+        f"| the reference's consumer replaced (deaf after a broker restart) "
+        f"| {r.get('reference_renewed', 0)} | |",
         f"| records lost after recovery | {r['lost']} | 0 |",
         f"| nodes converged | {r['converged']} | all |",
         f"| acknowledged input records | {r['acked']:,} | |",

@@ -11,6 +11,12 @@ are judged exactly, once the reference has read the partition up to ``P``:
 * ``404`` is correct iff the key's last record below ``P`` is a tombstone or a
   malformed record (a node keeps those out of answers, as absent), or there is
   none;
+* an answer the reference cannot judge yet (it has not read up to ``P``, or to the
+  answered offset, 5 s after the answer) is judged after the soak, once the
+  reference has read each partition up to the end the broker reports; only then is
+  an offset the topic does not hold wrong (the reference is a consumer like the
+  nodes', and on this 2-core machine it can trail a node by seconds after a broker
+  outage);
 * the freshness the answer claims must hold: ``P >= E - lag``, where ``E`` is the
   partition end as the harness saw it ``S + GRACE_S`` before the request was sent
   and ``S`` is the answer's ``X-Tablecast-Staleness-Ms`` (a node claims to have
@@ -41,6 +47,7 @@ import random
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -51,6 +58,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 import tablecast as tc
 from tablecast.kafka.config import client_conf
+from tablecast.kafka.deafness import DeafCheck, close_in_background, ends_from_a_fresh_client
 from tablecast.kafka.partitioner import partition_for
 
 from .cluster import KEYS, PARTITIONS, TABLE
@@ -77,22 +85,53 @@ class Reference:
             p: ([], []) for p in range(PARTITIONS)
         }
         self.ends = dict.fromkeys(range(PARTITIONS), 0)
-        self.c = Consumer(
+        self.bootstrap = bootstrap
+        self.c = self._new_consumer()
+        #: when each partition's last record arrived; the consumer replaced when deaf after a
+        #: broker restart, as a node's is (tablecast.kafka.deafness), and how often
+        self._heard = dict.fromkeys(((topic, p) for p in range(PARTITIONS)), time.monotonic())
+        self._deafness = DeafCheck(bootstrap)
+        self.renewed = 0
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="reference", daemon=True)
+
+    def _new_consumer(self) -> Consumer:
+        return Consumer(
             client_conf(
-                bootstrap,
+                self.bootstrap,
                 {
                     "group.id": "chaos-reference",
                     "enable.auto.commit": False,
                     "reconnect.backoff.max.ms": 1000,
+                    "log_level": 0,
                 },
             )
         )
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="reference", daemon=True)
+
+    def _assign(self) -> None:
+        self.c.assign(
+            [TopicPartition(self.topic, p, self.ends[p] or OFFSET_BEGINNING) for p in self.ends]
+        )
 
     def start(self) -> None:
-        self.c.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+        self._assign()
         self.thread.start()
+
+    def highs(self) -> dict[int, int]:
+        """Each partition's end as the broker reports it now (through a fresh client)."""
+        asked = [(self.topic, p) for p in range(PARTITIONS)]
+        return {p: hi for (_, p), hi in ends_from_a_fresh_client(self.bootstrap, asked).items()}
+
+    def _renew_if_deaf(self, now: float) -> None:
+        ends = self._deafness.confirmed(now, self._heard)
+        with self.lock:
+            if all(self.ends[p] >= hi for (_, p), hi in ends.items()):
+                return  # nothing silent, or nothing to read: silence is right
+            old, self.c = self.c, self._new_consumer()
+            self._assign()
+        self.renewed += 1
+        self._deafness.replaced(now)
+        close_in_background(old)
 
     def _run(self) -> None:
         while not self.stopping.is_set():
@@ -100,7 +139,10 @@ class Reference:
             now = time.monotonic()
             with self.lock:
                 for m in msgs:
-                    if m.error() is not None or m.key() is None:
+                    if m.error() is not None:
+                        continue
+                    self._heard[(self.topic, m.partition())] = now
+                    if m.key() is None:
                         continue
                     p, o = m.partition(), m.offset()
                     k = m.key().decode(errors="replace")
@@ -118,6 +160,8 @@ class Reference:
                     times.append(now)
                     ends.append(o + 1)
                     self.ends[p] = o + 1
+            # after the batch is taken in: a new consumer starts past it
+            self._renew_if_deaf(now)
 
     def end_before(self, p: int, t: float) -> int:
         """The partition end the harness had seen at monotonic time `t`."""
@@ -125,9 +169,27 @@ class Reference:
         i = bisect.bisect_right(times, t)
         return ends[i - 1] if i else 0
 
+    def catch_up(self, timeout: float) -> bool:
+        """Wait until the reference has read every partition up to the end the broker
+        reports now; False if it has not within `timeout`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                highs: dict[int, int] | None = self.highs()
+            except Exception:  # the broker does not answer (yet): ask again
+                highs = None
+            if highs is not None:
+                with self.lock:
+                    if all(self.ends[p] >= h for p, h in highs.items()):
+                        return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.5)
+
     def stop(self) -> None:
         self.stopping.set()
         self.thread.join(10)
+        self._deafness.close()
         self.c.close()
 
     # judging ---------------------------------------------------------------
@@ -177,6 +239,16 @@ class Reference:
 
 
 @dataclass
+class Deferred:
+    """An answer the reference could not judge yet, judged again after the soak."""
+
+    judge: Callable[[], str]
+    key: str = ""
+    t0: float = 0.0
+    who: str = ""
+
+
+@dataclass
 class Tally:
     queries: int = 0
     ok: int = 0
@@ -189,6 +261,8 @@ class Tally:
     #: the largest staleness an answer judged by it claimed (ms)
     max_staleness_ms: int = 0
     wrong: list[str] = field(default_factory=list)
+    #: answers judged only after the soak: the reference had not read that far in 5 s
+    deferred: int = 0
     #: the failed reads, each with when, where and what the node said
     failures: list[str] = field(default_factory=list)
     #: (monotonic time, partition, answered)
@@ -207,6 +281,7 @@ class Readers:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.threads: list[threading.Thread] = []
+        self.deferred: list[Deferred] = []
 
     def start(self) -> None:
         for i in range(self.n):
@@ -233,16 +308,39 @@ class Readers:
                 tl.failed[status] += 1
                 tl.failures.append(f"{t - self.t0:.1f}s {key}: {verdict[7:]}")
             else:
-                tl.wrong.append(f"{time.strftime('%H:%M:%S')} {key}: {verdict}")
+                # stamped with when it was asked, in wall clock and soak time (a deferred
+                # answer is recorded after the soak)
+                wall = time.localtime(time.time() - (time.monotonic() - t))
+                tl.wrong.append(
+                    f"{time.strftime('%H:%M:%S', wall)} {t - self.t0:.1f}s {key}: {verdict}"
+                )
 
-    def _settle(self, judge: Any) -> str:
-        # the reference may trail the node by a moment: give it 5 s to read that far
+    def _settle(self, judge: Callable[[], str]) -> str | Deferred:
+        # the reference may trail the node by a moment: give it 5 s to read that far,
+        # then judge the answer after the soak (judge_deferred)
         deadline = time.monotonic() + 5
         while True:
             v = judge()
-            if v != "pending" or time.monotonic() > deadline:
-                return "wrong:offset not in the table topic" if v == "pending" else v
+            if v != "pending":
+                return v
+            if time.monotonic() > deadline:
+                return Deferred(judge)
             time.sleep(0.1)
+
+    def judge_deferred(self, caught_up: bool) -> None:
+        """Judge the answers the reference could not judge during the soak; call it once
+        the reference has read the table topic to its end (`caught_up`)."""
+        with self.lock:
+            deferred, self.deferred = self.deferred, []
+        for d in deferred:
+            v = d.judge()
+            if v == "pending":
+                v = "wrong:offset not in the table topic" + (
+                    "" if caught_up else " (the reference never caught up with the broker)"
+                )
+            if v.startswith("wrong:"):
+                v += f" ({d.who})"
+            self._record(d.key, d.t0, v)
 
     def _run(self, i: int) -> None:
         rng = random.Random(self.seed * 100 + i)
@@ -266,6 +364,12 @@ class Readers:
                     url, r = self._get_any(http, rng, urls, key)
                     verdict = self._judge_http(key, r, t0)
                     who = f"asked {url}, answered by {r.headers.get('x-tablecast-node')}"
+                if isinstance(verdict, Deferred):
+                    verdict.key, verdict.t0, verdict.who = key, t0, who
+                    with self.lock:
+                        self.deferred.append(verdict)
+                        self.tally.deferred += 1
+                    continue
                 if verdict.startswith(("wrong:", "failed:")):
                     verdict += f" ({who})"
             except tc.QueryError as e:
@@ -310,7 +414,7 @@ class Readers:
             return url, r
         raise AssertionError("unreachable")
 
-    def _judge_http(self, key: str, r: httpx.Response, t0: float) -> str:
+    def _judge_http(self, key: str, r: httpx.Response, t0: float) -> str | Deferred:
         if r.status_code not in (200, 404):
             return f"failed:{r.status_code} {r.text[:200]}"
         try:
@@ -338,7 +442,7 @@ class Readers:
         stale_ms: int | None,
         token: str | None,
         t0: float,
-    ) -> str:
+    ) -> str | Deferred:
         """One answer (`body` None: 404) by the rule at the top of this module."""
         if lag is None or stale_ms is None or token is None:
             return f"wrong:answer without lag {lag}, staleness {stale_ms} or position {token}"

@@ -10,7 +10,9 @@ this watch turns them into "fetch again from the replica's position" when, with
 the leader up, the fetch has not been ``active`` for ``STUCK_S``, or has been
 active while the broker holds records past the position and none arrived.
 Seeking to the position the replica has applied up to loses and repeats
-nothing: the next record applied is the next offset.
+nothing: the next record applied is the next offset. A consumer deaf as a whole
+(no statistics with its leader up, so nothing here fires) is replaced instead:
+see :mod:`tablecast.kafka.deafness`.
 """
 
 from __future__ import annotations

@@ -56,6 +56,7 @@ from tablecast.cluster.validate import Check, checker
 from tablecast.kafka import batches, indexes
 from tablecast.kafka.catalog import CatalogReader, TableInfo
 from tablecast.kafka.config import client_conf
+from tablecast.kafka.deafness import DeafCheck, close_in_background
 from tablecast.kafka.indexes import HEADER
 from tablecast.store import Write
 
@@ -114,11 +115,31 @@ class Ingestor:
         #: catalog entries left out, with why (logged once per reason)
         self.left_out: dict[str, str] = {}
         self._topics = TopicInfo(bootstrap_servers)
-        self._consumer = Consumer(
+        self._group = f"tablecast-node-{app_id}-{node_id}"
+        self._consumer = self._new_consumer()
+        self._fetches = FetchWatch()
+        #: replaces the consumer if it goes deaf (after a broker restart)
+        self.deafness = DeafCheck(bootstrap_servers)
+        self.consumers_renewed = 0
+        self.records_applied = 0
+        #: counters for /metrics
+        self.bad_records: dict[tuple[str, str], int] = defaultdict(int)
+        self.write_failures = 0
+        self.stores_dropped = 0
+        self.restored_from_scratch = 0
+        self._bad_logged: dict[str, int] = defaultdict(int)
+        self._pending_drop: dict[Slot, float] = {}
+        self._open_retry: dict[Slot, float] = {}
+        self._disk_checked = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tablecast-ingest", daemon=True)
+
+    def _new_consumer(self) -> Consumer:
+        return Consumer(
             client_conf(
-                bootstrap_servers,
+                self.bootstrap_servers,
                 {
-                    "group.id": f"tablecast-node-{app_id}-{node_id}",
+                    "group.id": self._group,
                     "enable.auto.commit": False,
                     "enable.partition.eof": True,
                     "fetch.wait.max.ms": 50,
@@ -134,19 +155,6 @@ class Ingestor:
                 },
             )
         )
-        self._fetches = FetchWatch()
-        self.records_applied = 0
-        #: counters for /metrics
-        self.bad_records: dict[tuple[str, str], int] = defaultdict(int)
-        self.write_failures = 0
-        self.stores_dropped = 0
-        self.restored_from_scratch = 0
-        self._bad_logged: dict[str, int] = defaultdict(int)
-        self._pending_drop: dict[Slot, float] = {}
-        self._open_retry: dict[Slot, float] = {}
-        self._disk_checked = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="tablecast-ingest", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -154,6 +162,7 @@ class Ingestor:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(10)
+        self.deafness.close()
         self._consumer.close()
         self.catalog.close()
         for replica in self.replicas.values():
@@ -181,6 +190,7 @@ class Ingestor:
                     next_failed = now + FAILED_ENDS_EVERY_S
                 if now >= next_assess:
                     self._assess(now)
+                    self._renew_if_deaf(now)
                     next_assess = now + ASSESS_EVERY_S
                 if now >= next_note:
                     self._note_progress()
@@ -469,6 +479,35 @@ class Ingestor:
                 self._consumer.seek(tp)
             except Exception as e:  # the next statistics find it stuck again and retry
                 log.warning("table %r partition %d: fetching again failed: %s", *slot, e)
+
+    def _renew_if_deaf(self, now: float) -> None:
+        """Replace the consumer when it has confirmed nothing of a held partition for a
+        while though the broker answers a fresh client about it (see deafness)."""
+        assigned = [r for r in self.replicas.values() if not r.paused]
+        # the statistics confirm a partition's end every second while its leader is up
+        heard = {(r.table.topic, r.partition): r.end_seen_at for r in assigned}
+        deaf = self.deafness.confirmed(now, heard)
+        if not deaf:
+            return
+        log.warning(
+            "the table consumer has confirmed nothing of %s for %.0f s while the broker "
+            "answers a fresh client; replacing it (each partition fetched again from its "
+            "replica's position)",
+            ", ".join(f"{t}/{p}" for t, p in deaf),
+            self.deafness.deaf_s,
+        )
+        old, self._consumer = self._consumer, self._new_consumer()
+        self._fetches = FetchWatch()
+        self.consumers_renewed += 1
+        self.deafness.replaced(now)
+        if assigned:
+            self._consumer.incremental_assign(
+                [
+                    TopicPartition(r.table.topic, r.partition, r.position or OFFSET_BEGINNING)
+                    for r in assigned
+                ]
+            )
+        close_in_background(old)
 
     def _index_entries(self, m: Message, names: tuple[str, ...]) -> tuple[bytes, ...]:
         """The record's index entries from its header; none, counted as a bad record, when

@@ -23,14 +23,16 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from tablecast.kafka import batches
 from tablecast.kafka.config import client_conf
+from tablecast.kafka.deafness import DeafCheck, close_in_background
 from tablecast.live.events import Change, Check, Renderer
 
 log = logging.getLogger(__name__)
@@ -132,7 +134,8 @@ class Feed:
     to the loop; the loop calls :meth:`taken` once it has dispatched it."""
 
     def __init__(self, bootstrap: str, group: str, deliver: Callable[[Batch], None]) -> None:
-        self._consumer = Consumer(_conf(bootstrap, group))
+        self._conf = _conf(bootstrap, group)
+        self._consumer = Consumer(self._conf)
         self._deliver = deliver
         self._sources: dict[str, Source] = {}
         self._generation: dict[Slot, int] = {}
@@ -142,6 +145,12 @@ class Feed:
         self._stop = threading.Event()
         self._room = threading.Semaphore(IN_FLIGHT)
         self._assigned: set[Slot] = set()
+        #: per assigned partition: the next offset to read, and when it was last heard of
+        #: (a record or its end); the consumer is replaced if it goes deaf (see deafness)
+        self._next: dict[Slot, int] = {}
+        self._heard: dict[Slot, float] = {}
+        self.deafness = DeafCheck(bootstrap)
+        self.consumers_renewed = 0
         self._thread = threading.Thread(target=self._run, name="tablecast-watch-feed", daemon=True)
         self._started = False
         self.records = 0
@@ -157,6 +166,7 @@ class Feed:
         self._room.release()
         if self._started:
             self._thread.join(10)
+        self.deafness.close()
         self._consumer.close()
 
     def assign(self, source: Source, partition: int, offset: int, generation: int) -> None:
@@ -195,9 +205,50 @@ class Feed:
                     self._consumer.incremental_unassign([TopicPartition(*slot)])
                 self._consumer.incremental_assign([tp])
                 self._assigned.add(slot)
+                self._next[slot] = offset
+                self._heard[slot] = time.monotonic()
             elif slot in self._assigned:
                 self._consumer.incremental_unassign([TopicPartition(*slot)])
                 self._assigned.discard(slot)
+                self._next.pop(slot, None)
+                self._heard.pop(slot, None)
+
+    def _heard_of(self, msgs: list[Message]) -> None:
+        now = time.monotonic()
+        for m in msgs:
+            slot = (m.topic(), m.partition())
+            if slot not in self._assigned:
+                continue
+            err = m.error()
+            if err is None:
+                self._next[slot] = m.offset() + 1
+            elif err.code() == KafkaError._PARTITION_EOF:
+                self._next[slot] = max(self._next[slot], m.offset())
+            else:
+                continue
+            self._heard[slot] = now
+
+    def _renew_if_deaf(self) -> None:
+        """Replace the consumer when partitions it has heard nothing of for a while have
+        records the broker (asked through a fresh client) says it has not read."""
+        now = time.monotonic()
+        ends = self.deafness.confirmed(now, self._heard)
+        behind = [slot for slot, end in ends.items() if end > self._next.get(slot, end)]
+        if not behind:
+            return
+        log.warning(
+            "the watch feed has read nothing of %s for %.0f s though the broker holds more; "
+            "replacing its consumer (each partition read on from where it was)",
+            ", ".join(f"{t}/{p}" for t, p in behind),
+            self.deafness.deaf_s,
+        )
+        old, self._consumer = self._consumer, Consumer(self._conf)
+        self.consumers_renewed += 1
+        self.deafness.replaced(now)
+        self._consumer.incremental_assign(
+            [TopicPartition(t, p, self._next[(t, p)]) for t, p in self._assigned]
+        )
+        close_in_background(old)
 
     def _run(self) -> None:
         generation = self._generation.get
@@ -209,6 +260,8 @@ class Feed:
                     self._wake.clear()
                     continue
                 msgs = batches.take(self._consumer, BATCH, 0.05)
+                self._heard_of(msgs)
+                self._renew_if_deaf()
                 if not msgs:
                     continue
                 batch = split(msgs, self._sources, lambda slot: generation(slot, 0))

@@ -163,6 +163,11 @@ class NodeCollector(Collector):
                 "stores too old to resume (compaction may have dropped tombstones)",
                 ingest.restored_from_scratch,
             ),
+            (
+                "tablecast_table_consumers_renewed",
+                "table consumers replaced after confirming nothing while Kafka answered",
+                ingest.consumers_renewed,
+            ),
         )
         left_out = GaugeMetricFamily(
             "tablecast_tables_left_out", "catalog tables not served: bad entry or topic"
@@ -216,6 +221,11 @@ def _watch_metrics(hub: Hub) -> Iterator[Metric]:
         ("tablecast_watch_opened", "watches opened", hub.opened),
         ("tablecast_watch_catch_ups", "watches that read the topic privately first", hub.catch_ups),
         ("tablecast_watch_feed_records", "records the watch feed read", hub.feed.records),
+        (
+            "tablecast_watch_feed_consumers_renewed",
+            "watch feed consumers replaced after reading nothing while Kafka answered",
+            hub.feed.consumers_renewed,
+        ),
     )
     fed = GaugeMetricFamily(
         "tablecast_watch_feed_partitions", "table partitions the watch feed reads"

@@ -12,6 +12,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import httpx
@@ -381,3 +382,96 @@ def test_a_node_killed_while_restoring_resumes_where_it_stopped(
             assert node.get(f"/v1/tables/kv/keys/key-{i}").status_code == 404
     finally:
         node.stop()
+
+
+def _deaf_consumer(group: str) -> Any:
+    """A real consumer that reaches no broker: deaf, as librdkafka's stayed after a broker
+    restart in the chaos soak (minutes without a record or a statistic)."""
+    from confluent_kafka import Consumer
+
+    from tablecast.kafka.config import client_conf
+
+    return Consumer(client_conf(f"127.0.0.1:{free_port()}", {"group.id": group, "log_level": 0}))
+
+
+def test_a_deaf_table_consumer_is_replaced_and_nothing_is_lost(bootstrap: str, unique: str) -> None:
+    """A table consumer that confirms nothing while the broker answers is replaced, and the
+    new one fetches each partition from its replica's position: every record written
+    meanwhile arrives, none twice."""
+    from tablecast.cluster.ingest import Ingestor
+    from tablecast.cluster.replica import Replica
+    from tablecast.store.memory import MemoryStore
+
+    model = make_table(bootstrap, unique, "kv", 2, serde.string(), serde.json(), store="memory")
+    model.write(bootstrap, [(f"k{i}", {"n": i}) for i in range(50)])
+    ingestor = Ingestor(
+        bootstrap, unique, "n1", lambda info, p, wipe: Replica(info, p, MemoryStore())
+    )
+    ingestor.deafness.deaf_s = 3.0
+    ingestor.desired = {("kv", 0), ("kv", 1)}
+    healthy = None
+
+    def holds_the_model() -> bool:
+        replicas = ingestor.replicas.values()
+        if len(replicas) != 2 or not all(r.caught_up for r in replicas):
+            return False
+        held = {}
+        for r in replicas:
+            for raw, rec in r.store.scan(None, None, 10_000):
+                held[raw] = orjson.loads(rec.value)
+        return held == model.rows
+
+    ingestor.start()
+    try:
+        eventually(holds_the_model, timeout=60)
+        applied = ingestor.records_applied
+        healthy, ingestor._consumer = ingestor._consumer, _deaf_consumer(unique)
+        time.sleep(0.5)  # a poll of the healthy consumer under way when it was swapped ends
+        model.write(bootstrap, [(f"k{i}", {"n": i * 10}) for i in range(25, 75)])
+        eventually(lambda: ingestor.consumers_renewed == 1, timeout=60)
+        eventually(holds_the_model, timeout=60)
+        assert ingestor.records_applied == applied + 50  # each record once
+    finally:
+        ingestor.stop()
+        if healthy is not None:
+            healthy.close()
+
+
+def test_a_deaf_watch_feed_is_replaced_and_reads_on_from_where_it_was(
+    bootstrap: str, unique: str
+) -> None:
+    """The watch feed's consumer, deaf the same way, is replaced too: the records written
+    meanwhile reach the watches, each once and in order."""
+    from tablecast.cluster.validate import checker
+    from tablecast.live.events import Renderer
+    from tablecast.live.feed import Batch, Feed, Source
+
+    model = make_table(bootstrap, unique, "kv", 1, serde.string(), serde.json(), store="memory")
+    model.write(bootstrap, [(f"k{i}", {"n": i}) for i in range(20)])
+    got: list[int] = []
+    feed: Feed
+
+    def deliver(batch: Batch) -> None:
+        for _, changes in batch.changes.values():
+            got.extend(c.offset for c in changes)
+        feed.taken()
+
+    feed = Feed(bootstrap, unique, deliver)
+    feed.deafness.deaf_s = 3.0
+    source = Source(model.info.topic, Renderer(model.info), checker(model.info))
+    feed.assign(source, 0, 0, 1)
+    feed.start()
+    healthy = None
+    try:
+        eventually(lambda: got == list(range(20)), timeout=60)
+        healthy, feed._consumer = feed._consumer, _deaf_consumer(unique)
+        time.sleep(0.5)  # a poll of the healthy consumer under way when it was swapped ends
+        model.write(bootstrap, [(f"k{i}", {"n": -i}) for i in range(20)])
+        eventually(lambda: feed.consumers_renewed == 1, timeout=60)
+        eventually(lambda: len(got) >= 40, timeout=60)
+        time.sleep(1)
+        assert got == list(range(40))
+    finally:
+        feed.stop()
+        if healthy is not None:
+            healthy.close()
