@@ -32,7 +32,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from tablecast.kafka import batches
 from tablecast.kafka.config import client_conf
-from tablecast.kafka.deafness import DeafCheck, close_in_background
+from tablecast.kafka.deafness import DeafCheck, close_in_background, ends_from_a_fresh_client
 from tablecast.live.events import Change, Check, Renderer
 
 log = logging.getLogger(__name__)
@@ -134,6 +134,7 @@ class Feed:
     to the loop; the loop calls :meth:`taken` once it has dispatched it."""
 
     def __init__(self, bootstrap: str, group: str, deliver: Callable[[Batch], None]) -> None:
+        self._bootstrap = bootstrap
         self._conf = _conf(bootstrap, group)
         self._consumer = Consumer(self._conf)
         self._deliver = deliver
@@ -183,11 +184,12 @@ class Feed:
         self._wake.set()
 
     def end_offset(self, topic: str, partition: int) -> int:
-        """The partition's high watermark as the broker says it now (blocking: off the loop)."""
-        _, hi = self._consumer.get_watermark_offsets(
-            TopicPartition(topic, partition), timeout=5, cached=False
-        )
-        return int(hi)
+        """The partition's high watermark as the broker says it now (blocking: off the loop).
+
+        Not through the feed's consumer: confluent-kafka lets one thread at a time into a
+        client, and a call from another thread while the feed thread consumes waited 52 s
+        for its turn."""
+        return ends_from_a_fresh_client(self._bootstrap, [(topic, partition)])[(topic, partition)]
 
     def taken(self) -> None:
         """The loop dispatched a batch: room for the next."""
@@ -295,6 +297,7 @@ class CatchUp:
         self._starts = starts
         self._on_batch = on_batch
         self._wanted = wanted
+        self._bootstrap = bootstrap
         self._conf = _conf(bootstrap, group)
         self.cancelled = threading.Event()
 

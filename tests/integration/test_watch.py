@@ -429,3 +429,33 @@ def test_an_id_from_one_node_resumes_on_another(one, bootstrap: str) -> None:  #
 def node_app(node: NodeProcess) -> str:
     args = node.proc.args  # type: ignore[attr-defined]
     return args[args.index("--app") + 1]
+
+
+def test_the_feeds_end_offset_answers_while_the_feed_consumes(bootstrap: str, unique: str) -> None:
+    """The end of a partition the feed does not read (a watch without a snapshot, on a
+    partition this node neither holds nor feeds) is asked from another thread while the
+    feed thread consumes; through the feed's own consumer that call waited 52 s for its
+    turn (confluent-kafka lets one thread at a time into a client)."""
+    from tablecast.cluster.validate import checker
+    from tablecast.live.events import Renderer
+    from tablecast.live.feed import Feed, Source
+
+    model = make_table(bootstrap, unique, "kv", 2, serde.string(), serde.json(), store="memory")
+    model.write(bootstrap, [(f"k{i}", {"n": i}) for i in range(30)])
+    feed = Feed(bootstrap, unique, lambda batch: feed.taken())
+    feed.assign(Source(model.info.topic, Renderer(model.info), checker(model.info)), 0, 0, 1)
+    feed.start()
+    try:
+        time.sleep(2)  # the feed thread is in its consume loop, at the end of partition 0
+        ends: list[int] = []
+        # on a thread of its own: the call this replaced never returned (a 600 s test timeout)
+        asker = threading.Thread(
+            target=lambda: ends.extend(feed.end_offset(model.info.topic, p) for p in (0, 1)),
+            daemon=True,
+        )
+        asker.start()
+        asker.join(20)
+        assert not asker.is_alive(), "end_offset did not answer within 20 s"
+        assert sum(ends) == 30, ends
+    finally:
+        feed.stop()
