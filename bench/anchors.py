@@ -300,7 +300,7 @@ def warm_up(
         rates.append(wrk(url, script, seconds, connections, threads=threads)["rps"])
         if len(rates) >= 2 and rates[-1] < rates[-2] * 1.1:
             break
-    log.info("warm-up of %s: %s req/s", url, ", ".join(f"{x:,.0f}" for x in rates))
+    log.info("warm-up of %s: %s", url, rates_text(rates))
     return rates
 
 
@@ -665,7 +665,11 @@ def warm_up_note(rates: list[float] | None, who: str, lead: str = ", ") -> str:
     tablecast's: it had one 3-s run)."""
     if not rates:
         return ""
-    return f"{lead}{who} {len(rates)} ({', '.join(f'{x:,.0f}' for x in rates)} req/s)"
+    return f"{lead}{who} {len(rates)} ({rates_text(rates)})"
+
+
+def rates_text(rates: list[float]) -> str:
+    return ", ".join(f"{x:,.0f}" for x in rates) + " req/s"
 
 
 def forwarded_share(mixed_vs_local: float) -> float:
@@ -1424,7 +1428,7 @@ up (1/mixed = 1/3 · 1/local + 2/3 · 1/forwarded), so a forwarded request alone
 {fwd:.2f}× a local one for tablecast and {fwd_ks:.2f}× for Kafka Streams; the cluster section
 measures tablecast's directly. Kafka Streams' forward is a blocking `java.net.http` call on a
 request thread; its JVMs needed {len(tn["kafka_streams_warm_up"])} warm-up runs
-({", ".join(f"{x:,.0f}" for x in tn["kafka_streams_warm_up"])} req/s) before the timed ones{
+({rates_text(tn["kafka_streams_warm_up"])}) before the timed ones{
             warm_up_note(tn.get("tablecast_warm_up"), "tablecast's nodes")
         }.
 
