@@ -32,6 +32,7 @@ from confluent_kafka import (
 from tablecast import serde
 from tablecast.kafka import batches, indexes
 from tablecast.kafka.config import client_conf, producer_conf
+from tablecast.kafka.deafness import DeafCheck, close_in_background
 from tablecast.kafka.partitioner import Partitioner
 from tablecast.kafka.topics import COMPACTED, catalog_topic, ensure_topic
 from tablecast.store.base import Views
@@ -39,6 +40,8 @@ from tablecast.store.base import Views
 log = logging.getLogger(__name__)
 
 KINDS = ("kv", "window")
+#: the catalog reader asks the broker about its silence this seldom (a new table waits as long)
+CATALOG_DEAF_S = 60.0
 STORES = ("rocksdb", "memory")
 
 
@@ -210,16 +213,21 @@ class CatalogReader:
 
     def __init__(self, bootstrap_servers: str, app_id: str) -> None:
         self.topic = catalog_topic(app_id)
-        self._consumer = Consumer(
-            client_conf(
-                bootstrap_servers,
-                {
-                    "group.id": f"tablecast-catalog-{app_id}",
-                    "enable.auto.commit": False,
-                    "log_level": 0,
-                },
-            )
+        self._conf = client_conf(
+            bootstrap_servers,
+            {
+                "group.id": f"tablecast-catalog-{app_id}",
+                "enable.auto.commit": False,
+                "log_level": 0,
+            },
         )
+        self._consumer = Consumer(self._conf)
+        #: the next offset to read, when a record last came, and the check that replaces a
+        #: consumer gone deaf after a broker restart (the catalog is quiet: asked seldom)
+        self._next = 0
+        self._heard = time.monotonic()
+        self.deafness = DeafCheck(bootstrap_servers, CATALOG_DEAF_S)
+        self.consumers_renewed = 0
         self._tp = TopicPartition(self.topic, 0)
         self._initial_end: int | None = None
         self.loaded = False
@@ -249,11 +257,29 @@ class CatalogReader:
             for msg in msgs:
                 if msg.error() is None:
                     self._apply(msg.key(), msg.value(), msg.offset())
+                    self._next, self._heard = msg.offset() + 1, time.monotonic()
+            self._renew_if_deaf()
             if not self.loaded:
                 position = self._consumer.position([self._tp])[0].offset
                 self.loaded = position >= self._initial_end
             if (self.loaded and not msgs) or time.monotonic() >= deadline:
                 return self.tables
+
+    def _renew_if_deaf(self) -> None:
+        now = time.monotonic()
+        end = self.deafness.confirmed(now, {(self.topic, 0): self._heard}).get((self.topic, 0))
+        if end is None or end <= self._next:
+            return
+        log.warning(
+            "the catalog reader has read nothing for %.0f s though %s holds more; replacing it",
+            self.deafness.deaf_s,
+            self.topic,
+        )
+        old, self._consumer = self._consumer, Consumer(self._conf)
+        self._consumer.assign([TopicPartition(self.topic, 0, self._next or OFFSET_BEGINNING)])
+        self.consumers_renewed += 1
+        self.deafness.replaced(now)
+        close_in_background(old)
 
     def _apply(self, key: bytes | None, value: bytes | None, offset: int) -> None:
         try:
@@ -286,4 +312,5 @@ class CatalogReader:
         self.bad[name] = why
 
     def close(self) -> None:
+        self.deafness.close()
         self._consumer.close()

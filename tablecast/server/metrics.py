@@ -163,12 +163,18 @@ class NodeCollector(Collector):
                 "stores too old to resume (compaction may have dropped tombstones)",
                 ingest.restored_from_scratch,
             ),
-            (
-                "tablecast_table_consumers_renewed",
-                "table consumers replaced after confirming nothing while Kafka answered",
-                ingest.consumers_renewed,
-            ),
         )
+        renewed = CounterMetricFamily(
+            "tablecast_kafka_consumers_renewed",
+            "Kafka consumers replaced after hearing nothing while the broker answered a fresh "
+            "client (deaf after a broker restart), by consumer",
+            labels=["consumer"],
+        )
+        renewed.add_metric(["table"], ingest.consumers_renewed)
+        renewed.add_metric(["catalog"], ingest.catalog.consumers_renewed)
+        if self.hub is not None:
+            renewed.add_metric(["watch_feed"], self.hub.feed.consumers_renewed)
+        yield renewed
         left_out = GaugeMetricFamily(
             "tablecast_tables_left_out", "catalog tables not served: bad entry or topic"
         )
@@ -221,11 +227,6 @@ def _watch_metrics(hub: Hub) -> Iterator[Metric]:
         ("tablecast_watch_opened", "watches opened", hub.opened),
         ("tablecast_watch_catch_ups", "watches that read the topic privately first", hub.catch_ups),
         ("tablecast_watch_feed_records", "records the watch feed read", hub.feed.records),
-        (
-            "tablecast_watch_feed_consumers_renewed",
-            "watch feed consumers replaced after reading nothing while Kafka answered",
-            hub.feed.consumers_renewed,
-        ),
     )
     fed = GaugeMetricFamily(
         "tablecast_watch_feed_partitions", "table partitions the watch feed reads"

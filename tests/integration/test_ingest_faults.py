@@ -117,6 +117,10 @@ def test_bad_records_are_counted_logged_and_kept_out(
         assert metric(node, "tablecast_bad_records_total", table="kv", reason="bad key") == 1
         assert metric(node, "tablecast_bad_records_total", table="kv", reason="bad value") == 2
         assert metric(node, "tablecast_bad_records_total", table="longs") == 2
+        # no broker restart here: no consumer was taken for deaf
+        text = node.get("/metrics").text
+        for consumer in ("table", "catalog"):
+            assert f'tablecast_kafka_consumers_renewed_total{{consumer="{consumer}"}} 0.0' in text
         text = node.log_file.read_text()
         assert "table 'kv' partition" in text and "bad value: not JSON" in text
         assert "Traceback" not in text
@@ -473,5 +477,28 @@ def test_a_deaf_watch_feed_is_replaced_and_reads_on_from_where_it_was(
         assert got == list(range(40))
     finally:
         feed.stop()
+        if healthy is not None:
+            healthy.close()
+
+
+def test_a_deaf_catalog_reader_is_replaced_and_finds_new_tables(
+    bootstrap: str, unique: str
+) -> None:
+    """The catalog reader, deaf the same way, is replaced too: a table created meanwhile
+    is found."""
+    from tablecast.kafka.catalog import CatalogReader
+
+    make_table(bootstrap, unique, "first", 1, serde.string(), serde.json(), store="memory")
+    reader = CatalogReader(bootstrap, unique)
+    reader.deafness.deaf_s = 3.0
+    healthy = None
+    try:
+        eventually(lambda: set(reader.poll(0.2)) == {"first"}, timeout=60)
+        healthy, reader._consumer = reader._consumer, _deaf_consumer(unique)
+        make_table(bootstrap, unique, "second", 1, serde.string(), serde.json(), store="memory")
+        eventually(lambda: set(reader.poll(0.2)) == {"first", "second"}, timeout=60)
+        assert reader.consumers_renewed == 1
+    finally:
+        reader.close()
         if healthy is not None:
             healthy.close()
