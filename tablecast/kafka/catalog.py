@@ -32,7 +32,7 @@ from confluent_kafka import (
 from tablecast import serde
 from tablecast.kafka import batches, indexes
 from tablecast.kafka.config import client_conf, producer_conf
-from tablecast.kafka.deafness import DeafCheck, close_in_background
+from tablecast.kafka.deafness import STATS_MS, DeafCheck, close_in_background, fetching
 from tablecast.kafka.partitioner import Partitioner
 from tablecast.kafka.topics import COMPACTED, catalog_topic, ensure_topic
 from tablecast.store.base import Views
@@ -40,8 +40,6 @@ from tablecast.store.base import Views
 log = logging.getLogger(__name__)
 
 KINDS = ("kv", "window")
-#: the catalog reader asks the broker about its silence this seldom (a new table waits as long)
-CATALOG_DEAF_S = 60.0
 STORES = ("rocksdb", "memory")
 
 
@@ -219,14 +217,17 @@ class CatalogReader:
                 "group.id": f"tablecast-catalog-{app_id}",
                 "enable.auto.commit": False,
                 "log_level": 0,
+                # which partitions are fetched from a connected leader: see deafness
+                "statistics.interval.ms": STATS_MS,
+                "stats_cb": self._on_stats,
             },
         )
         self._consumer = Consumer(self._conf)
         #: the next offset to read, when a record last came, and the check that replaces a
-        #: consumer gone deaf after a broker restart (the catalog is quiet: asked seldom)
+        #: consumer gone deaf after a broker restart
         self._next = 0
         self._heard = time.monotonic()
-        self.deafness = DeafCheck(bootstrap_servers, CATALOG_DEAF_S)
+        self.deafness = DeafCheck(bootstrap_servers)
         self.consumers_renewed = 0
         self._tp = TopicPartition(self.topic, 0)
         self._initial_end: int | None = None
@@ -264,6 +265,10 @@ class CatalogReader:
                 self.loaded = position >= self._initial_end
             if (self.loaded and not msgs) or time.monotonic() >= deadline:
                 return self.tables
+
+    def _on_stats(self, text: str) -> None:
+        if (self.topic, 0) in fetching(text):
+            self._heard = time.monotonic()
 
     def _renew_if_deaf(self) -> None:
         now = time.monotonic()

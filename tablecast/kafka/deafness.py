@@ -19,6 +19,7 @@ import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
+import orjson
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
@@ -28,6 +29,9 @@ log = logging.getLogger(__name__)
 
 #: no word of an assigned partition for this long: ask the broker through a fresh client
 DEAF_S = 15.0
+#: a consumer's statistics interval (statistics.interval.ms) where they count as word of
+#: its partitions: one fetched from a connected leader is heard of, however quiet
+STATS_MS = 1000
 
 TopicSlot = tuple[str, int]  # (topic, partition)
 
@@ -42,6 +46,24 @@ def ends_from_a_fresh_client(
     return {(tp.topic, tp.partition): f.result(timeout).offset for tp, f in futures.items()}
 
 
+def fetching(stats_json: str) -> list[TopicSlot]:
+    """The partitions librdkafka's statistics show fetched from a leader it is connected
+    to: the consumer is not deaf to them, however quiet they are (unreadable: none)."""
+    try:
+        stats = orjson.loads(stats_json)
+        up = {b.get("nodeid") for b in stats["brokers"].values() if b.get("state") == "UP"}
+        return [
+            (topic, part["partition"])
+            for topic, t in stats["topics"].items()
+            for part in t["partitions"].values()
+            if part.get("partition", -1) >= 0
+            and part.get("leader") in up
+            and part.get("fetch_state") == "active"
+        ]
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+        return []
+
+
 class DeafCheck:
     """One consumer's deafness check; :meth:`confirmed` is called from its loop."""
 
@@ -51,6 +73,8 @@ class DeafCheck:
         self._question: Future[dict[TopicSlot, int]] | None = None
         self._asked = self._replaced = float("-inf")
         self._pool: ThreadPoolExecutor | None = None
+        #: questions asked so far
+        self.questions = 0
 
     def confirmed(self, now: float, last_heard: dict[TopicSlot, float]) -> dict[TopicSlot, int]:
         """The broker's ends of the partitions not heard of for `deaf_s` (by `last_heard`,
@@ -72,6 +96,7 @@ class DeafCheck:
             return {slot: ends[slot] for slot in silent if slot in ends}
         if silent and now - self._asked >= self.deaf_s:
             self._asked = now
+            self.questions += 1
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="tablecast-deaf-check")
             self._question = self._pool.submit(

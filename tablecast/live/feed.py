@@ -32,7 +32,13 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from tablecast.kafka import batches
 from tablecast.kafka.config import client_conf
-from tablecast.kafka.deafness import DeafCheck, close_in_background, ends_from_a_fresh_client
+from tablecast.kafka.deafness import (
+    STATS_MS,
+    DeafCheck,
+    close_in_background,
+    ends_from_a_fresh_client,
+    fetching,
+)
 from tablecast.live.events import Change, Check, Renderer
 
 log = logging.getLogger(__name__)
@@ -135,7 +141,13 @@ class Feed:
 
     def __init__(self, bootstrap: str, group: str, deliver: Callable[[Batch], None]) -> None:
         self._bootstrap = bootstrap
-        self._conf = _conf(bootstrap, group)
+        # statistics say which partitions are fetched from a connected leader: heard of,
+        # so a quiet feed does not ask the broker whether it has gone deaf
+        self._conf = {
+            **_conf(bootstrap, group),
+            "statistics.interval.ms": STATS_MS,
+            "stats_cb": self._on_stats,
+        }
         self._consumer = Consumer(self._conf)
         self._deliver = deliver
         self._sources: dict[str, Source] = {}
@@ -230,6 +242,13 @@ class Feed:
                 continue
             self._heard[slot] = now
 
+    def _on_stats(self, text: str) -> None:
+        """On the feed thread, inside a consume."""
+        now = time.monotonic()
+        for slot in fetching(text):
+            if slot in self._heard:
+                self._heard[slot] = now
+
     def _renew_if_deaf(self) -> None:
         """Replace the consumer when partitions it has heard nothing of for a while have
         records the broker (asked through a fresh client) says it has not read."""
@@ -297,7 +316,6 @@ class CatchUp:
         self._starts = starts
         self._on_batch = on_batch
         self._wanted = wanted
-        self._bootstrap = bootstrap
         self._conf = _conf(bootstrap, group)
         self.cancelled = threading.Event()
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import orjson
 import pytest
 
 from tablecast.kafka import deafness
@@ -74,3 +75,25 @@ def test_a_replaced_consumer_gets_deaf_s_to_be_heard_from(asked: list[Any]) -> N
     assert asked == []
     check.confirmed(115.0, {SLOT: 80.0})
     assert answer(check, 115.0, {SLOT: 80.0}) == {SLOT: 40}
+
+
+def test_statistics_name_the_partitions_fetched_from_a_connected_leader() -> None:
+    stats = {
+        "brokers": {
+            "127.0.0.1:9092/1": {"nodeid": 1, "state": "UP"},
+            "127.0.0.1:9093/2": {"nodeid": 2, "state": "DOWN"},
+        },
+        "topics": {
+            "t": {
+                "partitions": {
+                    "0": {"partition": 0, "leader": 1, "fetch_state": "active"},
+                    "1": {"partition": 1, "leader": 2, "fetch_state": "active"},  # leader down
+                    "2": {"partition": 2, "leader": 1, "fetch_state": "offset-query"},
+                    "-1": {"partition": -1, "leader": -1, "fetch_state": "none"},
+                }
+            }
+        },
+    }
+    assert deafness.fetching(orjson.dumps(stats).decode()) == [("t", 0)]
+    assert deafness.fetching("not json") == []
+    assert deafness.fetching("{}") == []
