@@ -187,10 +187,10 @@ class Ingestor:
                 now = time.monotonic()
                 if now >= next_failed:
                     self._retry_failed(now)
+                    self._renew_if_deaf(now)  # a question of seconds: not at every assess
                     next_failed = now + FAILED_ENDS_EVERY_S
                 if now >= next_assess:
                     self._assess(now)
-                    self._renew_if_deaf(now)
                     next_assess = now + ASSESS_EVERY_S
                 if now >= next_note:
                     self._note_progress()
