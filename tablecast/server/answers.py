@@ -32,11 +32,23 @@ ENTRY_OVERHEAD = 400
 #: the loop engine keeps the whole response beside it once written (Entry.wire): the body
 #: again after the head (175 bytes measured, longer with a long node id) in a bytes object
 WIRE_OVERHEAD = 300
+#: and the header lines forwarders are sent (Entry.lines): content type and four headers
+LINES_OVERHEAD = 200
 JSON = ("content-type", "application/json")
 
 
 class Entry:
-    __slots__ = ("body", "end", "headers", "info", "position", "replica", "slot", "wire")
+    __slots__ = (
+        "body",
+        "end",
+        "headers",
+        "info",
+        "lines",
+        "position",
+        "replica",
+        "slot",
+        "wire",
+    )
 
     def __init__(
         self,
@@ -56,6 +68,8 @@ class Entry:
         self.body = body
         #: the whole HTTP/1.1 response, once the loop server has written it (server/http1.py)
         self.wire: bytes | None = None
+        #: its headers as a batch of forwarded reads carries them, once one has (coalesce.py)
+        self.lines: bytes | None = None
 
 
 class Answers:
@@ -125,7 +139,7 @@ class Answers:
             or not self._answerable(info, replica, (info.name, replica.partition))
         ):
             return
-        size = len(path) + 2 * len(body) + ENTRY_OVERHEAD + WIRE_OVERHEAD
+        size = len(path) + 2 * len(body) + ENTRY_OVERHEAD + WIRE_OVERHEAD + LINES_OVERHEAD
         if self._bytes + size > self.max_bytes:
             if size > self.max_bytes:
                 return

@@ -32,7 +32,13 @@ from tablecast.live.service import Live
 from tablecast.server import openapi, params, status
 from tablecast.server.answers import JSON, Answers, Entry
 from tablecast.server.auth import Auth
-from tablecast.server.coalesce import BATCH_PATH, decode_targets, encode_answers
+from tablecast.server.coalesce import (
+    BATCH_PATH,
+    decode_targets,
+    encode_answers,
+    header_lines,
+    header_pairs,
+)
 from tablecast.server.consistency import AFTER_HEADER
 from tablecast.server.cursor import Cursors
 from tablecast.server.errors import ApiError
@@ -94,7 +100,9 @@ class HttpApp:
                 await self._websocket(scope, proto)
             return
         rest = self.begin(scope, proto)
-        if rest is not None:
+        if isinstance(rest, asyncio.Future):  # its callback answers, a failure too
+            await asyncio.wait((rest,))
+        elif rest is not None:
             await rest
 
     def begin(self, scope: Any, proto: Any) -> Awaitable[None] | None:
@@ -151,6 +159,11 @@ class HttpApp:
                 if request.params:
                     params.check(route, request.params)
                 answer = handler(request, proto)
+            if isinstance(answer, asyncio.Future):  # a forwarded read (Rpc.forward): no task
+                answer.add_done_callback(
+                    lambda f: self._respond(route, _outcome(f, scope), proto, started)
+                )
+                return answer
             if not isinstance(answer, tuple):
                 return self._later(answer, route, scope, proto, started)
         except Exception as e:  # no client input may produce a stack trace or a hung request
@@ -177,7 +190,13 @@ class HttpApp:
 
     def _respond(self, route: str, answer: Answer, proto: Any, started: float) -> None:
         code, body, extra = answer
-        if route in OWN_TYPE and code < 400:  # the console's files say their own type
+        if isinstance(extra, bytes):  # a peer's answer, its headers as their wire lines
+            write_lines = getattr(proto, "response_lines", None)  # the loop engine's
+            if write_lines is not None:
+                write_lines(code, extra, body)
+            else:
+                proto.response_bytes(code, header_pairs(extra), body)
+        elif route in OWN_TYPE and code < 400:  # the console's files say their own type
             proto.response_bytes(code, extra, body)
         else:
             proto.response_bytes(code, [PROMETHEUS if route == "metrics" else JSON, *extra], body)
@@ -407,7 +426,10 @@ class HttpApp:
         if answers is not None and not query:
             entry = answers.get(path)
             if entry is not None:
-                return "key", (200, entry.body, entry.headers)
+                lines = entry.lines
+                if lines is None:
+                    lines = entry.lines = header_lines(entry.headers)
+                return "key", (200, entry.body, lines)
         key = None if query else _plain_key_read("GET", path)
         if key is not None:
             request = Request(NO_PARAMS, "", req.headers, req.caller, req.scope)
@@ -419,6 +441,14 @@ class HttpApp:
         if request.params:
             params.check(route, request.params)
         return route, handler(request, None)
+
+
+def _outcome(done: asyncio.Future[Answer], scope: Any) -> Answer:
+    """The answer a finished future holds, or the one its failure makes."""
+    if done.cancelled():  # the node is stopping
+        return _failed(ApiError("internal", "the node stopped this read"), scope.method, scope.path)
+    e = done.exception()
+    return done.result() if e is None else _failed(e, scope.method, scope.path)  # type: ignore[arg-type]
 
 
 def _failed(e: Exception, method: str, target: str) -> Answer:

@@ -61,10 +61,13 @@ def _head(status: int, headers: list[tuple[str, str]], extra: bytes) -> bytes:
     return b"HTTP/1.1 %d %s\r\n%s%s\r\n" % (status, _REASONS.get(status, b""), lines, extra)
 
 
-def _sized_head(status: int, headers: list[tuple[str, str]], size: int, close: bool) -> bytes:
-    """The head of an answer whose body (`size` bytes) follows whole."""
-    extra = b"content-length: %d\r\n%s" % (size, b"connection: close\r\n" if close else b"")
-    return _head(status, headers, extra)
+def _sized_head(
+    status: int, headers: list[tuple[str, str]], size: int, close: bool, lines: bytes = b""
+) -> bytes:
+    """The head of an answer whose body (`size` bytes) follows whole; `lines`: more
+    headers, as they go on the wire."""
+    close_line = b"connection: close\r\n" if close else b""
+    return _head(status, headers, b"%scontent-length: %d\r\n%s" % (lines, size, close_line))
 
 
 class _Headers(dict[str, str]):
@@ -140,10 +143,16 @@ class _Proto:
 
     # -- the answer ------------------------------------------------------------
     def response_bytes(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
+        self.response_lines(status, b"", body, headers)
+
+    def response_lines(
+        self, status: int, lines: bytes, body: bytes, headers: list[tuple[str, str]] | None = None
+    ) -> None:
+        """An answer whose headers come as their wire lines (a peer's: coalesce.py)."""
         if self.answered:
             return
         self.answered = True
-        head = _sized_head(status, headers, len(body), not self.keep_alive)
+        head = _sized_head(status, headers or [], len(body), not self.keep_alive, lines)
         self._conn.write(head if self.head_only else head + body)  # one write: one system call
 
     def response_stream(self, status: int, headers: list[tuple[str, str]]) -> _Stream:
@@ -360,6 +369,9 @@ class _Connection(asyncio.Protocol):
             rest = None
         if rest is None:  # answered already: most reads
             self._finished(None, proto)
+            return
+        if isinstance(rest, asyncio.Future):  # answered by its own callback (a forwarded read)
+            rest.add_done_callback(lambda _: self._finished(None, proto))
             return
         task = self.server.loop.create_task(rest)  # type: ignore[arg-type]
         task.add_done_callback(lambda t: self._finished(t, proto))

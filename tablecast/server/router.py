@@ -88,7 +88,8 @@ class Router:
         self, table: str, key_text: str, req: Request, keep_as: str | None = None
     ) -> Answer | Awaitable[Answer]:
         """One key's entry. `keep_as`: the URL path to remember a plain local answer under
-        in :attr:`answers` (the HTTP hot path; see :mod:`tablecast.server.answers`)."""
+        in :attr:`answers` (the HTTP hot path; see :mod:`tablecast.server.answers`), whose
+        caller also takes a peer's answer with its headers as wire lines (:meth:`Rpc.forward`)."""
         caller = req.caller
         if caller is None or caller.grants is None:  # the hot path without a policy: no call
             info, scope = self.local.table(table), None
@@ -127,7 +128,9 @@ class Router:
         else:
             require_history(info)
             read = lambda r: local.read_as_of(info, raw, r, as_of, key_text)  # noqa: E731
-        return self.one_partition(info, partition, req, opts, key_target(table, key_text, ""), read)
+        target = key_target(table, key_text, "")
+        wire = keep_as is not None and opts is NO_OPTIONS
+        return self.one_partition(info, partition, req, opts, target, read, wire)
 
     def windows(self, table: str, key_text: str, req: Request) -> Answer | Awaitable[Answer]:
         info, raw = self._key(table, key_text, req)
@@ -196,9 +199,12 @@ class Router:
         opts: ReadOptions,
         target: str,
         read: Read,
+        wire: bool = False,
     ) -> Answer | Awaitable[Answer]:
         """A read of one partition wherever it is answered: here (once the replica is as far
-        as ``after``/``min_offset`` ask), forwarded to its owner, or redirected there."""
+        as ``after``/``min_offset`` ask), forwarded to its owner, or redirected there.
+        `wire`: a plain read whose caller takes a forwarded answer as :meth:`Rpc.forward`
+        gives it."""
         if opts.min_offset_partition not in (None, partition):
             raise ApiError(
                 "bad_request",
@@ -230,6 +236,8 @@ class Router:
 
         if choices and choices[0] == ME and not tried_here:
             return here()
+        if wire:
+            return self.rpc.forward(info, partition, choices, target, req, here)
         return self.rpc.elsewhere(info, partition, choices, target, req, opts, here)
 
     async def _after(

@@ -26,23 +26,14 @@ from tablecast.cluster.membership import HEARTBEAT_S, Member
 from tablecast.cluster.node import TICK_S
 from tablecast.kafka.catalog import TableInfo
 from tablecast.server import coalesce
-from tablecast.server.coalesce import READ_PREFIX, Coalescer
-from tablecast.server.consistency import ReadOptions
+from tablecast.server.coalesce import PASS_HEADERS, READ_PREFIX, Coalescer, RawResponse
+from tablecast.server.consistency import NO_OPTIONS, ReadOptions
 from tablecast.server.errors import ApiError
 from tablecast.server.local import Answer, unavailable
 from tablecast.server.peers import PeerPool, PeerUnavailable
 from tablecast.server.request import Request
 from tablecast.server.routing import ME, Choice, Routing
 
-PASS_HEADERS = frozenset(
-    (
-        "x-tablecast-node",
-        "x-tablecast-lag",
-        "x-tablecast-staleness-ms",
-        "x-tablecast-position",
-        "retry-after",
-    )
-)
 FORWARD_TIMEOUT_S = 2.0
 #: how long an internal call may take beyond the wait for ``after`` it passes on
 WAIT_SLACK_S = 1.0
@@ -117,6 +108,42 @@ class Rpc:
             choices = await self.fresh_choices(info, partition, req, opts, deadline)
             if not choices:
                 raise unavailable(info, partition)
+
+    def forward(
+        self,
+        info: TableInfo,
+        partition: int,
+        choices: list[Choice],
+        target: str,
+        req: Request,
+        here: Callable[[], Answer | Awaitable[Answer]],
+    ) -> Answer | Awaitable[Answer]:
+        """:meth:`elsewhere` for a plain read (no options, no query string) whose first
+        choice is a peer: its answer as a future, without a task, its headers as the lines
+        they go on the wire with (a `bytes` third element: see :meth:`HttpApp._respond`).
+        Only when that peer gives no answer does :meth:`elsewhere` take the other choices."""
+        first = choices[0] if choices else None
+        coalescer = self.coalescer
+        waiter = None
+        if coalescer is not None and isinstance(first, Member) and not req.query:
+            waiter = coalescer.submit(first.url, target, req.onward_headers(), FORWARD_TIMEOUT_S)
+        if waiter is None:
+            return self.elsewhere(info, partition, choices, target, req, NO_OPTIONS, here)
+        out: asyncio.Future[Answer] = waiter.get_loop().create_future()
+
+        def answered(w: asyncio.Future[RawResponse]) -> None:
+            if not w.cancelled() and w.exception() is None:
+                status, lines, body = w.result()
+                if status != 503:
+                    out.set_result((status, body, lines))
+                    return
+            # that peer could not answer: the other choices, as elsewhere() takes them
+            rest = self.elsewhere(info, partition, choices[1:], target, req, NO_OPTIONS, here)
+            task = out.get_loop().create_task(rest)
+            task.add_done_callback(lambda t: _settle(out, t))
+
+        waiter.add_done_callback(answered)
+        return out
 
     async def _first_able(
         self,
@@ -225,6 +252,16 @@ class Rpc:
                 if answer is not None:
                     results.append(answer)
         return results
+
+
+def _settle(out: asyncio.Future[T], done: asyncio.Future[T]) -> None:
+    """`out` as `done` came out."""
+    if done.cancelled():
+        out.cancel()
+    elif (e := done.exception()) is not None:
+        out.set_exception(e)
+    else:
+        out.set_result(done.result())
 
 
 async def maybe(answer: T | Awaitable[T]) -> T:

@@ -10,10 +10,19 @@ from collections.abc import Awaitable, Callable
 import orjson
 import pytest
 
+from tablecast.cluster.membership import Member
 from tablecast.server import coalesce
-from tablecast.server.coalesce import BATCH_PATH, Coalescer, decode_answers, encode_answers
+from tablecast.server.coalesce import (
+    BATCH_PATH,
+    Coalescer,
+    decode_answers,
+    encode_answers,
+    header_pairs,
+)
 from tablecast.server.errors import ApiError
 from tablecast.server.peers import PeerPool, PeerUnavailable, Response
+from tablecast.server.request import Request
+from tablecast.server.rpc import Rpc
 
 Handler = Callable[[str, str, bytes], Awaitable[tuple[int, bytes]]]
 
@@ -169,15 +178,22 @@ def test_a_full_batch_leaves_and_the_next_read_opens_another(
 
 
 def test_framing_round_trips_and_refuses_a_short_answer() -> None:
-    answers = [(200, b'{"a":1}', [("x-tablecast-node", "n")]), (404, b"", [])]
+    node = [("x-tablecast-node", "n"), ("content-type", "text/plain"), ("x-other", "o")]
+    answers = [(200, b'{"a":1}', node), (404, b"", []), (200, b"{}", b"x-tablecast-lag: 0\r\n")]
     data = encode_answers(answers)
-    assert decode_answers(data, 2) == [
-        (200, [("x-tablecast-node", "n")], b'{"a":1}'),
-        (404, [], b""),
+    # only the headers a forwarder passes on, behind the content type every read has
+    assert decode_answers(data, 3) == [
+        (200, b"content-type: application/json\r\nx-tablecast-node: n\r\n", b'{"a":1}'),
+        (404, b"content-type: application/json\r\n", b""),
+        (200, b"x-tablecast-lag: 0\r\n", b"{}"),  # given as lines already: sent as they are
+    ]
+    assert header_pairs(decode_answers(data, 3)[0][1]) == [
+        ("content-type", "application/json"),
+        ("x-tablecast-node", "n"),
     ]
     for bad in (data[:-1], data + b"x"):
         with pytest.raises(PeerUnavailable):
-            decode_answers(bad, 2)
+            decode_answers(bad, 3)
 
 
 @pytest.mark.parametrize(
@@ -210,3 +226,53 @@ def test_a_garbled_batch_answer_fails_its_reads_and_none_hangs() -> None:
         assert c.batches == 0
 
     _against(garbled, check)
+
+
+class _Info:
+    name = "t"
+
+
+async def _forward(url_first: str, url_next: str, targets: list[str]) -> list[object]:
+    """Rpc.forward of each target, with the peer at `url_first` its first choice and the
+    one at `url_next` its second."""
+    rpc = Rpc(PeerPool(), routing=None)  # type: ignore[arg-type]
+    try:
+        choices = [Member("first", url_first), Member("next", url_next)]
+        here = lambda: (200, b"here", [])  # noqa: E731
+        pending = [
+            rpc.forward(_Info(), 0, choices, t, Request({}, "", {}), here)  # type: ignore[arg-type]
+            for t in targets
+        ]
+        assert all(isinstance(p, asyncio.Future) for p in pending)  # no task of their own
+        return await asyncio.gather(*pending)  # type: ignore[arg-type]
+    finally:
+        rpc.peers.close()
+
+
+def test_a_forwarded_read_is_the_owners_answer_with_its_header_lines() -> None:
+    async def check(url: str, c: Coalescer, peer: Peer) -> None:
+        answers = await _forward(url, url, TARGETS)
+        lines = b"content-type: application/json\r\nx-tablecast-node: peer\r\n"
+        assert answers == [(s, b, lines) for s, b in map(_alone, TARGETS)]
+        assert peer.seen == [("POST", BATCH_PATH)]
+
+    _against(_batching, check)
+
+
+def test_a_forwarded_read_its_first_choice_cannot_answer_goes_to_the_next() -> None:
+    async def unavailable(method: str, target: str, body: bytes) -> tuple[int, bytes]:
+        return 503, ApiError("partition_unavailable", "released").body()
+
+    async def run() -> None:
+        gone = Peer(_batching)
+        async with gone as gone_url:
+            pass  # closed: nothing listens there now
+        busy, able = Peer(unavailable), Peer(_batching)
+        async with busy as busy_url, able as able_url:
+            for first in (gone_url, busy_url):
+                answers = await asyncio.wait_for(_forward(first, able_url, TARGETS), 10)
+                assert [(s, b) for s, b, _ in answers] == [_alone(t) for t in TARGETS]  # type: ignore[misc]
+            # a batch refused is sent again read by read before a read moves on
+            assert busy.seen == [("POST", BATCH_PATH)] + [("GET", t) for t in TARGETS]
+
+    asyncio.run(run())
