@@ -11,7 +11,8 @@ already applied.
 The large batches (6,000 to 16,000 records) are sized so that each takes the
 restarted driver seconds to work through on two cores, enough for a kill to
 land while a query writes it, and no more: this module was a quarter of CI's time with
-batches two to three times larger.
+batches two to three times larger. The tests marked `long` (joins, sessions, cogroup:
+about two minutes each) run in `python -m bench faults`, not in `./run tests`.
 """
 
 from __future__ import annotations
@@ -257,6 +258,7 @@ joined.group_by_key().reduce(lambda a, b: a + b).materialize("checksums")
 """
 
 
+@pytest.mark.long
 def test_kill_9_of_the_driver_leaves_stream_join_results_exact(
     bootstrap: str, unique: str, tmp_path: Path
 ) -> None:
@@ -350,6 +352,7 @@ sessions.aggregate(list, lambda k, v, a: [*a, v["n"]], merger=lambda k, a, b: a 
 """
 
 
+@pytest.mark.long
 def test_kill_9_mid_stream_leaves_session_tables_exact(
     bootstrap: str, unique: str, tmp_path: Path
 ) -> None:
@@ -480,6 +483,7 @@ def window_totals(bootstrap: str, topic: str, sessions: bool = False) -> dict[st
     return totals
 
 
+@pytest.mark.long
 def test_kill_9_of_the_driver_leaves_cogroup_tables_exact(
     bootstrap: str, unique: str, tmp_path: Path
 ) -> None:
@@ -579,6 +583,7 @@ def fk_batch(rng: random.Random, n: int) -> list[tuple[str, str, dict[str, Any] 
     return out
 
 
+@pytest.mark.long
 def test_kill_9_of_the_driver_leaves_foreign_key_join_results_exact(
     bootstrap: str, unique: str, tmp_path: Path
 ) -> None:
