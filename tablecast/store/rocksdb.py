@@ -246,18 +246,20 @@ class RocksDBStore:
         if not writes:
             return
         last = last_per_key(writes)
-        keys = list(last)
-        existed = self._db[[DATA + k for k in keys]]
+        rows = list(last.values())
+        stored = [DATA + w.key for w in rows]
+        existed = self._db[stored]
         batch = WriteBatch(raw_mode=True)
+        put, pack = batch.put, _HEADER.pack
         count = self._count
-        for key, before in zip(keys, existed, strict=True):
-            w = last[key]
-            if w.value is None:
+        for w, raw_key, before in zip(rows, stored, existed, strict=True):
+            value = w.value
+            if value is None:
                 if before is not None:
-                    batch.delete(DATA + key)
+                    batch.delete(raw_key)
                     count -= 1
             else:
-                batch.put(DATA + key, _HEADER.pack(w.offset, w.timestamp) + w.value)
+                put(raw_key, pack(w.offset, w.timestamp) + value)
                 count += before is None
         if self._indexes is not None:
             self._indexes.stage(last, batch)
