@@ -288,8 +288,8 @@ def session_changelog(
     session's aggregate in order); the merged window spans ts and them. If its end <
     stream time - grace the record is late; otherwise each found session is removed
     (forwarded as a tombstone with its end as timestamp) unless the merged window is just
-    [ts, ts], and the merged session with add(k, v, agg) is put and forwarded (timestamp:
-    its end)."""
+    [ts, ts], and the merged session with add(k, v, agg) is put (a None aggregate removes
+    it, as the session store's put of a null does) and forwarded (timestamp: its end)."""
     sessions: dict[Any, dict[tuple[int, int], Any]] = {}
     observed: dict[Any, int] = {}
     store_clock: dict[Any, int] = {}
@@ -322,6 +322,10 @@ def session_changelog(
         agg = add(k, v, agg)
         if agg is not None:
             mine[(lo, hi)] = agg
+        else:
+            # the session store's put of a null aggregate removes the session: also the
+            # one found as [ts, ts] itself, which the merge above left in place
+            mine.pop((lo, hi), None)
         store_clock[task] = hi if clock is None else max(clock, hi)
         out.append((task, (k, lo, hi), agg, hi))
     return out, late

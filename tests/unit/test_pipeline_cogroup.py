@@ -510,6 +510,19 @@ def test_a_record_of_another_input_bridges_two_sessions() -> None:
     ]
 
 
+def test_a_none_aggregate_at_the_same_instant_removes_the_session() -> None:
+    # b's aggregator answers None for 0: a record at 120 that finds the session [120, 120]
+    # merges nothing new, and its None removes that session (Kafka Streams' store.put of a
+    # null), so 114 finds no session within its gap and is late at stream time 120
+    batches = [[(0, 0, "k", 1, 120)], [(1, 1, "k", 0, 120)], [(1, 0, "k", 5, 114)]]
+    out = _run_sessions(batches, 6, 0)
+    assert _session_rows(out) == [(("k", 120, 120), [["a", 1]]), (("k", 120, 120), None)]
+    (dead,) = [r[2] for r in out if r[2] is not None]
+    assert dead.startswith("late record: timestamp 114, stream time 120")
+    changelog, late = ref.cogroup_session_changelog(_taken(batches), 6, 0, _init, WINDOWED, _merge)
+    assert ref.session_table(changelog) == {} and len(late) == 1
+
+
 def test_session_cogroup_copies_a_restarted_writer_wrote_again_are_applied_once() -> None:
     def rows_of(e: ref.CogroupEvent, off: int, i: int) -> Any:
         # input 1 is derived: its rows carry record ids; batch 1 writes batch 0's again
