@@ -315,8 +315,7 @@ def render(r: dict[str, Any], argv: str) -> str:
         g_rate = f"{g['rate']:,} (IQR {rlo:,.0f}–{rhi:,.0f})"
         spread = (
             f"Medians of {len(rounds['tablecast'])} alternating rounds (tablecast, the same "
-            f"with the selector apart, with the sink unbatched where shown, then Kafka "
-            f"Streams, each on a fresh topic); records/s "
+            f"with the selector apart, then Kafka Streams, each on a fresh topic); records/s "
             f"per round, tablecast: "
             f"{', '.join(f'{x:,}' for x in rounds['tablecast'])}; Kafka Streams: "
             f"{', '.join(f'{x:,}' for x in rounds['kafka_streams'])}."
@@ -346,20 +345,6 @@ def render(r: dict[str, Any], argv: str) -> str:
             "changes 10 times within the first micro-batch, so inside the retraction the "
             "selector runs once per row instead of 10 times: under a steady trickle (one "
             "change per row and batch) only the saved crossing into Python remains."
-        )
-    ub = r.get("groupby-unbatched")
-    if ub and rounds:
-        blo, bhi = rounds["batched"]["ratio_iqr"]
-        ks_row += (
-            f"\n| the same, Spark's Kafka sink on the Java producer's defaults (as before) | "
-            f"{ub['rate']:,} | {ub['seconds']} | {ub['wall_seconds_with_query_start']} | "
-            f"batched ÷ unbatched: {rounds['batched']['ratio_median']:.2f} "
-            f"(IQR {blo:.2f}–{bhi:.2f}) |"
-        )
-        spread += (
-            " Sink unbatched (no linger, 16 KiB producer batches, as tablecast wrote before "
-            "its sink batched: 10 ms linger, 512 KiB): "
-            f"{', '.join(f'{x:,}' for x in rounds['sink_unbatched'])}."
         )
     fm, fr = r["freshness"], r["freshness-realtime"]
     return f"""
@@ -419,7 +404,6 @@ def groupby_rounds(
 
     ours: list[dict[str, float]] = []
     apart: list[dict[str, float]] = []
-    unbatched: list[dict[str, float]] = []
     theirs: list[dict[str, float]] = []
     for i in range(args.rounds):
         name = f"groupby-reduce-{i}"
@@ -431,40 +415,28 @@ def groupby_rounds(
             apart.append(throughput(spark, bootstrap, root / name, name, args.records))
         finally:
             query.SELECT_IN_RETRACT = True
-        # the same with Spark's Kafka sink on the Java producer's defaults (no linger,
-        # 16 KiB batches), as before it batched its writes
-        batching, query.SINK_BATCHING = query.SINK_BATCHING, {}
-        try:
-            name = f"groupby-reduce-unbatched-{i}"
-            unbatched.append(throughput(spark, bootstrap, root / name, name, args.records))
-        finally:
-            query.SINK_BATCHING = batching
         theirs.append(
             kafka_streams_groupby(bootstrap, root / f"ks{i}", args.records, f"bench-ks-groupby-{i}")
         )
         log.info(
-            "round %d: tablecast %s, selector apart %s, sink unbatched %s, kafka streams %s",
+            "round %d: tablecast %s, selector apart %s, kafka streams %s",
             i + 1,
             ours[-1],
             apart[-1],
-            unbatched[-1],
             theirs[-1],
         )
     rates = [r["rate"] for r in ours]
     return {
         "groupby-reduce": median_run(ours),
         "groupby-apart": median_run(apart),
-        "groupby-unbatched": median_run(unbatched),
         "ks-groupby": median_run(theirs),
         "groupby-rounds": {
             "tablecast": rates,
             "selector_apart": [r["rate"] for r in apart],
-            "sink_unbatched": [r["rate"] for r in unbatched],
             "kafka_streams": [r["rate"] for r in theirs],
             "rate_iqr": ratio_spread([float(x) for x in rates])["ratio_iqr"],
             **ratio_spread([a / b["rate"] for a, b in zip(rates, theirs, strict=True)]),
             "fused": ratio_spread([a / b["rate"] for a, b in zip(rates, apart, strict=True)]),
-            "batched": ratio_spread([a / b["rate"] for a, b in zip(rates, unbatched, strict=True)]),
         },
     }
 
