@@ -110,22 +110,3 @@ def test_pem_ca_for_java_clients(tmp_path: Path) -> None:
     java = KafkaConfig({"ssl.ca.location": str(ca_file)}).java
     assert java["ssl.truststore.type"] == "PEM"
     assert java["ssl.truststore.location"] == str(ca_file)
-
-
-def test_spark_sink_batches_unless_realtime_and_the_users_settings_win(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from tablecast.kafka import config
-    from tablecast.pipeline.compile.query import sink_options
-
-    monkeypatch.delenv(config.ENV, raising=False)
-    monkeypatch.setattr(config, "_current", None)
-    batched = sink_options("b:9092", realtime=False)
-    assert batched["kafka.linger.ms"] == "10"
-    assert int(batched["kafka.batch.size"]) > 16384  # above the Java producer's default
-    assert batched["kafka.bootstrap.servers"] == "b:9092"
-    assert "kafka.linger.ms" not in sink_options("b:9092", realtime=True)
-    config.use({"linger.ms": "0", "security.protocol": "SASL_SSL"})
-    mine = sink_options("b:9092", realtime=False)
-    assert mine["kafka.linger.ms"] == "0"
-    assert mine["kafka.security.protocol"] == "SASL_SSL"

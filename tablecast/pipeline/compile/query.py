@@ -261,22 +261,7 @@ def keyed_step(
     return Flow(df, step.key, step.value, step.kind)
 
 
-#: the Java producer's defaults (no linger, 16 KiB batches) write a large micro-batch as
-#: thousands of small requests to the broker; fuller ones drained a group_by/reduce 1.07x
-#: faster (median of 5 alternating pairs, 0.98-1.13 without the first, JIT-cold one).
-#: A task flushes its producer when it ends, so a micro-batch waits for no linger
-SINK_BATCHING = {"kafka.linger.ms": "10", "kafka.batch.size": str(512 * 1024)}
-
-
-def sink_options(bootstrap_servers: str, realtime: bool) -> dict[str, Any]:
-    """Spark's Kafka sink options: batching unless in Real-time Mode (whose tasks write
-    record by record and never end a batch), then the user's settings, which win."""
-    return {**({} if realtime else SINK_BATCHING), **spark_options(bootstrap_servers)}
-
-
-def writer(
-    spark: SparkSession, q: Query, t: Target, realtime: bool = False
-) -> DataStreamWriter:
+def writer(spark: SparkSession, q: Query, t: Target) -> DataStreamWriter:
     """The query's DataStreamWriter, ready for its trigger (the run stage picks it)."""
     flow, extra = read(spark, q, t)
     side = lambda r: read_side(spark, r, t)  # noqa: E731
@@ -286,7 +271,7 @@ def writer(
     if q.dead_letters:
         flow = flow.with_df(flow.df.where(~flow_ok()))
     dlq = dlq_topic(t.app_id)
-    common = sink_options(t.bootstrap_servers, realtime)
+    common: dict[str, Any] = spark_options(t.bootstrap_servers)
     if t.interceptor:
         common["kafka.interceptor.classes"] = t.interceptor
     placed = None

@@ -263,7 +263,7 @@ class Pipeline:
                         interceptor,
                         buckets.get(q.name, 1),
                     )
-                    started[q.name] = trig.apply(writer(spark, q, target, trig.realtime)).start()
+                    started[q.name] = trig.apply(writer(spark, q, target)).start()
                     if trig.realtime:
                         _REALTIME_SLOTS[q.name] = needs[q.name]
                     log.info(
