@@ -168,13 +168,18 @@ def wait_http(url: str, timeout: float = 120.0, proc: subprocess.Popen | None = 
     while time.monotonic() - started < timeout:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"process for {url} exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return time.monotonic() - started
-        except httpx.HTTPError:
-            pass
+        if answers_200(url):
+            return time.monotonic() - started
         time.sleep(0.05)
     raise TimeoutError(url)
+
+
+def answers_200(url: str) -> bool:
+    """Whether `url` answers 200 now (no answer: False)."""
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def ensure_tools(packages: dict[str, str]) -> None:

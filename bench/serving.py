@@ -13,9 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from bench.common import (
+    answers_200,
     command,
     facts_line,
     machine,
@@ -119,13 +118,6 @@ def ingest(stack: Stack, rows: int) -> dict[str, Any]:
 SAMPLE_S = 0.5
 
 
-def _answers_200(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 def applied_so_far(proc: subprocess.Popen[bytes], url: str) -> float | None:
     """The node's records-applied counter; None while it does not answer yet."""
     try:
@@ -158,7 +150,7 @@ def follow_ingest(
             if n is not None:
                 samples.append((time.monotonic(), n))
             next_sample = now + SAMPLE_S
-        if samples and _answers_200(url + "/readyz"):
+        if samples and answers_200(url + "/readyz"):
             n = applied_so_far(proc, url)  # ready before its first assignment is not ready
             if n is not None and n >= rows:
                 samples.append((time.monotonic(), n))
