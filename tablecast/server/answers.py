@@ -13,8 +13,8 @@ read at, caught up, not stale, not released, and this node still answers for
 the partition as its first owner (or the table is global): any apply, any
 catalog change and any reassignment moves one of those, so a hit never shows
 an answer the normal path would not give. Like the store's read cache it is
-bounded by an estimate of its bytes and starts over when full, which keeps a
-hit to one dict lookup.
+bounded by an estimate of its bytes and drops its oldest eighth when full
+(:func:`tablecast.store.cache.drop_oldest`), which keeps a hit to one dict lookup.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from tablecast.cluster.node import Node
 from tablecast.cluster.replica import Replica
 from tablecast.kafka.catalog import TableInfo
 from tablecast.server.local import Headers
+from tablecast.store.cache import drop_oldest
 
 #: per entry beyond the path's and body's bytes: the dict slot, the entry, its header list,
 #: and the str and bytes objects' own (377 bytes measured with tracemalloc; the rest margin)
@@ -139,14 +140,25 @@ class Answers:
             or not self._answerable(info, replica, (info.name, replica.partition))
         ):
             return
-        size = len(path) + 2 * len(body) + ENTRY_OVERHEAD + WIRE_OVERHEAD + LINES_OVERHEAD
-        if self._bytes + size > self.max_bytes:
-            if size > self.max_bytes:
-                return
-            self._entries = {}
-            self._bytes = 0
+        size = _size(path, body)
+        if size > self.max_bytes:
+            return
+        before = self._entries.pop(path, None)  # kept before, at an older position
+        if before is not None:
+            self._bytes -= _size(path, before.body)
+        while self._bytes + size > self.max_bytes:
+            if not self._entries:
+                self._bytes = 0
+                break
+            for old_path, gone in drop_oldest(self._entries):
+                self._bytes -= _size(old_path, gone.body)
         self._entries[path] = Entry(info, replica, position, end, [JSON, *headers], body)
         self._bytes += size
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def _size(path: str, body: bytes) -> int:
+    """An entry's bytes as estimated: the path, the body twice (alone and on the wire)."""
+    return len(path) + 2 * len(body) + ENTRY_OVERHEAD + WIRE_OVERHEAD + LINES_OVERHEAD

@@ -2,8 +2,10 @@
 
 Point reads of hot keys are answered from a dict of decoded records instead of
 a RocksDB lookup (about 0.7 µs saved per read, a sixth of a GET's handler).
-The cache is bounded by an estimate of its bytes; when full it starts over
-rather than tracking recency, which keeps a hit to one dict lookup.
+The cache is bounded by an estimate of its bytes; when full it drops its oldest
+eighth (a dict keeps insertion order) rather than tracking recency, which keeps
+a hit to one dict lookup. Starting over instead, as it once did, left it half
+full on average: a working set larger than the cache hit half as often.
 
 Readers run on the HTTP thread while the ingestion thread applies batches, so
 a reader must never put a record in the cache that a newer write has already
@@ -18,12 +20,36 @@ after the dropped keys are gone, so a reader that waits for an offset
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from itertools import islice
+from typing import TypeVar
 
 from tablecast.store.base import PartitionStore, Record, StoreClosed, Version, Views, Write
 
 #: dict slot, key and Record object overhead per entry, beyond the bytes themselves
 ENTRY_OVERHEAD = 200
+#: a full cache drops this share of its entries at once, the oldest first
+DROP_SHARE = 8
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def drop_oldest(entries: dict[K, V]) -> Iterator[tuple[K, V]]:
+    """Take the oldest share of `entries` out, yielding each one taken.
+
+    Another thread may take entries out meanwhile (an apply drops the keys it wrote):
+    one already gone is skipped, and a listing of the oldest that such a drop cut
+    short (its iterator made before the drop) is made again."""
+    while True:
+        try:
+            oldest = list(islice(entries, max(1, len(entries) // DROP_SHARE)))
+            break
+        except RuntimeError:  # the dict changed size during the listing
+            continue
+    for key in oldest:
+        value = entries.pop(key, None)
+        if value is not None:
+            yield key, value
 
 
 class CachedStore:
@@ -65,11 +91,17 @@ class CachedStore:
 
     def _remember(self, key: bytes, record: Record, generation: int) -> None:
         size = len(key) + len(record.value) + ENTRY_OVERHEAD
-        if self._bytes + size > self.max_bytes:
-            if size > self.max_bytes:
-                return
-            self._records = {}
-            self._bytes = 0
+        if size > self.max_bytes:
+            return
+        before = self._records.pop(key, None)  # remembered twice by readers on two threads
+        if before is not None:
+            self._bytes -= len(key) + len(before.value) + ENTRY_OVERHEAD
+        while self._bytes + size > self.max_bytes:
+            if not self._records:  # the estimate drifted (applies drop keys meanwhile)
+                self._bytes = 0
+                break
+            for k, gone in drop_oldest(self._records):
+                self._bytes -= len(k) + len(gone.value) + ENTRY_OVERHEAD
         self._records[key] = record
         self._bytes += size
         if self._generation != generation:  # an apply ran meanwhile: this may be stale

@@ -19,7 +19,13 @@ import pytest
 from tablecast import serde
 from tablecast.cluster.replica import Replica
 from tablecast.kafka.catalog import TableInfo
-from tablecast.server.answers import JSON, Answers
+from tablecast.server.answers import (
+    ENTRY_OVERHEAD,
+    JSON,
+    LINES_OVERHEAD,
+    WIRE_OVERHEAD,
+    Answers,
+)
 from tablecast.server.cursor import Cursors
 from tablecast.server.errors import ApiError
 from tablecast.server.request import Request
@@ -160,14 +166,32 @@ def test_only_plain_found_reads_are_kept() -> None:
     assert answers.get(PATH) is None
 
 
-def test_it_starts_over_when_full() -> None:
-    router, answers, replica, _ = _setup(max_bytes=2500)  # two or three answers
-    for i in range(5):
+def test_when_full_it_drops_its_oldest_answers_and_stays_nearly_full() -> None:
+    router, answers, replica, _ = _setup(max_bytes=40_000)  # about forty answers
+    for i in range(200):
         _write(replica, f"k{i}".encode(), i)
-    for i in range(5):
+    for i in range(200):
         _read(router, f"k{i}")
-    assert 0 < len(answers) < 5
-    assert answers.get("/v1/tables/t/keys/k4") is not None  # the newest is always there
+        assert answers._bytes <= answers.max_bytes
+    kept = [i for i in range(200) if f"/v1/tables/t/keys/k{i}" in answers._entries]
+    # the newest ones, a run up to the last: the oldest went first
+    assert kept == list(range(200 - len(kept), 200))
+    # starting over when full left it half full on average; dropping an eighth keeps 7/8
+    assert answers._bytes >= answers.max_bytes * 7 // 8 - 1000
+    assert answers._bytes == sum(len(p) + 2 * len(e.body) for p, e in answers._entries.items()) + (
+        len(answers) * (ENTRY_OVERHEAD + WIRE_OVERHEAD + LINES_OVERHEAD)
+    )
+
+
+def test_keeping_a_path_again_counts_it_once() -> None:
+    router, answers, replica, _ = _setup()
+    for i in range(20):  # each write moves the position: the next read keeps it anew
+        _write(replica, b"k", "x" * i)
+        _read(router, "k")
+    entry = answers._entries[PATH]
+    assert len(answers) == 1 and answers._bytes == len(PATH) + 2 * len(entry.body) + (
+        ENTRY_OVERHEAD + WIRE_OVERHEAD + LINES_OVERHEAD
+    )
 
 
 def test_what_it_counts_covers_the_memory_it_takes() -> None:

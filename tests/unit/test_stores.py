@@ -22,7 +22,7 @@ batches = st.lists(
 
 
 #: (backend, read-cache bytes): a cache big enough for every key, and one so small
-#: that it keeps starting over
+#: that it keeps dropping entries
 BACKENDS = [("memory", 0), ("rocksdb", 0), ("rocksdb", 1 << 20), ("rocksdb", 600)]
 
 
@@ -219,3 +219,27 @@ except RuntimeError:
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.strip() == "refused", done.stderr
+
+
+def test_a_full_read_cache_drops_its_oldest_eighth_and_stays_nearly_full(tmp_path: Path) -> None:
+    from tablecast.store.cache import ENTRY_OVERHEAD, CachedStore
+
+    size = 2 + 10 + ENTRY_OVERHEAD  # each key below, its value and the overhead
+    store = open_store("rocksdb", tmp_path / "p0", 100 * size)
+    assert isinstance(store, CachedStore)
+    keys = [b"%02d" % i for i in range(100)]
+    store.apply([Write(k, b"v" * 10, i, 0) for i, k in enumerate(keys)])
+    for k in keys:  # fills it exactly
+        store.get(k)
+    assert len(store._records) == 100
+    extra = [b"x%d" % i for i in range(3)]
+    store.apply([Write(k, b"w" * 9, 100 + i, 0) for i, k in enumerate(extra)])
+    for k in extra:
+        assert store.get(k) == Record(b"w" * 9, 100 + extra.index(k), 0)
+    # one drop of the oldest eighth made room for all three: the rest stayed
+    assert list(store._records) == keys[12:] + extra
+    assert store._bytes == 88 * size + 3 * (2 + 9 + ENTRY_OVERHEAD)
+    for k in keys[12:]:  # hits: still there, and still right
+        assert store.get(k) == Record(b"v" * 10, keys.index(k), 0)
+    assert store.hits == 88
+    store.close()
