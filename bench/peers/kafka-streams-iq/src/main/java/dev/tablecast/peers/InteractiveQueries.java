@@ -51,7 +51,8 @@ import org.slf4j.LoggerFactory;
  * KafkaStreams#queryMetadataForKey} names, as the classic Confluent interactive-queries examples
  * do. {@code GET /ready} answers 200 once the instance is RUNNING; {@code GET /hosts} lists every
  * instance of the application with the partitions it owns; {@code GET /positions} the input offset
- * each local store has applied.
+ * each local store has applied; {@code GET /restores} how far each partition's restore got and where
+ * it started (what the store held already), also while the stores cannot be queried.
  */
 public final class InteractiveQueries {
   static final String STORE = "kv";
@@ -70,6 +71,8 @@ public final class InteractiveQueries {
       new ConcurrentHashMap<>();
   /** Input partition -> last offset restored into its store (restores do not move positions). */
   private final Map<Integer, Long> restored = new ConcurrentHashMap<>();
+  /** Input partition -> offset its last restore started from (its checkpoint: records kept). */
+  private final Map<Integer, Long> restoreStarts = new ConcurrentHashMap<>();
   private final Logger log = LoggerFactory.getLogger(InteractiveQueries.class);
 
   InteractiveQueries(Config config) {
@@ -168,6 +171,7 @@ public final class InteractiveQueries {
             case "/ready" -> ready();
             case "/hosts" -> hosts();
             case "/positions" -> positions();
+            case "/restores" -> restores();
             default -> Reply.json(404, error("not_found", rawPath));
           });
     } catch (Exception e) {
@@ -306,6 +310,19 @@ public final class InteractiveQueries {
     return Reply.json(200, "{\"positions\":" + items + "}");
   }
 
+  /** {@code {"restored": {p: last offset restored}, "started": {p: offset the restore began at}}}. */
+  private Reply restores() {
+    return Reply.json(
+        200, "{\"restored\":" + offsets(restored) + ",\"started\":" + offsets(restoreStarts) + "}");
+  }
+
+  private static String offsets(Map<Integer, Long> byPartition) {
+    return new TreeMap<>(byPartition)
+        .entrySet().stream()
+            .map(e -> "\"" + e.getKey() + "\":" + e.getValue())
+            .collect(Collectors.joining(",", "{", "}"));
+  }
+
   /**
    * Records how far each partition's store was restored and logs restore progress. The store's
    * position only counts records processed; after a restore (a restart, or a partition moved here)
@@ -322,6 +339,9 @@ public final class InteractiveQueries {
     public void onRestoreStart(TopicPartition tp, String store, long start, long end) {
       // everything before `start` (the checkpointed offset) is in the store already
       note(tp, start - 1);
+      if (tp.topic().equals(config.topic)) {
+        restoreStarts.put(tp.partition(), start);
+      }
       log.info("restoring {} of {} from offset {} to {}", tp, store, start, end);
     }
 
