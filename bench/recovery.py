@@ -271,6 +271,17 @@ def _peer(r: dict[str, Any]) -> str:
         for f, k in zip(kf, kk, strict=True)
     )
 
+    kept = [rows - k["replayed"] for k in kk]
+    if not any(kept):
+        kept_line = (
+            "In every round its restores after the restart began at offset 0 of every "
+            "partition: nothing it had restored before the kill was kept. "
+        )
+    else:
+        kept_line = (
+            f"Kept through the kill (rows − replayed), median: {statistics.median(kept):,.0f}. "
+        )
+
     def spread(x: dict[str, Any]) -> str:
         lo, hi = x["ratio_iqr"]
         return f"{x['ratio_median']:.2f} ({lo:.2f}–{hi:.2f}; {settled(x['ratio_iqr'], 1.0)} ≥ 1)"
@@ -291,7 +302,7 @@ what its checkpoints kept). Medians of {len(kf)} rounds:
 | new instance, start → caught up | {rows:,} | {_med(kf, "wall_s"):.1f} | {_med(kf, "rps_wall"):,.0f} |
 | restart after kill -9 at {a["kill_at"]:.0%} | {_med(kk, "replayed"):,.0f} replayed | {_med(kk, "ready_s"):.1f} | {_med(kk, "replay_rps"):,.0f} |
 
-Kafka Streams' seconds ÷ tablecast's, each round's own ratio (median, interquartile range):
+{kept_line}Kafka Streams' seconds ÷ tablecast's, each round's own ratio (median, interquartile range):
 a full restore {spread(fresh)}; the restart after kill -9 {spread(again)}. Per round (fresh
 wall / replayed in): {per_round}. Its seconds include the JVM's start. Kafka Streams writes
 its RocksDB stores with the write-ahead log off (its checkpoints and the changelog recover
