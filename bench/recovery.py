@@ -212,6 +212,14 @@ def main(argv: list[str]) -> None:
     write_section("recovery", render(r))
 
 
+def _per_round(fresh: list[dict[str, Any]], killed: list[dict[str, Any]]) -> str:
+    """Each round's fresh wall time and what its restart replayed, in how long."""
+    return "; ".join(
+        f"{f['wall_s']:.1f} s / {k['replayed']:,.0f} replayed in {k['ready_s']:.1f} s"
+        for f, k in zip(fresh, killed, strict=True)
+    )
+
+
 def _med(runs: list[dict[str, Any]], key: str) -> float:
     return statistics.median(x[key] for x in runs)
 
@@ -219,10 +227,7 @@ def _med(runs: list[dict[str, Any]], key: str) -> float:
 def render(r: dict[str, Any]) -> str:
     a, fr, kl = r["args"], r["fresh"], r["killed"]
     rows = a["rows"]
-    per_round = "; ".join(
-        f"{f['wall_s']:.1f} s / {k['replayed']:,.0f} replayed in {k['ready_s']:.1f} s"
-        for f, k in zip(fr, kl, strict=True)
-    )
+    per_round = _per_round(fr, kl)
     none_again = all(k["replayed"] <= rows - k["applied_before_kill"] for k in kl)
     reread = (
         "In every round the node replayed no more than the rows it had not applied at that "
@@ -266,10 +271,7 @@ def _peer(r: dict[str, Any]) -> str:
     # per round: how many times as fast tablecast was (the peer's seconds over tablecast's)
     fresh = ratio_spread([k["wall_s"] / f["wall_s"] for f, k in zip(fr, kf, strict=True)])
     again = ratio_spread([k["ready_s"] / t["ready_s"] for t, k in zip(kl, kk, strict=True)])
-    per_round = "; ".join(
-        f"{f['wall_s']:.1f} s / {k['replayed']:,.0f} replayed in {k['ready_s']:.1f} s"
-        for f, k in zip(kf, kk, strict=True)
-    )
+    per_round = _per_round(kf, kk)
 
     kept = [rows - k["replayed"] for k in kk]
     if not any(kept):
