@@ -180,6 +180,14 @@ def build_parser() -> argparse.ArgumentParser:
         "the faster for reads; or granian: HTTP/1.1, HTTP/2 and WebSocket in Rust on a thread "
         "of its own (HTTP/2 carries many watches on one connection)",
     )
+    _opt(
+        p,
+        "--listeners",
+        type=int,
+        help="listening sockets sharing the port, over which the kernel spreads new connections "
+        "(--http-engine loop; default: enough for 16,384 connections waiting to be accepted at "
+        "this kernel's net.core.somaxconn, 4 at its default 4,096)",
+    )
 
     for name, what in (("dev", "everything on one machine"), ("demo", "the stock-price demo")):
         p = sub.add_parser(name, help=what)
@@ -364,13 +372,15 @@ def _serve(args: argparse.Namespace) -> int:
 
     from tablecast.cluster.node import NodeConfig
     from tablecast.kafka import probe
-    from tablecast.server import process
+    from tablecast.server import listen, process
     from tablecast.server.auth import Auth
     from tablecast.server.listen import cannot_listen
     from tablecast.server.policy import Policy, PolicyError
 
     if bool(args.tls_cert) != bool(args.tls_key):
         return fail("--tls-cert and --tls-key go together")
+    if args.listeners is not None and not 1 <= args.listeners <= listen.MOST_LISTENERS:
+        return fail(f"--listeners: 1 to {listen.MOST_LISTENERS}, not {args.listeners}")
     # settings that cannot work fail at once, before Kafka is asked anything
     secret = args.auth_jwt_secret
     if args.auth_jwt_secret_file:
@@ -426,7 +436,12 @@ def _serve(args: argparse.Namespace) -> int:
     auth = Auth(secret, args.auth_jwks, args.auth_audience, args.auth_issuer, policy)
     tls = (args.tls_cert, args.tls_key) if args.tls_cert else None
     limits = process.Limits(
-        args.rate_limit, args.max_waits, args.auth_metrics, args.grpc_port, args.http_engine
+        args.rate_limit,
+        args.max_waits,
+        args.auth_metrics,
+        args.grpc_port,
+        args.http_engine,
+        args.listeners,
     )
     try:
         process.run(config, args.host, args.port, auth, tls, limits)

@@ -18,7 +18,9 @@ one at a time.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import os
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator
@@ -28,6 +30,7 @@ from urllib.parse import unquote
 
 import httptools
 
+from tablecast.server import listen
 from tablecast.server.answers import JSON
 from tablecast.server.errors import ApiError
 from tablecast.server.http1_websocket import GOING_AWAY, WRITE_WAIT_S, WebSocket
@@ -412,14 +415,48 @@ class LoopServer:
         self.scheme = "https" if ssl_context else "http"
         self.loop = asyncio.get_running_loop()
         self.connections: set[_Connection] = set()
-        self._server: asyncio.base_events.Server | None = None
+        self._servers: list[asyncio.base_events.Server] = []
         self._sweeper: asyncio.TimerHandle = self.loop.call_later(SWEEP_S, lambda: None)
 
-    async def start(self, host: str, port: int, backlog: int = LISTEN_BACKLOG) -> None:
-        self._server = await self.loop.create_server(
-            lambda: _Connection(self), host, port, ssl=self.ssl, backlog=backlog
-        )
+    async def start(
+        self, host: str, port: int, backlog: int = LISTEN_BACKLOG, listeners: int | None = None
+    ) -> None:
+        """Listen on host:port with `listeners` sockets sharing it (by default as many as
+        :func:`~tablecast.server.listen.listeners_wanted` for this kernel's queues)."""
+        if listeners is None:
+            listeners = listen.listeners_wanted(min(backlog, listen.somaxconn()))
+        shared = listeners > 1 or None  # one socket binds as it always has, exclusively
+        try:
+            for _ in range(listeners):
+                server = await self.loop.create_server(
+                    lambda: _Connection(self),
+                    host,
+                    port,
+                    ssl=self.ssl,
+                    backlog=backlog,
+                    reuse_port=shared,
+                )
+                self._servers.append(server)
+                port = self.port  # port 0: the others bind the port the first one got
+            if shared and listen.others_listening(port, self._inodes()):
+                raise OSError(errno.EADDRINUSE, f"another process listens on port {port} too")
+        except OSError:
+            for server in self._servers:
+                server.close()
+            raise
         self._sweep()
+
+    @property
+    def listeners(self) -> int:
+        return len(self._servers)
+
+    @property
+    def port(self) -> int:
+        """The port listened on."""
+        return int(self._servers[0].sockets[0].getsockname()[1])
+
+    def _inodes(self) -> set[int]:
+        return {os.fstat(s.fileno()).st_ino for server in self._servers for s in server.sockets}
 
     def turned_away(self) -> None:
         now = self.loop.time()
@@ -437,8 +474,8 @@ class LoopServer:
     async def stop(self) -> None:
         """Take no new connections, give requests under way a moment, close the rest."""
         self._sweeper.cancel()
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
         for conn in self.connections:
             if conn.ws is not None:
                 conn.ws.close(GOING_AWAY)

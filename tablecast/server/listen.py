@@ -1,13 +1,21 @@
-"""Whether a node can listen on its address, asked before it joins its cluster.
+"""Listening: whether a node can listen on its address, and on how many sockets.
 
 granian binds its socket only once the node has joined the group and started
 ingesting, and reports a busy port as a Rust panic with a backtrace; asking first
 turns that into one line before anything else has happened.
+
+The kernel queues connections not yet accepted per listening socket, at most
+``net.core.somaxconn`` of them (4,096 by default); a connection beyond that is
+dropped and its client waits out TCP's SYN retries (a second or more). 10,000
+clients connecting at once overflowed one queue while the event loop was busy
+answering, so the loop engine listens on several sockets sharing the port
+(SO_REUSEPORT): the kernel spreads new connections over their queues.
 """
 
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 
 def cannot_listen(host: str, port: int) -> str | None:
@@ -25,3 +33,50 @@ def cannot_listen(host: str, port: int) -> str | None:
         except OSError as e:
             return f"cannot listen on {host}:{port}: {e.strerror or e}"
     return None
+
+
+#: connections that may wait to be accepted at once, over all of a node's listening sockets:
+#: 10,000 clients connecting at once must fit while the event loop is busy answering
+PENDING_WANTED = 16_384
+#: listening sockets chosen for a small somaxconn at most, and asked for (--listeners) at most
+MAX_LISTENERS = 8
+MOST_LISTENERS = 64
+
+
+def somaxconn() -> int:
+    """The kernel's cap on one listening socket's queue of connections not yet accepted."""
+    try:
+        return int(Path("/proc/sys/net/core/somaxconn").read_text())
+    except (OSError, ValueError):
+        return 4096  # Linux's default since 5.4
+
+
+def listeners_wanted(queue_cap: int) -> int:
+    """Listening sockets needed for :data:`PENDING_WANTED` waiting connections when each
+    queue holds at most `queue_cap` (the kernel spreads new connections over them)."""
+    return max(1, min(MAX_LISTENERS, -(-PENDING_WANTED // max(1, queue_cap))))
+
+
+def others_listening(port: int, ours: set[int]) -> bool:
+    """Whether a listening TCP socket that is not one of `ours` (socket inodes) is bound to
+    the address and `port` one of ours is bound to.
+
+    Sockets sharing a port with SO_REUSEPORT share its connections with any process
+    of the same user that binds it the same way: two nodes started on one port at the
+    same moment would both get past :func:`cannot_listen` and split the traffic.
+    """
+    listening: dict[int, str] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            # local address as ADDR:PORT in hex, state 0A is LISTEN, the inode is field 9
+            if len(fields) > 9 and fields[3] == "0A":
+                address, _, hex_port = fields[1].rpartition(":")
+                if int(hex_port, 16) == port:
+                    listening[int(fields[9])] = address
+    mine = {address for inode, address in listening.items() if inode in ours}
+    return any(a in mine for inode, a in listening.items() if inode not in ours)

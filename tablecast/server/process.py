@@ -113,6 +113,7 @@ async def serve_loop(
     port: int,
     tls: tuple[str, str] | None = None,
     on_stop: Callable[[], None] | None = None,
+    listeners: int | None = None,
 ) -> None:
     """Serve `app` with :mod:`tablecast.server.http1` until SIGINT/SIGTERM."""
     context = None
@@ -122,12 +123,15 @@ async def serve_loop(
         context.load_cert_chain(tls[0], tls[1])
     server = LoopServer(app, context, connection_cap())
     try:
-        await server.start(host, port)
+        await server.start(host, port, listeners=listeners)
     except OSError as e:  # as granian reports it: the CLI's one line (cli/main.py)
         if e.errno != errno.EADDRINUSE:
             raise
         raise RuntimeError(f"Address already in use: {host}:{port}") from None
-    log.info("HTTP/1.1 served on the event loop's thread (--http-engine loop)")
+    log.info(
+        "HTTP/1.1 served on the event loop's thread (--http-engine loop), %d listening socket(s)",
+        server.listeners,
+    )
     stopping = asyncio.Event()
     _on_stop_signals(stopping.set)
     await stopping.wait()
@@ -163,7 +167,9 @@ async def serve(
     collecting = asyncio.get_running_loop().create_task(collector.collect_periodically())
     try:
         if limits.http_engine == "loop":
-            await serve_loop(app, host, port, tls, on_stop=app.live.hub.close_all)
+            await serve_loop(
+                app, host, port, tls, on_stop=app.live.hub.close_all, listeners=limits.listeners
+            )
         else:
             await serve_rsgi(app, host, port, tls, on_stop=app.live.hub.close_all)
     finally:
@@ -190,6 +196,8 @@ class Limits:
     grpc_port: int | None = None
     #: "loop": HTTP/1.1 on the event loop's thread (server/http1.py), or "granian" (HTTP/2 too)
     http_engine: str = "loop"
+    #: the loop engine's listening sockets (None: as many as this kernel needs, see listen.py)
+    listeners: int | None = None
 
 
 def run(

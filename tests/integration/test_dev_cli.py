@@ -128,3 +128,13 @@ def test_a_busy_port_is_one_line_before_anything_starts(tmp_path: Path) -> None:
         assert not (tmp_path / "dev" / "logs").exists() or not any(
             (tmp_path / "dev" / "logs").iterdir()
         )
+
+
+def test_a_listener_count_out_of_range_is_one_line(tmp_path: Path) -> None:
+    nowhere = f"127.0.0.1:{free_port()}"
+    for count in ("0", "65"):
+        code, line, _ = _one_error_line(
+            ["serve", "--app", "x", "--bootstrap-servers", nowhere, "--listeners", count,
+             "--data-dir", str(tmp_path / "node")]
+        )  # fmt: skip
+        assert code != 0 and f"--listeners: 1 to 64, not {count}" in line

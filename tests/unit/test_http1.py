@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import select
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
-from tablecast.server import http1, http1_websocket
+from tablecast.server import http1, http1_websocket, listen
 from tablecast.server.http1 import LoopServer
 from tests.support.ws import WebSocket
 
@@ -103,7 +106,7 @@ def _run(check: Callable[[int], Awaitable[None]], apps: list[App] | None = None)
             apps.append(app)
         server = LoopServer(app)
         await server.start("127.0.0.1", 0)
-        port = server._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        port = server.port
         try:
             await asyncio.wait_for(check(port), 10)
         finally:
@@ -361,7 +364,7 @@ def test_a_stopping_server_closes_its_websockets_with_going_away() -> None:
     async def main() -> None:
         server = LoopServer(App())
         await server.start("127.0.0.1", 0)
-        port = server._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        port = server.port
         ws = await asyncio.to_thread(WebSocket, f"http://127.0.0.1:{port}/ws")
         assert ws.status == 101
         await asyncio.wait_for(server.stop(), 10)
@@ -376,7 +379,7 @@ def test_connections_past_the_cap_are_closed_and_the_rest_are_served() -> None:
     async def main() -> None:
         server = LoopServer(App(), max_connections=2)
         await server.start("127.0.0.1", 0)
-        port = server._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        port = server.port
         try:
             held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -431,3 +434,83 @@ def test_a_stream_its_client_does_not_read_is_dropped_after_it_ends(
         assert got < 8_000_000  # dropped, not flushed: what was buffered was never written
 
     _run(check)
+
+
+def _handshakes_while_blocked(port: int, clients: int, wait_s: float = 0.5) -> int:
+    """Connections to `port` whose handshake completes within `wait_s` while the calling
+    thread (the server's event loop) accepts none: those its listen queues took."""
+    socks = [socket.socket() for _ in range(clients)]
+    try:
+        for s in socks:
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", port))
+        done: set[socket.socket] = set()
+        deadline = time.monotonic() + wait_s
+        while len(done) < clients and (left := deadline - time.monotonic()) > 0:
+            _, ready, _ = select.select([], [s for s in socks if s not in done], [], left)
+            done.update(s for s in ready if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0)
+        return len(done)
+    finally:
+        for s in socks:
+            s.close()
+
+
+@pytest.mark.parametrize("listeners", [1, 4])
+def test_connections_wait_on_every_listener_while_the_loop_is_busy(listeners: int) -> None:
+    # a queue drops connections past its backlog (plus one) until the loop accepts: several
+    # listeners sharing the port hold that many times more, spread by the kernel
+    async def main() -> None:
+        server = LoopServer(App())
+        await server.start("127.0.0.1", 0, backlog=32, listeners=listeners)
+        try:
+            # blocks the loop: nothing is accepted while the clients connect
+            queued = _handshakes_while_blocked(server.port, 64)
+            if listeners == 1:
+                assert queued <= 33
+            else:
+                assert queued == 64
+            await asyncio.sleep(0.2)  # the loop accepts them all now
+            raw = b"GET /x HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+            assert _responses(await _exchange(server.port, raw)) == [(200, b"GET /x ? None")]
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("listeners", [1, 3])
+def test_a_port_another_socket_listens_on_is_refused(listeners: int) -> None:
+    # the other socket shares ports as ours do: only the check after binding finds it
+    other = socket.socket()
+    other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    other.bind(("127.0.0.1", 0))
+    other.listen()
+
+    async def main() -> None:
+        server = LoopServer(App())
+        with pytest.raises(OSError) as refused:
+            await server.start("127.0.0.1", other.getsockname()[1], listeners=listeners)
+        assert refused.value.errno == errno.EADDRINUSE
+        await server.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        other.close()
+
+
+def test_listeners_cover_ten_thousand_waiting_connections() -> None:
+    assert listen.listeners_wanted(4096) == 4  # Linux's default somaxconn
+    assert listen.listeners_wanted(65_535) == 1  # raised: one socket, bound exclusively
+    assert listen.listeners_wanted(128) == listen.MAX_LISTENERS
+    assert listen.somaxconn() > 0
+
+    async def main() -> None:
+        server = LoopServer(App())
+        await server.start("127.0.0.1", 0)
+        try:
+            assert server.listeners == listen.listeners_wanted(listen.somaxconn())
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
