@@ -379,8 +379,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     if bool(args.tls_cert) != bool(args.tls_key):
         return fail("--tls-cert and --tls-key go together")
-    if args.listeners is not None and not 1 <= args.listeners <= listen.MOST_LISTENERS:
-        return fail(f"--listeners: 1 to {listen.MOST_LISTENERS}, not {args.listeners}")
+    if args.listeners is not None and not 1 <= args.listeners <= listen.MOST_ASKED:
+        return fail(f"--listeners: 1 to {listen.MOST_ASKED}, not {args.listeners}")
     # settings that cannot work fail at once, before Kafka is asked anything
     secret = args.auth_jwt_secret
     if args.auth_jwt_secret_file:

@@ -38,9 +38,9 @@ def cannot_listen(host: str, port: int) -> str | None:
 #: connections that may wait to be accepted at once, over all of a node's listening sockets:
 #: 10,000 clients connecting at once must fit while the event loop is busy answering
 PENDING_WANTED = 16_384
-#: listening sockets chosen for a small somaxconn at most, and asked for (--listeners) at most
-MAX_LISTENERS = 8
-MOST_LISTENERS = 64
+#: listening sockets at most: chosen for a small somaxconn, and asked for with --listeners
+MOST_CHOSEN = 8
+MOST_ASKED = 64
 
 
 def somaxconn() -> int:
@@ -54,7 +54,7 @@ def somaxconn() -> int:
 def listeners_wanted(queue_cap: int) -> int:
     """Listening sockets needed for :data:`PENDING_WANTED` waiting connections when each
     queue holds at most `queue_cap` (the kernel spreads new connections over them)."""
-    return max(1, min(MAX_LISTENERS, -(-PENDING_WANTED // max(1, queue_cap))))
+    return max(1, min(MOST_CHOSEN, -(-PENDING_WANTED // max(1, queue_cap))))
 
 
 def others_listening(port: int, ours: set[int]) -> bool:
