@@ -209,7 +209,7 @@ def main(argv: list[str]) -> None:
     r: dict[str, Any] = {"machine": machine(), "command": command(), "args": dict(vars(args))}
     r["ks_heap"] = KS_HEAP
     r["somaxconn"] = listen.somaxconn()
-    r["listeners"] = listen.listeners_wanted(min(LISTEN_BACKLOG, listen.somaxconn()))
+    r["listeners"] = listen.listeners_for(LISTEN_BACKLOG)
     ks.build()
     with Stack() as stack, on_load_core(), contextlib.ExitStack() as peers:
         work = stack.dir

@@ -422,9 +422,9 @@ class LoopServer:
         self, host: str, port: int, backlog: int = LISTEN_BACKLOG, listeners: int | None = None
     ) -> None:
         """Listen on host:port with `listeners` sockets sharing it (by default as many as
-        :func:`~tablecast.server.listen.listeners_wanted` for this kernel's queues)."""
+        :func:`~tablecast.server.listen.listeners_for` this backlog)."""
         if listeners is None:
-            listeners = listen.listeners_wanted(min(backlog, listen.somaxconn()))
+            listeners = listen.listeners_for(backlog)
         shared = listeners > 1 or None  # one socket binds as it always has, exclusively
         try:
             for _ in range(listeners):

@@ -57,6 +57,12 @@ def listeners_wanted(queue_cap: int) -> int:
     return max(1, min(MOST_CHOSEN, -(-PENDING_WANTED // max(1, queue_cap))))
 
 
+def listeners_for(backlog: int) -> int:
+    """The loop engine's listening sockets when not asked for a count: those
+    :func:`listeners_wanted` for queues of `backlog`, as this kernel clamps it."""
+    return listeners_wanted(min(backlog, somaxconn()))
+
+
 def others_listening(port: int, ours: set[int]) -> bool:
     """Whether a listening TCP socket that is not one of `ours` (socket inodes) is bound to
     the address and `port` one of ours is bound to.
