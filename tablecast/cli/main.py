@@ -17,6 +17,8 @@ from typing import Any
 from tablecast.cli.errors import fail
 
 DEFAULT_BOOTSTRAP = "localhost:9092"
+#: read processes beside a node: more than cores anyone has, fewer than files RocksDB opens
+MOST_PROCESSES = 64
 
 
 def _env(option: str, default: Any = None) -> Any:
@@ -187,6 +189,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="listening sockets sharing the port, over which the kernel spreads new connections "
         "(--http-engine loop; default: enough for 16,384 connections waiting to be accepted at "
         "this kernel's net.core.somaxconn, 4 at its default 4,096)",
+    )
+    _opt(
+        p,
+        "--processes",
+        1,
+        type=int,
+        help="processes answering plain key GETs on the port, the node's own included: the "
+        "others read its RocksDB stores as secondary instances and pipe every other request "
+        "to it (--http-engine loop; not with --rate-limit)",
     )
 
     for name, what in (("dev", "everything on one machine"), ("demo", "the stock-price demo")):
@@ -381,6 +392,13 @@ def _serve(args: argparse.Namespace) -> int:
         return fail("--tls-cert and --tls-key go together")
     if args.listeners is not None and not 1 <= args.listeners <= listen.MOST_ASKED:
         return fail(f"--listeners: 1 to {listen.MOST_ASKED}, not {args.listeners}")
+    if not 1 <= args.processes <= MOST_PROCESSES:
+        return fail(f"--processes: 1 to {MOST_PROCESSES}, not {args.processes}")
+    if args.processes > 1 and args.http_engine != "loop":
+        return fail("--processes needs --http-engine loop")
+    if args.processes > 1 and args.rate_limit is not None:
+        # each read process would count a caller's requests on its own
+        return fail("--processes and --rate-limit do not go together yet")
     # settings that cannot work fail at once, before Kafka is asked anything
     secret = args.auth_jwt_secret
     if args.auth_jwt_secret_file:
@@ -442,6 +460,7 @@ def _serve(args: argparse.Namespace) -> int:
         args.grpc_port,
         args.http_engine,
         args.listeners,
+        args.processes,
     )
     try:
         process.run(config, args.host, args.port, auth, tls, limits)

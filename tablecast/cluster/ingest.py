@@ -693,7 +693,7 @@ class Ingestor:
     def _reopen(self, replica: Replica) -> bool:
         """A RocksDB store refuses writes after a failed one until reopened; reopen it once
         its disk has room again. False: not yet."""
-        path = _store_path(replica.store)
+        path = durable_path(replica.store)
         if path is None:
             return True  # a memory store has nothing to reopen
         try:
@@ -729,7 +729,8 @@ class Ingestor:
         )
 
 
-def _store_path(store: object) -> Path | None:
+def durable_path(store: object) -> Path | None:
+    """Where a RocksDB store (behind its read cache or not) keeps its files; None for memory."""
     inner = getattr(store, "inner", store)  # a read cache in front of the durable store
     path = getattr(inner, "path", None)
     return path if isinstance(path, Path) else None

@@ -75,11 +75,11 @@ class Node:
             target=self._coordinate, name="tablecast-coordinator", daemon=True
         )
 
-    def _store_path(self, table: str, partition: int) -> Path:
+    def store_path(self, table: str, partition: int) -> Path:
         return self.config.data_dir / "stores" / table / str(partition)
 
     def _drop_store(self, table: str, partition: int) -> None:
-        shutil.rmtree(self._store_path(table, partition), ignore_errors=True)
+        shutil.rmtree(self.store_path(table, partition), ignore_errors=True)
 
     def _stored_slots(self) -> list[tuple[str, int]]:
         """(table, partition) of every store a run left on disk."""
@@ -95,7 +95,7 @@ class Node:
         ]
 
     def _replica(self, info: TableInfo, partition: int, wipe: bool) -> Replica:
-        path = self._store_path(info.name, partition)
+        path = self.store_path(info.name, partition)
         if wipe:
             shutil.rmtree(path, ignore_errors=True)
         # the cache budget is per table: split over its partitions, whichever this node holds

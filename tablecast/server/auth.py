@@ -64,6 +64,16 @@ class Auth:
         self._keys = _Jwks(str(jwks)) if jwks else None
         self._verified: dict[str, Caller] = {}
 
+    def settings(self) -> dict[str, str | None]:
+        """What builds the same Auth in another process (a node's read processes)."""
+        return {
+            "auth_secret": self.secret,
+            "auth_jwks": self._keys.source if self._keys is not None else None,
+            "auth_audience": self.audience,
+            "auth_issuer": self.issuer,
+            "auth_policy": self.policy.source if self.policy is not None else None,
+        }
+
     @property
     def enabled(self) -> bool:
         return bool(self.secret or self._keys)

@@ -64,7 +64,7 @@ def _head(status: int, headers: list[tuple[str, str]], extra: bytes) -> bytes:
     return b"HTTP/1.1 %d %s\r\n%s%s\r\n" % (status, _REASONS.get(status, b""), lines, extra)
 
 
-def _sized_head(
+def sized_head(
     status: int, headers: list[tuple[str, str]], size: int, close: bool, lines: bytes = b""
 ) -> bytes:
     """The head of an answer whose body (`size` bytes) follows whole; `lines`: more
@@ -155,7 +155,7 @@ class _Proto:
         if self.answered:
             return
         self.answered = True
-        head = _sized_head(status, headers or [], len(body), not self.keep_alive, lines)
+        head = sized_head(status, headers or [], len(body), not self.keep_alive, lines)
         self._conn.write(head if self.head_only else head + body)  # one write: one system call
 
     def response_stream(self, status: int, headers: list[tuple[str, str]]) -> _Stream:
@@ -166,11 +166,14 @@ class _Proto:
 
 
 class _Connection(asyncio.Protocol):
-    def __init__(self, server: LoopServer) -> None:
+    def __init__(self, server: LoopServer, relayed: bool = False) -> None:
         self.server = server
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.client = ""
+        self.scheme = server.scheme
+        #: piped from a read process (readers/relay.py): its first line says who the client is
+        self.preamble: bytearray | None = bytearray() if relayed else None
         self.gone: asyncio.Future[None] = server.loop.create_future()
         self.url = b""
         self.headers = _Headers()
@@ -222,6 +225,10 @@ class _Connection(asyncio.Protocol):
         await self.writable.wait()
 
     def data_received(self, data: bytes) -> None:
+        if self.preamble is not None:
+            data = self._after_preamble(data)
+            if not data:
+                return
         if self.ws is not None:
             self.ws.data_received(data)
             return
@@ -243,6 +250,25 @@ class _Connection(asyncio.Protocol):
                 self._start_websocket()
         except httptools.HttpParserError:
             self.refuse(ApiError("bad_request", "malformed HTTP request"))
+
+    def _after_preamble(self, data: bytes) -> bytes:
+        """Take a relayed connection's first line (``TABLECAST-RELAY scheme client``);
+        what follows it is the client's."""
+        preamble = self.preamble
+        assert preamble is not None
+        preamble += data
+        end = preamble.find(b"\r\n")
+        if end < 0:
+            if len(preamble) > 512:
+                self.abort()
+            return b""
+        parts = bytes(preamble[:end]).decode("latin-1").split(" ")
+        if len(parts) != 3 or parts[0] != "TABLECAST-RELAY":
+            self.abort()
+            return b""
+        self.scheme, self.client = parts[1], parts[2]
+        self.preamble = None
+        return bytes(preamble[end + 2 :])
 
     def write(self, data: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -272,7 +298,7 @@ class _Connection(asyncio.Protocol):
     def refuse(self, error: ApiError) -> None:
         """The SPEC's error answer, then the connection closes (its stream cannot go on)."""
         body = error.body()
-        self.write(_sized_head(error.status, [JSON], len(body), True) + body)
+        self.write(sized_head(error.status, [JSON], len(body), True) + body)
         self.close()
 
     # -- parsing -----------------------------------------------------------------
@@ -310,7 +336,7 @@ class _Connection(asyncio.Protocol):
             if kept is not None:  # the hot path: no request objects, no task
                 wire = kept.wire
                 if wire is None:
-                    head = _sized_head(200, kept.headers, len(kept.body), False)
+                    head = sized_head(200, kept.headers, len(kept.body), False)
                     wire = kept.wire = head + kept.body
                 self.write(wire)
                 self.proto = None
@@ -327,9 +353,7 @@ class _Connection(asyncio.Protocol):
             self.transport.pause_reading()
 
     def _scope(self, kind: type[_Scope], method: str, path: str, query: bytes) -> _Scope:
-        return kind(
-            method, path, query.decode("latin-1"), self.headers, self.client, self.server.scheme
-        )
+        return kind(method, path, query.decode("latin-1"), self.headers, self.client, self.scheme)
 
     def on_body(self, body: bytes) -> None:
         proto = self.proto
@@ -416,16 +440,24 @@ class LoopServer:
         self.loop = asyncio.get_running_loop()
         self.connections: set[_Connection] = set()
         self._servers: list[asyncio.base_events.Server] = []
+        self._relays: list[asyncio.base_events.Server] = []
         self._sweeper: asyncio.TimerHandle = self.loop.call_later(SWEEP_S, lambda: None)
 
     async def start(
-        self, host: str, port: int, backlog: int = LISTEN_BACKLOG, listeners: int | None = None
+        self,
+        host: str,
+        port: int,
+        backlog: int = LISTEN_BACKLOG,
+        listeners: int | None = None,
+        share: bool = False,
     ) -> None:
         """Listen on host:port with `listeners` sockets sharing it (by default as many as
-        :func:`~tablecast.server.listen.listeners_for` this backlog)."""
+        :func:`~tablecast.server.listen.listeners_for` this backlog); `share`: other
+        processes of this node's will listen on it too (its read processes)."""
         if listeners is None:
             listeners = listen.listeners_for(backlog)
-        shared = listeners > 1 or None  # one socket binds as it always has, exclusively
+        # one socket binds as it always has, exclusively
+        shared = listeners > 1 or share or None
         try:
             for _ in range(listeners):
                 server = await self.loop.create_server(
@@ -445,6 +477,13 @@ class LoopServer:
                 server.close()
             raise
         self._sweep()
+
+    async def start_relay(self, path: str) -> None:
+        """Also serve connections piped from this node's read processes, on a Unix socket
+        only this user may open (the preamble it trusts names the client)."""
+        server = await self.loop.create_unix_server(lambda: _Connection(self, True), path)
+        os.chmod(path, 0o600)
+        self._relays.append(server)
 
     @property
     def listeners(self) -> int:
@@ -474,7 +513,7 @@ class LoopServer:
     async def stop(self) -> None:
         """Take no new connections, give requests under way a moment, close the rest."""
         self._sweeper.cancel()
-        for server in self._servers:
+        for server in self._servers + self._relays:
             server.close()
         for conn in self.connections:
             if conn.ws is not None:

@@ -45,6 +45,16 @@ T = TypeVar("T")
 ENTRY = b'{"key":%b,"value":%b,"partition":%d,"offset":%d,"timestamp":%d}'
 
 
+def entry(info: TableInfo, raw: bytes, partition: int, record: Record) -> bytes:
+    """A key read's body; SerdeError if the stored value cannot be read as its format."""
+    value = info.value_serde
+    # %-formatting bytes beats building a dict for orjson by a third on the hot path
+    # (JSON values are checked at ingest, so the stored bytes are valid JSON)
+    body = record.value if value.format == "json" else orjson.dumps(value.to_json(record.value))
+    key = orjson.dumps(info.key_serde.to_json(raw))
+    return ENTRY % (key, body, partition, record.offset, record.timestamp)
+
+
 class Local:
     def __init__(self, node: Node) -> None:
         self.node = node
@@ -150,32 +160,15 @@ class Local:
                 f"key {key_text!r} is not in {info.name!r}",
                 self.headers(replica, position),
             )
-        value = info.value_serde
-        # %-formatting bytes beats building a dict for orjson by a third on the hot path
-        # (JSON values are checked at ingest, so the stored bytes are valid JSON)
-        if value.format == "json":
-            body = record.value
-        else:
-            try:
-                body = orjson.dumps(value.to_json(record.value))
-            except SerdeError:  # stored before values were checked at ingest: unreadable
-                raise ApiError(
-                    "key_not_found",
-                    f"key {key_text!r} is not in {info.name!r}",
-                    self.headers(replica, position),
-                ) from None
-        return (
-            200,
-            ENTRY
-            % (
-                orjson.dumps(info.key_serde.to_json(raw)),
-                body,
-                partition,
-                record.offset,
-                record.timestamp,
-            ),
-            self.headers(replica, position),
-        )
+        try:
+            body = entry(info, raw, partition, record)
+        except SerdeError:  # stored before values were checked at ingest: unreadable
+            raise ApiError(
+                "key_not_found",
+                f"key {key_text!r} is not in {info.name!r}",
+                self.headers(replica, position),
+            ) from None
+        return 200, body, self.headers(replica, position)
 
     def windows(
         self, info: TableInfo, raw: bytes, replica: Replica, time_from: int, time_to: int

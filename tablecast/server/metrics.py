@@ -12,6 +12,7 @@ from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterator
 
+import orjson
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -36,6 +37,8 @@ class HttpStats:
         # per route: a count per bucket (+Inf last) and the sum of seconds
         self.buckets: dict[str, list[int]] = {}
         self.seconds: dict[str, float] = defaultdict(float)
+        #: of the requests, those the node's read processes answered (serve --processes)
+        self.by_readers = 0
 
     def record(self, route: str, status: int, seconds: float) -> None:
         self.requests[(route, status)] += 1
@@ -44,6 +47,33 @@ class HttpStats:
             counts = self.buckets[route] = [0] * (len(BUCKETS) + 1)
         counts[bisect_left(BUCKETS, seconds)] += 1
         self.seconds[route] += seconds
+
+    def delta(self) -> bytes:
+        """What was recorded since the last delta, as JSON (a read process's report to its
+        node, which :meth:`merge` s it), and start counting again."""
+        out = orjson.dumps(
+            {
+                "requests": [[r, s, n] for (r, s), n in self.requests.items()],
+                "buckets": self.buckets,
+                "seconds": self.seconds,
+            }
+        )
+        self.requests.clear()
+        self.buckets = {}
+        self.seconds.clear()
+        return out
+
+    def merge(self, delta: bytes) -> None:
+        got = orjson.loads(delta)
+        for route, status, n in got["requests"]:
+            self.requests[(route, status)] += n
+            self.by_readers += n
+        for route, counts in got["buckets"].items():
+            mine = self.buckets.setdefault(route, [0] * (len(BUCKETS) + 1))
+            for i, n in enumerate(counts[: len(mine)]):
+                mine[i] += n
+        for route, seconds in got["seconds"].items():
+            self.seconds[route] += seconds
 
 
 class NodeCollector(Collector):
@@ -72,6 +102,11 @@ class NodeCollector(Collector):
         for (route, status), n in sorted(self.http.requests.items()):
             requests.add_metric([route, str(status)], n)
         yield requests
+        yield CounterMetricFamily(
+            "tablecast_http_requests_by_read_processes",
+            "of tablecast_http_requests, those the node's read processes answered",
+            value=self.http.by_readers,
+        )
         latency = HistogramMetricFamily(
             "tablecast_http_request_duration_seconds", "time to answer, by route", labels=["route"]
         )

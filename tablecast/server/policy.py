@@ -102,6 +102,8 @@ def _same(have: Any, want: Any) -> bool:
 class Policy:
     def __init__(self, rules: Iterable[_Rule]) -> None:
         self.rules = tuple(rules)
+        #: the file it was loaded from (a node's read processes load it again)
+        self.source: str | None = None
 
     @classmethod
     def load(cls, path: str | Path) -> Policy:
@@ -115,7 +117,9 @@ class Policy:
             doc = json.loads(text) if kind == "JSON" else yaml.safe_load(text)
         except (ValueError, yaml.YAMLError) as e:
             raise PolicyError(f"{path}: not valid {kind}: {str(e).splitlines()[0]}") from None
-        return cls.parse(doc, str(path))
+        policy = cls.parse(doc, str(path))
+        policy.source = str(path)
+        return policy
 
     @classmethod
     def parse(cls, doc: Any, source: str = "policy") -> Policy:

@@ -12,7 +12,7 @@ import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from granian.constants import Interfaces, SSLProtocols
 from granian.http import HTTP1Settings
@@ -24,6 +24,9 @@ from tablecast.server.app import HttpApp
 from tablecast.server.auth import Auth
 from tablecast.server.http1 import LISTEN_BACKLOG, LoopServer
 from tablecast.server.router import DEFAULT_WAITS_PER_CALLER
+
+if TYPE_CHECKING:
+    from tablecast.server.readers.supervise import ReadProcesses
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +110,14 @@ def _on_stop_signals(stop: Callable[[], None]) -> None:
         loop.add_signal_handler(sig, stop)
 
 
+def tls_context(tls: tuple[str, str] | list[str]) -> ssl.SSLContext:
+    """The server side of HTTPS: this certificate and key, TLS 1.2 at least."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(tls[0], tls[1])
+    return context
+
+
 async def serve_loop(
     app: HttpApp,
     host: str,
@@ -114,16 +125,14 @@ async def serve_loop(
     tls: tuple[str, str] | None = None,
     on_stop: Callable[[], None] | None = None,
     listeners: int | None = None,
+    readers: ReadProcesses | None = None,
 ) -> None:
-    """Serve `app` with :mod:`tablecast.server.http1` until SIGINT/SIGTERM."""
-    context = None
-    if tls:
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.load_cert_chain(tls[0], tls[1])
+    """Serve `app` with :mod:`tablecast.server.http1` until SIGINT/SIGTERM, with `readers`
+    beside it on the same port."""
+    context = tls_context(tls) if tls else None
     server = LoopServer(app, context, connection_cap())
     try:
-        await server.start(host, port, listeners=listeners)
+        await server.start(host, port, listeners=listeners, share=readers is not None)
     except OSError as e:  # as granian reports it: the CLI's one line (cli/main.py)
         if e.errno != errno.EADDRINUSE:
             raise
@@ -132,9 +141,16 @@ async def serve_loop(
         "HTTP/1.1 served on the event loop's thread (--http-engine loop), %d listening socket(s)",
         server.listeners,
     )
-    stopping = asyncio.Event()
-    _on_stop_signals(stopping.set)
-    await stopping.wait()
+    try:
+        if readers is not None:
+            await server.start_relay(readers.relay_path)
+            await readers.start(server.port, server.listeners)
+        stopping = asyncio.Event()
+        _on_stop_signals(stopping.set)
+        await stopping.wait()
+    finally:
+        if readers is not None:  # first: connections they hold are piped to this server
+            await readers.stop()
     if on_stop is not None:
         on_stop()
     await server.stop()
@@ -168,7 +184,13 @@ async def serve(
     try:
         if limits.http_engine == "loop":
             await serve_loop(
-                app, host, port, tls, on_stop=app.live.hub.close_all, listeners=limits.listeners
+                app,
+                host,
+                port,
+                tls,
+                on_stop=app.live.hub.close_all,
+                listeners=limits.listeners,
+                readers=_readers(limits.processes, app, auth, tls, host),
             )
         else:
             await serve_rsgi(app, host, port, tls, on_stop=app.live.hub.close_all)
@@ -181,6 +203,30 @@ async def serve(
         app.peers.close()
         node.stop()
         log.info("node %s stopped", config.node_id)
+
+
+def _readers(
+    processes: int, app: HttpApp, auth: Auth, tls: tuple[str, str] | None, host: str
+) -> ReadProcesses | None:
+    """The node's read processes besides itself (``--processes``), not started yet."""
+    if processes <= 1:
+        return None
+    from tablecast.server.readers.feed import Feed
+    from tablecast.server.readers.supervise import ReadProcesses
+    from tablecast.store import rocksdb
+
+    node = app.node
+    settings = {
+        "host": host,
+        "tls": list(tls) if tls else None,
+        "node_id": node.id,
+        "max_key_bytes": node.config.max_key_bytes,
+        "block_cache_bytes": rocksdb.block_cache_bytes(),
+        **auth.settings(),
+    }
+    feed = Feed(node, app.router.local, app.router.routing)
+    home = node.config.data_dir / "readers"
+    return ReadProcesses(processes - 1, settings, feed, app.stats, home)
 
 
 @dataclass(frozen=True)
@@ -198,6 +244,8 @@ class Limits:
     http_engine: str = "loop"
     #: the loop engine's listening sockets (None: as many as this kernel needs, see listen.py)
     listeners: int | None = None
+    #: processes serving plain key reads, the node's own included (--processes)
+    processes: int = 1
 
 
 def run(

@@ -77,6 +77,10 @@ def set_block_cache_bytes(size: int) -> None:
     _cache_bytes = size
 
 
+def block_cache_bytes() -> int:
+    return _cache_bytes
+
+
 def _options() -> Options:
     global _cache
     if _cache is None:
@@ -138,10 +142,8 @@ class RocksDBStore:
         if meta is None:
             self._applied, self._count, self._synced = -1, 0, 0
             self._db.put(VIEWS, views.fingerprint())
-        elif len(meta) == _META_V1.size:
-            (self._applied, self._count), self._synced = _META_V1.unpack(meta), 0
         else:
-            self._applied, self._count, self._synced = _META.unpack(meta)
+            self._applied, self._count, self._synced = unpack_meta(meta)
         self._history = (
             RocksVersions(self._db, views.history_ms, self._iterator) if views.history_ms else None
         )
@@ -292,6 +294,15 @@ class RocksDBStore:
                 log.warning("closing the store at %s: %s", self.path, e)
                 return
         log.error("the store at %s stayed in use; not closed", self.path)
+
+
+def unpack_meta(meta: bytes) -> tuple[int, int, int]:
+    """The bookkeeping record: applied offset, key count, in sync with the topic at."""
+    if len(meta) == _META_V1.size:
+        applied, count = _META_V1.unpack(meta)
+        return applied, count, 0
+    applied, count, synced = _META.unpack(meta)
+    return applied, count, synced
 
 
 def _need(view: T | None, what: str) -> T:

@@ -200,7 +200,7 @@ def test_what_it_counts_covers_the_memory_it_takes() -> None:
     import gc
     import tracemalloc
 
-    from tablecast.server.http1 import _sized_head
+    from tablecast.server.http1 import sized_head
 
     router, answers, replica, _ = _setup(max_bytes=1 << 30)
     keys = [f"key-{i:06d}" for i in range(2000)]
@@ -216,7 +216,7 @@ def test_what_it_counts_covers_the_memory_it_takes() -> None:
         for k in keys:
             _read(router, k)
         for entry in answers._entries.values():  # as the loop engine does on a first hit
-            head = _sized_head(200, entry.headers, len(entry.body), False)
+            head = sized_head(200, entry.headers, len(entry.body), False)
             entry.wire = head + entry.body
         gc.collect()
         before = tracemalloc.get_traced_memory()[0]

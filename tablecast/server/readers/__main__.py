@@ -1,0 +1,3 @@
+from tablecast.server.readers.process import main
+
+main()

@@ -1,0 +1,235 @@
+"""A read process's own answers: plain key GETs of the partitions in the node's feed, read
+from its secondary instances of the node's stores.
+
+:meth:`Answerer.answer` takes a request's head (request line and headers, as
+received) and returns the whole HTTP answer, or None when the request is not
+one it answers the way the node would: a method other than GET, a query
+string, a body, an upgrade, a consistency header, a forwarded hop, a token
+with a policy, a key it cannot parse, a table or partition not in the feed.
+Those the connection hands to the node (:mod:`tablecast.server.readers.relay`),
+which answers them itself, errors included. So every answer a read process
+gives is one the node gives: the same body and headers, exact at the position
+it reports (that of the secondary store it was read from).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from time import perf_counter
+from typing import Any
+from urllib.parse import unquote
+
+from tablecast.kafka import positions
+from tablecast.kafka.catalog import TableInfo
+from tablecast.serde import SerdeError
+from tablecast.server.answers import JSON
+from tablecast.server.auth import Auth
+from tablecast.server.consistency import AFTER_HEADER
+from tablecast.server.errors import ApiError
+from tablecast.server.http1 import sized_head
+from tablecast.server.local import entry
+from tablecast.server.metrics import HttpStats
+from tablecast.server.request import HOP
+from tablecast.server.rpc import KEY_SUB_ROUTES
+from tablecast.store.secondary import SecondaryStore
+
+log = logging.getLogger(__name__)
+
+#: a header line as RFC 9110 has it: a token, a colon, visible characters (no obs-fold)
+_HEADER_LINE = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([\x21-\x7e\x80-\xff \t]*)")
+#: headers after which the request is the node's: a body, an upgrade, a wait, a hop
+_NOT_OURS = {
+    b"content-length",
+    b"transfer-encoding",
+    b"upgrade",
+    b"expect",
+    AFTER_HEADER.encode(),
+    HOP.encode(),
+}
+
+
+@dataclass
+class Slot:
+    """A partition in the feed, with this process's secondary instance of its store."""
+
+    table: str
+    partition: int
+    generation: str
+    store: SecondaryStore
+    #: the node's position when its store had applied `node_applied`
+    node_position: int = 0
+    node_applied: int = -1
+    end_offset: int = 0
+    staleness_ms: int | None = None
+    #: the position this process's store is exact at, and its header
+    position: int = -1
+    token: tuple[str, str] = ("", "")
+
+    def caught_up_to(self) -> None:
+        """Note where the store stands after a catch-up."""
+        applied = self.store.applied_offset
+        # the node's position may be past the last record applied (a compacted gap)
+        position = self.node_position if applied == self.node_applied else applied + 1
+        if position != self.position:
+            self.position = position
+            token = positions.token(self.table, self.partition, position)
+            self.token = ("x-tablecast-position", token)
+
+    def headers(self, node_header: tuple[str, str]) -> list[tuple[str, str]]:
+        return [
+            node_header,
+            ("x-tablecast-lag", str(max(0, self.end_offset - self.position))),
+            ("x-tablecast-staleness-ms", str(self.staleness_ms or 0)),
+            self.token,
+        ]
+
+
+class Answerer:
+    def __init__(self, node_id: str, max_key_bytes: int, own_dir: Path, auth: Auth) -> None:
+        self.node_header = ("x-tablecast-node", node_id)
+        self.max_key_bytes = max_key_bytes
+        self.own_dir = own_dir
+        self.auth = auth
+        self.tables: dict[str, TableInfo] = {}
+        self.slots: dict[tuple[str, int], Slot] = {}
+        self.stats = HttpStats()
+        self._opened = 0
+
+    # -- the feed -----------------------------------------------------------------
+    def update(self, msg: dict[str, Any]) -> None:
+        """Take the node's latest feed line: open, catch up and close stores to match it."""
+        if "tables" in msg:
+            self.tables = {t["name"]: TableInfo(**t) for t in msg["tables"]}
+        fed: set[tuple[str, int]] = set()
+        for table, partition, path, generation, position, applied, end, staleness in msg["slots"]:
+            slot_id = (table, partition)
+            fed.add(slot_id)
+            slot = self.slots.get(slot_id)
+            if slot is not None and slot.generation != generation:
+                self._close(slot_id)
+                slot = None
+            if slot is None:
+                slot = self._open(slot_id, Path(path), generation)
+                if slot is None:
+                    continue
+            slot.node_position, slot.node_applied = position, applied
+            slot.end_offset, slot.staleness_ms = end, staleness
+            if applied > slot.store.applied_offset:
+                try:
+                    slot.store.catch_up()
+                except Exception as e:  # its files went away (a restore from scratch)
+                    log.warning("catching up with %s/%d failed: %s", table, partition, e)
+                    self._close(slot_id)
+                    continue
+            slot.caught_up_to()
+        for gone in [s for s in self.slots if s not in fed]:
+            self._close(gone)
+
+    def _table(self, name: str) -> TableInfo:
+        info = self.tables.get(name)
+        if info is None:
+            raise ApiError("table_not_found", name)
+        return info
+
+    def _open(self, slot_id: tuple[str, int], path: Path, generation: str) -> Slot | None:
+        self._opened += 1
+        try:
+            store = SecondaryStore(path, self.own_dir / str(self._opened))
+        except Exception as e:  # not there yet, or being replaced: the node answers meanwhile
+            log.info("cannot read the store of %s/%d yet: %s", *slot_id, e)
+            return None
+        slot = self.slots[slot_id] = Slot(*slot_id, generation, store)
+        return slot
+
+    def _close(self, slot_id: tuple[str, int]) -> None:
+        slot = self.slots.pop(slot_id, None)
+        if slot is not None:
+            slot.store.close()
+
+    def close(self) -> None:
+        for slot_id in list(self.slots):
+            self._close(slot_id)
+
+    # -- answering ------------------------------------------------------------------
+    def answer(self, head: bytes) -> bytes | None:
+        """The whole answer to the request with this head, or None: the node's to answer."""
+        started = perf_counter()
+        target = _plain_get(head)
+        if target is None:
+            return None
+        table, key_text, headers = target
+        scope = None
+        try:
+            if self.auth.enabled:
+                authorization = headers.get(b"authorization")
+                text = None if authorization is None else authorization.decode("latin-1")
+                caller = self.auth.remembered(text) or self.auth.caller(text)
+                if caller.grants is not None:
+                    info, scope = caller.grants.table_scope(table, self._table)
+            info = self._table(table)
+        except ApiError:
+            return None  # the node says why (and counts it)
+        if info.kind != "kv" or len(key_text) > self.max_key_bytes:
+            return None
+        try:
+            raw = info.key_serde.text_to_bytes(key_text)
+        except (SerdeError, ValueError, TypeError, OverflowError):
+            return None
+        if scope is not None and not scope.allows(raw):
+            return None
+        partition = info.partition_of(raw)
+        slot = self.slots.get((table, partition))
+        if slot is None:
+            return None
+        try:
+            record = slot.store.get(raw)
+            status = 200
+            if record is None:
+                status, body = 404, _not_found(key_text, table)
+            else:
+                body = entry(info, raw, partition, record)
+        except SerdeError:
+            return None
+        except Exception as e:  # a store that failed under the read: the node answers
+            log.warning("reading %s/%d failed: %s", table, partition, e)
+            return None
+        wire = sized_head(status, [JSON, *slot.headers(self.node_header)], len(body), False) + body
+        self.stats.record("key", status, perf_counter() - started)
+        return wire
+
+
+def _not_found(key_text: str, table: str) -> bytes:
+    return ApiError("key_not_found", f"key {key_text!r} is not in {table!r}").body()
+
+
+def _plain_get(head: bytes) -> tuple[str, str, dict[bytes, bytes]] | None:
+    """(table, key text, headers) of a keep-alive ``GET /v1/tables/{t}/keys/{key}`` with no
+    query string, body or header that makes it the node's; None for any other head."""
+    lines = head.split(b"\r\n")
+    request = lines[0].split(b" ")
+    if len(request) != 3 or request[0] != b"GET" or request[2] != b"HTTP/1.1":
+        return None
+    url = request[1]
+    if not url.startswith(b"/v1/tables/") or b"?" in url or b"#" in url:
+        return None
+    headers: dict[bytes, bytes] = {}
+    for line in lines[1:]:
+        match = _HEADER_LINE.fullmatch(line)
+        if match is None:
+            return None
+        name = match[1].lower()
+        if name in _NOT_OURS:
+            return None
+        if name == b"connection" and match[2].strip().lower() != b"keep-alive":
+            return None  # a close, or an upgrade: the node's
+        headers.setdefault(name, match[2].rstrip(b" \t"))
+    path = url.decode("utf-8", "replace")
+    if "%" in path:  # as the node's server decodes it
+        path = unquote(path, errors="replace")
+    parts = path.split("/", 5)
+    if len(parts) != 6 or parts[4] != "keys" or parts[5].endswith(KEY_SUB_ROUTES):
+        return None
+    return parts[3], parts[5], headers

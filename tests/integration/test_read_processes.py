@@ -1,0 +1,130 @@
+"""A node with read processes (``serve --processes``): every answer, whichever process the
+kernel gives the connection to, is the one the node gives; reads follow new records; a read
+process killed comes back; a node killed takes its read processes with it."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+import pytest
+
+from tablecast import serde
+from tablecast.kafka.partitioner import partition_for
+
+from ..support.procs import NodeProcess, eventually, start_node
+from .tables import TableModel, make_table
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 4
+#: fresh connections per check: the kernel spreads them over every process's sockets
+CONNECTIONS = 120
+
+
+def children(pid: int) -> list[int]:
+    """The pids of `pid`'s child processes (its read processes)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def answered_by_readers(node: NodeProcess) -> int:
+    text = node.get("/metrics").text
+    match = re.search(r"^tablecast_http_requests_by_read_processes_total (\S+)$", text, re.M)
+    assert match, text[:2000]
+    return int(float(match[1]))
+
+
+def check_reads(node: NodeProcess, model: TableModel, rng: random.Random) -> None:
+    """Key reads, each on a connection of its own, answer as the model says; a missing key
+    is 404 key_not_found; the position header is the partition's."""
+    name = model.info.name
+    keys = sorted(model.rows)
+    for _ in range(CONNECTIONS):
+        raw = rng.choice([*keys, b"nope"])
+        r = httpx.get(f"{node.url}/v1/tables/{name}/keys/{quote(raw.decode(), safe='')}")
+        partition = partition_for(raw, PARTITIONS)
+        assert r.headers["x-tablecast-position"].startswith(f"{name}@{partition}:")
+        if raw not in model.rows:
+            assert r.status_code == 404, r.text
+            assert r.json()["error"]["code"] == "key_not_found"
+            continue
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert (body["key"], body["value"], body["partition"]) == (
+            raw.decode(),
+            model.rows[raw],
+            partition,
+        )
+
+
+def check_piped(node: NodeProcess, model: TableModel) -> None:
+    """What read processes do not answer reaches the node through them: every answer right."""
+    name = model.info.name
+    with httpx.Client(base_url=node.url) as keep_alive:  # one connection, key reads then others
+        for _ in range(3):
+            assert keep_alive.get(f"/v1/tables/{name}/count").json() == {"count": len(model.rows)}
+            assert keep_alive.get(f"/v1/tables/{name}/keys/nope").status_code == 404
+    for _ in range(CONNECTIONS // 4):
+        r = httpx.get(f"{node.url}/v1/tables/{name}/count")
+        assert r.json() == {"count": len(model.rows)}, r.text
+        r = httpx.get(f"{node.url}/v1/tables/no-such-table/keys/a")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "table_not_found"
+        r = httpx.post(
+            f"{node.url}/v1/tables/{name}/keys:batchGet", content=b'{"keys": ["k001", "zz"]}'
+        )
+        assert r.status_code == 200, r.text
+        r = httpx.get(f"{node.url}/v1/tables/{name}/keys/k001?max_lag=0")
+        assert r.status_code in (200, 404), r.text
+
+
+def test_read_processes_answer_as_the_node(bootstrap: str, unique: str, logs: Path) -> None:
+    rng = random.Random(5)
+    model = make_table(bootstrap, unique, "kv", PARTITIONS, serde.string(), serde.json())
+    model.write(bootstrap, [(f"k{i:03d}", {"n": i}) for i in range(200)])
+    node = start_node(unique, bootstrap, logs, "--processes", "3")
+    try:
+        node.wait_ready()
+        node.wait_caught_up(bootstrap, "kv", model.info.topic)
+        assert len(children(node.proc.pid)) == 2
+        check_reads(node, model, rng)
+        check_piped(node, model)
+        eventually(lambda: answered_by_readers(node) > CONNECTIONS // 10, 10)
+
+        # new records: every process's answers follow them
+        model.write(bootstrap, [(f"k{i:03d}", {"n": -i}) for i in range(0, 200, 3)])
+        model.write(bootstrap, [(f"k{i:03d}", None) for i in range(1, 200, 7)])
+        node.wait_caught_up(bootstrap, "kv", model.info.topic)
+        eventually(lambda: check_reads(node, model, rng) or True, 10)
+
+        # a read process killed -9: the node starts another; answers stay right meanwhile
+        victim = children(node.proc.pid)[0]
+        os.kill(victim, signal.SIGKILL)
+        eventually(lambda: len(set(children(node.proc.pid)) - {victim}) == 2, 30)
+        check_reads(node, model, rng)
+
+        # the node killed -9: its read processes end too, nothing listens on its port
+        readers = children(node.proc.pid)
+        os.kill(node.proc.pid, signal.SIGKILL)
+        node.proc.wait(10)
+        eventually(lambda: not any(Path(f"/proc/{pid}").exists() for pid in readers), 10)
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{node.url}/healthz")
+    finally:
+        node.stop()
+        time.sleep(0)
