@@ -51,6 +51,10 @@ MAX_QUEUED = 32
 #: at once overflowed it (tens of thousands of ListenOverflows, measured) and the clients
 #: dropped waited out SYN retries: seconds-long first requests, counted as timeouts
 LISTEN_BACKLOG = 65_535
+#: a port another socket listens on is looked at this often, this far apart, before a
+#: node refuses it (the kernel kills a dead node's read processes, not at once)
+OTHERS_CHECKS = 20
+OTHERS_WAIT_S = 0.1
 #: how long a stopping server waits for requests under way
 STOP_GRACE_S = 5.0
 #: body bytes buffered ahead of the app before the request is refused (the app's own
@@ -233,13 +237,15 @@ class _Connection(asyncio.Protocol):
             self.ws.data_received(data)
             return
         try:
+            # counted from the last complete head on (on_headers_complete starts it over): a
+            # keep-alive connection's kept answers leave it waiting for a head after every
+            # request, and counting every byte it ever sent refused it after 1 MiB of heads
+            self.head_bytes += len(data)
             self.parser.feed_data(data)
             if self.waiting_since is None:
-                self.head_bytes = 0
-            else:
-                self.head_bytes += len(data)
-                if self.head_bytes > MAX_HEAD:
-                    self.refuse(ApiError("bad_request", "the request's headers are too large"))
+                self.head_bytes = 0  # in a body, or answering: no head is being waited for
+            elif self.head_bytes > MAX_HEAD:
+                self.refuse(ApiError("bad_request", "the request's headers are too large"))
         except httptools.HttpParserUpgrade as e:
             if self.ws is None:
                 only = "only a GET's WebSocket upgrade is served (h2c: --http-engine granian)"
@@ -317,6 +323,7 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.waiting_since = None
+        self.head_bytes = 0
         method = self.parser.get_method().decode()
         raw_path, _, query = self.url.partition(b"?")
         path = raw_path.decode("utf-8", "replace")
@@ -470,13 +477,22 @@ class LoopServer:
                 )
                 self._servers.append(server)
                 port = self.port  # port 0: the others bind the port the first one got
-            if shared and listen.others_listening(port, self._inodes()):
+            if shared and await self._others_stay(port):
                 raise OSError(errno.EADDRINUSE, f"another process listens on port {port} too")
         except OSError:
             for server in self._servers:
                 server.close()
             raise
         self._sweep()
+
+    async def _others_stay(self, port: int) -> bool:
+        """Whether another socket listens on `port` beside ours, and goes on doing so for
+        a moment: the read processes of a node killed just before still exit."""
+        for _ in range(OTHERS_CHECKS):
+            if not listen.others_listening(port, self._inodes()):
+                return False
+            await asyncio.sleep(OTHERS_WAIT_S)
+        return True
 
     async def start_relay(self, path: str) -> None:
         """Also serve connections piped from this node's read processes, on a Unix socket

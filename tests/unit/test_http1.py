@@ -270,6 +270,31 @@ def test_headers_past_the_limit_are_refused(monkeypatch: pytest.MonkeyPatch) -> 
     _run(check)
 
 
+def test_a_keep_alive_connection_s_heads_are_limited_one_by_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # kept answers leave the connection waiting for a head after each request: the limit
+    # is on one head, not on every head the connection ever sent (it refused after 1 MiB)
+    monkeypatch.setattr(http1, "MAX_HEAD", 10_000)
+
+    async def check(port: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        request = b"GET /kept HTTP/1.1\r\nhost: x\r\n\r\n"
+        for rounds in range(100):  # 100 writes of 20 pipelined requests: 6x the limit
+            writer.write(request * 20)
+            for _ in range(20):
+                head = await reader.readuntil(b"\r\n\r\n")
+                assert head.startswith(b"HTTP/1.1 200"), (rounds, head)
+                await reader.readexactly(len(b'{"kept":true}'))
+        for _ in range(300):  # one at a time
+            writer.write(request)
+            assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+            await reader.readexactly(len(b'{"kept":true}'))
+        writer.close()
+
+    _run(check)
+
+
 def test_many_pipelined_requests_are_all_answered_in_order() -> None:
     count = http1.MAX_QUEUED * 3  # past the point where the connection is read no further
 
@@ -492,6 +517,29 @@ def test_a_port_another_socket_listens_on_is_refused(listeners: int) -> None:
             await server.start("127.0.0.1", other.getsockname()[1], listeners=listeners)
         assert refused.value.errno == errno.EADDRINUSE
         await server.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        other.close()
+
+
+def test_a_socket_that_goes_away_at_once_does_not_keep_the_port() -> None:
+    # a node killed a moment ago: the kernel is still ending its read processes
+    other = socket.socket()
+    other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    other.bind(("127.0.0.1", 0))
+    other.listen()
+
+    async def main() -> None:
+        asyncio.get_running_loop().call_later(0.3, other.close)
+        server = LoopServer(App())
+        await server.start("127.0.0.1", other.getsockname()[1], listeners=2)
+        try:
+            raw = b"GET /x HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+            assert _responses(await _exchange(server.port, raw)) == [(200, b"GET /x ? None")]
+        finally:
+            await server.stop()
 
     try:
         asyncio.run(main())
