@@ -33,6 +33,7 @@ BENCHES = {
     "redis_get": "bench.redis_get",
     "recovery": "bench.recovery",
     "checkpoints": "bench.checkpoints",
+    "processes": "bench.processes",
 }
 # the pipeline benchmark is written by another change; run it once its module exists
 if importlib.util.find_spec("bench.pipeline") is not None:

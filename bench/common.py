@@ -12,6 +12,7 @@ import datetime as dt
 import os
 import platform
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -72,6 +73,7 @@ def wrk(
     lua = _WRK_REPORT + (script or "")
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
         f.write(lua)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         done = subprocess.run(
             pinned(
@@ -98,6 +100,8 @@ def wrk(
         raise RuntimeError(f"wrk failed: {done.stdout}\n{done.stderr}")
     r = orjson.loads(line)
     r["rps"] = r["requests"] / (r["duration_us"] / 1e6)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # taskset execs wrk: wrk's own
+    r["load_cpu_s"] = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     return r
 
 

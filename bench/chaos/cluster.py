@@ -57,6 +57,8 @@ class Cluster:
     app_id: str = "chaos"
     faketime_node: int | None = 2
     tmpfs_node: int | None = 1
+    #: a node with a read process beside it (serve --processes 2): its reads are judged too
+    readers_node: int | None = 0
     broker: Broker = field(init=False)
     pipeline: subprocess.Popen[bytes] | None = None
     nodes: list[NodeProcess] = field(default_factory=list)
@@ -177,6 +179,7 @@ class Cluster:
                 self.work,
                 *("--data-dir", str(self.data_dir(i))),
                 *("--standby-replicas", "1"),
+                *(("--processes", "2") if i == self.readers_node else ()),
                 port=self.ports[i],
             )
         finally:

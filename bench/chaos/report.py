@@ -25,7 +25,8 @@ def markdown(r: dict[str, Any]) -> str:
         "## Chaos soak",
         "",
         f"`{r['command']}` — {r['minutes']} min, seed {r['seed']}, {r['machine']['date']}, "
-        f"{r['machine']['cores']} cores. Three nodes (--standby-replicas 1, node2 under "
+        f"{r['machine']['cores']} cores. Three nodes (--standby-replicas 1, node0 with a read "
+        "process beside it (--processes 2), node2 under "
         "libfaketime +20 s), the pipeline (filter + map_values over a 6-partition input), "
         f"a producer at {r['rate']} records/s over {r['keys']} keys, {r['readers']} reader threads "
         "(plain HTTP and tablecast.Client) on random nodes, each answer checked against the "

@@ -24,6 +24,21 @@ def stop_process(
     reap(proc, timeout)
 
 
+def children(pid: int) -> list[int]:
+    """The pids of `pid`'s child processes (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # ended meanwhile
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:  # the parent, after the name
+            found.append(int(entry.name))
+    return found
+
+
 def reap(proc: subprocess.Popen[bytes], timeout: float) -> None:
     """Wait for a signalled child; SIGKILL it if it is still running after `timeout`."""
     try:

@@ -221,6 +221,7 @@ def _readers(
         "tls": list(tls) if tls else None,
         "node_id": node.id,
         "max_key_bytes": node.config.max_key_bytes,
+        "answers_bytes": node.config.answers_bytes,
         "block_cache_bytes": rocksdb.block_cache_bytes(),
         **auth.settings(),
     }

@@ -8,39 +8,28 @@ import os
 import random
 import re
 import signal
+import ssl
 import time
 from pathlib import Path
 from urllib.parse import quote
 
 import httpx
+import jwt
 import pytest
 
 from tablecast import serde
+from tablecast.cli.supervisor import children
 from tablecast.kafka.partitioner import partition_for
 
 from ..support.procs import NodeProcess, eventually, start_node
 from .tables import TableModel, make_table
+from .test_tls_peers import certificate_files
 
 pytestmark = pytest.mark.integration
 
 PARTITIONS = 4
 #: fresh connections per check: the kernel spreads them over every process's sockets
 CONNECTIONS = 120
-
-
-def children(pid: int) -> list[int]:
-    """The pids of `pid`'s child processes (its read processes)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-            found.append(int(entry.name))
-    return found
 
 
 def answered_by_readers(node: NodeProcess) -> int:
@@ -127,4 +116,71 @@ def test_read_processes_answer_as_the_node(bootstrap: str, unique: str, logs: Pa
             httpx.get(f"{node.url}/healthz")
     finally:
         node.stop()
-        time.sleep(0)
+
+
+POLICY = """
+rules:
+  - tables:
+      kv: {key_prefix: "{sub}/"}
+"""
+SECRET = "read-processes-secret-0123456789abcdef"
+
+
+def bearer(sub: str) -> dict[str, str]:
+    body = {"sub": sub, "exp": int(time.time() + 86_400)}
+    return {"authorization": f"Bearer {jwt.encode(body, SECRET, algorithm='HS256')}"}
+
+
+def test_read_processes_over_tls_with_a_policy_on_two_nodes(
+    bootstrap: str, unique: str, logs: Path, tmp_path: Path
+) -> None:
+    """Two HTTPS nodes with read processes, a cluster secret and a row policy: reads of either
+    node's partitions, on fresh connections to either, answer as the owner does; a key outside
+    the caller's grant is 403 and no token 401, whichever process took the connection."""
+    ca, cert, key = certificate_files(tmp_path, ["127.0.0.1"])
+    (tmp_path / "policy.yaml").write_text(POLICY)
+    model = make_table(bootstrap, unique, "kv", PARTITIONS, serde.string(), serde.json())
+    users = ("alice", "bob")
+    model.write(bootstrap, [(f"{u}/{i}", {"u": u, "i": i}) for u in users for i in range(40)])
+    options = [
+        *("--processes", "2", "--tls-cert", cert, "--tls-key", key, "--tls-ca", ca),
+        *("--cluster-secret", SECRET, "--auth-jwt-secret", SECRET),
+        *("--auth-policy", str(tmp_path / "policy.yaml")),
+    ]
+    nodes = [start_node(unique, bootstrap, logs, *options) for _ in range(2)]
+    context = ssl.create_default_context(cafile=ca)
+    try:
+        for n in nodes:
+            n.verify = context
+            n.wait_ready()
+
+        def both_answer() -> bool:
+            served = {
+                httpx.get(
+                    f"{n.url}/v1/tables/kv/keys/alice%2F1", headers=bearer("alice"), verify=context
+                ).headers.get("x-tablecast-node")
+                for n in nodes
+            }
+            return len(served) == 1 and None not in served
+
+        eventually(both_answer, 60)
+        answered_by = set()
+        for _ in range(3):
+            for n in nodes:
+                for u in users:
+                    for i in range(0, 40, 3):
+                        url = f"{n.url}/v1/tables/kv/keys/{quote(f'{u}/{i}', safe='')}"
+                        r = httpx.get(url, headers=bearer(u), verify=context)
+                        assert r.status_code == 200, r.text
+                        assert r.json()["value"] == {"u": u, "i": i}
+                        answered_by.add(r.headers["x-tablecast-node"])
+                        other = "bob" if u == "alice" else "alice"
+                        r = httpx.get(url, headers=bearer(other), verify=context)
+                        assert r.status_code == 403, r.text
+                        r = httpx.get(url, verify=context)
+                        assert r.status_code == 401, r.text
+        assert len(answered_by) == 2  # so reads were forwarded, from read processes too
+        assert sum(answered_by_readers(n) for n in nodes) > 0
+    finally:
+        for n in nodes:
+            n.stop()

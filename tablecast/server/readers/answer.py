@@ -34,9 +34,16 @@ from tablecast.server.local import entry
 from tablecast.server.metrics import HttpStats
 from tablecast.server.request import HOP
 from tablecast.server.rpc import KEY_SUB_ROUTES
+from tablecast.store.cache import drop_oldest
 from tablecast.store.secondary import SecondaryStore
 
 log = logging.getLogger(__name__)
+
+#: per kept answer beyond its head's and answer's bytes: the dict slot, the entry, the objects
+KEPT_OVERHEAD = 250
+#: a feed line older than this (the node stuck, or gone): answer nothing, the node decides;
+#: what the last one said about the topic's end and staleness no longer holds
+FEED_TIMEOUT_S = 0.5
 
 #: a header line as RFC 9110 has it: a token, a colon, visible characters (no obs-fold)
 _HEADER_LINE = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([\x21-\x7e\x80-\xff \t]*)")
@@ -67,6 +74,8 @@ class Slot:
     #: the position this process's store is exact at, and its header
     position: int = -1
     token: tuple[str, str] = ("", "")
+    #: False once closed: answers kept from it are gone
+    open: bool = True
 
     def caught_up_to(self) -> None:
         """Note where the store stands after a catch-up."""
@@ -87,8 +96,37 @@ class Slot:
         ]
 
 
+class Kept:
+    """A whole answer, given again to the same request head while its slot stands where it
+    stood (as the node's kept answers, :mod:`tablecast.server.answers`)."""
+
+    __slots__ = ("end", "position", "slot", "staleness", "status", "wire")
+
+    def __init__(self, slot: Slot, status: int, wire: bytes) -> None:
+        self.slot, self.status, self.wire = slot, status, wire
+        self.position, self.end, self.staleness = slot.position, slot.end_offset, slot.staleness_ms
+
+    def valid(self) -> bool:
+        slot = self.slot
+        return (
+            slot.open
+            and slot.position == self.position
+            and slot.end_offset == self.end
+            and slot.staleness_ms == self.staleness
+        )
+
+
 class Answerer:
-    def __init__(self, node_id: str, max_key_bytes: int, own_dir: Path, auth: Auth) -> None:
+    def __init__(
+        self,
+        node_id: str,
+        max_key_bytes: int,
+        own_dir: Path,
+        auth: Auth,
+        kept_bytes: int = 0,
+    ) -> None:
+        """`kept_bytes`: whole answers kept by request head, about this many bytes (0: none;
+        none with auth either, as on the node: a token's grants make answers differ)."""
         self.node_header = ("x-tablecast-node", node_id)
         self.max_key_bytes = max_key_bytes
         self.own_dir = own_dir
@@ -97,12 +135,19 @@ class Answerer:
         self.slots: dict[tuple[str, int], Slot] = {}
         self.stats = HttpStats()
         self._opened = 0
+        self.kept_bytes = 0 if auth.enabled else kept_bytes
+        self._kept: dict[bytes, Kept] = {}
+        self._kept_size = 0
+        #: when (perf_counter) the last feed line came
+        self.fed_at = float("-inf")
 
     # -- the feed -----------------------------------------------------------------
     def update(self, msg: dict[str, Any]) -> None:
         """Take the node's latest feed line: open, catch up and close stores to match it."""
+        self.fed_at = perf_counter()
         if "tables" in msg:
             self.tables = {t["name"]: TableInfo(**t) for t in msg["tables"]}
+            self._forget_kept()  # a table's formats may have changed
         fed: set[tuple[str, int]] = set()
         for table, partition, path, generation, position, applied, end, staleness in msg["slots"]:
             slot_id = (table, partition)
@@ -147,7 +192,22 @@ class Answerer:
     def _close(self, slot_id: tuple[str, int]) -> None:
         slot = self.slots.pop(slot_id, None)
         if slot is not None:
+            slot.open = False
             slot.store.close()
+
+    def _forget_kept(self) -> None:
+        self._kept.clear()
+        self._kept_size = 0
+
+    def _keep(self, head: bytes, slot: Slot, status: int, wire: bytes) -> None:
+        size = len(head) + len(wire) + KEPT_OVERHEAD
+        if self._kept_size + size > self.kept_bytes:
+            for old_head, old in drop_oldest(self._kept):
+                self._kept_size -= len(old_head) + len(old.wire) + KEPT_OVERHEAD
+            if self._kept_size + size > self.kept_bytes:
+                return
+        self._kept[head] = Kept(slot, status, wire)
+        self._kept_size += size
 
     def close(self) -> None:
         for slot_id in list(self.slots):
@@ -157,6 +217,12 @@ class Answerer:
     def answer(self, head: bytes) -> bytes | None:
         """The whole answer to the request with this head, or None: the node's to answer."""
         started = perf_counter()
+        if started - self.fed_at > FEED_TIMEOUT_S:
+            return None
+        kept = self._kept.get(head)
+        if kept is not None and kept.valid():  # the hot path: this head answered before
+            self.stats.record("key", kept.status, perf_counter() - started)
+            return kept.wire
         target = _plain_get(head)
         if target is None:
             return None
@@ -197,6 +263,8 @@ class Answerer:
             log.warning("reading %s/%d failed: %s", table, partition, e)
             return None
         wire = sized_head(status, [JSON, *slot.headers(self.node_header)], len(body), False) + body
+        if self.kept_bytes:
+            self._keep(head, slot, status, wire)
         self.stats.record("key", status, perf_counter() - started)
         return wire
 

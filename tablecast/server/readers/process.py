@@ -5,15 +5,13 @@ feed (:mod:`tablecast.server.readers.feed`); its standard output the word
 ``ready`` once it listens, then once a second what it answered, which the node
 adds to its own ``/metrics``. It listens on the node's port beside the node's
 own sockets (SO_REUSEPORT), so the kernel spreads connections over both.
-When its input ends (the node stopped, or was killed) it stops too; the kernel
-stops it as well if the node dies without closing it (PR_SET_PDEATHSIG).
+When its input ends (the node stopped, or was killed) it stops too; and the kernel kills
+it when the node dies (:func:`tablecast.lifetime.die_with_parent`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ctypes
 import logging
 import shutil
 import signal
@@ -34,16 +32,12 @@ log = logging.getLogger(__name__)
 
 #: how often what it answered is reported to the node
 STATS_S = 1.0
-_PR_SET_PDEATHSIG = 1
 
 
 def main() -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    # the kernel's SIGTERM if the node dies before this process reads its input's end
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     settings = orjson.loads(sys.stdin.buffer.readline() or b"null")
     if settings is None:
         return
@@ -70,7 +64,13 @@ async def serve(settings: dict[str, Any]) -> None:
     rocksdb.set_block_cache_bytes(settings["block_cache_bytes"])
     own_dir = Path(settings["own_dir"])
     shutil.rmtree(own_dir, ignore_errors=True)
-    answerer = Answerer(settings["node_id"], settings["max_key_bytes"], own_dir, auth_of(settings))
+    answerer = Answerer(
+        settings["node_id"],
+        settings["max_key_bytes"],
+        own_dir,
+        auth_of(settings),
+        settings["answers_bytes"],
+    )
     tls = settings.get("tls")
     context = tls_context(tls) if tls else None
     clients = Clients(answerer, settings["relay"], "https" if tls else "http", connection_cap())

@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from tablecast.lifetime import die_with_parent
 from tablecast.server.metrics import HttpStats
 from tablecast.server.readers.feed import TICK_S, Feed
 
@@ -68,6 +69,7 @@ class ReadProcesses:
             "tablecast.server.readers",
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
+            preexec_fn=die_with_parent,
         )
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write(orjson.dumps(settings) + b"\n")
