@@ -95,6 +95,7 @@ def run(minutes: float, seed: int, work: Path) -> dict[str, Any]:
             time.sleep(max(5.0, slot_end - time.monotonic()))
         producer.stop()
         readers.stop()
+        by_read_process = cluster.answered_by_read_processes()
         expected = {k: expected_value(v) for k, v in producer.acked.items()}
         expected = {k: v for k, v in expected.items() if v is not None}
         # malformed table records are only healed by a later valid record for the key
@@ -135,6 +136,7 @@ def run(minutes: float, seed: int, work: Path) -> dict[str, Any]:
             "longest_unavailable_s": longest_gaps(t),
             "faults": [as_dict(e) for e in events],
             "notes": cluster.notes,
+            "by_read_process": by_read_process,
         }
     finally:
         if producer is not None and not producer.stopping.is_set():

@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 
 import tablecast as tc
@@ -202,6 +204,18 @@ class Cluster:
         self.nodes[i] = self._launch(i)
         self.nodes[i].wait_ready(180)
         self.unready.discard(i)
+
+    def answered_by_read_processes(self) -> int | None:
+        """Reads the read process of `readers_node` answered since that node last started
+        (None: it has none, or did not say)."""
+        if self.readers_node is None:
+            return None
+        try:
+            text = self.nodes[self.readers_node].get("/metrics").text
+        except httpx.HTTPError:
+            return None
+        found = re.search(r"^tablecast_http_requests_by_read_processes_total (\S+)$", text, re.M)
+        return int(float(found[1])) if found else None
 
     def urls(self) -> list[str]:
         """The nodes readers may send to: as behind a load balancer with a readiness probe,
