@@ -48,7 +48,7 @@ from tablecast.server.peers import SIGNATURE, PeerPool, received_parts
 from tablecast.server.ratelimit import TokenBuckets, WaitSlots
 from tablecast.server.request import HOP, Request, subject_of
 from tablecast.server.router import DEFAULT_WAITS_PER_CALLER, Router
-from tablecast.server.rpc import KEY_SUB_ROUTES
+from tablecast.server.rpc import plain_key_read
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ class HttpApp:
                     caller = self.auth.caller(authorization)
             if limited:
                 self.rate.take(subject_of(caller, scope))  # type: ignore[union-attr]
-            key = None if query else _plain_key_read(scope.method, path)
+            key = None if query else plain_key_read(scope.method, path)
             if key is not None:  # the hot path: GET one key, no query string
                 route = "key"
                 answer = self.router.get_key(
@@ -430,7 +430,7 @@ class HttpApp:
                 if lines is None:
                     lines = entry.lines = header_lines(entry.headers)
                 return "key", (200, entry.body, lines)
-        key = None if query else _plain_key_read("GET", path)
+        key = None if query else plain_key_read("GET", path)
         if key is not None:
             request = Request(NO_PARAMS, "", req.headers, req.caller, req.scope)
             return "key", self.router.get_key(key[0], key[1], request, path)
@@ -486,19 +486,6 @@ async def _read_body(req: Request, proto: Any) -> bytes:
             "request_timeout", f"the body did not arrive within {BODY_TIMEOUT_S:g} s"
         ) from None
     return b"".join(chunks)
-
-
-def _plain_key_read(method: str, path: str) -> tuple[str, str] | None:
-    """(table, key text) when the request is a GET /v1/tables/{t}/keys/{key}."""
-    if method != "GET" or not path.startswith("/v1/tables/"):
-        return None
-    parts = path.split("/", 5)
-    if len(parts) != 6 or parts[4] != "keys":
-        return None
-    rest = parts[5]
-    if rest.endswith(KEY_SUB_ROUTES):
-        return None
-    return parts[3], rest
 
 
 def _query_token(path: str, query: str) -> str | None:

@@ -77,6 +77,12 @@ def sized_head(
     return _head(status, headers, b"%scontent-length: %d\r\n%s" % (lines, size, close_line))
 
 
+def decoded_path(raw: bytes) -> str:
+    """A request target's path as RSGI gives it: decoded, undecodable bytes replaced."""
+    path = raw.decode("utf-8", "replace")
+    return unquote(path, errors="replace") if "%" in path else path
+
+
 class _Headers(dict[str, str]):
     """Request headers by lower-case name (the first of repeated ones), as RSGI's."""
 
@@ -326,9 +332,7 @@ class _Connection(asyncio.Protocol):
         self.head_bytes = 0
         method = self.parser.get_method().decode()
         raw_path, _, query = self.url.partition(b"?")
-        path = raw_path.decode("utf-8", "replace")
-        if "%" in path:  # RSGI's path is decoded
-            path = unquote(path, errors="replace")
+        path = decoded_path(raw_path)
         if self.parser.should_upgrade():  # served once the parser stops on it (data_received)
             websocket = self.headers.get("upgrade", "").lower() == "websocket"
             if websocket and method == "GET" and not self.busy and not self.queue:

@@ -45,6 +45,11 @@ T = TypeVar("T")
 ENTRY = b'{"key":%b,"value":%b,"partition":%d,"offset":%d,"timestamp":%d}'
 
 
+def position_header(table: str, partition: int, position: int) -> tuple[str, str]:
+    """The header saying where a read of one partition is exact (``X-Tablecast-Position``)."""
+    return ("x-tablecast-position", positions.token(table, partition, position))
+
+
 def entry(info: TableInfo, raw: bytes, partition: int, record: Record) -> bytes:
     """A key read's body; SerdeError if the stored value cannot be read as its format."""
     value = info.value_serde
@@ -126,8 +131,8 @@ class Local:
         lag = max(0, replica.end_offset - position)
         cached = replica.position_header
         if cached is None or cached[0] != position:  # reads between two applies share it
-            token = positions.token(replica.table.name, replica.partition, position)
-            cached = replica.position_header = (position, ("x-tablecast-position", token))
+            header = position_header(replica.table.name, replica.partition, position)
+            cached = replica.position_header = (position, header)
         token = cached[1]
         if replica.stale_since is not None:  # rare: behind, or cut off from Kafka
             return [

@@ -294,6 +294,19 @@ def _quoted(text: str) -> str:
 KEY_SUB_ROUTES = ("/windows", "/metadata", "/history")
 
 
+def plain_key_read(method: str, path: str) -> tuple[str, str] | None:
+    """(table, key text) when the request is a GET /v1/tables/{t}/keys/{key}."""
+    if method != "GET" or not path.startswith("/v1/tables/"):
+        return None
+    parts = path.split("/", 5)
+    if len(parts) != 6 or parts[4] != "keys":
+        return None
+    rest = parts[5]
+    if rest.endswith(KEY_SUB_ROUTES):
+        return None
+    return parts[3], rest
+
+
 def not_refused(answer: Answer) -> Answer:
     """A peer's answer, unless it refused the caller: a 401 or 403 is raised as the peer
     gave it. The reading node judged the caller, and another node would judge alike (the

@@ -20,20 +20,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
 from typing import Any
-from urllib.parse import unquote
 
-from tablecast.kafka import positions
 from tablecast.kafka.catalog import TableInfo
 from tablecast.serde import SerdeError
 from tablecast.server.answers import JSON
 from tablecast.server.auth import Auth
 from tablecast.server.consistency import AFTER_HEADER
 from tablecast.server.errors import ApiError
-from tablecast.server.http1 import sized_head
-from tablecast.server.local import entry
+from tablecast.server.http1 import decoded_path, sized_head
+from tablecast.server.local import entry, position_header
 from tablecast.server.metrics import HttpStats
 from tablecast.server.request import HOP
-from tablecast.server.rpc import KEY_SUB_ROUTES
+from tablecast.server.rpc import plain_key_read
 from tablecast.store.cache import drop_oldest
 from tablecast.store.secondary import SecondaryStore
 
@@ -84,8 +82,7 @@ class Slot:
         position = self.node_position if applied == self.node_applied else applied + 1
         if position != self.position:
             self.position = position
-            token = positions.token(self.table, self.partition, position)
-            self.token = ("x-tablecast-position", token)
+            self.token = position_header(self.table, self.partition, position)
 
     def headers(self, node_header: tuple[str, str]) -> list[tuple[str, str]]:
         return [
@@ -294,10 +291,5 @@ def _plain_get(head: bytes) -> tuple[str, str, dict[bytes, bytes]] | None:
         if name == b"connection" and match[2].strip().lower() != b"keep-alive":
             return None  # a close, or an upgrade: the node's
         headers.setdefault(name, match[2].rstrip(b" \t"))
-    path = url.decode("utf-8", "replace")
-    if "%" in path:  # as the node's server decodes it
-        path = unquote(path, errors="replace")
-    parts = path.split("/", 5)
-    if len(parts) != 6 or parts[4] != "keys" or parts[5].endswith(KEY_SUB_ROUTES):
-        return None
-    return parts[3], parts[5], headers
+    found = plain_key_read("GET", decoded_path(url))  # as the node's server decodes it
+    return None if found is None else (*found, headers)
