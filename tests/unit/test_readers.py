@@ -4,6 +4,7 @@ kept answers that end with a move, and the node's feed going quiet."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -145,3 +146,30 @@ def test_a_quiet_feed_stops_the_answers(tmp_path: Path, monkeypatch: pytest.Monk
     finally:
         answerer.close()
         node.store.close()
+
+
+def test_a_request_it_cannot_pipe_to_the_node_gets_503_with_retry_after(tmp_path: Path) -> None:
+    from tablecast.server.readers.relay import ClientConnection, Clients
+
+    async def main() -> bytes:
+        answerer = Answerer("node-1", 4096, tmp_path / "own", Auth())
+        clients = Clients(answerer, str(tmp_path / "no-node.sock"), "http", 100)
+        server = await asyncio.get_running_loop().create_server(
+            lambda: ClientConnection(clients), "127.0.0.1", 0
+        )
+        try:
+            port = server.sockets[0].getsockname()[1]
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(head("/v1/tables/kv/range") + b"\r\n\r\n")
+            answer = await asyncio.wait_for(reader.read(), 10)
+            writer.close()
+            assert answerer.stats.requests == {("relayed", 503): 1}
+            return answer
+        finally:
+            clients.close()
+            server.close()
+
+    answer = asyncio.run(main())
+    top, body = answer.split(b"\r\n\r\n", 1)
+    assert top.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in top
+    assert orjson.loads(body)["error"]["code"] == "partition_unavailable"

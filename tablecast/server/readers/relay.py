@@ -21,6 +21,7 @@ from typing import Any
 from tablecast.server.answers import JSON
 from tablecast.server.errors import ApiError
 from tablecast.server.http1 import HEADER_TIMEOUT_S, MAX_HEAD, SWEEP_S, sized_head
+from tablecast.server.local import RETRY_AFTER
 from tablecast.server.readers.answer import Answerer
 
 log = logging.getLogger(__name__)
@@ -152,10 +153,12 @@ class ClientConnection(asyncio.Protocol):
             )
         except OSError as e:
             log.warning("cannot reach the node's relay socket: %s", e)
-            error = ApiError("partition_unavailable", "the node is not answering; retry")
+            error = ApiError("partition_unavailable", "the node is not answering", RETRY_AFTER)
             body = error.body()
             if self.transport is not None:
-                self.transport.write(sized_head(error.status, [JSON], len(body), True) + body)
+                head = sized_head(error.status, [JSON, *error.headers], len(body), True)
+                self.transport.write(head + body)
+            self.clients.answerer.stats.record("relayed", error.status, 0.0)
             self.close()
             return
         if self.transport is None or self.transport.is_closing():
