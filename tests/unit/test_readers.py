@@ -173,3 +173,29 @@ def test_a_request_it_cannot_pipe_to_the_node_gets_503_with_retry_after(tmp_path
     top, body = answer.split(b"\r\n\r\n", 1)
     assert top.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in top
     assert orjson.loads(body)["error"]["code"] == "partition_unavailable"
+
+
+def test_relay_directories_of_dead_nodes_are_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+    import socket
+
+    from tablecast.server.readers import supervise
+
+    monkeypatch.setattr(supervise.tempfile, "gettempdir", lambda: str(tmp_path))
+    alive, dead, starting, old = (tmp_path / f"{supervise.RELAY_PREFIX}{n}" for n in "adso")
+    for d in (alive, dead, starting, old):
+        d.mkdir()
+    listening = socket.socket(socket.AF_UNIX)
+    listening.bind(str(alive / "node.sock"))
+    listening.listen()
+    gone = socket.socket(socket.AF_UNIX)
+    gone.bind(str(dead / "node.sock"))  # bound, then its node died: nobody listens
+    gone.close()
+    os.utime(old, (0, 0))  # made long ago, never got its socket
+    try:
+        supervise.remove_dead_relays()
+        assert sorted(p.name[-1] for p in tmp_path.iterdir()) == ["a", "s"]
+    finally:
+        listening.close()

@@ -7,8 +7,10 @@ import asyncio
 import logging
 import os
 import shutil
+import socket
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,35 @@ MAX_UNREAD = 1 << 20
 STOP_GRACE_S = 5.0
 
 
+#: the relay socket's directory, under the temporary directory
+RELAY_PREFIX = "tablecast-relay-"
+#: a relay directory without its socket this long is a node's that died starting
+UNBOUND_GRACE_S = 600.0
+
+
+def remove_dead_relays() -> None:
+    """Remove the relay directories of nodes killed before they could (kill -9): those of
+    this user whose socket nobody listens on any more (or that never got one, long ago: a
+    node starting now has its directory before its socket)."""
+    for found in Path(tempfile.gettempdir()).glob(RELAY_PREFIX + "*"):
+        try:
+            info = found.stat()
+            if info.st_uid != os.getuid():
+                continue
+            sock = found / "node.sock"
+            if sock.exists():
+                with socket.socket(socket.AF_UNIX) as probe:
+                    probe.connect(str(sock))
+                continue  # a node is listening: alive
+            if time.time() - info.st_mtime < UNBOUND_GRACE_S:
+                continue
+        except ConnectionRefusedError:
+            pass  # dead: nobody listens
+        except OSError:
+            continue  # gone meanwhile, or not ours to judge
+        shutil.rmtree(found, ignore_errors=True)
+
+
 class ReadProcesses:
     def __init__(
         self, count: int, settings: dict[str, Any], feed: Feed, stats: HttpStats, home: Path
@@ -41,7 +72,8 @@ class ReadProcesses:
         self.stats = stats
         self.home = home
         # a Unix socket's path has room for about 100 bytes: a private directory of its own
-        self._relay_dir = tempfile.mkdtemp(prefix="tablecast-relay-")
+        remove_dead_relays()
+        self._relay_dir = tempfile.mkdtemp(prefix=RELAY_PREFIX)
         self.relay_path = os.path.join(self._relay_dir, "node.sock")
         self.procs: dict[int, asyncio.subprocess.Process] = {}
         self._new: set[int] = set()
