@@ -69,6 +69,8 @@ class Cluster:
     notes: list[str] = field(default_factory=list)
     #: nodes started again and not ready yet
     unready: set[int] = field(default_factory=set)
+    #: reads `readers_node`'s read processes answered in its lives before this one
+    by_read_process_before: int | None = None
 
     @property
     def input_topic(self) -> str:
@@ -194,6 +196,10 @@ class Cluster:
     def restart_node(self, i: int, sig: int | None) -> None:
         """Stop node i with `sig` (None: it is already gone) and start it again."""
         n = self.nodes[i]
+        if i == self.readers_node and n.proc.poll() is None:  # its count ends with it
+            count = self._read_process_count()
+            if count is not None:
+                self.by_read_process_before = (self.by_read_process_before or 0) + count
         if sig is not None and n.proc.poll() is None:
             if sig == signal.SIGKILL:
                 n.proc.kill()
@@ -206,12 +212,19 @@ class Cluster:
         self.unready.discard(i)
 
     def answered_by_read_processes(self) -> int | None:
-        """Reads the read process of `readers_node` answered since that node last started
-        (None: it has none, or did not say)."""
+        """Reads the read process of `readers_node` answered in the soak: in its earlier
+        lives (counted as each ended) and this one (None: it has none, or never said)."""
         if self.readers_node is None:
             return None
+        now = self._read_process_count()
+        if now is None and self.by_read_process_before is None:
+            return None
+        return (self.by_read_process_before or 0) + (now or 0)
+
+    def _read_process_count(self) -> int | None:
+        """What `readers_node`'s read processes answered since it last started."""
         try:
-            text = self.nodes[self.readers_node].get("/metrics").text
+            text = self.nodes[self.readers_node].get("/metrics").text  # type: ignore[index]
         except httpx.HTTPError:
             return None
         found = re.search(r"^tablecast_http_requests_by_read_processes_total (\S+)$", text, re.M)

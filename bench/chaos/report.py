@@ -35,8 +35,7 @@ def markdown(r: dict[str, Any]) -> str:
         "| figure | value | target |",
         "|---|---|---|",
         f"| queries | {r['queries']:,} | |",
-        f"| of them answered by node0's read process (since its last start) "
-        f"| {r.get('by_read_process')} | |",
+        f"| of them answered by node0's read process | {r.get('by_read_process')} | |",
         f"| answered | {r['answered_pct']:.4f} % | ≥ 99.999 % |",
         f"| failed (by status) | {r['failed_total']:,} {r['failed']} | |",
         f"| plain-HTTP reads sent on to another node (one refused or dropped the connection) "

@@ -30,6 +30,9 @@ def test_chaos_soak_never_lies_and_never_loses(tmp_path: Path) -> None:
     # the input kept flowing the whole time (a stalled producer would make "lost" meaningless)
     assert r["acked"] >= 0.5 * r["rate"] * r["minutes"] * 60, (r["acked"], r["produce_failed"])
     assert r["wrong"] == 0, r["wrong_samples"][:10]
+    # node0 ran with a read process, whose answers are among those judged
+    assert r["by_read_process"] is not None
+    print(f"reads answered by node0's read process: {r['by_read_process']}")
     assert r["lost"] == 0 and r["converged"], r["lost_samples"][:10]
     # the failed answers' own messages and the faults' times say which fault they came with
     # (pytest.fail: an assertion's message would be cut short)
