@@ -49,12 +49,13 @@ class Feed:
         self._tables = seen
         return True
 
-    def message(self, tables: bool) -> bytes:
-        """A feed line: the slots, and the tables too when asked (they seldom change)."""
-        msg: dict[str, Any] = {"slots": self.slots()}
-        if tables:
-            msg["tables"] = [orjson.loads(t.to_json()) for t in self.node.tables.values()]
-        return orjson.dumps(msg) + b"\n"
+    def line(self, slots: bytes, tables: bool) -> bytes:
+        """A feed line of these `slots` (:meth:`slots`, as JSON), with the tables when asked
+        (for a process that has not had them since they last changed)."""
+        if not tables:
+            return b'{"slots":%s}\n' % slots
+        infos = orjson.dumps([orjson.loads(t.to_json()) for t in self.node.tables.values()])
+        return b'{"slots":%s,"tables":%s}\n' % (slots, infos)
 
     def slots(self) -> list[list[Any]]:
         out: list[list[Any]] = []

@@ -140,21 +140,23 @@ class ReadProcesses:
 
     async def _feed(self) -> None:
         while True:
-            changed = self.feed.tables_changed()
-            slots = full = None
+            if self.feed.tables_changed():
+                self._new.update(self.procs)  # each needs the tables again
+            slots = orjson.dumps(self.feed.slots()) if self.procs else b"[]"
+            plain = self.feed.line(slots, tables=False)
+            full = None  # one look at the slots serves both lines
             for index, proc in list(self.procs.items()):
                 stdin = proc.stdin
                 if stdin is None or stdin.is_closing():
                     continue
                 if stdin.transport.get_write_buffer_size() > MAX_UNREAD:  # type: ignore[attr-defined]
-                    continue
-                if changed or index in self._new:
-                    full = full or self.feed.message(tables=True)
+                    continue  # still in _new if the tables changed: it gets them once it reads
+                if index in self._new:
+                    full = full or self.feed.line(slots, tables=True)
                     stdin.write(full)
                     self._new.discard(index)
                 else:
-                    slots = slots or self.feed.message(tables=False)
-                    stdin.write(slots)
+                    stdin.write(plain)
             await asyncio.sleep(TICK_S)
 
     async def stop(self) -> None:
