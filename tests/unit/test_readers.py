@@ -17,7 +17,8 @@ from tablecast.kafka.catalog import TableInfo
 from tablecast.kafka.partitioner import partition_for
 from tablecast.server.auth import Auth
 from tablecast.server.readers import answer as answer_module
-from tablecast.server.readers.answer import Answerer, _plain_get
+from tablecast.server.readers.answer import Answerer
+from tablecast.server.readers.heads import plain_get, relayed_body_length
 from tablecast.store import Write
 from tablecast.store.rocksdb import RocksDBStore
 
@@ -39,7 +40,7 @@ def head(path: str, *headers: str, request: str = "GET {} HTTP/1.1") -> bytes:
         (head("/v1/tables/kv/keys/a", "connection: close"), False),
         (head("/v1/tables/kv/keys/a", "content-length: 0"), False),
         (head("/v1/tables/kv/keys/a", "transfer-encoding: chunked"), False),
-        (head("/v1/tables/kv/keys/a", "x-tablecast-after: kv@0:5"), False),
+        (head("/v1/tables/kv/keys/a", "x-tablecast-after: kv@0:5"), True),
         (head("/v1/tables/kv/keys/a", "x-tablecast-hop: 1"), False),
         (head("/v1/tables/kv/keys/a", "upgrade: websocket"), False),
         (head("/v1/tables/kv/keys/a", " folded"), False),
@@ -54,7 +55,7 @@ def head(path: str, *headers: str, request: str = "GET {} HTTP/1.1") -> bytes:
     ],
 )
 def test_only_plain_key_reads_are_a_read_process_s(raw: bytes, ours: bool) -> None:
-    assert (_plain_get(raw) is not None) is ours
+    assert (plain_get(raw) is not None) is ours
 
 
 class Node:
@@ -199,3 +200,164 @@ def test_relay_directories_of_dead_nodes_are_removed(
         assert sorted(p.name[-1] for p in tmp_path.iterdir()) == ["a", "s"]
     finally:
         listening.close()
+
+
+@pytest.mark.parametrize(
+    ("raw", "length"),
+    [
+        (head("/v1/tables/kv/range"), 0),
+        (head("/v1/tables/kv/keys:batchGet", "content-length: 12", request="POST {} HTTP/1.1"), 12),
+        (head("/v1/tables/kv/keys/a", "x-tablecast-hop: 1"), 0),
+        (head("/v1/tables/kv/keys/a", "connection: close"), None),
+        (head("/v1/tables/kv/keys/a", "Connection: keep-alive, Upgrade"), None),
+        (head("/v1/tables/kv/keys/a", "upgrade: websocket"), None),
+        (head("/v1/tables/kv/keys:batchGet", "transfer-encoding: chunked"), None),
+        (head("/v1/tables/kv/keys:batchGet", "expect: 100-continue", "content-length: 2"), None),
+        (head("/v1/tables/kv/keys/a", request="HEAD {} HTTP/1.1"), None),
+        (head("/v1/tables/kv/keys/a", request="GET {} HTTP/1.0"), None),
+        (head("/v1/tables/kv/keys/a", "content-length: 1", "content-length: 1"), None),
+        (head("/v1/tables/kv/keys/a", "content-length: -1"), None),
+        (head("/v1/tables/kv/keys/a", "bad header"), None),
+    ],
+)
+def test_which_requests_go_to_the_node_one_at_a_time(raw: bytes, length: int | None) -> None:
+    assert relayed_body_length(raw) == length
+
+
+def test_after_a_position_is_answered_once_the_store_is_there(tmp_path: Path) -> None:
+    """``X-Tablecast-After``: answered when the store is as far as the token asks for the
+    key's partition; the node's (which waits, or refuses the token) otherwise."""
+    node = Node(tmp_path / "store")
+    node.write({"a": {"n": 1}, "b": {"n": 2}})  # position 2
+    answerer = Answerer("node-1", 4096, tmp_path / "own", Auth(), kept_bytes=1 << 20)
+    try:
+        answerer.update(node.feed(tables=[orjson.loads(INFO.to_json())]))
+        for token, ours in [
+            ("kv@0:2", True),
+            ("kv@0:0", True),
+            ("kv@0:3", False),
+            ("other@0:1", False),
+            ("kv@1:1", False),  # the table has one partition
+            ("not a token", False),
+        ]:
+            wire = answerer.answer(head("/v1/tables/kv/keys/a", f"x-tablecast-after: {token}"))
+            assert (wire is not None) is ours, token
+        node.write({"a": {"n": 3}})
+        answerer.update(node.feed())
+        wire = answerer.answer(head("/v1/tables/kv/keys/a", "x-tablecast-after: kv@0:3"))
+        assert wire is not None and b'"n":3' in wire and b"kv@0:3" in wire
+    finally:
+        answerer.close()
+        node.store.close()
+
+
+class FakeNodeRelay:
+    """The node's end of the relay socket, as far as the relay needs one: takes the preamble,
+    answers each request with its own line (chunked for paths that end in ``/chunked``)."""
+
+    def __init__(self) -> None:
+        self.connections: list[bytes] = []  # each one's preamble
+        self.requests: list[tuple[bytes, bytes]] = []
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections.append(await reader.readline())
+        try:
+            while True:
+                top = await reader.readuntil(b"\r\n\r\n")
+                lines = top.decode().split("\r\n")
+                fields = dict(line.lower().split(": ", 1) for line in lines[1:] if line)
+                body = await reader.readexactly(int(fields.get("content-length", 0)))
+                target = lines[0].split()[1].encode()
+                self.requests.append((target, body))
+                answer = b"node:" + target + b":" + body
+                if target.endswith(b"/chunked"):
+                    writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+                    writer.write(b"3\r\nnod\r\n")
+                    await writer.drain()
+                    writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(answer) - 3, answer[3:]))
+                else:
+                    closing = fields.get("connection") == "close"
+                    end = b"connection: close\r\n" if closing else b""
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n%s\r\n" % (len(answer), end)
+                    )
+                    writer.write(answer)
+                    if closing:
+                        break
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+
+async def read_answer(reader: asyncio.StreamReader) -> bytes:
+    """One answer's body (a length or chunks), and its node header if a read process gave it."""
+    top = (await reader.readuntil(b"\r\n\r\n")).decode().lower()
+    fields = dict(line.split(": ", 1) for line in top.split("\r\n")[1:] if line)
+    if "content-length" in fields:
+        body = await reader.readexactly(int(fields["content-length"]))
+    else:
+        body = b""
+        while size := int((await reader.readline()).strip(), 16):
+            body += await reader.readexactly(size)
+            await reader.readline()
+        await reader.readline()
+    return b"read-process:" + body if "x-tablecast-node" in fields else body
+
+
+def test_a_connection_comes_back_after_each_request_the_node_answers(tmp_path: Path) -> None:
+    """Pipelined on one connection: plain reads answered by the read process, the others by
+    the node through one relay connection, each answer in its request's order; after a
+    ``Connection: close`` the node has the connection for good."""
+    from tablecast.server.readers.relay import ClientConnection, Clients
+
+    node = Node(tmp_path / "store")
+    node.write({"a": {"n": 1}})
+    answerer = Answerer("node-1", 4096, tmp_path / "own", Auth())
+    answerer.update(node.feed(tables=[orjson.loads(INFO.to_json())]))
+    fake = FakeNodeRelay()
+    local = head("/v1/tables/kv/keys/a") + b"\r\n\r\n"
+
+    async def main() -> list[bytes]:
+        loop = asyncio.get_running_loop()
+        relay = await asyncio.start_unix_server(fake.serve, str(tmp_path / "relay.sock"))
+        clients = Clients(answerer, str(tmp_path / "relay.sock"), "http", 100)
+        server = await loop.create_server(lambda: ClientConnection(clients), "127.0.0.1", 0)
+        try:
+            port = server.sockets[0].getsockname()[1]
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            post = head(
+                "/v1/tables/kv/keys:batchGet", "content-length: 5", request="POST {} HTTP/1.1"
+            )
+            writer.write(local + head("/v1/tables/kv/range") + b"\r\n\r\n" + local)
+            writer.write(post + b"\r\n\r\n" + b"12")  # the body comes in two writes
+            await asyncio.sleep(0.05)
+            writer.write(b"345" + head("/x/chunked") + b"\r\n\r\n" + local)
+            got = [await read_answer(reader) for _ in range(6)]
+            writer.write(head("/v1/tables/kv/keys/nope", "connection: close") + b"\r\n\r\n" + local)
+            got += [await read_answer(reader), await reader.read()]
+            writer.close()
+            return got
+        finally:
+            clients.close()
+            server.close()
+            relay.close()
+
+    try:
+        got = asyncio.run(main())
+    finally:
+        answerer.close()
+        node.store.close()
+    a = b'read-process:{"key":"a","value":{"n":1},"partition":0,"offset":0,"timestamp":1000}'
+    assert got == [
+        a,
+        b"node:/v1/tables/kv/range:",
+        a,
+        b"node:/v1/tables/kv/keys:batchGet:12345",
+        b"node:/x/chunked:",
+        a,
+        b"node:/v1/tables/kv/keys/nope:",
+        b"",  # the node closed after its answer: the pipelined read behind it went nowhere
+    ]
+    assert len(fake.connections) == 1 and fake.connections[0].startswith(b"TABLECAST-RELAY http ")
+    assert answerer.stats.requests == {("key", 200): 3}

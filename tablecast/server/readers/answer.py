@@ -4,8 +4,9 @@ from its secondary instances of the node's stores.
 :meth:`Answerer.answer` takes a request's head (request line and headers, as
 received) and returns the whole HTTP answer, or None when the request is not
 one it answers the way the node would: a method other than GET, a query
-string, a body, an upgrade, a consistency header, a forwarded hop, a token
-with a policy, a key it cannot parse, a table or partition not in the feed.
+string, a body, an upgrade, a forwarded hop, a key it cannot parse, a key outside
+the caller's grant, a table or partition not in the feed, an ``X-Tablecast-After``
+its store has not reached yet (the node waits for it).
 Those the connection hands to the node (:mod:`tablecast.server.readers.relay`),
 which answers them itself, errors included. So every answer a read process
 gives is one the node gives: the same body and headers, exact at the position
@@ -15,23 +16,21 @@ it reports (that of the secondary store it was read from).
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
 from typing import Any
 
+from tablecast.kafka import positions
 from tablecast.kafka.catalog import TableInfo
 from tablecast.serde import SerdeError
 from tablecast.server.answers import JSON
 from tablecast.server.auth import Auth
-from tablecast.server.consistency import AFTER_HEADER
 from tablecast.server.errors import ApiError
-from tablecast.server.http1 import decoded_path, sized_head
+from tablecast.server.http1 import sized_head
 from tablecast.server.local import entry, position_header
 from tablecast.server.metrics import HttpStats
-from tablecast.server.request import HOP
-from tablecast.server.rpc import plain_key_read
+from tablecast.server.readers.heads import AFTER, plain_get
 from tablecast.store.cache import drop_oldest
 from tablecast.store.secondary import SecondaryStore
 
@@ -42,18 +41,6 @@ KEPT_OVERHEAD = 250
 #: a feed line older than this (the node stuck, or gone): answer nothing, the node decides;
 #: what the last one said about the topic's end and staleness no longer holds
 FEED_TIMEOUT_S = 0.5
-
-#: a header line as RFC 9110 has it: a token, a colon, visible characters (no obs-fold)
-_HEADER_LINE = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([\x21-\x7e\x80-\xff \t]*)")
-#: headers after which the request is the node's: a body, an upgrade, a wait, a hop
-_NOT_OURS = {
-    b"content-length",
-    b"transfer-encoding",
-    b"upgrade",
-    b"expect",
-    AFTER_HEADER.encode(),
-    HOP.encode(),
-}
 
 
 @dataclass
@@ -220,7 +207,7 @@ class Answerer:
         if kept is not None and kept.valid():  # the hot path: this head answered before
             self.stats.record("key", kept.status, perf_counter() - started)
             return kept.wire
-        target = _plain_get(head)
+        target = plain_get(head)
         if target is None:
             return None
         table, key_text, headers = target
@@ -247,6 +234,9 @@ class Answerer:
         slot = self.slots.get((table, partition))
         if slot is None:
             return None
+        after = headers.get(AFTER)
+        if after is not None and not _reached(after, table, info.partitions, partition, slot):
+            return None
         try:
             record = slot.store.get(raw)
             status = 200
@@ -260,7 +250,7 @@ class Answerer:
             log.warning("reading %s/%d failed: %s", table, partition, e)
             return None
         wire = sized_head(status, [JSON, *slot.headers(self.node_header)], len(body), False) + body
-        if self.kept_bytes:
+        if self.kept_bytes and after is None:  # a token's heads would crowd out the rest
             self._keep(head, slot, status, wire)
         self.stats.record("key", status, perf_counter() - started)
         return wire
@@ -270,26 +260,14 @@ def _not_found(key_text: str, table: str) -> bytes:
     return ApiError("key_not_found", f"key {key_text!r} is not in {table!r}").body()
 
 
-def _plain_get(head: bytes) -> tuple[str, str, dict[bytes, bytes]] | None:
-    """(table, key text, headers) of a keep-alive ``GET /v1/tables/{t}/keys/{key}`` with no
-    query string, body or header that makes it the node's; None for any other head."""
-    lines = head.split(b"\r\n")
-    request = lines[0].split(b" ")
-    if len(request) != 3 or request[0] != b"GET" or request[2] != b"HTTP/1.1":
-        return None
-    url = request[1]
-    if not url.startswith(b"/v1/tables/") or b"?" in url or b"#" in url:
-        return None
-    headers: dict[bytes, bytes] = {}
-    for line in lines[1:]:
-        match = _HEADER_LINE.fullmatch(line)
-        if match is None:
-            return None
-        name = match[1].lower()
-        if name in _NOT_OURS:
-            return None
-        if name == b"connection" and match[2].strip().lower() != b"keep-alive":
-            return None  # a close, or an upgrade: the node's
-        headers.setdefault(name, match[2].rstrip(b" \t"))
-    found = plain_key_read("GET", decoded_path(url))  # as the node's server decodes it
-    return None if found is None else (*found, headers)
+def _reached(after: bytes, table: str, partitions: int, partition: int, slot: Slot) -> bool:
+    """Whether `slot` is as far as the ``X-Tablecast-After`` token asks for the key's
+    partition, so the answer is the node's without a wait. A token the node would refuse
+    (another table's, a partition out of range, not a token) is the node's to refuse."""
+    try:
+        token = positions.parse(after.decode("latin-1"))
+    except positions.BadToken:
+        return False
+    if token.table != table or any(not 0 <= p < partitions for p in token.offsets):
+        return False
+    return slot.position >= token.offsets.get(partition, 0)
