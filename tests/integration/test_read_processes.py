@@ -24,6 +24,8 @@ from tablecast.kafka.partitioner import partition_for
 from tablecast.server.readers.process import STATS_S
 
 from ..support.procs import NodeProcess, eventually, start_node
+from ..support.sse import Stream
+from ..support.ws import WebSocket
 from .tables import TableModel, make_table
 from .test_tls_peers import certificate_files
 
@@ -102,6 +104,41 @@ def check_clients(node: NodeProcess, model: TableModel, rng: random.Random) -> i
     return answered_by_readers(node) - before
 
 
+def open_watches(node: NodeProcess, model: TableModel, key: str) -> list[Stream | WebSocket]:
+    """SSE and WebSocket watches of `key`, each on a connection of its own (read processes
+    hand the first to the node one request at a time, the second as a pipe): each one's
+    snapshot is the model's row."""
+    watches: list[Stream | WebSocket] = []
+    url = f"{node.url}/v1/tables/{model.info.name}/watch"
+    for i in range(8):
+        if i % 2:
+            ws = WebSocket(url, params={"key": key})
+            assert ws.status == 101
+            events = [ws.receive() for _ in range(2)]
+            assert [e and e["event"] for e in events] == ["snapshot", "ready"], events
+            assert events[0] and events[0]["data"]["value"] == model.rows[key.encode()]
+            watches.append(ws)
+        else:
+            sse = Stream(url, params={"key": key}).start()
+            sse.wait_for(lambda s: s.of("ready"))
+            assert [e.data["value"] for e in sse.of("snapshot")] == [model.rows[key.encode()]]
+            watches.append(sse)
+    return watches
+
+
+def check_changes(watches: list[Stream | WebSocket], value: object) -> None:
+    """Every watch got the change to `value` (and the stream stays open until stopped)."""
+    for watch in watches:
+        if isinstance(watch, Stream):
+            watch.wait_for(lambda s: any(e.data["value"] == value for e in s.of("change")))
+            watch.stop()
+        else:
+            while (event := watch.receive()) and event["event"] != "change":
+                pass
+            assert event and event["data"]["value"] == value, event
+            watch.close()
+
+
 def test_read_processes_answer_as_the_node(bootstrap: str, unique: str, logs: Path) -> None:
     rng = random.Random(5)
     model = make_table(bootstrap, unique, "kv", PARTITIONS, serde.string(), serde.json())
@@ -116,11 +153,14 @@ def test_read_processes_answer_as_the_node(bootstrap: str, unique: str, logs: Pa
         eventually(lambda: answered_by_readers(node) > CONNECTIONS // 10, 10)
         assert check_clients(node, model, rng) > 20  # of 160, ~2/3 expected
 
-        # new records: every process's answers follow them
+        watches = open_watches(node, model, "k003")
+
+        # new records: every process's answers follow them, every watch sees them
         model.write(bootstrap, [(f"k{i:03d}", {"n": -i}) for i in range(0, 200, 3)])
         model.write(bootstrap, [(f"k{i:03d}", None) for i in range(1, 200, 7)])
         node.wait_caught_up(bootstrap, "kv", model.info.topic)
         eventually(lambda: check_reads(node, model, rng) or True, 10)
+        check_changes(watches, {"n": -3})
 
         # a read process killed -9: the node starts another; answers stay right meanwhile
         victim = children(node.proc.pid)[0]
