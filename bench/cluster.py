@@ -82,9 +82,10 @@ def wait_settled(url: str, nodes: int, timeout: float = 180.0) -> dict[int, str]
 def forwarded(
     stack: Stack, seconds: int, keys: int, rounds: int = 7, b_cpu: str = SERVER_CPU
 ) -> dict[str, Any]:
-    """Node A on core 0 takes every request; node B owns a third of the partitions, on `b_cpu`;
+    """Node A on core 0 takes every request; node B owns a share of the partitions, on `b_cpu`;
     node A1 (core 0 too, idle unless asked) is A with forwarded reads sent one by one
-    (TABLECAST_FORWARD_BATCH=0).
+    (TABLECAST_FORWARD_BATCH=0), node A2 (core 0 too) is A with every forwarded read taken
+    the router's way, as before the short path (TABLECAST_FORWARD_SHORT=0).
 
     wrk (core 1) sends A only keys A owns (local), A only keys B owns (each forwarded A → B,
     those waiting at once as one batch), and A1 only keys B owns (each forwarded alone),
@@ -96,26 +97,28 @@ def forwarded(
     a, url_a = stack.node(stack.dir / f"{tag}-a")
     b, url_b = stack.node(stack.dir / f"{tag}-b", cpus=b_cpu)
     alone, url_alone = stack.node(stack.dir / f"{tag}-a1", env={"TABLECAST_FORWARD_BATCH": "0"})
-    nodes = ((url_a, a), (url_b, b), (url_alone, alone))
+    routed, url_routed = stack.node(stack.dir / f"{tag}-a2", env={"TABLECAST_FORWARD_SHORT": "0"})
+    nodes = ((url_a, a), (url_b, b), (url_alone, alone), (url_routed, routed))
     for url, proc in nodes:
         wait_http(url + "/readyz", timeout=300, proc=proc)
-    owners = wait_settled(url_a, 3)
+    owners = wait_settled(url_a, len(nodes))
     names = [f"k{i:07d}" for i in range(keys)]
     mine = [k for k in names if owners[partition_for(k.encode(), PARTITIONS)] == url_a]
     theirs = [k for k in names if owners[partition_for(k.encode(), PARTITIONS)] == url_b]
     local_script = key_script("/v1/tables/points/keys/", mine)
     remote_script = key_script("/v1/tables/points/keys/", theirs)
-    for url in (url_a, url_alone):
+    for url in (url_a, url_alone, url_routed):
         wrk(url + "/", remote_script, 2)
     wrk(url_a + "/", local_script, 2)
     pids = tuple(p.pid for _, p in nodes)
-    local_runs, remote_runs, alone_runs = [], [], []
+    local_runs, remote_runs, alone_runs, routed_runs = [], [], [], []
     batches = [0.0, 0.0, 0.0]  # A's batches, the reads in them, all its forwarded reads
     for i in range(rounds):
         runs = [
             (local_runs, url_a, local_script),
             (remote_runs, url_a, remote_script),
             (alone_runs, url_alone, remote_script),
+            (routed_runs, url_routed, remote_script),
         ]
         for runs_, url, script in runs if i % 2 == 0 else runs[::-1]:
             before = batch_counts(url_a) if runs_ is remote_runs else None
@@ -126,11 +129,13 @@ def forwarded(
                 batches[1] += after[1] - before[1]
                 batches[2] += runs_[-1]["requests"]
         log.info(
-            "B on core %s: local %.0f req/s, forwarded %.0f req/s (one by one %.0f)",
+            "B on core %s: local %.0f req/s, forwarded %.0f req/s (one by one %.0f, "
+            "the router's way %.0f)",
             b_cpu,
             local_runs[-1]["rps"],
             remote_runs[-1]["rps"],
             alone_runs[-1]["rps"],
+            routed_runs[-1]["rps"],
         )
     moved = actives(url_a)[0] != owners  # then some "local" reads were forwarded
     if moved:
@@ -140,12 +145,15 @@ def forwarded(
     local, remote = median(local_runs), median(remote_runs)
     ratios = [f["rps"] / loc["rps"] for loc, f in zip(local_runs, remote_runs, strict=True)]
     batched = [f["rps"] / one["rps"] for f, one in zip(remote_runs, alone_runs, strict=True)]
+    short = [f["rps"] / r["rps"] for f, r in zip(remote_runs, routed_runs, strict=True)]
     return {
         "b_cpu": b_cpu,
         "assignment_moved": moved,
         "local": local,
         "forwarded": remote,
         "one_by_one": median(alone_runs),
+        "routed": median(routed_runs),
+        "short_vs_routed": ratio_spread(short),
         **ratio_spread(ratios),
         "ratio": statistics.median(ratios),
         "batched_vs_alone": ratio_spread(batched),
@@ -155,6 +163,7 @@ def forwarded(
             "local": [r["rps"] for r in local_runs],
             "forwarded": [r["rps"] for r in remote_runs],
             "one_by_one": [r["rps"] for r in alone_runs],
+            "routed": [r["rps"] for r in routed_runs],
         },
     }
 
@@ -246,9 +255,12 @@ def main(argv: list[str]) -> None:
 def layout_row(label: str, x: dict[str, Any]) -> str:
     lo, hi = x["ratio_iqr"]
     blo, bhi = x["batched_vs_alone"]["ratio_iqr"]
+    slo, shi = x["short_vs_routed"]["ratio_iqr"]
     return (
         f"| {label} | {x['local']['rps']:,.0f} | {x['forwarded']['rps']:,.0f} | "
-        f"{x['forwarded']['p99_us'] / 1e3:.2f} | {x['one_by_one']['rps']:,.0f} | "
+        f"{x['forwarded']['p99_us'] / 1e3:.2f} | {x['routed']['rps']:,.0f} | "
+        f"{x['short_vs_routed']['ratio_median']:.2f} ({slo:.2f}–{shi:.2f}) | "
+        f"{x['one_by_one']['rps']:,.0f} | "
         f"{x['batched_vs_alone']['ratio_median']:.2f} ({blo:.2f}–{bhi:.2f}) | "
         f"{x['ratio_median']:.2f} ({lo:.2f}–{hi:.2f}) | {settled(x['ratio_iqr'], 0.5)} |"
     )
@@ -285,28 +297,31 @@ def render(r: dict[str, Any], args: argparse.Namespace) -> str:
         f"| {x['standbys']} | {x['queries']:,} | {x['failed']} | {x['gap_s']:.2f} s |"
         for x in r["failover"]
     )
-    cpu = {k: f[k]["cpu_us_per_request"] for k in ("local", "forwarded", "one_by_one")}
+    cpu = {k: f[k]["cpu_us_per_request"] for k in ("local", "forwarded", "one_by_one", "routed")}
     return f"""## Cluster (issue 4)
 
 `{r["command"]}` — {facts_line(r["machine"])}.
 
-**Forwarded vs local GET, measured**: three nodes, wrk (64 connections, core 1) sending node A
+**Forwarded vs local GET, measured**: four nodes, wrk (64 connections, core 1) sending node A
 only keys whose active is A (local), A only keys whose active is B (every request forwarded
-A → B; forwards waiting at the same moment leave as one batch), or A1 only keys whose
-active is B (A1 is A with `TABLECAST_FORWARD_BATCH=0`: each forward alone over a pooled
-keep-alive connection, as before batches); {args.keys:,} keys, 12 partitions,
+A → B on the short path of plain forwarded reads; forwards waiting at the same moment leave
+as one batch), A2 only keys whose active is B (A2 is A with `TABLECAST_FORWARD_SHORT=0`:
+every forwarded read the router's way, batched, as before the short path), or A1 only keys
+whose active is B (A1 is A with `TABLECAST_FORWARD_BATCH=0`: each forward alone over a pooled
+keep-alive connection, the router's way, as before batches); {args.keys:,} keys, 12 partitions,
 {len(o["ratios"])} alternating rounds of {args.seconds} s (the order flips each round). The
 ratios are each round's; a target counts as met only when its whole interquartile range
 clears it.
 
-| layout | local req/s | forwarded req/s | forwarded p99 ms | one by one req/s | batched ÷ one by one: median (IQR) | forwarded ÷ local: median (IQR) | target ≥ 0.50 |
-|---|---|---|---|---|---|---|---|
-{layout_row("A, A1 on core 0, B on core 1 (own cores)", o)}
-{layout_row("A, A1 and B all on core 0", f)}
+| layout | local req/s | forwarded req/s | forwarded p99 ms | the router's way req/s | short ÷ router's way: median (IQR) | one by one req/s | batched ÷ one by one: median (IQR) | forwarded ÷ local: median (IQR) | target ≥ 0.50 |
+|---|---|---|---|---|---|---|---|---|---|
+{layout_row("A, A1, A2 on core 0, B on core 1 (own cores)", o)}
+{layout_row("A, A1, A2 and B all on core 0", f)}
 
-Rounds, own cores: local {_rounds(o, "local")}; forwarded {_rounds(o, "forwarded")}; one by
-one {_rounds(o, "one_by_one")}. Shared core: local {_rounds(f, "local")}; forwarded
-{_rounds(f, "forwarded")}; one by one {_rounds(f, "one_by_one")}. In the batched runs
+Rounds, own cores: local {_rounds(o, "local")}; forwarded {_rounds(o, "forwarded")}; the
+router's way {_rounds(o, "routed")}; one by one {_rounds(o, "one_by_one")}. Shared core: local
+{_rounds(f, "local")}; forwarded {_rounds(f, "forwarded")}; the router's way
+{_rounds(f, "routed")}; one by one {_rounds(f, "one_by_one")}. In A's batched runs
 {o["batched_share"]:.0%} (own cores) and {f["batched_share"]:.0%} (shared core) of the
 forwards left in a batch, {o["reads_per_batch"]:.1f} and {f["reads_per_batch"]:.1f} reads per
 batch on average; the rest went alone.{moved_note(o, f)}
@@ -318,7 +333,8 @@ cores, B shares core 1 with wrk: idle in the local runs, busy in the forwarded o
 only lower the forwarded figure. On the shared core a forwarded request costs core 0 A's work
 (inbound request plus the outbound hop) and B's read: CPU per request in the median runs,
 local A {cpu["local"][0]:.1f} µs; forwarded in batches A {cpu["forwarded"][0]:.1f} µs + B
-{cpu["forwarded"][1]:.1f} µs; one by one A1 {cpu["one_by_one"][2]:.1f} µs + B
+{cpu["forwarded"][1]:.1f} µs; the router's way A2 {cpu["routed"][3]:.1f} µs + B
+{cpu["routed"][1]:.1f} µs; one by one A1 {cpu["one_by_one"][2]:.1f} µs + B
 {cpu["one_by_one"][1]:.1f} µs.{own_cores_note(o)}
 
 **Answer gap after kill -9**: three nodes, four client threads querying random keys on the two

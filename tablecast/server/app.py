@@ -24,16 +24,18 @@ from urllib.parse import parse_qsl, unquote
 
 import orjson
 
+from tablecast.cluster.membership import Member
 from tablecast.cluster.node import Node
 from tablecast.cluster.signing import Signer
 from tablecast.console.api import NODE_ROUTE, Console
 from tablecast.live import snapshot, sse, websocket
 from tablecast.live.service import Live
-from tablecast.server import openapi, params, status
+from tablecast.server import forwards, openapi, params, status
 from tablecast.server.answers import JSON, Answers, Entry
 from tablecast.server.auth import Auth
 from tablecast.server.coalesce import (
     BATCH_PATH,
+    RawResponse,
     decode_targets,
     encode_answers,
     header_lines,
@@ -42,6 +44,7 @@ from tablecast.server.coalesce import (
 from tablecast.server.consistency import AFTER_HEADER
 from tablecast.server.cursor import Cursors
 from tablecast.server.errors import ApiError
+from tablecast.server.forwards import Forwards
 from tablecast.server.local import Answer
 from tablecast.server.metrics import HttpStats, exposition
 from tablecast.server.peers import SIGNATURE, PeerPool, received_parts
@@ -89,6 +92,13 @@ class HttpApp:
             Answers(node, kept) if kept > 0 and not self._auth_on and self.rate is None else None
         )
         self.router.answers = self._answers
+        coalescer = self.router.rpc.coalescer
+        # like kept answers: not with a token's grants or a caller's rate limit to apply
+        self._forwards = (
+            Forwards(node.ingestor, self.router.routing, coalescer, node.config.max_key_bytes)
+            if forwards.ENABLED and coalescer is not None and self._answers is not None
+            else None
+        )
         self.live = Live(node, self.router)
         self.stats = HttpStats()
         self.console = Console(node, self.stats, self.peers, self._answers)
@@ -215,6 +225,42 @@ class HttpApp:
             return None
         self.stats.record("key", 200, perf_counter() - started)
         return entry
+
+    def forward(self, path: str, headers: Any) -> tuple[Member, asyncio.Future[RawResponse]] | None:
+        """A GET of `path` without a query string sent on the short path of plain reads of
+        a peer's partition (:mod:`tablecast.server.forwards`): the peer and its answer to
+        come; None when :meth:`begin` takes the request."""
+        forwards = self._forwards
+        if forwards is None or AFTER_HEADER in headers or HOP in headers:
+            return None
+        return forwards.submit(path)
+
+    def forwarded(self, waiter: asyncio.Future[RawResponse], proto: Any, started: float) -> bool:
+        """Answer a short-path forward as the peer answered; False when it gave no answer
+        (unreachable, or 503): then :meth:`forward_failed` routes the read."""
+        if waiter.cancelled() or waiter.exception() is not None:
+            return False
+        status, lines, body = waiter.result()
+        if status == 503:
+            return False
+        self._respond("key", (status, body, lines), proto, started)
+        return True
+
+    def forward_failed(
+        self, scope: Any, proto: Any, failed: Member, started: float
+    ) -> Awaitable[None] | None:
+        """The router's way, for a short-path forward `failed` did not answer."""
+        try:
+            found = plain_key_read(scope.method, scope.path)
+            assert found is not None  # the short path takes only these
+            req = Request(NO_PARAMS, "", scope.headers, None, scope)
+            answer = self.router.forward_failed(*found, req, failed)
+            if not isinstance(answer, tuple):
+                return self._later(answer, "key", scope, proto, started)
+        except Exception as e:  # as in begin(): every failure is an answer
+            answer = _failed(e, scope.method, scope.path)
+        self._respond("key", answer, proto, started)
+        return None
 
     def match(self, method: str, path: str) -> tuple[str, Handler]:
         """The route's name (for metrics) and its handler(request, proto)."""

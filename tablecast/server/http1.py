@@ -25,6 +25,7 @@ import ssl
 from collections import deque
 from collections.abc import AsyncIterator
 from http import HTTPStatus
+from time import perf_counter
 from typing import Any
 from urllib.parse import unquote
 
@@ -353,6 +354,17 @@ class _Connection(asyncio.Protocol):
                 self.proto = None
                 self.waiting_since = self.server.loop.time()
                 return
+            started = perf_counter()
+            forward = self.server.app.forward(path, self.headers)
+            if forward is not None:  # a plain read of a peer's partition: no task either
+                proto = self.proto = _Proto(self, True)
+                self.busy = True
+                member, waiter = forward
+                headers = self.headers  # the next request's replace them before the answer
+                waiter.add_done_callback(
+                    lambda w: self._forwarded(w, proto, member, path, headers, started)
+                )
+                return
         proto = _Proto(self, keep_alive, method == "HEAD")
         scope = self._scope(_Scope, method, path, query)
         self.proto = proto
@@ -394,6 +406,32 @@ class _Connection(asyncio.Protocol):
             ws.close(1011 if task.cancelled() or task.exception() else 1000)
 
     # -- answering in order ------------------------------------------------------
+    def _forwarded(
+        self,
+        waiter: asyncio.Future[Any],
+        proto: _Proto,
+        member: Any,
+        path: str,
+        headers: _Headers,
+        started: float,
+    ) -> None:
+        app = self.server.app
+        if app.forwarded(waiter, proto, started):
+            self.busy = False
+            self._next_or_idle(proto)
+            return
+        scope = _Scope("GET", path, "", headers, self.client, self.scheme)
+        try:
+            rest = app.forward_failed(scope, proto, member, started)
+        except Exception:
+            log.exception("request failed")
+            rest = None
+        if rest is None:
+            self._finished(None, proto)
+            return
+        task = self.server.loop.create_task(rest)
+        task.add_done_callback(lambda t: self._finished(t, proto))
+
     def _start(self) -> None:
         scope, proto = self.queue.popleft()
         self.busy = True

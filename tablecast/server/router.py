@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 
 import orjson
 
+from tablecast.cluster.membership import Member
 from tablecast.cluster.node import Node
 from tablecast.cluster.replica import Replica
 from tablecast.kafka.catalog import TableInfo
@@ -131,6 +132,29 @@ class Router:
         target = key_target(table, key_text, "")
         wire = keep_as is not None and opts is NO_OPTIONS
         return self.one_partition(info, partition, req, opts, target, read, wire)
+
+    def forward_failed(
+        self, table: str, key_text: str, req: Request, failed: Member
+    ) -> Answer | Awaitable[Answer]:
+        """A plain read the short path (:mod:`tablecast.server.forwards`) sent to `failed`,
+        which gave no answer (unreachable, or 503): the other choices, as
+        :meth:`Rpc.forward` takes them when its first choice fails."""
+        info = self.local.table(table)
+        raw = self.local.key_bytes(info, key_text)
+        partition = info.partition_of(raw)
+        local = self.local
+        choices = [
+            c
+            for c in self.routing.choices(info, partition, req, NO_OPTIONS)
+            if not (isinstance(c, Member) and c.id == failed.id)
+        ]
+
+        def here() -> Answer:
+            replica = local.require(info, partition, NO_OPTIONS)
+            return local.read_key(info, raw, partition, replica, key_text)
+
+        target = key_target(table, key_text, "")
+        return self.rpc.elsewhere(info, partition, choices, target, req, NO_OPTIONS, here)
 
     def windows(self, table: str, key_text: str, req: Request) -> Answer | Awaitable[Answer]:
         info, raw = self._key(table, key_text, req)

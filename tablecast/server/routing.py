@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from tablecast.cluster.membership import Member
 from tablecast.cluster.node import Node
 from tablecast.kafka.catalog import TableInfo
-from tablecast.server.consistency import ReadOptions
+from tablecast.server.consistency import NO_OPTIONS, ReadOptions
 from tablecast.server.local import Local, unavailable
 from tablecast.server.request import Request
 
@@ -60,6 +60,28 @@ class Routing:
             else:
                 out.append(member)
         return out
+
+    def first_peer(self, info: TableInfo, partition: int) -> Member | None:
+        """The peer :meth:`choices` puts first for a client's read of `partition` without
+        read options, or None when it puts this node first or names nobody (the short path
+        of plain forwarded reads, :mod:`tablecast.server.forwards`)."""
+        if info.is_global:
+            return None  # answered here or by nobody
+        slot = (info.name, partition)
+        view = self.node.view
+        here = self.local.readable(info, partition, NO_OPTIONS) is not None
+        if here:
+            owners = view.target.get(slot)
+            if owners and owners[0] == self.me:
+                return None
+            if view.effective_active(slot) in (self.me, None):
+                return None
+        for member in view.candidates(slot):
+            if member.id != self.me:
+                return member
+            if here:
+                return None
+        return None
 
     def groups(
         self, info: TableInfo, partitions: Iterable[int], req: Request, opts: ReadOptions

@@ -41,6 +41,28 @@ class App:
     def kept(self, path: str, headers: Any) -> Kept | None:
         return self.kept_paths.get(path)
 
+    def forward(self, path: str, headers: Any) -> tuple[str, asyncio.Future[Any]] | None:
+        """/fwd/ok: a peer's answer after 10 ms; /fwd/fail: no answer (then forward_failed)."""
+        if not path.startswith("/fwd/"):
+            return None
+        waiter = asyncio.get_running_loop().create_future()
+        if path == "/fwd/ok":
+            answer = (200, b"x-peer: 1\r\n", b"from the peer")
+            asyncio.get_running_loop().call_later(0.01, waiter.set_result, answer)
+        else:
+            waiter.set_exception(ConnectionError("the peer is gone"))
+        return "peer-1", waiter
+
+    def forwarded(self, waiter: asyncio.Future[Any], proto: Any, started: float) -> bool:
+        if waiter.exception() is not None:
+            return False
+        status, lines, body = waiter.result()
+        proto.response_lines(status, lines, body)
+        return True
+
+    def forward_failed(self, scope: Any, proto: Any, failed: str, started: float) -> Any:
+        return self._slow(proto, f"{failed} failed {scope.path}".encode())
+
     def begin(self, scope: Any, proto: Any) -> Awaitable[None] | None:
         kept = self.kept(scope.path, scope.headers)  # as the node's app: kept answers first
         if kept is not None:
@@ -88,9 +110,9 @@ class App:
     async def _echo(self, proto: Any) -> None:
         proto.response_bytes(200, JSON, b"".join([c async for c in proto]))
 
-    async def _slow(self, proto: Any) -> None:
+    async def _slow(self, proto: Any, answer: bytes = b"slow") -> None:
         await asyncio.sleep(0.01)
-        proto.response_bytes(200, JSON, b"slow")
+        proto.response_bytes(200, JSON, answer)
 
     async def _stream(self, proto: Any) -> None:
         out = proto.response_stream(200, [("content-type", "text/event-stream")])
@@ -154,6 +176,35 @@ def test_requests_of_one_connection_are_answered_in_order_also_when_pipelined() 
             (200, b"hello"),
             (200, b'{"kept":true}'),
         ]
+
+    _run(check)
+
+
+def test_forwarded_reads_are_answered_in_order_among_the_others() -> None:
+    """A read forwarded on the short path holds its connection's place: pipelined requests
+    behind it wait (and go the app's usual way, begin); a forward the peer did not answer
+    goes the app's other way (forward_failed)."""
+
+    async def check(port: int) -> None:
+        raw = (
+            b"GET /fwd/ok HTTP/1.1\r\nhost: x\r\n\r\n"
+            b"GET /kept HTTP/1.1\r\nhost: x\r\n\r\n"
+            b"GET /fwd/fail HTTP/1.1\r\nhost: x\r\n\r\n"
+            b"GET /fwd/ok HTTP/1.1\r\nhost: x\r\n\r\n"
+            b"GET /kept HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+        )
+        data = await _exchange(port, raw)
+        assert _responses(data) == [
+            (200, b"from the peer"),
+            (200, b'{"kept":true}'),
+            (200, b"GET /fwd/fail ? None"),
+            (200, b"GET /fwd/ok ? None"),
+            (200, b'{"kept":true}'),
+        ]
+        assert data.count(b"x-peer: 1\r\n") == 1
+        raw = b"GET /fwd/fail HTTP/1.1\r\nhost: x\r\n\r\nGET /fwd/ok HTTP/1.1\r\nhost: x\r\n"
+        data = await _exchange(port, raw + b"connection: close\r\n\r\n")
+        assert _responses(data) == [(200, b"peer-1 failed /fwd/fail"), (200, b"GET /fwd/ok ? None")]
 
     _run(check)
 

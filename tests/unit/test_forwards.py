@@ -1,0 +1,150 @@
+"""The short path of plain forwarded reads (server/forwards.py) picks the peer the router
+would pick, in every ownership state; keeps what a path names only while the table is the
+catalog's; and a read its peer did not answer goes to the router's other choices."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import pytest
+
+from tablecast import serde
+from tablecast.cluster.membership import Member
+from tablecast.cluster.replica import Replica
+from tablecast.kafka.catalog import TableInfo
+from tablecast.server.coalesce import Coalescer
+from tablecast.server.consistency import NO_OPTIONS
+from tablecast.server.cursor import Cursors
+from tablecast.server.forwards import Forwards
+from tablecast.server.request import Request
+from tablecast.server.router import Router
+from tablecast.server.routing import ME
+from tablecast.store import Write
+from tablecast.store.memory import MemoryStore
+
+INFO = TableInfo("t", "app.table.t", 1, serde.string().spec(), serde.json().spec(), store="memory")
+ME_ID = "me"
+PEER1 = Member("peer1", "http://127.0.0.1:2")
+PEER2 = Member("peer2", "http://127.0.0.1:3")
+MYSELF = Member(ME_ID, "http://127.0.0.1:1")
+
+
+@dataclass
+class View:
+    target: dict[tuple[str, int], list[str]]
+    held: list[Member]  # caught-up holders, the effective active first
+
+    def candidates(self, slot: tuple[str, int]) -> list[Member]:
+        return self.held
+
+    def effective_active(self, slot: tuple[str, int]) -> str | None:
+        return self.held[0].id if self.held else None
+
+
+@dataclass
+class Peers:
+    asked: list[str] = field(default_factory=list)
+    down: set[str] = field(default_factory=set)
+
+    async def request(self, base_url: str, method: str, target: str, *a: Any, **k: Any) -> Any:
+        self.asked.append(base_url + target)
+        if base_url in self.down:
+            return 503, [], b'{"error":{"code":"partition_unavailable","message":"down"}}'
+        return 200, [("x-tablecast-node", base_url)], b'{"from":"' + base_url.encode() + b'"}'
+
+
+class Node:
+    id = ME_ID
+
+    def __init__(self, replica: Replica, view: View, info: TableInfo = INFO) -> None:
+        self.tables = {"t": info}
+        self.ingestor = type("Ingestor", (), {"replicas": {("t", 0): replica}})()
+        self.ingestor.tables = self.tables
+        self.config = type("Config", (), {"max_key_bytes": 1024})()
+        self.view = view
+
+
+def _setup(view: View, info: TableInfo = INFO) -> tuple[Router, Replica, Peers]:
+    replica = Replica(info, 0, MemoryStore(), caught_up=True, restored=True)
+    replica.apply([Write(b"k", orjson.dumps("here"), 0, 0)])
+    peers = Peers()
+    router = Router(Node(replica, view, info), Cursors(b"s" * 32), peers)  # type: ignore[arg-type]
+    return router, replica, peers
+
+
+STATES = [
+    # (owners in the target assignment, caught-up holders, this node's replica readable)
+    ([ME_ID, "peer1"], [MYSELF, PEER1], True),  # ours
+    (["peer1", ME_ID], [PEER1, MYSELF], True),  # a standby here: the active answers
+    (["peer1", ME_ID], [MYSELF, PEER1], True),  # the view says we took over already
+    (["peer1", ME_ID], [], True),  # nobody known caught up: the holder answers
+    (["peer1"], [PEER1, PEER2], False),  # not held here
+    (["peer1"], [PEER2, PEER1], False),  # the target's active not caught up yet
+    (["peer1", ME_ID], [MYSELF, PEER1], False),  # our replica closed, the view behind
+    (["peer1"], [], False),  # nobody: the router waits, then 503
+]
+
+
+@pytest.mark.parametrize(("owners", "held", "readable"), STATES)
+def test_the_peer_is_the_routers_first_choice(
+    owners: list[str], held: list[Member], readable: bool
+) -> None:
+    router, replica, _ = _setup(View({("t", 0): owners}, held))
+    replica.closed = not readable
+    choices = router.routing.choices(INFO, 0, Request({}, "", {}), NO_OPTIONS)
+    first = choices[0] if choices else None
+    expected = first if isinstance(first, Member) else None
+    assert first == ME or first is None or isinstance(first, Member)
+    assert router.routing.first_peer(INFO, 0) == expected
+
+
+def test_a_global_table_is_never_forwarded_on_the_short_path() -> None:
+    info = TableInfo(**{**orjson.loads(INFO.to_json()), "is_global": True})
+    router, replica, _ = _setup(View({("t", 0): ["peer1"]}, [PEER1]), info)
+    replica.closed = True
+    assert router.routing.first_peer(info, 0) is None
+
+
+def test_plans_follow_the_catalog_and_refuse_what_the_router_refuses() -> None:
+    async def main() -> None:
+        router, replica, peers = _setup(View({("t", 0): ["peer1"]}, [PEER1]))
+        replica.closed = True
+        node = router.node
+        forwards = Forwards(node.ingestor, router.routing, Coalescer(peers), 8)  # type: ignore[arg-type]
+        sent = forwards.submit("/v1/tables/t/keys/k")
+        assert sent is not None and sent[0] == PEER1
+        assert await sent[1] == (
+            200,
+            b"content-type: application/json\r\n" + (b"x-tablecast-node: http://127.0.0.1:2\r\n"),
+            b'{"from":"http://127.0.0.1:2"}',
+        )
+        assert peers.asked == ["http://127.0.0.1:2/v1/tables/t/keys/k"]
+        # not a plain key read, an unknown table, a key longer than allowed: the router's
+        for path in (
+            "/v1/tables/t/keys/k/history",
+            "/v1/tables/u/keys/k",
+            "/v1/tables/t/keys/" + "x" * 9,
+        ):
+            assert forwards.submit(path) is None
+        # the table changed in the catalog (now a window table): the plan is made again
+        changed = TableInfo(**{**orjson.loads(INFO.to_json()), "kind": "window"})
+        node.ingestor.tables = {"t": changed}
+        assert forwards.submit("/v1/tables/t/keys/k") is None
+
+    asyncio.run(main())
+
+
+def test_a_read_its_peer_did_not_answer_goes_to_the_other_choices() -> None:
+    router, replica, peers = _setup(View({("t", 0): ["peer1"]}, [PEER1, PEER2]))
+    replica.closed = True
+    peers.down.add(PEER1.url)
+
+    async def main() -> Any:
+        return await router.forward_failed("t", "k", Request({}, "", {}), PEER1)
+
+    status, body, _ = asyncio.run(main())
+    assert (status, body) == (200, b'{"from":"http://127.0.0.1:3"}')
+    assert peers.asked == ["http://127.0.0.1:3/v1/tables/t/keys/k"]  # not peer1 again
