@@ -95,10 +95,11 @@ class HttpApp:
         coalescer = self.router.rpc.coalescer
         # like kept answers: not with a token's grants or a caller's rate limit to apply
         self._forwards = (
-            Forwards(node.ingestor, self.router.routing, coalescer, node.config.max_key_bytes)
+            Forwards(node.ingestor, self.router.routing, coalescer)
             if forwards.ENABLED and coalescer is not None and self._answers is not None
             else None
         )
+        self.router.forwards = self._forwards
         self.live = Live(node, self.router)
         self.stats = HttpStats()
         self.console = Console(node, self.stats, self.peers, self._answers)

@@ -30,6 +30,7 @@ from tablecast.server.consistency import (
 from tablecast.server.cursor import Cursors
 from tablecast.server.errors import ApiError
 from tablecast.server.fanout import DEFAULT_LIMIT, MAX_LIMIT, FanOut, limit_param
+from tablecast.server.forwards import Forwards
 from tablecast.server.local import Answer, Headers, Local
 from tablecast.server.params import time_param
 from tablecast.server.peers import PeerPool
@@ -62,6 +63,8 @@ class Router:
         self.cursors = cursors
         #: whole answers of plain key reads, when the server keeps them
         self.answers: Answers | None = None
+        #: the short path of plain forwarded reads, when the server has it
+        self.forwards: Forwards | None = None
         self.waits = waits or WaitSlots(DEFAULT_WAITS_PER_CALLER)
         self.fan = FanOut(self)
 
@@ -131,6 +134,9 @@ class Router:
             read = lambda r: local.read_as_of(info, raw, r, as_of, key_text)  # noqa: E731
         target = key_target(table, key_text, "")
         wire = keep_as is not None and opts is NO_OPTIONS
+        if wire and self.forwards is not None:
+            # the next read of this path skips the router when a peer answers it
+            self.forwards.remember(keep_as, info, partition, target)  # type: ignore[arg-type]
         return self.one_partition(info, partition, req, opts, target, read, wire)
 
     def forward_failed(

@@ -108,31 +108,36 @@ def test_a_global_table_is_never_forwarded_on_the_short_path() -> None:
     assert router.routing.first_peer(info, 0) is None
 
 
-def test_plans_follow_the_catalog_and_refuse_what_the_router_refuses() -> None:
+def test_a_path_takes_the_short_path_once_the_router_forwarded_it() -> None:
+    """No plan before the router forwarded a read of the path (a read answered here costs
+    nothing more); after it, the same peer and target; none once the table changed."""
+
     async def main() -> None:
         router, replica, peers = _setup(View({("t", 0): ["peer1"]}, [PEER1]))
         replica.closed = True
         node = router.node
-        forwards = Forwards(node.ingestor, router.routing, Coalescer(peers), 8)  # type: ignore[arg-type]
-        sent = forwards.submit("/v1/tables/t/keys/k")
+        forwards = Forwards(node.ingestor, router.routing, Coalescer(peers))  # type: ignore[arg-type]
+        router.forwards = forwards
+        path = "/v1/tables/t/keys/a%2Fb"
+        assert forwards.submit(path) is None
+        answer = router.get_key("t", "a/b", Request({}, "", {}), path)
+        assert (await answer)[0] == 200  # type: ignore[misc]
+        sent = forwards.submit(path)
         assert sent is not None and sent[0] == PEER1
-        assert await sent[1] == (
-            200,
-            b"content-type: application/json\r\n" + (b"x-tablecast-node: http://127.0.0.1:2\r\n"),
-            b'{"from":"http://127.0.0.1:2"}',
-        )
-        assert peers.asked == ["http://127.0.0.1:2/v1/tables/t/keys/k"]
-        # not a plain key read, an unknown table, a key longer than allowed: the router's
-        for path in (
-            "/v1/tables/t/keys/k/history",
-            "/v1/tables/u/keys/k",
-            "/v1/tables/t/keys/" + "x" * 9,
-        ):
-            assert forwards.submit(path) is None
-        # the table changed in the catalog (now a window table): the plan is made again
-        changed = TableInfo(**{**orjson.loads(INFO.to_json()), "kind": "window"})
-        node.ingestor.tables = {"t": changed}
-        assert forwards.submit("/v1/tables/t/keys/k") is None
+        lines = b"content-type: application/json\r\nx-tablecast-node: http://127.0.0.1:2\r\n"
+        assert await sent[1] == (200, lines, b'{"from":"http://127.0.0.1:2"}')
+        assert peers.asked == ["http://127.0.0.1:2/v1/tables/t/keys/a%2Fb"] * 2
+        # the partition is this node's now: the router's way
+        node.view.target = {("t", 0): [ME_ID, "peer1"]}
+        replica.closed = False
+        assert forwards.submit(path) is None
+        # the table changed in the catalog: the plan is dropped
+        replica.closed = True
+        assert forwards.submit(path) is not None
+        node.ingestor.tables = {
+            "t": TableInfo(**{**orjson.loads(INFO.to_json()), "kind": "window"})
+        }
+        assert forwards.submit(path) is None and not forwards._plans
 
     asyncio.run(main())
 
