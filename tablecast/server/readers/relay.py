@@ -90,6 +90,8 @@ class ClientConnection(asyncio.Protocol):
         self.body_left = 0
         self.upstream: _Upstream | None = None
         self._idle: asyncio.TimerHandle | None = None
+        #: the client does not read its answers as fast as they come (pause_writing)
+        self.write_paused = False
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -148,14 +150,23 @@ class ClientConnection(asyncio.Protocol):
         return True
 
     def pause_writing(self) -> None:  # the client reads slower than it is answered
+        self.write_paused = True
         self.transport.pause_reading()  # type: ignore[union-attr]
         if self.upstream is not None:
             self.upstream.pause_reading()
 
     def resume_writing(self) -> None:
+        self.write_paused = False
         self.transport.resume_reading()  # type: ignore[union-attr]
         if self.upstream is not None:
             self.upstream.resume_reading()
+
+    def resume_reading(self) -> None:
+        """Read the client again (paused while a request was with the node, or while the
+        relay connection opened), unless it is not reading its answers."""
+        transport = self.transport
+        if transport is not None and not transport.is_closing() and not self.write_paused:
+            transport.resume_reading()
 
     def close(self) -> None:
         if self.transport is not None:
@@ -194,8 +205,7 @@ class ClientConnection(asyncio.Protocol):
         self.waiting_since = self.clients.loop.time()
         if self.upstream is not None:
             self._idle = self.clients.loop.call_later(UPSTREAM_IDLE_S, self._drop_upstream)
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.resume_reading()
+        self.resume_reading()
         if self.buffer:
             self._serve()
 
@@ -204,13 +214,8 @@ class ClientConnection(asyncio.Protocol):
         node as it is, and everything the node sends back to the client, until one closes."""
         self.state = PIPED
         self.waiting_since = None
-        if self.upstream is not None:
-            self.upstream.piped = True
-        if self.buffer:
-            self._to_node(bytes(self.buffer))
-            self.buffer = bytearray()
-        elif self.upstream is None:
-            self._to_node(b"")  # opens it: the client's next bytes go there
+        data, self.buffer = bytes(self.buffer), bytearray()
+        self._to_node(data)  # opens the relay connection if none is open
 
     def _to_node(self, data: bytes, expect_answer: bool = False) -> None:
         if self._idle is not None:
@@ -293,9 +298,7 @@ class _Upstream(asyncio.Protocol):
         self.pending, self.pending_bytes = [], 0
         if self.eof:
             self.write_eof()
-        client = self.client.transport
-        if client is not None and not client.is_closing():
-            client.resume_reading()
+        self.client.resume_reading()
 
     def write(self, data: bytes) -> None:
         if self.transport is not None:
@@ -350,8 +353,7 @@ class _Upstream(asyncio.Protocol):
             self.client.transport.pause_reading()
 
     def resume_writing(self) -> None:
-        if self.client.transport is not None:
-            self.client.transport.resume_reading()
+        self.client.resume_reading()
 
     def pause_reading(self) -> None:
         if self.transport is not None:
