@@ -20,6 +20,8 @@ from tablecast.server.local import Local, unavailable
 from tablecast.server.request import Request
 
 ME = "me"
+#: a client's read: no parameters, not forwarded, no caller
+PLAIN = Request({}, "", {})
 Choice = str | Member  # ME, or a peer
 
 
@@ -65,23 +67,9 @@ class Routing:
         """The peer :meth:`choices` puts first for a client's read of `partition` without
         read options, or None when it puts this node first or names nobody (the short path
         of plain forwarded reads, :mod:`tablecast.server.forwards`)."""
-        if info.is_global:
-            return None  # answered here or by nobody
-        slot = (info.name, partition)
-        view = self.node.view
-        here = self.local.readable(info, partition, NO_OPTIONS) is not None
-        if here:
-            owners = view.target.get(slot)
-            if owners and owners[0] == self.me:
-                return None
-            if view.effective_active(slot) in (self.me, None):
-                return None
-        for member in view.candidates(slot):
-            if member.id != self.me:
-                return member
-            if here:
-                return None
-        return None
+        choices = self.choices(info, partition, PLAIN, NO_OPTIONS)
+        first = choices[0] if choices else None
+        return first if isinstance(first, Member) else None
 
     def groups(
         self, info: TableInfo, partitions: Iterable[int], req: Request, opts: ReadOptions

@@ -24,14 +24,11 @@ from tablecast.cluster.ingest import durable_path
 from tablecast.cluster.node import Node
 from tablecast.server.consistency import NO_OPTIONS
 from tablecast.server.local import Local
-from tablecast.server.request import Request
-from tablecast.server.routing import Routing
+from tablecast.server.routing import PLAIN, Routing
 
 #: how often the node sends it; a read process answers from a store at most about this
 #: much behind the node's (its answers say the position they are exact at)
 TICK_S = 0.02
-#: a plain request: no parameters, not forwarded, no caller
-_PLAIN = Request({}, "", {})
 
 
 class Feed:
@@ -65,7 +62,7 @@ class Feed:
                 continue
             if self.local.readable(info, partition, NO_OPTIONS) is not replica:
                 continue
-            if not self.routing.answers_here(info, partition, _PLAIN, NO_OPTIONS):
+            if not self.routing.answers_here(info, partition, PLAIN, NO_OPTIONS):
                 continue
             store = replica.store
             path = durable_path(store)
