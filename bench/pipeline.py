@@ -342,15 +342,58 @@ def one_run(rate: float, target: float) -> str:
     return "one run, not settled" if rate >= target else "**missed**"
 
 
+def _row(label: str, run: dict[str, Any], compared: str) -> str:
+    """One pipeline's row of the throughput table."""
+    return (
+        f"| {label} | {run['rate']:,} | {run['seconds']} | "
+        f"{run['wall_seconds_with_query_start']} | {compared} |"
+    )
+
+
+def _spread(ratios: dict[str, Any]) -> str:
+    """A ratio's median over the rounds with its interquartile range."""
+    lo, hi = ratios["ratio_iqr"]
+    return f"{ratios['ratio_median']:.2f} (IQR {lo:.2f}–{hi:.2f})"
+
+
+#: runs shown beside the group_by when the rounds ran them: (result, row label, ratio of the
+#: rounds, what the ratio compares, rates per round, the text after the rounds)
+_RUNS_BESIDE = (
+    (
+        "groupby-apart",
+        "the same, selector in a mapInArrow before the shuffle (as before)",
+        "fused",
+        "selector inside ÷ apart",
+        "selector_apart",
+        " Selector apart (the table's Python callables in a mapInArrow over every record "
+        "before the shuffle, as tablecast did before they ran inside the retraction on each "
+        "row's latest record): {rounds}. Here every row changes 10 times within the first "
+        "micro-batch, so inside the retraction the selector runs once per row instead of 10 "
+        "times: under a steady trickle (one change per row and batch) only the saved crossing "
+        "into Python remains.",
+    ),
+    (
+        "spark-copy",
+        "Spark alone: the same input copied Kafka → Kafka, no tablecast (one query)",
+        "of_copy",
+        "group_by ÷ copy",
+        "spark_copy",
+        " Spark alone (a bare `readStream` Kafka → `writeStream` Kafka copy of key and value, "
+        "no tablecast, no parsing, the same input): {rounds}. The group_by is two such queries "
+        "(input → repartition topic → table topic) plus the shuffle and the state in between, "
+        "so the copy is a ceiling it cannot pass on this machine.",
+    ),
+)
+
+
 def render(r: dict[str, Any], argv: str) -> str:
     s, py, g = r["stateless"], r["stateless-python"], r["groupby-reduce"]
     ks = r["ks-groupby"]
     rounds = r.get("groupby-rounds")
     if rounds:  # alternating rounds: medians, and the spread of each round's ratio
-        lo, hi = rounds["ratio_iqr"]
         rlo, rhi = rounds["rate_iqr"]
         g_target = settled([rlo, rhi], 100_000)
-        ratio = f"{rounds['ratio_median']:.2f} (IQR {lo:.2f}–{hi:.2f})"
+        ratio = _spread(rounds)
         g_rate = f"{g['rate']:,} (IQR {rlo:,.0f}–{rhi:,.0f})"
         spread = (
             f"Medians of {len(rounds['tablecast'])} alternating rounds (tablecast, the same "
@@ -363,44 +406,15 @@ def render(r: dict[str, Any], argv: str) -> str:
     else:  # results written before the rounds
         g_target = one_run(g["rate"], 100_000)
         ratio, g_rate, spread = f"{g['rate'] / ks['rate']:.2f}", f"{g['rate']:,}", ""
-    ks_row = (
-        f"| the same in Kafka Streams (2 threads, exactly-once) | {ks['rate']:,} | "
-        f"{ks['seconds']} | {ks['wall_seconds_with_query_start']} | tablecast ÷ Kafka Streams: "
-        f"{ratio} |"
+    ks_row = _row(
+        "the same in Kafka Streams (2 threads, exactly-once)",
+        ks,
+        f"tablecast ÷ Kafka Streams: {ratio}",
     )
-    ap = r.get("groupby-apart")
-    if ap and rounds:
-        flo, fhi = rounds["fused"]["ratio_iqr"]
-        ks_row += (
-            f"\n| the same, selector in a mapInArrow before the shuffle (as before) | "
-            f"{ap['rate']:,} | {ap['seconds']} | {ap['wall_seconds_with_query_start']} | "
-            f"selector inside ÷ apart: {rounds['fused']['ratio_median']:.2f} "
-            f"(IQR {flo:.2f}–{fhi:.2f}) |"
-        )
-        spread += (
-            " Selector apart (the table's Python callables in a mapInArrow over every "
-            "record before the shuffle, as tablecast did before they ran inside the "
-            "retraction on each row's latest record): "
-            f"{', '.join(f'{x:,}' for x in rounds['selector_apart'])}. Here every row "
-            "changes 10 times within the first micro-batch, so inside the retraction the "
-            "selector runs once per row instead of 10 times: under a steady trickle (one "
-            "change per row and batch) only the saved crossing into Python remains."
-        )
-    cp = r.get("spark-copy")
-    if cp and rounds:
-        clo, chi = rounds["of_copy"]["ratio_iqr"]
-        ks_row += (
-            f"\n| Spark alone: the same input copied Kafka → Kafka, no tablecast (one query) | "
-            f"{cp['rate']:,} | {cp['seconds']} | {cp['wall_seconds_with_query_start']} | "
-            f"group_by ÷ copy: {rounds['of_copy']['ratio_median']:.2f} (IQR {clo:.2f}–{chi:.2f}) |"
-        )
-        spread += (
-            " Spark alone (a bare `readStream` Kafka → `writeStream` Kafka copy of key and "
-            "value, no tablecast, no parsing, the same input): "
-            f"{', '.join(f'{x:,}' for x in rounds['spark_copy'])}. The group_by is two such "
-            "queries (input → repartition topic → table topic) plus the shuffle and the state "
-            "in between, so the copy is a ceiling it cannot pass on this machine."
-        )
+    for run, label, ratios, compared, per_round, text in _RUNS_BESIDE:
+        if rounds and r.get(run):
+            ks_row += "\n" + _row(label, r[run], f"{compared}: {_spread(rounds[ratios])}")
+            spread += text.format(rounds=", ".join(f"{x:,}" for x in rounds[per_round]))
     fm, fr = r["freshness"], r["freshness-realtime"]
     return f"""
 ## Pipeline (issues 5 and 6)
@@ -415,8 +429,8 @@ machine is shared, and Spark, the broker and the node all run on its 2 cores.
 
 | pipeline | records/s | drain s | wall s | target |
 |---|---|---|---|---|
-| stateless table: `filter(Column)` | {s["rate"]:,} | {s["seconds"]} | {s["wall_seconds_with_query_start"]} | ≥ 100,000: {one_run(s["rate"], 100_000)} |
-| stateless table: `filter(python callable)` | {py["rate"]:,} | {py["seconds"]} | {py["wall_seconds_with_query_start"]} | (for comparison) |
+{_row("stateless table: `filter(Column)`", s, f"≥ 100,000: {one_run(s['rate'], 100_000)}")}
+{_row("stateless table: `filter(python callable)`", py, "(for comparison)")}
 | table `group_by` / `reduce` (2 queries, repartition topic) | {g_rate} | {g["seconds"]} | {g["wall_seconds_with_query_start"]} | ≥ 100,000: {g_target} |
 {ks_row}
 
