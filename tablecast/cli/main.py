@@ -197,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="processes answering plain key GETs on the port, the node's own included: the "
         "others read its RocksDB stores as secondary instances and pipe every other request "
-        "to it (--http-engine loop; not with --rate-limit)",
+        "to it (--http-engine loop; with --rate-limit they spend from the node's buckets)",
     )
 
     for name, what in (("dev", "everything on one machine"), ("demo", "the stock-price demo")):
@@ -396,9 +396,6 @@ def _serve(args: argparse.Namespace) -> int:
         return fail(f"--processes: 1 to {MOST_PROCESSES}, not {args.processes}")
     if args.processes > 1 and args.http_engine != "loop":
         return fail("--processes needs --http-engine loop")
-    if args.processes > 1 and args.rate_limit is not None:
-        # each read process would count a caller's requests on its own
-        return fail("--processes and --rate-limit do not go together yet")
     # settings that cannot work fail at once, before Kafka is asked anything
     secret = args.auth_jwt_secret
     if args.auth_jwt_secret_file:

@@ -18,6 +18,7 @@ import asyncio
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from time import perf_counter
 from typing import Any
 from urllib.parse import parse_qsl, unquote
@@ -48,7 +49,7 @@ from tablecast.server.forwards import Forwards
 from tablecast.server.local import Answer
 from tablecast.server.metrics import HttpStats, exposition
 from tablecast.server.peers import SIGNATURE, PeerPool, received_parts
-from tablecast.server.ratelimit import TokenBuckets, WaitSlots
+from tablecast.server.ratelimit import RateLimit, SharedTokenBuckets, TokenBuckets, WaitSlots
 from tablecast.server.request import HOP, Request, subject_of
 from tablecast.server.router import DEFAULT_WAITS_PER_CALLER, Router
 from tablecast.server.rpc import plain_key_read
@@ -71,7 +72,10 @@ class HttpApp:
         rate_limit: float | None = None,
         waits_per_caller: int = DEFAULT_WAITS_PER_CALLER,
         auth_metrics: bool = False,
+        rate_table: Path | None = None,
     ) -> None:
+        """`rate_table`: the file the callers' buckets are kept in, shared with the node's
+        read processes (None: kept in this process)."""
         self.node = node
         self.auth = auth or Auth()
         self._auth_on = self.auth.enabled
@@ -81,7 +85,13 @@ class HttpApp:
         )
         self.peers = PeerPool(ssl_context=context, signer=self.signer)
         self._peer_checks = self.signer.enabled
-        self.rate = TokenBuckets(rate_limit) if rate_limit else None
+        self.rate: RateLimit | None = None
+        if rate_limit:
+            self.rate = (
+                SharedTokenBuckets(rate_table, rate_limit, create=True)
+                if rate_table is not None
+                else TokenBuckets(rate_limit)
+            )
         self.waits = WaitSlots(waits_per_caller)
         #: /metrics needs a token, and /readyz without one says only whether the node is ready
         self._auth_metrics = auth_metrics and self._auth_on

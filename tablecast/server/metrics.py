@@ -25,7 +25,7 @@ from prometheus_client.registry import Collector
 from tablecast.cluster.node import Node
 from tablecast.live.hub import Hub
 from tablecast.server.coalesce import Coalescer
-from tablecast.server.ratelimit import TokenBuckets, WaitSlots
+from tablecast.server.ratelimit import RateLimit, WaitSlots
 from tablecast.store import StoreClosed
 
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -81,7 +81,7 @@ class NodeCollector(Collector):
         self,
         node: Node,
         http: HttpStats,
-        rate: TokenBuckets | None = None,
+        rate: RateLimit | None = None,
         waits: WaitSlots | None = None,
         hub: Hub | None = None,
         coalescer: Coalescer | None = None,
@@ -278,7 +278,7 @@ def _watch_metrics(hub: Hub) -> Iterator[Metric]:
 def exposition(
     node: Node,
     http: HttpStats,
-    rate: TokenBuckets | None = None,
+    rate: RateLimit | None = None,
     waits: WaitSlots | None = None,
     hub: Hub | None = None,
     coalescer: Coalescer | None = None,

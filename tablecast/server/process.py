@@ -23,6 +23,7 @@ from tablecast.server import collector
 from tablecast.server.app import HttpApp
 from tablecast.server.auth import Auth
 from tablecast.server.http1 import LISTEN_BACKLOG, LoopServer
+from tablecast.server.ratelimit import SharedTokenBuckets
 from tablecast.server.router import DEFAULT_WAITS_PER_CALLER
 
 if TYPE_CHECKING:
@@ -171,7 +172,9 @@ async def serve(
         "node %s serving app %r on %s://%s:%d", config.node_id, config.app_id, scheme, host, port
     )
     limits = limits or Limits()
-    app = HttpApp(node, auth, limits.rate, limits.waits_per_caller, limits.auth_metrics)
+    # read processes spend a caller's tokens from the same table as the node
+    rate_table = rate_table_in(config.data_dir) if limits.processes > 1 and limits.rate else None
+    app = HttpApp(node, auth, limits.rate, limits.waits_per_caller, limits.auth_metrics, rate_table)
     app.live.port = port
     grpc = None
     if limits.grpc_port is not None:
@@ -205,6 +208,12 @@ async def serve(
         log.info("node %s stopped", config.node_id)
 
 
+def rate_table_in(data_dir: Path) -> Path:
+    """Where a node with read processes keeps its callers' token buckets."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return data_dir / "rate-buckets"
+
+
 def _readers(
     processes: int, app: HttpApp, auth: Auth, tls: tuple[str, str] | None, host: str
 ) -> ReadProcesses | None:
@@ -225,6 +234,8 @@ def _readers(
         "block_cache_bytes": rocksdb.block_cache_bytes(),
         **auth.settings(),
     }
+    if isinstance(app.rate, SharedTokenBuckets):
+        settings["rate"] = {"limit": app.rate.rate, "table": str(app.rate.path)}
     feed = Feed(node, app.router.local, app.router.routing)
     home = node.config.data_dir / "readers"
     return ReadProcesses(processes - 1, settings, feed, app.stats, home)

@@ -77,7 +77,12 @@ class Request:
 
 
 def subject_of(caller: Caller | None, scope: Any) -> str:
+    return caller_key(caller, getattr(scope, "client", None) or "")
+
+
+def caller_key(caller: Caller | None, client: str) -> str:
+    """Who a request counts against in rate limits and waits: the token's subject, else
+    the client's address ("host:port") without the port."""
     if caller is not None and caller.subject is not None:
         return "sub:" + caller.subject
-    client = getattr(scope, "client", None) or ""
-    return "addr:" + client.rsplit(":", 1)[0]  # the address without the port
+    return "addr:" + client.rsplit(":", 1)[0]

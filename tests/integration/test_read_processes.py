@@ -197,7 +197,8 @@ def test_read_processes_over_tls_with_a_policy_on_two_nodes(
 ) -> None:
     """Two HTTPS nodes with read processes, a cluster secret and a row policy: reads of either
     node's partitions, on fresh connections to either, answer as the owner does; a key outside
-    the caller's grant is 403 and no token 401, whichever process took the connection."""
+    the caller's grant is 403 and no token 401, whichever process took the connection (with a
+    rate limit the reads stay under)."""
     ca, cert, key = certificate_files(tmp_path, ["127.0.0.1"])
     (tmp_path / "policy.yaml").write_text(POLICY)
     model = make_table(bootstrap, unique, "kv", PARTITIONS, serde.string(), serde.json())
@@ -207,6 +208,8 @@ def test_read_processes_over_tls_with_a_policy_on_two_nodes(
         *("--processes", "2", "--tls-cert", cert, "--tls-key", key, "--tls-ca", ca),
         *("--cluster-secret", SECRET, "--auth-jwt-secret", SECRET),
         *("--auth-policy", str(tmp_path / "policy.yaml")),
+        # high enough never to refuse here: the tokens' subjects spend from the shared table
+        *("--rate-limit", "5000"),
     ]
     nodes = [start_node(unique, bootstrap, logs, *options) for _ in range(2)]
     context = ssl.create_default_context(cafile=ca)
@@ -264,3 +267,40 @@ def test_read_processes_over_tls_with_a_policy_on_two_nodes(
     finally:
         for n in nodes:
             n.stop()
+
+
+def test_read_processes_spend_from_the_nodes_rate_limit(
+    bootstrap: str, unique: str, logs: Path
+) -> None:
+    """With --rate-limit, a caller whose connections the kernel spreads over the node and its
+    read process gets the rate once between them, not once per process; another caller (here
+    another loopback address) has its own bucket."""
+    model = make_table(bootstrap, unique, "kv", PARTITIONS, serde.string(), serde.json())
+    model.write(bootstrap, [(f"k{i:03d}", {"n": i}) for i in range(50)])
+    node = start_node(unique, bootstrap, logs, "--processes", "2", "--rate-limit", "5")
+    try:
+        node.wait_ready()
+        node.wait_caught_up(bootstrap, "kv", model.info.topic)
+        # the read process answers once its feed has the partitions
+        eventually(lambda: httpx.get(f"{node.url}/v1/tables/kv/keys/k001").status_code == 200)
+        time.sleep(STATS_S * 2)  # the bucket refills; the reports so far are in
+        before = answered_by_readers(node)
+        started = time.monotonic()
+        answers = [httpx.get(f"{node.url}/v1/tables/kv/keys/k{i % 50:03d}") for i in range(60)]
+        took = time.monotonic() - started
+        through = [r for r in answers if r.status_code == 200]
+        limited = [r for r in answers if r.status_code == 429]
+        assert len(through) + len(limited) == len(answers), [r.status_code for r in answers]
+        # at most the burst plus what refilled meanwhile, whichever process answered
+        assert 5 <= len(through) <= 5 + 5 * took + 1, (len(through), took)
+        assert limited[0].json()["error"]["code"] == "rate_limited"
+        assert 1 <= int(limited[0].headers["retry-after"]) <= 2
+        time.sleep(STATS_S * 2)
+        assert answered_by_readers(node) > before  # the read process answered its share
+
+        other = httpx.HTTPTransport(local_address="127.0.0.2")
+        with httpx.Client(transport=other) as client:
+            r = client.get(f"{node.url}/v1/tables/kv/keys/k002")
+        assert r.status_code == 200 and r.json()["value"] == {"n": 2}, r.text
+    finally:
+        node.stop()

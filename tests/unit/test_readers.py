@@ -16,6 +16,7 @@ from tablecast import serde
 from tablecast.kafka.catalog import TableInfo
 from tablecast.kafka.partitioner import partition_for
 from tablecast.server.auth import Auth
+from tablecast.server.ratelimit import SharedTokenBuckets
 from tablecast.server.readers import answer as answer_module
 from tablecast.server.readers.answer import Answerer
 from tablecast.server.readers.heads import plain_get, relayed_body_length
@@ -130,6 +131,35 @@ def test_answers_follow_the_store_exactly(tmp_path: Path) -> None:
     finally:
         answerer.close()
         node.store.close()
+
+
+def test_answers_spend_the_callers_tokens_and_leave_refusals_to_the_node(
+    tmp_path: Path,
+) -> None:
+    """With the node's rate table, each answer (a kept one too) spends a token of the client's
+    address; with none left the request is the node's (which refuses it); the node spending
+    from the same table leaves the read process fewer."""
+    node = Node(tmp_path / "store")
+    node.write({"a": {"n": 1}})
+    table = SharedTokenBuckets(tmp_path / "rates", rate=0.01, burst=3, create=True)
+    rate = SharedTokenBuckets(tmp_path / "rates", rate=0.01, burst=3)
+    answerer = Answerer("node-1", 4096, tmp_path / "own", Auth(), kept_bytes=1 << 20, rate=rate)
+    try:
+        answerer.update(node.feed(tables=[orjson.loads(INFO.to_json())]))
+        get = head("/v1/tables/kv/keys/a")
+        assert answerer.answer(get, "127.0.0.1:5000") is not None
+        assert answerer.answer(get, "127.0.0.1:5001") is not None  # kept, still counted
+        assert answerer.answer(head("/v1/tables/kv/keys/b"), "127.0.0.2:80") is not None
+        table.take("addr:127.0.0.1")  # the node answered one of this address's requests
+        assert answerer.answer(get, "127.0.0.1:5002") is None
+        assert answerer.answer(head("/v1/tables/kv/keys/b"), "127.0.0.1:5002") is None
+        assert answerer.answer(get, "127.0.0.2:81") is not None  # its own bucket
+        assert rate.refused == 2 and table.refused == 0
+    finally:
+        answerer.close()
+        node.store.close()
+        rate.close()
+        table.close()
 
 
 def test_a_quiet_feed_stops_the_answers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

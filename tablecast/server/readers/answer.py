@@ -6,7 +6,9 @@ received) and returns the whole HTTP answer, or None when the request is not
 one it answers the way the node would: a method other than GET, a query
 string, a body, an upgrade, a forwarded hop, a key it cannot parse, a key outside
 the caller's grant, a table or partition not in the feed, an ``X-Tablecast-After``
-its store has not reached yet (the node waits for it).
+its store has not reached yet (the node waits for it), a caller over its rate limit
+(the node refuses it: the node and its read processes spend tokens from one table,
+:class:`~tablecast.server.ratelimit.SharedTokenBuckets`).
 Those the connection hands to the node (:mod:`tablecast.server.readers.relay`),
 which answers them itself, errors included. So every answer a read process
 gives is one the node gives: the same body and headers, exact at the position
@@ -25,12 +27,14 @@ from tablecast.kafka import positions
 from tablecast.kafka.catalog import TableInfo
 from tablecast.serde import SerdeError
 from tablecast.server.answers import JSON
-from tablecast.server.auth import Auth
+from tablecast.server.auth import Auth, Caller
 from tablecast.server.errors import ApiError
 from tablecast.server.http1 import sized_head
 from tablecast.server.local import entry, position_header
 from tablecast.server.metrics import HttpStats
+from tablecast.server.ratelimit import SharedTokenBuckets
 from tablecast.server.readers.heads import AFTER, plain_get
+from tablecast.server.request import caller_key
 from tablecast.store.cache import drop_oldest
 from tablecast.store.secondary import SecondaryStore
 
@@ -108,9 +112,12 @@ class Answerer:
         own_dir: Path,
         auth: Auth,
         kept_bytes: int = 0,
+        rate: SharedTokenBuckets | None = None,
     ) -> None:
         """`kept_bytes`: whole answers kept by request head, about this many bytes (0: none;
-        none with auth either, as on the node: a token's grants make answers differ)."""
+        none with auth either, as on the node: a token's grants make answers differ).
+        `rate`: the node's table of callers' token buckets (``serve --rate-limit``)."""
+        self.rate = rate
         self.node_header = ("x-tablecast-node", node_id)
         self.max_key_bytes = max_key_bytes
         self.own_dir = own_dir
@@ -198,25 +205,34 @@ class Answerer:
             self._close(slot_id)
 
     # -- answering ------------------------------------------------------------------
-    def answer(self, head: bytes) -> bytes | None:
-        """The whole answer to the request with this head, or None: the node's to answer."""
+    def answer(self, head: bytes, client: str = "") -> bytes | None:
+        """The whole answer to the request with this head from `client` ("host:port"), or
+        None: the node's to answer."""
         started = perf_counter()
         if started - self.fed_at > FEED_TIMEOUT_S:
             return None
         kept = self._kept.get(head)
         if kept is not None and kept.valid():  # the hot path: this head answered before
+            if self.rate is not None and not self._admitted(None, client):
+                return None
             self.stats.record("key", kept.status, perf_counter() - started)
             return kept.wire
         target = plain_get(head)
         if target is None:
             return None
         table, key_text, headers = target
-        scope = None
+        scope = caller = None
         try:
             if self.auth.enabled:
                 authorization = headers.get(b"authorization")
                 text = None if authorization is None else authorization.decode("latin-1")
-                caller = self.auth.remembered(text) or self.auth.caller(text)
+                caller = self.auth.remembered(text)
+                if caller is None:
+                    # a token not seen before costs a signature check: as on the node, the
+                    # client's address pays for it first
+                    if self.rate is not None and not self._admitted(None, client):
+                        return None
+                    caller = self.auth.caller(text)
                 if caller.grants is not None:
                     info, scope = caller.grants.table_scope(table, self._table)
             info = self._table(table)
@@ -237,6 +253,10 @@ class Answerer:
         after = headers.get(AFTER)
         if after is not None and not _reached(after, table, info.partitions, partition, slot):
             return None
+        # spent last, once the answer is this process's to give: a request handed to the
+        # node is counted there (a new token's address, above, may be counted twice)
+        if self.rate is not None and not self._admitted(caller, client):
+            return None
         try:
             record = slot.store.get(raw)
             status = 200
@@ -254,6 +274,15 @@ class Answerer:
             self._keep(head, slot, status, wire)
         self.stats.record("key", status, perf_counter() - started)
         return wire
+
+    def _admitted(self, caller: Caller | None, client: str) -> bool:
+        """Whether the caller had a token to spend; if not, the node refuses the request
+        (with its own error, counted in its metrics)."""
+        try:
+            self.rate.take(caller_key(caller, client))  # type: ignore[union-attr]
+        except ApiError:
+            return False
+        return True
 
 
 def _not_found(key_text: str, table: str) -> bytes:

@@ -24,6 +24,7 @@ import orjson
 from tablecast.server.auth import Auth
 from tablecast.server.http1 import LISTEN_BACKLOG
 from tablecast.server.policy import Policy
+from tablecast.server.ratelimit import SharedTokenBuckets
 from tablecast.server.readers.answer import Answerer
 from tablecast.server.readers.relay import ClientConnection, Clients
 from tablecast.store import rocksdb
@@ -64,12 +65,14 @@ async def serve(settings: dict[str, Any]) -> None:
     rocksdb.set_block_cache_bytes(settings["block_cache_bytes"])
     own_dir = Path(settings["own_dir"])
     shutil.rmtree(own_dir, ignore_errors=True)
+    rate = settings.get("rate")
     answerer = Answerer(
         settings["node_id"],
         settings["max_key_bytes"],
         own_dir,
         auth_of(settings),
         settings["answers_bytes"],
+        SharedTokenBuckets(rate["table"], rate["limit"]) if rate else None,
     )
     tls = settings.get("tls")
     context = tls_context(tls) if tls else None

@@ -81,7 +81,7 @@ class ClientConnection(asyncio.Protocol):
     def __init__(self, clients: Clients) -> None:
         self.clients = clients
         self.transport: asyncio.Transport | None = None
-        self.client = b""
+        self.client = ""
         self.buffer = bytearray()
         self.state = READING
         #: since when it waits for a request's head (None: a request is with the node)
@@ -99,7 +99,7 @@ class ClientConnection(asyncio.Protocol):
             transport.close()
             return
         peer = transport.get_extra_info("peername")
-        self.client = f"{peer[0]}:{peer[1]}".encode() if isinstance(peer, tuple) else b""
+        self.client = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else ""
         self.clients.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -130,7 +130,7 @@ class ClientConnection(asyncio.Protocol):
                     self._pipe()  # the node refuses it as it refuses its own
                 return
             head = bytes(buffer[:end])
-            wire = answer(head)
+            wire = answer(head, self.client)
             if wire is None:
                 self._relay(head, end + 4)
                 return
@@ -224,7 +224,7 @@ class ClientConnection(asyncio.Protocol):
         upstream = self.upstream
         if upstream is None:
             upstream = self.upstream = _Upstream(self)
-            upstream.pending.append(PREAMBLE % (self.clients.scheme, self.client))
+            upstream.pending.append(PREAMBLE % (self.clients.scheme, self.client.encode()))
             self.clients.loop.create_task(upstream.connect(self.clients.relay_path))
         upstream.piped = self.state == PIPED
         if expect_answer:
