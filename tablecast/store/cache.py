@@ -151,7 +151,7 @@ class CachedStore:
             self.inner.apply(writes)
         finally:
             records = self._records
-            for w in writes:
+            for w in writes if records else ():  # a store restoring has nothing cached
                 gone = records.pop(w.key, None)
                 if gone is not None:
                     self._bytes -= len(w.key) + len(gone.value) + ENTRY_OVERHEAD

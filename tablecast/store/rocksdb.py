@@ -249,20 +249,21 @@ class RocksDBStore:
             return
         last = last_per_key(writes)
         rows = list(last.values())
-        stored = [DATA + w.key for w in rows]
+        stored = [DATA + key for key in last]
         existed = self._db[stored]
         batch = WriteBatch(raw_mode=True)
         put, pack = batch.put, _HEADER.pack
-        count = self._count
-        for w, raw_key, before in zip(rows, stored, existed, strict=True):
-            value = w.value
-            if value is None:
+        # each key absent before counts one more, unless it is deleted (counted below)
+        count = self._count + existed.count(None)
+        for (_, value, offset, timestamp, _), raw_key, before in zip(
+            rows, stored, existed, strict=True
+        ):
+            if value is not None:
+                put(raw_key, pack(offset, timestamp) + value)
+            else:  # one row less, or (absent before) none more after all
+                count -= 1
                 if before is not None:
                     batch.delete(raw_key)
-                    count -= 1
-            else:
-                put(raw_key, pack(w.offset, w.timestamp) + value)
-                count += before is None
         if self._indexes is not None:
             self._indexes.stage(last, batch)
         stream_time = self._history.stage(writes, batch) if self._history is not None else None
