@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import orjson
-import simdjson
-
 from tablecast.kafka.catalog import TableInfo
 from tablecast.kafka.windowed import SESSION_SUFFIX
-from tablecast.serde import SerdeError
+from tablecast.serde import SerdeError, json_check
+
+#: how a value that is not JSON is refused (orjson's reason follows)
+NOT_JSON = "bad value: not JSON: "
 
 #: (key, value) -> the reason the record is bad, or None
 Check = Callable[[bytes, bytes | None], str | None]
@@ -32,7 +32,7 @@ def checker(info: TableInfo) -> Check:
         and info.key_serde.format == "string"
         and info.value_serde.format == "json"
     ):
-        return _string_json(json_check())  # the common table
+        return _string_json(json_check(NOT_JSON))  # the common table
     key_ok = _key_check(info)
     value_ok = _value_check(info)
 
@@ -43,35 +43,6 @@ def checker(info: TableInfo) -> Check:
         return reason
 
     return check
-
-
-def json_check() -> Callable[[bytes], str | None]:
-    """Why a value is not JSON, or None: exactly what ``orjson.loads`` accepts, at about half
-    its cost. simdjson validates without building Python objects (a restore checks every
-    record, and orjson's loads was a sixth of the ingest thread); what it refuses, orjson
-    judges (and says why), as it does a leading byte-order mark, the one thing simdjson
-    accepts that orjson does not (tests/unit/test_validate.py compares the two on mutated
-    JSON). Each check has its own parser: use it from one thread."""
-    parse = simdjson.Parser().parse
-
-    def check(value: bytes) -> str | None:
-        if not value.startswith(b"\xef"):  # a byte-order mark's first byte
-            try:
-                parse(value)
-                return None
-            except Exception:  # orjson says whether, and why
-                pass
-        return _orjson_verdict(value)
-
-    return check
-
-
-def _orjson_verdict(value: bytes) -> str | None:
-    try:
-        orjson.loads(value)
-    except orjson.JSONDecodeError as e:
-        return f"bad value: not JSON: {e}"
-    return None
 
 
 def _string_json(value_check: Callable[[bytes], str | None]) -> Check:
@@ -117,7 +88,7 @@ def _value_check(info: TableInfo) -> Callable[[bytes], str | None]:
     if fmt == "bytes":
         return lambda value: None
     if fmt == "json":
-        return json_check()
+        return json_check(NOT_JSON)
 
     def check(value: bytes) -> str | None:
         try:

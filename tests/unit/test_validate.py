@@ -11,10 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tablecast import serde
-from tablecast.cluster.validate import checker, json_check
+from tablecast.cluster.validate import NOT_JSON, checker
 from tablecast.kafka.catalog import TableInfo
+from tablecast.serde import json_check
 
-check = json_check()
+check = json_check(NOT_JSON)
 
 
 def orjson_accepts(value: bytes) -> bool:

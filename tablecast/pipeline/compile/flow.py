@@ -41,6 +41,9 @@ class Flow:
     #: set by query.read when good rows cross to the retraction lean: their raw bytes and
     #: topic columns are null, standing for their key and value and this topic
     lean_topic: str | None = None
+    #: set by query.read when the values were not checked as JSON in the JVM: the
+    #: retraction checks every record's in Python (aggregate.retract)
+    json_unchecked: bool = False
 
     def with_df(self, df: DataFrame, **changes: object) -> Flow:
         return replace(self, df=df, **changes)  # type: ignore[arg-type]
@@ -64,10 +67,11 @@ class Flow:
         flow = flow.fail_where(~vc.valid(F.col("_tc_bv"), F.col("value")), f"value is not {vc.fmt}")
         return flow.with_df(flow.df, changed=frozenset())
 
-    def validate(self) -> Flow:
-        """Mark rows whose bytes do not decode as bad, keeping the bytes."""
+    def validate(self, value: bool = True) -> Flow:
+        """Mark rows whose bytes do not decode as bad, keeping the bytes (the key's only,
+        unless `value`)."""
         flow = self
-        for col, sd in (("key", self.key), ("value", self.value)):
+        for col, sd in (("key", self.key), ("value", self.value))[: 2 if value else 1]:
             codec = Codec(sd)
             raw = F.col(col)
             flow = flow.fail_where(
