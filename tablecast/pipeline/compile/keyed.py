@@ -98,12 +98,7 @@ def bucketed(core: Core, columns: list[str], group: int = K) -> StateFn:
         out: list[tuple[Any, ...]] = []
         for kb, rows in by_key.items():
             out.extend(core(kb, rows, KeyState(store, kb)))
-        if store:
-            state.update((pickle.dumps(store, protocol=5),))
-        elif state.exists:
-            state.remove()
-        if out:
-            yield frame(out, columns)
+        yield from _finish(store, state, out, columns)
 
     return fn
 
@@ -149,14 +144,21 @@ def latest_bucketed(core: LatestFirst, columns: list[str]) -> StateFn:
             else:
                 latest = (tuple(c[i] for c in cols) for i in reversed(idx))
                 core.change(kb, latest, out, KeyState(store, kb))
-        if store:
-            state.update((pickle.dumps(store, protocol=5),))
-        elif state.exists:
-            state.remove()
-        if out:
-            yield frame(out, columns)
+        yield from _finish(store, state, out, columns)
 
     return fn
+
+
+def _finish(
+    store: dict[Any, Any], state: Any, out: list[tuple[Any, ...]], columns: list[str]
+) -> Iterator[Any]:
+    """Keeps a bucket's dict in its state (none once empty) and yields its output rows."""
+    if store:
+        state.update((pickle.dumps(store, protocol=5),))
+    elif state.exists:
+        state.remove()
+    if out:
+        yield frame(out, columns)
 
 
 def ordered_rows(pdfs: Iterator[Any]) -> list[tuple[Any, ...]]:
