@@ -226,9 +226,20 @@ def json_check(prefix: str = "") -> Callable[[bytes], str | None]:
     Python objects; what it refuses, orjson judges (and says why), as it does a leading
     byte-order mark, the one thing simdjson accepts that orjson does not
     (tests/unit/test_validate.py compares the two on mutated JSON). Each check has its
-    own parser: use it from one thread."""
-    import simdjson  # only where records are checked: nodes, and the pipeline's workers
+    own parser: use it from one thread. Without pysimdjson (a Spark worker that has only
+    what docs/operations.md lists) orjson judges every value: the same verdict."""
 
+    def verdict(value: bytes) -> str | None:
+        try:
+            orjson.loads(value)
+        except orjson.JSONDecodeError as e:
+            return f"{prefix}{e}"
+        return None
+
+    try:
+        import simdjson  # only where records are checked: nodes, and the pipeline's workers
+    except ImportError:
+        return verdict
     parse = simdjson.Parser().parse
 
     def check(value: bytes) -> str | None:
@@ -238,11 +249,7 @@ def json_check(prefix: str = "") -> Callable[[bytes], str | None]:
                 return None
             except Exception:  # orjson says whether, and why
                 pass
-        try:
-            orjson.loads(value)
-        except orjson.JSONDecodeError as e:
-            return f"{prefix}{e}"
-        return None
+        return verdict(value)
 
     return check
 

@@ -4,6 +4,7 @@ refuses, together exactly orjson's verdict, on tricky values and on mutated JSON
 from __future__ import annotations
 
 import json
+import sys
 
 import orjson
 import pytest
@@ -51,8 +52,11 @@ def orjson_accepts(value: bytes) -> bool:
         b"NaN",
     ],
 )
-def test_the_check_is_orjson_s_verdict(value: bytes) -> None:
+def test_the_check_is_orjson_s_verdict(value: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
     assert (check(value) is None) == orjson_accepts(value)
+    # a Spark worker without pysimdjson: orjson alone, the same verdict and reason
+    monkeypatch.setitem(sys.modules, "simdjson", None)  # import raises ImportError
+    assert json_check(NOT_JSON)(value) == check(value)
 
 
 JSON = st.recursive(
