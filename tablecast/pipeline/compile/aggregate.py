@@ -196,7 +196,7 @@ def retract(
     `lean_topic`: good rows come without raw bytes and topic (query.read), which are
     their key, value and this topic. `check_json`: their values were not checked as JSON
     in the JVM (query.read), so every record's is checked here, as the node checks a
-    table's records (orjson's verdict, at simdjson's cost: a tenth of the JVM's parse)."""
+    table's records (orjson's verdict, at simdjson's cost)."""
     return Retraction(select, lean_topic, check_json)
 
 
