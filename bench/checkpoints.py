@@ -118,7 +118,7 @@ def render(r: dict[str, Any], cmd: str) -> str:
         f"{per_round(side)} |"
         for side, label in (
             ("spark_default", "Spark's default (FileContext)"),
-            ("tablecast", "tablecast's choice (FileSystem-based, raw local)"),
+            ("tablecast", "tablecast's choice (FileSystem-based, no checksums)"),
         )
     )
     a = r["args"]
@@ -144,7 +144,7 @@ Hadoop's FileContext, whose local file system runs `readlink` as a child process
 name; tablecast's writes a temporary file and renames it with one `rename(2)`. The
 state stores' change files are checkpoint files too, so a stateful micro-batch writes
 several per partition. What could flatter us: both sides run in one Spark session (the
-default manager's runs share the raw local file system that tablecast sets, so only the
+default manager's runs share the local file system without checksums that tablecast sets, so only the
 manager differs); a trickle makes fixed per-batch costs the bulk of a batch, as in a
 steady pipeline but not in a backlog's first large batch.
 """

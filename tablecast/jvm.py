@@ -9,7 +9,9 @@ package, so an installed wheel has them):
 They stay apart because the broker and Spark's connector need different
 ``kafka-clients`` versions. ``spark-kafka`` also holds tablecast's own
 producer interceptor (``_jvm/interceptors``), compiled with ``javac`` against
-the connector's ``kafka-clients`` on first use. Each set is copied into
+the connector's ``kafka-clients`` on first use; ``_jvm/hadoop`` holds the local
+file system a local session checkpoints through (compiled against PySpark's
+Hadoop, put on the driver's class path). Each set is copied into
 ``~/.cache/tablecast/jars/<name>-<hash of its pom>`` once; a changed pom gets a
 fresh directory, so the cache never serves stale jars.
 """
@@ -76,34 +78,60 @@ def _resolve(pom: Path, target: Path) -> None:
 
 #: the producer interceptor that moves the pipeline's timestamp header into the record
 TIMESTAMP_INTERCEPTOR = "tablecast.kafka.TimestampFromHeader"
-INTERCEPTOR_SOURCES = POM_ROOT / "interceptors"
 
 
 def interceptor_jar() -> Path | None:
     """tablecast's producer interceptors as a jar, compiled once (None without a JDK)."""
-    sources = sorted(INTERCEPTOR_SOURCES.glob("*.java"))
-    connector = jar_dir("spark-kafka")
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources) + connector.name.encode())
-    target = cache_root() / "jars" / f"interceptors-{digest.hexdigest()[:12]}"
-    jar = target / "tablecast-interceptors.jar"
+    kafka = sorted(jar_dir("spark-kafka").glob("kafka-clients-*.jar"))
+    return _compiled(
+        "interceptors",
+        kafka,
+        "table records carry the time they were written, not the time of the input "
+        "record that produced them",
+    )
+
+
+#: the local file system without checksums that RocksDB's snapshots can be uploaded to
+HADOOP_SOURCES = POM_ROOT / "hadoop"
+
+
+def hadoop_jar() -> Path | None:
+    """tablecast's Hadoop file system as a jar, compiled once (None without a JDK). It goes
+    on the driver's class path, not on ``spark.jars``: Hadoop loads file systems there."""
+    import pyspark  # it serves Spark sessions, so PySpark is there
+
+    hadoop = sorted((Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar"))
+    return _compiled(
+        "hadoop",
+        hadoop,
+        "local checkpoints go through Hadoop's checksummed local file system and "
+        "Spark's default manager",
+    )
+
+
+def _compiled(name: str, classpath: list[Path], without: str) -> Path | None:
+    """The Java sources under ``_jvm/<name>`` compiled against `classpath` into a jar,
+    once per sources and class path (None without a JDK: `without` says what follows)."""
+    sources = sorted((POM_ROOT / name).glob("*.java"))
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources))
+    digest.update(" ".join(p.name for p in classpath).encode())
+    target = cache_root() / "jars" / f"{name}-{digest.hexdigest()[:12]}"
+    jar = target / f"tablecast-{name}.jar"
     if jar.exists():
         return jar
     javac = shutil.which("javac")
     if javac is None:
-        log.warning(
-            "no javac (a JDK) here: table records carry the time they were written, not "
-            "the time of the input record that produced them"
-        )
+        log.warning("no javac (a JDK) here: %s", without)
         return None
     import tempfile
     import zipfile
 
-    classpath = os.pathsep.join(str(p) for p in sorted(connector.glob("kafka-clients-*.jar")))
     with tempfile.TemporaryDirectory(prefix="tablecast-javac-") as tmp:
-        cmd = [javac, "--release", "17", "-cp", classpath, "-d", tmp, *map(str, sources)]
+        cp = os.pathsep.join(map(str, classpath))
+        cmd = [javac, "--release", "17", "-cp", cp, "-d", tmp, *map(str, sources)]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
-            raise RuntimeError(f"javac failed for {INTERCEPTOR_SOURCES}:\n{done.stderr[-3000:]}")
+            raise RuntimeError(f"javac failed for {POM_ROOT / name}:\n{done.stderr[-3000:]}")
         target.mkdir(parents=True, exist_ok=True)
         partial = jar.with_suffix(".partial")
         with zipfile.ZipFile(partial, "w") as z:

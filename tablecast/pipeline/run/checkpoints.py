@@ -11,16 +11,24 @@ write took 138 ms with it and 18.5 ms without, the commit 108 and 20.5 ms, and a
 whole stateful micro-batch 3.17 s and 2.43 s: 0.77x (interquartile range
 0.67-0.80; its state-store changelogs are checkpoint files too).
 
-For a local checkpoint location a tablecast session therefore uses Hadoop's
-raw local file system (no ``.crc`` side files: the default manager writes
+For a local checkpoint location a local tablecast session therefore uses a local
+file system without checksums (no ``.crc`` side files: the default manager writes
 checkpoint files without them too, and with them every rename would be two
 renames, which a kill -9 could split, leaving a file whose checksum does not
 match) and Spark's FileSystem-based checkpoint manager over it: write to a
 temporary name, then one ``rename(2)``, which is atomic on a local disk and
 replaces an existing file in one step. A file that must not exist yet is
 checked first, as FileContext does on a local disk. Other locations (hdfs://,
-s3a://...) keep Spark's default. Under ``spark-submit`` the user's settings
-stand: with a checksummed local file system the default manager stays.
+s3a://...) keep Spark's default.
+
+That file system is tablecast's own (``tablecast/_jvm/hadoop``), not Hadoop's raw
+one, which tablecast used before: RocksDB uploads its state snapshots with
+``FileSystem.copyFromLocalFile``, which casts the file:// file system to a
+LocalFileSystem, and the raw one is not: every snapshot failed ("Ignoring error
+while performing snapshot maintenance"), so a restart replayed every state
+changelog since the query began and none was ever cleaned up. Sessions on a
+cluster master, under ``spark-submit``, or without a JDK to compile it keep
+Hadoop's default (checksummed) local file system and Spark's default manager.
 """
 
 from __future__ import annotations
@@ -36,12 +44,27 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RAW_LOCAL_FS = "org.apache.hadoop.fs.RawLocalFileSystem"
-#: what a tablecast session sets before Spark starts: the file:// scheme is the raw
-#: local file system, and no file system object made with other settings is reused
-SESSION_CONF = {
-    "spark.hadoop.fs.file.impl": RAW_LOCAL_FS,
-    "spark.hadoop.fs.file.impl.disable.cache": "true",
-}
+#: tablecast's local file system without checksums (tablecast/_jvm/hadoop): unlike the
+#: raw one, a LocalFileSystem, which RocksDB's snapshot upload casts file:// to
+UNCHECKED_LOCAL_FS = "tablecast.hadoop.UncheckedLocalFileSystem"
+UNCHECKED = (RAW_LOCAL_FS, UNCHECKED_LOCAL_FS)
+
+
+def session_conf(own_jar: str | None) -> dict[str, str]:
+    """What a local tablecast session sets before Spark starts, given tablecast's Hadoop
+    jar (None: no JDK compiled it): the file:// scheme is its local file system without
+    checksums, on the driver's class path (a local master's executors are the driver),
+    and no file system object made with other settings is reused. Without the jar,
+    nothing: Hadoop's raw local file system would break RocksDB's snapshots."""
+    if own_jar is None:
+        return {}
+    return {
+        "spark.hadoop.fs.file.impl": UNCHECKED_LOCAL_FS,
+        "spark.hadoop.fs.file.impl.disable.cache": "true",
+        "spark.driver.extraClassPath": own_jar,
+    }
+
+
 MANAGER_KEY = "spark.sql.streaming.checkpointFileManagerClass"
 #: Spark moved the class into a package of its own in 4.x
 MANAGERS = (
@@ -69,7 +92,7 @@ def _fs_manager(spark: SparkSession) -> str | None:
     assert jvm is not None
     conf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[union-attr]
     fs = jvm.org.apache.hadoop.fs.FileSystem.get(jvm.java.net.URI("file:///"), conf)
-    if fs.getClass().getName() != RAW_LOCAL_FS:
+    if fs.getClass().getName() not in UNCHECKED:
         return None
     for name in MANAGERS:
         try:

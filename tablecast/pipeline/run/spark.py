@@ -95,8 +95,9 @@ def session(
     )
     for k, v in driver_address(submitted).items():
         builder = builder.config(k, v)
-    if not submitted:  # local checkpoint files without a process per rename
-        for k, v in checkpoints.SESSION_CONF.items():
+    if not submitted and is_local(master or ""):  # checkpoint files without a process per rename
+        own = jvm.hadoop_jar()
+        for k, v in checkpoints.session_conf(None if own is None else str(own)).items():
             builder = builder.config(k, v)
     for k, v in (conf or {}).items():
         builder = builder.config(k, v)
