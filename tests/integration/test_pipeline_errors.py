@@ -105,5 +105,12 @@ def test_poison_records_go_to_the_dlq_and_good_ones_flow(
         # events, which reach the listener after the batch (a CI run once read 8 of 9)
         assert len(dead) == 2 * 4 + 4
         eventually(lambda: pipeline.dead_letters.total() == len(dead), 30)
+
+        # the same progress reports make the status points, with the counts in them
+        def counted() -> int:
+            return sum(p["dead_letters"] for p in dict(pipeline._latest).values())
+
+        eventually(lambda: counted() == len(dead), 30)
+        assert set(pipeline._latest) == set(pipeline.queries)
     finally:
         pipeline.stop()
