@@ -156,10 +156,15 @@ def classpath(name: str) -> str:
 
 def main(argv: list[str]) -> int:
     """``python -m tablecast.jvm NAME``: the comma-separated jars of set NAME (fetched
-    once), for ``spark-submit --jars``; with ``--classpath``, joined as a classpath."""
+    once), for ``spark-submit --jars``; with ``--classpath``, joined as a classpath.
+    ``hadoop``: the jar of tablecast's local file system, for ``--driver-class-path``."""
     names = [a for a in argv if not a.startswith("-")] or ["spark-kafka"]
+    if names == ["hadoop"]:
+        jar = hadoop_jar()
+        print(jar or "")
+        return 0 if jar is not None else 1
     if len(names) != 1 or names[0] not in JAR_SETS:
-        print(f"usage: python -m tablecast.jvm [--classpath] {{{'|'.join(JAR_SETS)}}}")
+        print(f"usage: python -m tablecast.jvm [--classpath] {{{'|'.join((*JAR_SETS, 'hadoop'))}}}")
         return 2
     sep = os.pathsep if "--classpath" in argv else ","
     print(sep.join(str(p) for p in jars(names[0])))

@@ -79,7 +79,3 @@ def test_rocksdb_state_snapshots_reach_a_local_checkpoint(
             assert [p for p in written if p.suffix == ".crc"] == []
     finally:
         spark.conf.set(key, "true")
-
-
-def test_without_tablecasts_jar_a_session_keeps_hadoops_local_file_system() -> None:
-    assert checkpoints.session_conf(None) == {}

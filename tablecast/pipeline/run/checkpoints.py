@@ -34,6 +34,7 @@ Hadoop's default (checksummed) local file system and Spark's default manager.
 from __future__ import annotations
 
 import logging
+import os
 from typing import TYPE_CHECKING
 
 from tablecast.pipeline.run.layout import local_path
@@ -50,19 +51,27 @@ UNCHECKED_LOCAL_FS = "tablecast.hadoop.UncheckedLocalFileSystem"
 UNCHECKED = (RAW_LOCAL_FS, UNCHECKED_LOCAL_FS)
 
 
-def session_conf(own_jar: str | None) -> dict[str, str]:
+def session_conf(own_jar: str | None, given: dict[str, str] | None = None) -> dict[str, str]:
     """What a local tablecast session sets before Spark starts, given tablecast's Hadoop
-    jar (None: no JDK compiled it): the file:// scheme is its local file system without
-    checksums, on the driver's class path (a local master's executors are the driver),
-    and no file system object made with other settings is reused. Without the jar,
-    nothing: Hadoop's raw local file system would break RocksDB's snapshots."""
-    if own_jar is None:
-        return {}
+    jar (None: no JDK compiled it) and the settings the caller `given`, which win: the
+    file:// scheme is its local file system without checksums, on the driver's class
+    path (a local master's executors are the driver; a class path the caller sets is
+    kept, ours added to it), and no file system object made with other settings is
+    reused. Without the jar, nothing: Hadoop's raw local file system would break
+    RocksDB's snapshots."""
+    given = given or {}
+    if own_jar is None or "spark.hadoop.fs.file.impl" in given:
+        return dict(given)
+    path = [p for p in given.get(CLASS_PATH, "").split(os.pathsep) if p]
     return {
         "spark.hadoop.fs.file.impl": UNCHECKED_LOCAL_FS,
         "spark.hadoop.fs.file.impl.disable.cache": "true",
-        "spark.driver.extraClassPath": own_jar,
+        **given,
+        CLASS_PATH: os.pathsep.join([*path, own_jar]),
     }
+
+
+CLASS_PATH = "spark.driver.extraClassPath"
 
 
 MANAGER_KEY = "spark.sql.streaming.checkpointFileManagerClass"

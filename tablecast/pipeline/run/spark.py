@@ -97,8 +97,7 @@ def session(
         builder = builder.config(k, v)
     if not submitted and is_local(master or ""):  # checkpoint files without a process per rename
         own = jvm.hadoop_jar()
-        for k, v in checkpoints.session_conf(None if own is None else str(own)).items():
-            builder = builder.config(k, v)
+        conf = checkpoints.session_conf(None if own is None else str(own), conf)
     for k, v in (conf or {}).items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
