@@ -91,10 +91,6 @@ def interceptor_jar() -> Path | None:
     )
 
 
-#: the local file system without checksums that RocksDB's snapshots can be uploaded to
-HADOOP_SOURCES = POM_ROOT / "hadoop"
-
-
 def hadoop_jar() -> Path | None:
     """tablecast's Hadoop file system as a jar, compiled once (None without a JDK). It goes
     on the driver's class path, not on ``spark.jars``: Hadoop loads file systems there."""

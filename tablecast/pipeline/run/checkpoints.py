@@ -49,6 +49,7 @@ RAW_LOCAL_FS = "org.apache.hadoop.fs.RawLocalFileSystem"
 #: raw one, a LocalFileSystem, which RocksDB's snapshot upload casts file:// to
 UNCHECKED_LOCAL_FS = "tablecast.hadoop.UncheckedLocalFileSystem"
 UNCHECKED = (RAW_LOCAL_FS, UNCHECKED_LOCAL_FS)
+CLASS_PATH = "spark.driver.extraClassPath"
 
 
 def session_conf(own_jar: str | None, given: dict[str, str] | None = None) -> dict[str, str]:
@@ -69,9 +70,6 @@ def session_conf(own_jar: str | None, given: dict[str, str] | None = None) -> di
         **given,
         CLASS_PATH: os.pathsep.join([*path, own_jar]),
     }
-
-
-CLASS_PATH = "spark.driver.extraClassPath"
 
 
 MANAGER_KEY = "spark.sql.streaming.checkpointFileManagerClass"

@@ -90,8 +90,10 @@ class DeadLetterCounter:
             def onQueryTerminated(self, event: Any) -> None:
                 pass
 
+            # PySpark's internal hook: what addListener/removeListener register (a
+            # PySpark without it fails test_pipeline_errors' dead-letter counts)
             @property
-            def _jlistener(self) -> Any:  # what addListener/removeListener register
+            def _jlistener(self) -> Any:
                 if not hasattr(self, "_wrapped"):
                     jvm = SparkContext._jvm
                     assert jvm is not None
