@@ -184,3 +184,56 @@ def test_table_operators_and_aggregations_match_kafka_streams(
         got = read_table(bootstrap, f"{running.app.id}.table.{name}", STR, value)
         assert got == {k: v for k, v in table.items() if v != 0 or k in got}, name
     running.check(bootstrap, want)
+
+
+def test_repartition_headers_reuse_one_generated_code(spark: Any) -> None:
+    """A group_by's first query writes every micro-batch with the batch id in its headers,
+    and its second query reads them: the code Spark generates for each must be the same
+    for every batch and every query, or Spark compiles it anew (and the JIT after it) at
+    every batch of a running pipeline and for every query started."""
+    import contextlib
+    import io
+
+    from pyspark.sql import DataFrame
+
+    from tablecast.pipeline.compile import envelope as env
+    from tablecast.pipeline.compile import sink
+
+    rows = spark.range(2).select(
+        F.col("id").cast("binary").alias(env.RID),
+        F.when(F.col("id") == 1, F.lit(b"old")).alias(env.OLD),
+        F.lit(b"src").alias(env.SRC),
+    )
+
+    def generated(df: DataFrame) -> str:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            df.explain("codegen")
+        text = out.getvalue()
+        assert "Generated code:" in text
+        return text[text.index("Generated code:") :]
+
+    def written(batch_id: int) -> DataFrame:  # each time as a new query builds it
+        return sink.with_batch_id(rows, batch_id).select(
+            sink.repartition_headers().alias("headers")
+        )
+
+    assert generated(written(5)) == generated(written(6))
+    read = [generated(sink.read_repartition_headers(written(7))) for _ in range(2)]
+    assert read[0] == read[1]
+
+    got = sink.read_repartition_headers(written(7).withColumn("id", F.col("headers")[1].value))
+    batch = (7).to_bytes(8, "big")
+    assert [[(h.key, bytes(h.value)) for h in r.headers] for r in got.orderBy("id").collect()] == [
+        [("tablecast.batch", batch), ("tablecast.rid", b"\0" * 8), ("tablecast.src", b"src")],
+        [
+            ("tablecast.batch", batch),
+            ("tablecast.rid", b"\0" * 7 + b"\1"),
+            ("tablecast.old", b"old"),
+            ("tablecast.src", b"src"),
+        ],
+    ]
+    assert [(bytes(r[env.OLD] or b""), r[env.BATCH]) for r in got.orderBy("id").collect()] == [
+        (b"", 7),
+        (b"old", 7),
+    ]

@@ -40,7 +40,7 @@ from pyspark.sql.types import (
 from tablecast.kafka import indexes as contract
 from tablecast.pipeline.compile.columns import classic
 from tablecast.pipeline.compile.flow import Flow
-from tablecast.pipeline.compile.sink import header
+from tablecast.pipeline.compile.sink import present
 from tablecast.pipeline.plan import nodes as plan
 
 #: the row's header value (binary JSON, null: no header)
@@ -66,9 +66,7 @@ def apply(flow: Flow, indexes: tuple[tuple[str, plan.Fn], ...]) -> tuple[Flow, C
     live = F.col("value").isNotNull()  # a tombstone carries no index values
     df = flow.df.withColumn(INDEX, F.when(live, joined.cast("binary")))
     df = df.drop(_COLS_JSON, _PY)
-    headers = F.filter(
-        F.array(header(contract.HEADER, F.col(INDEX))), lambda h: h.getField("value").isNotNull()
-    )
+    headers = present((contract.HEADER, F.col(INDEX)))
     return flow.with_df(df), headers
 
 

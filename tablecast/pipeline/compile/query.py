@@ -292,10 +292,11 @@ def writer(spark: SparkSession, q: Query, t: Target) -> DataStreamWriter:
         flow, indexed = index.apply(flow, q.indexes)
     if q.writes_batches or q.reorders:
         df = sink.observe(flow.df, q.name)
+        headers = sink.repartition_headers() if q.writes_batches else indexed
 
         def write_batch(batch: DataFrame, batch_id: int) -> None:
-            # the batch id lets the reading query drop what a replay writes again
-            headers = sink.repartition_headers(batch_id) if q.writes_batches else indexed
+            if q.writes_batches:  # the batch id lets the reader drop what a replay writes again
+                batch = sink.with_batch_id(batch, batch_id)
             if q.reorders:
                 batch = join.in_source_order(batch)
             out = sink.route(flow.with_df(batch), q, dlq, headers, placed)

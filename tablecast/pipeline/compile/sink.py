@@ -72,16 +72,33 @@ def route(
     return df.select(*cols)
 
 
-def repartition_headers(batch_id: int) -> Column:
-    """Headers a repartition record carries (a null retracted value is left out)."""
-    batch = Codec.long_bytes(F.lit(batch_id))
-    all_ = F.array(
-        header(BATCH_HEADER, batch),
-        header(RID_HEADER, F.col(env.RID)),
-        header(OLD_HEADER, F.col(env.OLD)),
-        header(SRC_HEADER, F.col(env.SRC)),
+#: a repartition write's batch id, as the bytes of its header (a column of the batch written)
+BATCH_BYTES = "_tc_batch_bytes"
+
+
+def present(*headers: tuple[str, Column]) -> Column:
+    """Headers without those whose value is null. No Python lambda: Spark reuses generated
+    code only for identical source, and PySpark names a lambda's variable anew each time
+    (x_1, x_2 ...), which a comment in the code repeats, so every query (every batch,
+    where a Column is built per batch) had its code compiled anew, and the JIT after it."""
+    return F.array_compact(F.array(*(F.when(v.isNotNull(), header(k, v)) for k, v in headers)))
+
+
+def repartition_headers() -> Column:
+    """Headers a repartition record carries (a null retracted value is left out); the batch
+    id comes from column BATCH_BYTES (with_batch_id())."""
+    return present(
+        (BATCH_HEADER, F.col(BATCH_BYTES)),
+        (RID_HEADER, F.col(env.RID)),
+        (OLD_HEADER, F.col(env.OLD)),
+        (SRC_HEADER, F.col(env.SRC)),
     )
-    return F.filter(all_, lambda h: h.getField("value").isNotNull())
+
+
+def with_batch_id(batch: DataFrame, batch_id: int) -> DataFrame:
+    """The batch id for repartition_headers(): a binary literal, which generated code reads
+    from its references (a long literal would be written into the code, new every batch)."""
+    return batch.withColumn(BATCH_BYTES, F.lit(batch_id.to_bytes(8, "big", signed=True)))
 
 
 def with_record_ids(flow: Flow, extra: tuple[str, ...]) -> Flow:
@@ -102,8 +119,9 @@ def with_record_ids(flow: Flow, extra: tuple[str, ...]) -> Flow:
 
 def read_repartition_headers(df: DataFrame) -> DataFrame:
     def get(name: str) -> Column:
-        found = F.filter("headers", lambda h: h.getField("key") == F.lit(name))
-        return F.try_element_at(found, F.lit(1)).getField("value")
+        # a lambda written in SQL keeps its variable's name, so the generated code is the
+        # same for every query that reads these headers (see present())
+        return F.expr(f"try_element_at(filter(headers, h -> h.key = '{name}'), 1).value")
 
     batch = Codec.long_from_bytes(get(BATCH_HEADER))
     return df.withColumns(
