@@ -79,6 +79,16 @@ def produce(bootstrap: str, topic: str, n: int, keys: int, start: int = 0) -> No
     assert p.flush(60) == 0
 
 
+def sums_by_group(rows: Any) -> Any:
+    """The benchmark's group_by/reduce: each row's n summed per group g (the same job as
+    Kafka Streams' GroupByReduce)."""
+    import tablecast as tc
+
+    return rows.group_by(lambda k, v: (v["g"], v["n"]), value=tc.serde.long()).reduce(
+        lambda a, b: a + b, lambda a, b: a - b
+    )
+
+
 def drained_rate(queries: list[Any], records: int) -> dict[str, float]:
     """records / (first batch with data starts .. last batch with data ends), from progress."""
     starts, ends = [], []
@@ -112,9 +122,7 @@ def throughput(
     elif name == "stateless-python":
         rows.filter(lambda k, v: v["n"] % 2 == 0).materialize("t")
     else:
-        rows.group_by(lambda k, v: (v["g"], v["n"]), value=tc.serde.long()).reduce(
-            lambda a, b: a + b, lambda a, b: a - b
-        ).materialize("t")
+        sums_by_group(rows).materialize("t")
     wall = time.monotonic()
     pipeline = app.start(bootstrap_servers=bootstrap, spark=spark)
     try:
@@ -290,9 +298,7 @@ def freshness(
     app = tc.App(f"benchfresh{mode}", state_dir=state, trigger=trigger)
     rows = app.table(topic, key=tc.serde.string(), value=tc.serde.json())
     if grouped:
-        rows = rows.group_by(lambda k, v: (v["g"], v["n"]), value=tc.serde.long()).reduce(
-            lambda a, b: a + b, lambda a, b: a - b
-        )
+        rows = sums_by_group(rows)
     rows.materialize("fresh")
     pipeline = app.start(bootstrap_servers=bootstrap, spark=spark)
     # the query that writes the table (a group_by's second; the first's name ends in .0)
