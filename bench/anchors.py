@@ -187,10 +187,10 @@ def check_same(
 
 def redis_get(server: rp.RedisServer, keys: int, seconds: int, rps_guess: float) -> dict[str, Any]:
     """redis-benchmark GETs for about `seconds`, in wrk's units (rps, p50_us, p99_us)."""
-    r = rp.benchmark(
-        server, keys, int(rps_guess * seconds), clients=CONNECTIONS, cpus=LOAD_CPU, timeout=600
-    )
+    n = int(rps_guess * seconds)
+    r = rp.benchmark(server, keys, n, clients=CONNECTIONS, cpus=LOAD_CPU, timeout=600)
     return {
+        "requests": n,
         "rps": r.rps,
         "p50_us": r.p50_ms * 1000,
         "p99_us": r.p99_ms * 1000,

@@ -13,6 +13,7 @@ Each round's own ratios are reported with their median and interquartile range; 
 from __future__ import annotations
 
 import logging
+import statistics
 from typing import Any
 
 import orjson
@@ -23,6 +24,7 @@ from bench.common import (
     LOAD_CPU,
     SERVER_CPU,
     command,
+    cpu_seconds,
     facts_line,
     machine,
     median,
@@ -30,6 +32,7 @@ from bench.common import (
     save,
     settled,
     wait_http,
+    with_cpu,
     write_section,
     wrk,
 )
@@ -66,27 +69,34 @@ def main(argv: list[str]) -> None:
     common.ensure_tools({"wrk": "wrk"})
     r: dict[str, Any] = {"machine": machine(), "command": command(), "args": vars(args)}
     with Stack() as stack, on_load_core():
-        urls, procs = {}, []
+        urls, procs = {}, {}
         for name, app in APPS.items():
             stack.table("points", args.keys, PARTITIONS, app=app, key_of=rkey)
             proc, url = stack.node(stack.dir / name, None, *EXTRA.get(name, ()), app=app)
             wait_http(url + "/readyz", timeout=300, proc=proc)
             urls[name] = url
-            procs.append(proc)
-        const_proc, urls["constant"] = stack.baseline("granian-rsgi")
-        procs.append(const_proc)
+            procs[name] = proc
+        procs["constant"], urls["constant"] = stack.baseline("granian-rsgi")
+        pids = {name: p.pid for name, p in procs.items()}
         with rp.start(stack.dir / "redis", cpus=SERVER_CPU) as redis:
             rp.load_numbered(redis, args.keys, value_of)
-            r["rounds"] = measure(urls, redis, args.keys, args.seconds, args.rounds)
-        for p in procs:
+            r["rounds"] = measure(urls, pids, redis, args.keys, args.seconds, args.rounds)
+        for p in procs.values():
             stack.stop(p)
     save("redis_get", r)
     write_section("redis_get", render(r))
 
 
 def measure(
-    urls: dict[str, str], redis: rp.RedisServer, keys: int, seconds: int, rounds: int
+    urls: dict[str, str],
+    pids: dict[str, int],
+    redis: rp.RedisServer,
+    keys: int,
+    seconds: int,
+    rounds: int,
 ) -> dict[str, list[dict[str, Any]]]:
+    """Each round every server in turn; each run with the server's CPU per request (µs),
+    which no time slice taken by another process on its core can move much."""
     script = key_script(tc_path("points"), keys)
     # warm-ups: every key asked for at least once (kept answers, read cache, block cache)
     for name in APPS:
@@ -94,16 +104,22 @@ def measure(
     wrk(urls["constant"] + "/", None, 2, CONNECTIONS)
     guess = rp.benchmark(redis, keys, 200_000, clients=CONNECTIONS, cpus=LOAD_CPU).rps
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in NAMES}
+
+    def http(name: str, lua: str | None) -> None:
+        url = urls[name] + "/"
+        run = with_cpu(wrk, url, lua, seconds, CONNECTIONS, pids=(pids[name],))
+        run["cpu_us_per_request"] = run["cpu_us_per_request"][0]
+        runs[name].append(run)
+
     for n in range(rounds):
-        runs["tablecast"].append(wrk(urls["tablecast"] + "/", script, seconds, CONNECTIONS))
-        runs["redis"].append(redis_get(redis, keys, seconds, guess))
-        runs["tablecast_loop"].append(
-            wrk(urls["tablecast_loop"] + "/", script, seconds, CONNECTIONS)
-        )
-        runs["tablecast_routed"].append(
-            wrk(urls["tablecast_routed"] + "/", script, seconds, CONNECTIONS)
-        )
-        runs["constant"].append(wrk(urls["constant"] + "/", None, seconds, CONNECTIONS))
+        http("tablecast", script)
+        before = cpu_seconds(redis.pid)
+        run = redis_get(redis, keys, seconds, guess)
+        run["cpu_us_per_request"] = (cpu_seconds(redis.pid) - before) / run["requests"] * 1e6
+        runs["redis"].append(run)
+        http("tablecast_loop", script)
+        http("tablecast_routed", script)
+        http("constant", None)
         log.info(
             "round %d: %s", n + 1, ", ".join(f"{k} {v[-1]['rps']:,.0f}" for k, v in runs.items())
         )
@@ -116,12 +132,31 @@ def ratios(runs: dict[str, list[dict[str, Any]]], ours: str, theirs: str) -> dic
     )
 
 
+def cpu_ratios(runs: dict[str, list[dict[str, Any]]], ours: str, theirs: str) -> dict[str, Any]:
+    """Requests per CPU-second of the server, ours ÷ theirs: the per-core ratio even where a
+    load generator, not the server, sets the rate."""
+    return ratio_spread(
+        [
+            b["cpu_us_per_request"] / a["cpu_us_per_request"]
+            for a, b in zip(runs[ours], runs[theirs], strict=True)
+        ]
+    )
+
+
 LABELS = {
     "tablecast": "tablecast node, kept answers, `--http-engine granian`",
     "tablecast_loop": "tablecast node, kept answers, `--http-engine loop` (default)",
     "tablecast_routed": "tablecast node, granian, `--answers-mb 0` (routed, read cache)",
     "redis": "Redis GET (redis-benchmark)",
     "constant": "constant body, the node's HTTP stack (granian RSGI)",
+}
+
+SHORT = {
+    "tablecast": "kept answers on granian",
+    "tablecast_loop": "kept answers on the loop engine",
+    "tablecast_routed": "routed on granian",
+    "redis": "Redis",
+    "constant": "constant body",
 }
 
 
@@ -148,6 +183,7 @@ def render(r: dict[str, Any]) -> str:
         verdict = f"{settled(s['ratio_iqr'], TARGET)} (≥ {TARGET})" if target else ""
         ratio_rows.append(f"| {label} | {s['ratio_median']:.2f} | {lo:.2f}–{hi:.2f} | {verdict} |")
     ratio_table = "\n".join(ratio_rows)
+    cpu_table = _cpu_table(runs)
     const_redis = ratios(runs, "constant", "redis")["ratio_median"]
     kept_const = ratios(runs, "tablecast", "constant")["ratio_median"]
     loop_const = ratios(runs, "tablecast_loop", "constant")["ratio_median"]
@@ -174,7 +210,7 @@ Ratios of each round's own runs:
 {ratio_table}
 
 Rounds (req/s): {per_round}.
-
+{cpu_table}
 Hot: every key was asked for during a warm-up, so the kept answers and the read cache
 hold all of them, and no write moves a partition during the runs (a write to a partition
 ends its kept answers until they are read again; BENCHMARKS' cold section has reads that go
@@ -194,6 +230,42 @@ its HTTP stack (each request handed to the Python event loop from granian's own 
 loop engine, the default, parses HTTP/1.1 on the event loop and writes a kept answer as the
 bytes it last wrote (it serves no HTTP/2: docs/operations.md). A read path that answers
 without Python is not built.
+"""
+
+
+def _cpu_table(runs: dict[str, list[dict[str, Any]]]) -> str:
+    """The servers' CPU per request and the per-core ratios to Redis, when the run took them."""
+    if any("cpu_us_per_request" not in x for v in runs.values() for x in v):
+        return ""  # results saved before the servers' CPU was measured
+    cpu = "; ".join(
+        f"{SHORT[n]} {statistics.median(x['cpu_us_per_request'] for x in runs[n]):.1f} µs"
+        for n in NAMES
+    )
+    rows = []
+    for ours, label in (
+        ("tablecast", "kept answers, granian"),
+        ("tablecast_loop", "kept answers, loop engine (default)"),
+        ("constant", "constant body"),
+    ):
+        s = cpu_ratios(runs, ours, "redis")
+        lo, hi = s["ratio_iqr"]
+        verdict = f"{settled(s['ratio_iqr'], TARGET)} (≥ {TARGET})" if ours != "constant" else ""
+        rows.append(
+            f"| {label} ÷ Redis, per server CPU-second | {s['ratio_median']:.2f} "
+            f"| {lo:.2f}–{hi:.2f} | {verdict} |"
+        )
+    table = "\n".join(rows)
+    return f"""
+A load generator on one core can bound a fast server below its core's capacity, so each
+run also measured the server's own CPU (user + system, all its threads, from /proc) per
+request, medians: {cpu}. Requests per CPU-second of the server, each round's
+ratio (the per-core comparison whichever side the load generator held back; what it
+leaves out is kernel work not charged to the server's threads, such as loopback traffic
+handled in softirq on behalf of whichever process held the core, on both sides alike):
+
+| | median | interquartile range | target |
+|---|---|---|---|
+{table}
 """
 
 
