@@ -24,7 +24,6 @@ from bench.common import (
     LOAD_CPU,
     SERVER_CPU,
     command,
-    cpu_seconds,
     facts_line,
     machine,
     median,
@@ -105,18 +104,17 @@ def measure(
     guess = rp.benchmark(redis, keys, 200_000, clients=CONNECTIONS, cpus=LOAD_CPU).rps
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in NAMES}
 
+    def run(name: str, pid: int, how: Any, *args: Any) -> None:
+        out = with_cpu(how, *args, pids=(pid,))
+        out["cpu_us_per_request"] = out["cpu_us_per_request"][0]
+        runs[name].append(out)
+
     def http(name: str, lua: str | None) -> None:
-        url = urls[name] + "/"
-        run = with_cpu(wrk, url, lua, seconds, CONNECTIONS, pids=(pids[name],))
-        run["cpu_us_per_request"] = run["cpu_us_per_request"][0]
-        runs[name].append(run)
+        run(name, pids[name], wrk, urls[name] + "/", lua, seconds, CONNECTIONS)
 
     for n in range(rounds):
         http("tablecast", script)
-        before = cpu_seconds(redis.pid)
-        run = redis_get(redis, keys, seconds, guess)
-        run["cpu_us_per_request"] = (cpu_seconds(redis.pid) - before) / run["requests"] * 1e6
-        runs["redis"].append(run)
+        run("redis", redis.pid, redis_get, redis, keys, seconds, guess)
         http("tablecast_loop", script)
         http("tablecast_routed", script)
         http("constant", None)
