@@ -278,7 +278,8 @@ def layout_row(label: str, x: dict[str, Any]) -> str:
 
 
 def _cpu_ratio(x: dict[str, Any]) -> str:
-    """Local ÷ forwarded CPU per read of A, and its verdict (results saved before it: n/a)."""
+    """Core 0's CPU per local read ÷ per forwarded read, and its verdict (n/a: results
+    saved before it was measured)."""
     c = x.get("by_cpu")
     if c is None:
         return "n/a | n/a"
