@@ -163,7 +163,6 @@ def forwarded(
         "routed": median(routed_runs),
         "short_vs_routed": ratio_spread(short),
         "by_cpu": ratio_spread(by_cpu),
-        "seconds": seconds,
         **ratio_spread(ratios),
         "ratio": statistics.median(ratios),
         "batched_vs_alone": ratio_spread(batched),
@@ -291,14 +290,14 @@ def _rounds(x: dict[str, Any], which: str) -> str:
     return ", ".join(f"{v:,.0f}" for v in x["rounds"][which])
 
 
-def own_cores_note(o: dict[str, Any]) -> str:
+def own_cores_note(o: dict[str, Any], seconds: int) -> str:
     """How busy each core was in the median forwarded run with own cores (A's on core 0;
     B's and wrk's on core 1), and so what bounded that rate."""
     fwd = o["forwarded"]
     a_us, b_us = fwd["cpu_us_per_request"][0], fwd["cpu_us_per_request"][1]
     a_busy = a_us * fwd["rps"] / 1e6
     b_busy = b_us * fwd["rps"] / 1e6
-    wrk_busy = fwd["load_cpu_s"] / o.get("seconds", 8)
+    wrk_busy = fwd["load_cpu_s"] / seconds  # wrk's CPU over its run
     lead = (
         f" With own cores, in the median forwarded run A spent {a_us:.1f} µs of CPU per read "
         f"(core 0 {a_busy:.0%} busy), B {b_us:.1f} µs and wrk beside it kept core 1 "
@@ -365,7 +364,7 @@ only lower the forwarded figure. On the shared core a forwarded request costs co
 local A {cpu["local"][0]:.1f} µs; forwarded in batches A {cpu["forwarded"][0]:.1f} µs + B
 {cpu["forwarded"][1]:.1f} µs; the router's way A2 {cpu["routed"][3]:.1f} µs + B
 {cpu["routed"][1]:.1f} µs; one by one A1 {cpu["one_by_one"][2]:.1f} µs + B
-{cpu["one_by_one"][1]:.1f} µs.{own_cores_note(o)}
+{cpu["one_by_one"][1]:.1f} µs.{own_cores_note(o, args.seconds)}
 
 **Answer gap after kill -9**: three nodes, four client threads querying random keys on the two
 survivors without pause; one node is killed with -9 a third of the way through.
