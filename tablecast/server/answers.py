@@ -25,16 +25,15 @@ from tablecast.cluster.node import Node
 from tablecast.cluster.replica import Replica
 from tablecast.kafka.catalog import TableInfo
 from tablecast.server.local import Headers
+from tablecast.server.wire import kept_alive
 from tablecast.store.cache import drop_oldest
 
 #: per entry beyond the path's and body's bytes: the dict slot, the entry, its header list,
 #: and the str and bytes objects' own (377 bytes measured with tracemalloc; the rest margin)
 ENTRY_OVERHEAD = 400
-#: the loop engine keeps the whole response beside it once written (Entry.wire): the body
-#: again after the head (175 bytes measured, longer with a long node id) in a bytes object
+#: the whole response kept beside it once written or sent to a forwarder (Entry.wire): the
+#: body again after the head (175 bytes measured, longer with a long node id) in a bytes object
 WIRE_OVERHEAD = 300
-#: and the header lines forwarders are sent (Entry.lines): content type and four headers
-LINES_OVERHEAD = 200
 JSON = ("content-type", "application/json")
 
 
@@ -44,7 +43,6 @@ class Entry:
         "end",
         "headers",
         "info",
-        "lines",
         "position",
         "replica",
         "slot",
@@ -67,10 +65,16 @@ class Entry:
         self.end = end
         self.headers = headers
         self.body = body
-        #: the whole HTTP/1.1 response, once the loop server has written it (server/http1.py)
+        #: the whole HTTP/1.1 response, once the loop engine has written it (server/http1.py)
+        #: or a forwarder has been sent it (server/coalesce.py)
         self.wire: bytes | None = None
-        #: its headers as a batch of forwarded reads carries them, once one has (coalesce.py)
-        self.lines: bytes | None = None
+
+    def whole(self) -> bytes:
+        """The whole HTTP/1.1 response (made once)."""
+        wire = self.wire
+        if wire is None:
+            wire = self.wire = kept_alive(200, self.headers, self.body)
+        return wire
 
 
 class Answers:
@@ -161,4 +165,4 @@ class Answers:
 
 def _size(path: str, body: bytes) -> int:
     """An entry's bytes as estimated: the path, the body twice (alone and on the wire)."""
-    return len(path) + 2 * len(body) + ENTRY_OVERHEAD + WIRE_OVERHEAD + LINES_OVERHEAD
+    return len(path) + 2 * len(body) + ENTRY_OVERHEAD + WIRE_OVERHEAD

@@ -35,11 +35,12 @@ from tablecast.server import forwards, openapi, params, status
 from tablecast.server.answers import JSON, Answers, Entry
 from tablecast.server.auth import Auth
 from tablecast.server.coalesce import (
+    ANSWERS_PATH,
     BATCH_PATH,
-    RawResponse,
+    Sink,
     decode_targets,
     encode_answers,
-    header_lines,
+    encode_wires,
     header_pairs,
 )
 from tablecast.server.consistency import AFTER_HEADER
@@ -237,30 +238,24 @@ class HttpApp:
         self.stats.record("key", 200, perf_counter() - started)
         return entry
 
-    def forward(self, path: str, headers: Any) -> tuple[Member, asyncio.Future[RawResponse]] | None:
-        """A GET of `path` without a query string sent on the short path of plain reads of
-        a peer's partition (:mod:`tablecast.server.forwards`): the peer and its answer to
-        come; None when :meth:`begin` takes the request."""
+    def forward(self, path: str, headers: Any, sink: Sink) -> Member | None:
+        """Send a GET of `path` without a query string on the short path of plain reads of
+        a peer's partition (:mod:`tablecast.server.forwards`), its answer to `sink`: the
+        peer it went to; None when :meth:`begin` takes the request."""
         forwards = self._forwards
         if forwards is None or AFTER_HEADER in headers or HOP in headers:
             return None
-        return forwards.submit(path)
+        return forwards.send(path, sink)
 
-    def forwarded(self, waiter: asyncio.Future[RawResponse], proto: Any, started: float) -> bool:
-        """Answer a short-path forward as the peer answered; False when it gave no answer
-        (unreachable, or 503): then :meth:`forward_failed` routes the read."""
-        if waiter.cancelled() or waiter.exception() is not None:
-            return False
-        status, lines, body = waiter.result()
-        if status == 503:
-            return False
-        self._respond("key", (status, body, lines), proto, started)
-        return True
+    def forwarded(self, status: int, started: float) -> None:
+        """Count a short-path forward its peer answered (the sink wrote the answer)."""
+        self.stats.record("key", status, perf_counter() - started)
 
     def forward_failed(
         self, scope: Any, proto: Any, failed: Member, started: float
     ) -> Awaitable[None] | None:
-        """The router's way, for a short-path forward `failed` did not answer."""
+        """The router's way, for a short-path forward `failed` did not answer (unreachable,
+        or 503)."""
         try:
             found = plain_key_read(scope.method, scope.path)
             assert found is not None  # the short path takes only these
@@ -329,10 +324,10 @@ class HttpApp:
                 return "internal_count", lambda q, _: r.fan.internal_count(parts[3], q)
             if parts[4] == "snapshot":
                 return "internal_snapshot", lambda q, _: snapshot.answer_peer(r, parts[3], q)
-        elif path == BATCH_PATH:
+        elif path in (ANSWERS_PATH, BATCH_PATH):
             if method != "POST":
-                raise ApiError("method_not_allowed", f"{BATCH_PATH} takes POST")
-            return "internal_batch", lambda q, proto: self._batch(q, proto)
+                raise ApiError("method_not_allowed", f"{path} takes POST")
+            return "internal_batch", lambda q, proto: self._batch(q, proto, path)
         elif parts[1] == "ui":
             return self._console_route(method, path)
         elif path == NODE_ROUTE:
@@ -441,14 +436,15 @@ class HttpApp:
             )
         return await self.router.fan.batch_get(table, body, req)
 
-    async def _batch(self, req: Request, proto: Any) -> Answer:
+    async def _batch(self, req: Request, proto: Any, path: str) -> Answer:
         """Reads a peer forwarded together (:mod:`tablecast.server.coalesce`): each answered
-        as if it had come alone with the batch's headers, framed in one answer."""
+        as if it had come alone with the batch's headers, framed in one answer (as whole
+        responses on ANSWERS_PATH; on BATCH_PATH, the version before's, headers apart)."""
         body = await _read_body(req, proto)
         if self._peer_checks:
-            self._check_peer("POST", BATCH_PATH, req.query, body, req.headers)
+            self._check_peer("POST", path, req.query, body, req.headers)
         if not req.forwarded:
-            raise ApiError("bad_request", f"{BATCH_PATH} takes reads a peer forwards")
+            raise ApiError("bad_request", f"{path} takes reads a peer forwards")
         started = perf_counter()
         answers: list[Any] = []
         routes: list[str] = []
@@ -463,30 +459,32 @@ class HttpApp:
                 answer = _failed(e, "GET", target)
             routes.append(route)
             answers.append(answer)
-        pending = [i for i, a in enumerate(answers) if not isinstance(a, tuple)]
+        pending = [i for i, a in enumerate(answers) if not isinstance(a, tuple | Entry)]
         if pending:  # a read that awaits (none of a plain key read here): all at once
             done = await asyncio.gather(*(answers[i] for i in pending), return_exceptions=True)
             for i, result in zip(pending, done, strict=True):
                 is_error = isinstance(result, Exception)
                 answers[i] = _failed(result, "GET", targets[i]) if is_error else result
         took = perf_counter() - started
-        for route, (code, _, _) in zip(routes, answers, strict=True):
-            self.stats.record(route, code, took)
-        return 200, encode_answers(answers), [BINARY]
+        for route, answer in zip(routes, answers, strict=True):
+            self.stats.record(route, 200 if isinstance(answer, Entry) else answer[0], took)
+        if path == ANSWERS_PATH:
+            wires = [a.whole() if isinstance(a, Entry) else a for a in answers]
+            return 200, encode_wires(wires), [BINARY]
+        made = [(200, a.body, a.headers) if isinstance(a, Entry) else a for a in answers]
+        return 200, encode_answers(made), [BINARY]
 
-    def _hop(self, target: str, req: Request) -> tuple[str, Answer | Awaitable[Answer]]:
-        """One read of a batch: the route's name and its answer, as :meth:`__call__` gives it
-        a GET with the batch's headers (the path decoded, as the server decodes it)."""
+    def _hop(self, target: str, req: Request) -> tuple[str, Entry | Answer | Awaitable[Answer]]:
+        """One read of a batch: the route's name and its answer (a kept one as it is kept),
+        as :meth:`__call__` gives it a GET with the batch's headers (the path decoded, as
+        the server decodes it)."""
         path, _, query = target.partition("?")
         path = unquote(path)
         answers = self._answers
         if answers is not None and not query:
             entry = answers.get(path)
             if entry is not None:
-                lines = entry.lines
-                if lines is None:
-                    lines = entry.lines = header_lines(entry.headers)
-                return "key", (200, entry.body, lines)
+                return "key", entry
         key = None if query else plain_key_read("GET", path)
         if key is not None:
             request = Request(NO_PARAMS, "", req.headers, req.caller, req.scope)

@@ -9,7 +9,9 @@ answer. On the forwarding node that Python cost more than the forward itself
 (the read's answer comes back in a batch, :mod:`tablecast.server.coalesce`).
 Here the path's table, partition and onward target are kept by path (a
 *plan*, left by the router the first time it forwards a read of that path),
-and each later read costs the routing check and a place in the batch.
+and each later read costs the routing check and a place in the batch: its answer, the
+peer's whole response, goes straight to the connection that asked (a
+:class:`~tablecast.server.coalesce.Sink`), which writes it as it came.
 
 Whatever the answer, it is the router's: the same peer (the first of
 :meth:`Routing.choices` for such a read), the same target and onward headers,
@@ -20,13 +22,12 @@ peer could not answer (unreachable, 503) goes the router's way after all
 
 from __future__ import annotations
 
-import asyncio
 import os
 
 from tablecast.cluster.ingest import Ingestor
 from tablecast.cluster.membership import Member
 from tablecast.kafka.catalog import TableInfo
-from tablecast.server.coalesce import Coalescer, RawResponse
+from tablecast.server.coalesce import Coalescer, Sink
 from tablecast.server.request import HOP
 from tablecast.server.routing import Routing
 from tablecast.server.rpc import FORWARD_TIMEOUT_S
@@ -56,11 +57,11 @@ class Forwards:
         self.coalescer = coalescer
         self._plans: dict[str, Plan] = {}
 
-    def submit(self, path: str) -> tuple[Member, asyncio.Future[RawResponse]] | None:
-        """The peer a plain read of `path` is forwarded to and its answer to come, or None
-        when the router takes it: a path it has not forwarded before (it leaves a plan,
-        :meth:`remember`), one read here now, a table changed in the catalog, the peer
-        taking reads one by one."""
+    def send(self, path: str, sink: Sink) -> Member | None:
+        """The peer a plain read of `path` is forwarded to, its answer to be given to
+        `sink`; None, and nothing sent, when the router takes it: a path it has not
+        forwarded before (it leaves a plan, :meth:`remember`), one read here now, a table
+        changed in the catalog, the peer taking reads one by one."""
         plan = self._plans.get(path)
         if plan is None:
             return None
@@ -71,8 +72,8 @@ class Forwards:
         member = self.routing.first_peer(info, plan.partition)
         if member is None:
             return None
-        waiter = self.coalescer.submit(member.url, plan.target, ONWARD, FORWARD_TIMEOUT_S)
-        return None if waiter is None else (member, waiter)
+        sent = self.coalescer.send(member.url, plan.target, ONWARD, FORWARD_TIMEOUT_S, sink)
+        return member if sent else None
 
     def remember(self, path: str, info: TableInfo, partition: int, target: str) -> None:
         """What the router found `path` to name, as it forwards a plain read of it: the

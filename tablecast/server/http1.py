@@ -24,7 +24,6 @@ import os
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator
-from http import HTTPStatus
 from time import perf_counter
 from typing import Any
 from urllib.parse import unquote
@@ -35,6 +34,7 @@ from tablecast.server import listen
 from tablecast.server.answers import JSON
 from tablecast.server.errors import ApiError
 from tablecast.server.http1_websocket import GOING_AWAY, WRITE_WAIT_S, WebSocket
+from tablecast.server.wire import head, kept_alive, sized_head
 
 log = logging.getLogger(__name__)
 
@@ -61,21 +61,6 @@ STOP_GRACE_S = 5.0
 #: body bytes buffered ahead of the app before the request is refused (the app's own
 #: limit, MAX_BODY, is smaller: this only bounds what an app that never reads can hold)
 MAX_BUFFERED = 2 << 20
-_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
-
-
-def _head(status: int, headers: list[tuple[str, str]], extra: bytes) -> bytes:
-    lines = b"".join(f"{k}: {v}\r\n".encode("latin-1") for k, v in headers)
-    return b"HTTP/1.1 %d %s\r\n%s%s\r\n" % (status, _REASONS.get(status, b""), lines, extra)
-
-
-def sized_head(
-    status: int, headers: list[tuple[str, str]], size: int, close: bool, lines: bytes = b""
-) -> bytes:
-    """The head of an answer whose body (`size` bytes) follows whole; `lines`: more
-    headers, as they go on the wire."""
-    close_line = b"connection: close\r\n" if close else b""
-    return _head(status, headers, b"%scontent-length: %d\r\n%s" % (lines, size, close_line))
 
 
 def decoded_path(raw: bytes) -> str:
@@ -172,7 +157,7 @@ class _Proto:
     def response_stream(self, status: int, headers: list[tuple[str, str]]) -> _Stream:
         self.answered = self.streaming = True
         self.keep_alive = False  # a stream ends with its connection
-        self._conn.write(_head(status, headers, b"transfer-encoding: chunked\r\n"))
+        self._conn.write(head(status, headers, b"transfer-encoding: chunked\r\n"))
         return _Stream(self._conn)
 
 
@@ -202,6 +187,8 @@ class _Connection(asyncio.Protocol):
         self.ws: WebSocket | None = None  # an upgraded connection's WebSocket
         self.ws_scope: _Scope | None = None
         self.ws_task: asyncio.Task[None] | None = None
+        #: a short-path forward's peer, path, headers and start, until its answer comes
+        self.forwarding: tuple[Any, str, _Headers, float] | None = None
 
     # -- connection ------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -348,22 +335,18 @@ class _Connection(asyncio.Protocol):
             if kept is not None:  # the hot path: no request objects, no task
                 wire = kept.wire
                 if wire is None:
-                    head = sized_head(200, kept.headers, len(kept.body), False)
-                    wire = kept.wire = head + kept.body
+                    wire = kept.wire = kept_alive(200, kept.headers, kept.body)
                 self.write(wire)
                 self.proto = None
                 self.waiting_since = self.server.loop.time()
                 return
             started = perf_counter()
-            forward = self.server.app.forward(path, self.headers)
-            if forward is not None:  # a plain read of a peer's partition: no task either
-                proto = self.proto = _Proto(self, True)
+            member = self.server.app.forward(path, self.headers, self)
+            if member is not None:  # a plain read of a peer's partition: no task either
+                self.proto = None
                 self.busy = True
-                member, waiter = forward
-                headers = self.headers  # the next request's replace them before the answer
-                waiter.add_done_callback(
-                    lambda w: self._forwarded(w, proto, member, path, headers, started)
-                )
+                # the next request's headers replace these before the answer comes
+                self.forwarding = (member, path, self.headers, started)
                 return
         proto = _Proto(self, keep_alive, method == "HEAD")
         scope = self._scope(_Scope, method, path, query)
@@ -406,23 +389,33 @@ class _Connection(asyncio.Protocol):
             ws.close(1011 if task.cancelled() or task.exception() else 1000)
 
     # -- answering in order ------------------------------------------------------
-    def _forwarded(
-        self,
-        waiter: asyncio.Future[Any],
-        proto: _Proto,
-        member: Any,
-        path: str,
-        headers: _Headers,
-        started: float,
-    ) -> None:
-        app = self.server.app
-        if app.forwarded(waiter, proto, started):
-            self.busy = False
-            self._next_or_idle(proto)
+    def answered(self, status: int, wire: bytes) -> None:
+        """A short-path forward's answer (server/forwards.py): the peer's whole response,
+        written as it came; one it could not give (503) goes the router's way."""
+        forwarding = self.forwarding
+        if forwarding is None:
             return
+        if status == 503:
+            self._forward_failed(forwarding)
+            return
+        self.forwarding = None
+        self.write(wire)
+        self.server.app.forwarded(status, forwarding[3])
+        self.busy = False
+        self._next_or_idle(True)
+
+    def unanswered(self, error: Exception) -> None:
+        """A short-path forward its peer did not answer: the router's way."""
+        if self.forwarding is not None:
+            self._forward_failed(self.forwarding)
+
+    def _forward_failed(self, forwarding: tuple[Any, str, _Headers, float]) -> None:
+        self.forwarding = None
+        member, path, headers, started = forwarding
+        proto = _Proto(self, True)
         scope = _Scope("GET", path, "", headers, self.client, self.scheme)
         try:
-            rest = app.forward_failed(scope, proto, member, started)
+            rest = self.server.app.forward_failed(scope, proto, member, started)
         except Exception:
             log.exception("request failed")
             rest = None
@@ -461,10 +454,10 @@ class _Connection(asyncio.Protocol):
             proto.response_bytes(failed.status, [JSON], failed.body())
         elif proto.streaming:
             self.write(b"0\r\n\r\n")
-        self._next_or_idle(proto)
+        self._next_or_idle(proto.keep_alive)
 
-    def _next_or_idle(self, proto: _Proto) -> None:
-        if not proto.keep_alive:
+    def _next_or_idle(self, keep_alive: bool) -> None:
+        if not keep_alive:
             self.close()
         elif self.queue:
             self._start()

@@ -26,7 +26,13 @@ from tablecast.cluster.membership import HEARTBEAT_S, Member
 from tablecast.cluster.node import TICK_S
 from tablecast.kafka.catalog import TableInfo
 from tablecast.server import coalesce
-from tablecast.server.coalesce import PASS_HEADERS, READ_PREFIX, Coalescer, RawResponse
+from tablecast.server.coalesce import (
+    PASS_HEADERS,
+    READ_PREFIX,
+    Coalescer,
+    RawResponse,
+    unwired,
+)
 from tablecast.server.consistency import NO_OPTIONS, ReadOptions
 from tablecast.server.errors import ApiError
 from tablecast.server.local import Answer, unavailable
@@ -132,9 +138,12 @@ class Rpc:
         out: asyncio.Future[Answer] = waiter.get_loop().create_future()
 
         def answered(w: asyncio.Future[RawResponse]) -> None:
-            if not w.cancelled() and w.exception() is None:
-                status, lines, body = w.result()
-                if status != 503:
+            if not w.cancelled() and w.exception() is None and w.result()[0] != 503:
+                try:
+                    status, lines, body = unwired(w.result())
+                except PeerUnavailable:
+                    pass  # garbled: as if that peer had not answered
+                else:
                     out.set_result((status, body, lines))
                     return
             # that peer could not answer: the other choices, as elsewhere() takes them

@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import re
+import struct
 from pathlib import Path
 from urllib.parse import quote
 
 import httpx
+import orjson
 import pytest
 
 from tablecast import serde
+from tablecast.cluster.signing import Signer
+from tablecast.server.coalesce import ANSWERS_PATH, BATCH_PATH
+from tablecast.server.peers import PeerPool
+from tablecast.server.request import HOP
 
 from ..support.procs import NodeProcess, eventually, start_node
 from .tables import make_table
@@ -59,6 +65,32 @@ def _same(forwarded: httpx.Response, direct: httpx.Response) -> bool:
     return said(forwarded) == said(direct)
 
 
+def _framed_apart(node: NodeProcess, paths: list[str]) -> list[tuple[int, bytes]]:
+    """Each read's status and body as `node` answers a signed batch of the version before
+    (BATCH_PATH: status, header lines and body framed apart)."""
+
+    async def ask() -> bytes:
+        pool = PeerPool(signer=Signer(SECRET))
+        try:
+            targets = orjson.dumps(paths)
+            status, _, data = await pool.request(
+                node.url, "POST", BATCH_PATH, [(HOP, "1")], targets
+            )
+        finally:
+            pool.close()
+        assert status == 200, data
+        return data
+
+    data, at, out = asyncio.run(ask()), 0, []
+    for _ in paths:
+        status, head, size = struct.unpack_from("!HII", data, at)
+        at += 10 + head
+        out.append((status, data[at : at + size]))
+        at += size
+    assert at == len(data)
+    return out
+
+
 def _paths(keys: list[str]) -> list[str]:
     """Reads of these keys: plain, by ?key= with an option, and their history."""
     plain = [f"/v1/tables/kv/keys/{quote(k, safe='')}" for k in keys]
@@ -90,8 +122,9 @@ def _compare(nodes: list[NodeProcess], to: dict[str, list[str]], together: bool)
 def test_reads_forwarded_together_answer_as_alone(
     bootstrap: str, unique: str, logs: Path, engine: str
 ) -> None:
-    """On both HTTP engines: the loop engine writes a forwarded answer's header lines as
-    they came, granian is given them as pairs."""
+    """On both HTTP engines: the loop engine writes a forwarded answer's whole response as
+    it came, granian is given its headers as pairs; a forwarder of the version before
+    (its batches framed apart) is answered too."""
     keys = [f"key-{i}" for i in range(300)] + ODD
     model = make_table(bootstrap, unique, "kv", PARTITIONS, serde.string(), serde.json())
     model.write(bootstrap, [(k, {"k": k, "n": i}) for i, k in enumerate(keys)])
@@ -123,13 +156,18 @@ def test_reads_forwarded_together_answer_as_alone(
         # the odd keys alone, as a quiet node forwards them: each its own signed request
         odd = {url: _paths([k for k in ks if k in ODD]) for url, ks in owned.items()}
         _compare(nodes, odd, together=False)
+        # the version before's framing: the same answers
+        plain = [p for p in to[b.url] if "?" not in p][:30]
+        direct = asyncio.run(_read_all(b.url, plain))
+        assert _framed_apart(b, plain) == [(d.status_code, d.content) for d in direct]
         # a batch without the cluster's signature is refused, whoever sends it
-        r = httpx.post(
-            f"{b.url}/internal/reads",
-            content=b'["/v1/tables/kv/keys/key-1"]',
-            headers={"x-tablecast-hop": "1"},
-        )
-        assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden", r.text
+        for route in (ANSWERS_PATH, BATCH_PATH):
+            r = httpx.post(
+                f"{b.url}{route}",
+                content=b'["/v1/tables/kv/keys/key-1"]',
+                headers={"x-tablecast-hop": "1"},
+            )
+            assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden", r.text
     finally:
         for node in nodes:
             node.stop()

@@ -22,7 +22,6 @@ from tablecast.kafka.catalog import TableInfo
 from tablecast.server.answers import (
     ENTRY_OVERHEAD,
     JSON,
-    LINES_OVERHEAD,
     WIRE_OVERHEAD,
     Answers,
 )
@@ -179,7 +178,7 @@ def test_when_full_it_drops_its_oldest_answers_and_stays_nearly_full() -> None:
     # starting over when full left it half full on average; dropping an eighth keeps 7/8
     assert answers._bytes >= answers.max_bytes * 7 // 8 - 1000
     assert answers._bytes == sum(len(p) + 2 * len(e.body) for p, e in answers._entries.items()) + (
-        len(answers) * (ENTRY_OVERHEAD + WIRE_OVERHEAD + LINES_OVERHEAD)
+        len(answers) * (ENTRY_OVERHEAD + WIRE_OVERHEAD)
     )
 
 
@@ -190,7 +189,7 @@ def test_keeping_a_path_again_counts_it_once() -> None:
         _read(router, "k")
     entry = answers._entries[PATH]
     assert len(answers) == 1 and answers._bytes == len(PATH) + 2 * len(entry.body) + (
-        ENTRY_OVERHEAD + WIRE_OVERHEAD + LINES_OVERHEAD
+        ENTRY_OVERHEAD + WIRE_OVERHEAD
     )
 
 
@@ -200,7 +199,6 @@ def test_what_it_counts_covers_the_memory_it_takes() -> None:
     import gc
     import tracemalloc
 
-    from tablecast.server.http1 import sized_head
 
     router, answers, replica, _ = _setup(max_bytes=1 << 30)
     keys = [f"key-{i:06d}" for i in range(2000)]
@@ -216,8 +214,7 @@ def test_what_it_counts_covers_the_memory_it_takes() -> None:
         for k in keys:
             _read(router, k)
         for entry in answers._entries.values():  # as the loop engine does on a first hit
-            head = sized_head(200, entry.headers, len(entry.body), False)
-            entry.wire = head + entry.body
+            entry.whole()
         gc.collect()
         before = tracemalloc.get_traced_memory()[0]
         counted = answers._bytes

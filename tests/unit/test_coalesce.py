@@ -1,10 +1,12 @@
 """The forwarder's batches (tablecast.server.coalesce) against a small real HTTP peer: reads
 that leave together travel as one call, a lone one as before, and a peer that refuses the
-batch route gets each read alone with the answer it gives alone."""
+batch route gets each read alone with the answer it gives alone; each read's answer (or
+its failure) reaches its future or sink exactly once."""
 
 from __future__ import annotations
 
 import asyncio
+import struct
 from collections.abc import Awaitable, Callable
 
 import orjson
@@ -13,11 +15,13 @@ import pytest
 from tablecast.cluster.membership import Member
 from tablecast.server import coalesce
 from tablecast.server.coalesce import (
-    BATCH_PATH,
+    ANSWERS_PATH,
     Coalescer,
-    decode_answers,
+    decode_wires,
     encode_answers,
+    encode_wires,
     header_pairs,
+    unwired,
 )
 from tablecast.server.errors import ApiError
 from tablecast.server.peers import PeerPool, PeerUnavailable, Response
@@ -78,14 +82,14 @@ def _alone(target: str) -> tuple[int, bytes]:
 
 
 async def _batching(method: str, target: str, body: bytes) -> tuple[int, bytes]:
-    if target == BATCH_PATH:
+    if target == ANSWERS_PATH:
         node = [("x-tablecast-node", "peer")]
-        return 200, encode_answers([(*_alone(t), node) for t in orjson.loads(body)])
+        return 200, encode_wires([(*_alone(t), node) for t in orjson.loads(body)])
     return _alone(target)
 
 
 async def _no_route(method: str, target: str, body: bytes) -> tuple[int, bytes]:
-    if target == BATCH_PATH:
+    if target == ANSWERS_PATH:
         return 404, ApiError("not_found", "no route").body()
     return _alone(target)
 
@@ -109,6 +113,25 @@ def _against(handler: Handler, check: Check) -> None:
     asyncio.run(run())
 
 
+class Sink:
+    """Notes each answer and failure it is given; `broken` ones raise on an answer."""
+
+    def __init__(self, broken: bool = False) -> None:
+        self.broken = broken
+        self.given: list[object] = []
+        self.done = asyncio.get_running_loop().create_future()
+
+    def answered(self, status: int, wire: bytes) -> None:
+        self.given.append((status, wire))
+        self.done.set_result(None)
+        if self.broken:
+            raise RuntimeError("a bug in the sink")
+
+    def unanswered(self, error: PeerUnavailable) -> None:
+        self.given.append(error)
+        self.done.set_result(None)
+
+
 async def _all(c: Coalescer, url: str, targets: list[str]) -> list[Response]:
     return await asyncio.gather(*(c.get(url, t, [], 2.0) for t in targets))
 
@@ -118,7 +141,7 @@ def test_reads_that_leave_together_travel_as_one_call() -> None:
         answers = await _all(c, url, TARGETS)
         assert [(s, b) for s, _, b in answers] == [_alone(t) for t in TARGETS]
         assert all(("x-tablecast-node", "peer") in h for _, h, _ in answers)
-        assert peer.seen == [("POST", BATCH_PATH)]
+        assert peer.seen == [("POST", ANSWERS_PATH)]
         assert (c.batches, c.batched_reads) == (1, len(TARGETS))
         # a lone read goes as a plain GET
         lone = await c.get(url, TARGETS[0], [], 2.0)
@@ -131,7 +154,7 @@ def test_different_headers_never_share_a_batch() -> None:
     async def check(url: str, c: Coalescer, peer: Peer) -> None:
         tokens = [[("authorization", f"Bearer {i % 2}")] for i in range(4)]
         await asyncio.gather(*(c.get(url, TARGETS[0], h, 2.0) for h in tokens))
-        assert peer.seen == [("POST", BATCH_PATH)] * 2
+        assert peer.seen == [("POST", ANSWERS_PATH)] * 2
 
     _against(_batching, check)
 
@@ -140,7 +163,7 @@ def test_a_peer_without_the_route_gets_each_read_alone() -> None:
     async def check(url: str, c: Coalescer, peer: Peer) -> None:
         answers = await _all(c, url, TARGETS)
         assert [(s, b) for s, _, b in answers] == [_alone(t) for t in TARGETS]
-        assert peer.seen[0] == ("POST", BATCH_PATH)
+        assert peer.seen[0] == ("POST", ANSWERS_PATH)
         assert sorted(peer.seen[1:]) == sorted(("GET", t) for t in TARGETS)
         # for a while, no batch is tried again
         del peer.seen[:]
@@ -151,15 +174,23 @@ def test_a_peer_without_the_route_gets_each_read_alone() -> None:
 
 
 def test_an_unreachable_peer_fails_every_read_of_the_batch() -> None:
+    """Each future fails, and each sink is told once."""
+
     async def run() -> None:
         peer = Peer(_batching)
         async with peer as url:
             pass  # closed: nothing listens there now
         c = Coalescer(PeerPool())
+        sinks = [Sink() for _ in TARGETS]
+        for target, sink in zip(TARGETS, sinks, strict=True):
+            c.send(url, target, [], 2.0, sink)
         results = await asyncio.gather(
             *(c.get(url, t, [], 2.0) for t in TARGETS), return_exceptions=True
         )
         assert all(isinstance(r, PeerUnavailable) for r in results)
+        await asyncio.wait_for(asyncio.gather(*(s.done for s in sinks)), 5)
+        await asyncio.sleep(0.05)  # nothing more comes
+        assert all(len(s.given) == 1 and isinstance(s.given[0], PeerUnavailable) for s in sinks)
 
     asyncio.run(run())
 
@@ -179,21 +210,59 @@ def test_a_full_batch_leaves_and_the_next_read_opens_another(
 
 def test_framing_round_trips_and_refuses_a_short_answer() -> None:
     node = [("x-tablecast-node", "n"), ("content-type", "text/plain"), ("x-other", "o")]
-    answers = [(200, b'{"a":1}', node), (404, b"", []), (200, b"{}", b"x-tablecast-lag: 0\r\n")]
-    data = encode_answers(answers)
+    kept = b"HTTP/1.1 200 OK\r\nx-kept: 1\r\ncontent-length: 2\r\n\r\n{}"
+    answers = [
+        (200, b'{"a":1}', node),
+        (404, b"", []),
+        (200, b"{}", b"x-tablecast-lag: 0\r\n"),  # a peer's header lines
+        kept,  # a kept answer's whole response
+    ]
+    data = encode_wires(answers)  # type: ignore[arg-type]
+    wires = decode_wires(data, 4)
+    assert wires[0] == (
+        200,
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-tablecast-node: n\r\n"
+        b'content-length: 7\r\n\r\n{"a":1}',
+    )
     # only the headers a forwarder passes on, behind the content type every read has
-    assert decode_answers(data, 3) == [
+    assert [unwired(w) for w in wires] == [
         (200, b"content-type: application/json\r\nx-tablecast-node: n\r\n", b'{"a":1}'),
         (404, b"content-type: application/json\r\n", b""),
         (200, b"x-tablecast-lag: 0\r\n", b"{}"),  # given as lines already: sent as they are
+        (200, b"x-kept: 1\r\n", b"{}"),  # made already: sent as it is
     ]
-    assert header_pairs(decode_answers(data, 3)[0][1]) == [
+    assert header_pairs(unwired(wires[0])[1]) == [
         ("content-type", "application/json"),
         ("x-tablecast-node", "n"),
     ]
-    for bad in (data[:-1], data + b"x"):
+    not_http = data.replace(b"HTTP/1.1 404", b"HTTP/1.0 404")
+    for bad in (data[:-1], data + b"x", not_http):
         with pytest.raises(PeerUnavailable):
-            decode_answers(bad, 3)
+            decode_wires(bad, 4)
+
+
+def test_the_framing_before_keeps_headers_and_body_apart() -> None:
+    """What a forwarder of the version before reads (POST /internal/reads)."""
+    data = encode_answers([(200, b"{}", [("x-tablecast-node", "n"), ("x-other", "o")])])
+    status, head, size = struct.unpack_from("!HII", data)
+    lines = b"content-type: application/json\r\nx-tablecast-node: n\r\n"
+    assert (status, data[10 : 10 + head], data[10 + head :]) == (200, lines, b"{}")
+    assert size == 2 and len(data) == 10 + head + size
+
+
+def test_sinks_get_their_whole_answers_once_even_beside_a_broken_one() -> None:
+    async def check(url: str, c: Coalescer, peer: Peer) -> None:
+        sinks = [Sink(broken=i == 1) for i in range(len(TARGETS))]
+        assert all(c.send(url, t, [], 2.0, s) for t, s in zip(TARGETS, sinks, strict=True))
+        await asyncio.wait_for(asyncio.gather(*(s.done for s in sinks)), 5)
+        await asyncio.sleep(0.05)  # nothing more comes
+        for target, sink in zip(TARGETS, sinks, strict=True):
+            (answer,) = sink.given
+            status, lines, body = unwired(answer)  # type: ignore[arg-type]
+            assert (status, body) == _alone(target) and b"x-tablecast-node: peer" in lines
+        assert peer.seen == [("POST", ANSWERS_PATH)]
+
+    _against(_batching, check)
 
 
 @pytest.mark.parametrize(
@@ -215,7 +284,7 @@ def test_a_batch_holds_1_to_64_reads_of_tables(body: bytes) -> None:
 
 def test_a_garbled_batch_answer_fails_its_reads_and_none_hangs() -> None:
     async def garbled(method: str, target: str, body: bytes) -> tuple[int, bytes]:
-        return (200, b"\x00\x01garbage") if target == BATCH_PATH else _alone(target)
+        return (200, b"\x00\x01garbage") if target == ANSWERS_PATH else _alone(target)
 
     async def check(url: str, c: Coalescer, peer: Peer) -> None:
         results = await asyncio.wait_for(
@@ -254,7 +323,7 @@ def test_a_forwarded_read_is_the_owners_answer_with_its_header_lines() -> None:
         answers = await _forward(url, url, TARGETS)
         lines = b"content-type: application/json\r\nx-tablecast-node: peer\r\n"
         assert answers == [(s, b, lines) for s, b in map(_alone, TARGETS)]
-        assert peer.seen == [("POST", BATCH_PATH)]
+        assert peer.seen == [("POST", ANSWERS_PATH)]
 
     _against(_batching, check)
 
@@ -273,6 +342,6 @@ def test_a_forwarded_read_its_first_choice_cannot_answer_goes_to_the_next() -> N
                 answers = await asyncio.wait_for(_forward(first, able_url, TARGETS), 10)
                 assert [(s, b) for s, b, _ in answers] == [_alone(t) for t in TARGETS]  # type: ignore[misc]
             # a batch refused is sent again read by read before a read moves on
-            assert busy.seen == [("POST", BATCH_PATH)] + [("GET", t) for t in TARGETS]
+            assert busy.seen == [("POST", ANSWERS_PATH)] + [("GET", t) for t in TARGETS]
 
     asyncio.run(run())

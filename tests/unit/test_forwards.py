@@ -67,6 +67,19 @@ class Node:
         self.view = view
 
 
+class Sink:
+    """A forwarded read's answer, as a future."""
+
+    def __init__(self) -> None:
+        self.answer: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
+
+    def answered(self, status: int, wire: bytes) -> None:
+        self.answer.set_result((status, wire))
+
+    def unanswered(self, error: Exception) -> None:
+        self.answer.set_exception(error)
+
+
 def _setup(view: View, info: TableInfo = INFO) -> tuple[Router, Replica, Peers]:
     replica = Replica(info, 0, MemoryStore(), caught_up=True, restored=True)
     replica.apply([Write(b"k", orjson.dumps("here"), 0, 0)])
@@ -119,25 +132,31 @@ def test_a_path_takes_the_short_path_once_the_router_forwarded_it() -> None:
         forwards = Forwards(node.ingestor, router.routing, Coalescer(peers))  # type: ignore[arg-type]
         router.forwards = forwards
         path = "/v1/tables/t/keys/a%2Fb"
-        assert forwards.submit(path) is None
+        assert forwards.send(path, Sink()) is None
         answer = router.get_key("t", "a/b", Request({}, "", {}), path)
         assert (await answer)[0] == 200  # type: ignore[misc]
-        sent = forwards.submit(path)
-        assert sent is not None and sent[0] == PEER1
-        lines = b"content-type: application/json\r\nx-tablecast-node: http://127.0.0.1:2\r\n"
-        assert await sent[1] == (200, lines, b'{"from":"http://127.0.0.1:2"}')
+        sink = Sink()
+        assert forwards.send(path, sink) == PEER1
+        status, wire = await sink.answer
+        assert status == 200 and wire == (
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+            b"x-tablecast-node: http://127.0.0.1:2\r\ncontent-length: 29\r\n\r\n"
+            b'{"from":"http://127.0.0.1:2"}'
+        )
         assert peers.asked == ["http://127.0.0.1:2/v1/tables/t/keys/a%2Fb"] * 2
         # the partition is this node's now: the router's way
         node.view.target = {("t", 0): [ME_ID, "peer1"]}
         replica.closed = False
-        assert forwards.submit(path) is None
+        assert forwards.send(path, Sink()) is None
         # the table changed in the catalog: the plan is dropped
         replica.closed = True
-        assert forwards.submit(path) is not None
+        sink = Sink()
+        assert forwards.send(path, sink) is not None
+        await sink.answer
         node.ingestor.tables = {
             "t": TableInfo(**{**orjson.loads(INFO.to_json()), "kind": "window"})
         }
-        assert forwards.submit(path) is None and not forwards._plans
+        assert forwards.send(path, Sink()) is None and not forwards._plans
 
     asyncio.run(main())
 

@@ -41,24 +41,20 @@ class App:
     def kept(self, path: str, headers: Any) -> Kept | None:
         return self.kept_paths.get(path)
 
-    def forward(self, path: str, headers: Any) -> tuple[str, asyncio.Future[Any]] | None:
+    def forward(self, path: str, headers: Any, sink: Any) -> str | None:
         """/fwd/ok: a peer's answer after 10 ms; /fwd/fail: no answer (then forward_failed)."""
         if not path.startswith("/fwd/"):
             return None
-        waiter = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
         if path == "/fwd/ok":
-            answer = (200, b"x-peer: 1\r\n", b"from the peer")
-            asyncio.get_running_loop().call_later(0.01, waiter.set_result, answer)
+            wire = b"HTTP/1.1 200 OK\r\nx-peer: 1\r\ncontent-length: 13\r\n\r\nfrom the peer"
+            loop.call_later(0.01, sink.answered, 200, wire)
         else:
-            waiter.set_exception(ConnectionError("the peer is gone"))
-        return "peer-1", waiter
+            loop.call_soon(sink.unanswered, ConnectionError("the peer is gone"))
+        return "peer-1"
 
-    def forwarded(self, waiter: asyncio.Future[Any], proto: Any, started: float) -> bool:
-        if waiter.exception() is not None:
-            return False
-        status, lines, body = waiter.result()
-        proto.response_lines(status, lines, body)
-        return True
+    def forwarded(self, status: int, started: float) -> None:
+        pass
 
     def forward_failed(self, scope: Any, proto: Any, failed: str, started: float) -> Any:
         return self._slow(proto, f"{failed} failed {scope.path}".encode())

@@ -29,12 +29,12 @@ from tablecast.serde import SerdeError
 from tablecast.server.answers import JSON
 from tablecast.server.auth import Auth, Caller
 from tablecast.server.errors import ApiError
-from tablecast.server.http1 import sized_head
 from tablecast.server.local import entry, position_header
 from tablecast.server.metrics import HttpStats
 from tablecast.server.ratelimit import SharedTokenBuckets
 from tablecast.server.readers.heads import AFTER, plain_get
 from tablecast.server.request import caller_key
+from tablecast.server.wire import kept_alive
 from tablecast.store.cache import drop_oldest
 from tablecast.store.secondary import SecondaryStore
 
@@ -269,7 +269,7 @@ class Answerer:
         except Exception as e:  # a store that failed under the read: the node answers
             log.warning("reading %s/%d failed: %s", table, partition, e)
             return None
-        wire = sized_head(status, [JSON, *slot.headers(self.node_header)], len(body), False) + body
+        wire = kept_alive(status, [JSON, *slot.headers(self.node_header)], body)
         if self.kept_bytes and after is None:  # a token's heads would crowd out the rest
             self._keep(head, slot, status, wire)
         self.stats.record("key", status, perf_counter() - started)

@@ -29,10 +29,11 @@ import httptools
 
 from tablecast.server.answers import JSON
 from tablecast.server.errors import ApiError
-from tablecast.server.http1 import HEADER_TIMEOUT_S, MAX_HEAD, SWEEP_S, sized_head
+from tablecast.server.http1 import HEADER_TIMEOUT_S, MAX_HEAD, SWEEP_S
 from tablecast.server.local import RETRY_AFTER
 from tablecast.server.readers.answer import Answerer
 from tablecast.server.readers.heads import relayed_body_length
+from tablecast.server.wire import sized_head
 
 log = logging.getLogger(__name__)
 
