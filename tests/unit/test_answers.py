@@ -199,7 +199,6 @@ def test_what_it_counts_covers_the_memory_it_takes() -> None:
     import gc
     import tracemalloc
 
-
     router, answers, replica, _ = _setup(max_bytes=1 << 30)
     keys = [f"key-{i:06d}" for i in range(2000)]
     replica.apply(
