@@ -36,6 +36,8 @@ from tablecast.kafka.partitioner import partition_for
 
 log = logging.getLogger("bench")
 PARTITIONS = 12
+#: wrk's connections for the rounds that keep the forwarder's core busy (own cores)
+SATURATING = 256
 
 
 def key_script(path_prefix: str, keys: list[str]) -> str:
@@ -92,6 +94,9 @@ def forwarded(
     alternated `rounds` times. With B on core 1 each node has a core of its own, as in a
     real deployment, but B then shares it with wrk: in the local runs B is idle, in the
     forwarded ones its reads take some of wrk's core (which can only lower the forwarded rate).
+    With own cores each round also sends A local and forwarded reads from SATURATING
+    connections: at 64 a forward's batch round trip can leave A's core idle, which then
+    measures that round trip rather than what a forward costs.
     """
     tag = f"fwd{b_cpu}"
     a, url_a = stack.node(stack.dir / f"{tag}-a")
@@ -112,17 +117,25 @@ def forwarded(
     wrk(url_a + "/", local_script, 2)
     pids = tuple(p.pid for _, p in nodes)
     local_runs, remote_runs, alone_runs, routed_runs = [], [], [], []
+    local_full: list[dict[str, Any]] = []
+    remote_full: list[dict[str, Any]] = []
+    full = b_cpu != SERVER_CPU
     batches = [0.0, 0.0, 0.0]  # A's batches, the reads in them, all its forwarded reads
     for i in range(rounds):
         runs = [
-            (local_runs, url_a, local_script),
-            (remote_runs, url_a, remote_script),
-            (alone_runs, url_alone, remote_script),
-            (routed_runs, url_routed, remote_script),
+            (local_runs, url_a, local_script, 64),
+            (remote_runs, url_a, remote_script, 64),
+            (alone_runs, url_alone, remote_script, 64),
+            (routed_runs, url_routed, remote_script, 64),
         ]
-        for runs_, url, script in runs if i % 2 == 0 else runs[::-1]:
+        if full:
+            runs += [
+                (local_full, url_a, local_script, SATURATING),
+                (remote_full, url_a, remote_script, SATURATING),
+            ]
+        for runs_, url, script, conns in runs if i % 2 == 0 else runs[::-1]:
             before = batch_counts(url_a) if runs_ is remote_runs else None
-            runs_.append(with_cpu(wrk, url + "/", script, seconds, pids=pids))
+            runs_.append(with_cpu(wrk, url + "/", script, seconds, conns, pids=pids))
             if before is not None:
                 after = batch_counts(url_a)
                 batches[0] += after[0] - before[0]
@@ -154,7 +167,19 @@ def forwarded(
         / sum(f["cpu_us_per_request"][i] for i in on_a)
         for loc, f in zip(local_runs, remote_runs, strict=True)
     ]
+    if full:
+        saturated = [f["rps"] / loc["rps"] for loc, f in zip(local_full, remote_full, strict=True)]
+        extra = {
+            "saturated": {
+                "local": median(local_full),
+                "forwarded": median(remote_full),
+                **ratio_spread(saturated),
+            }
+        }
+    else:
+        extra = {}
     return {
+        **extra,
         "b_cpu": b_cpu,
         "assignment_moved": moved,
         "local": local,
@@ -310,6 +335,20 @@ def own_cores_note(o: dict[str, Any], seconds: int) -> str:
     return lead + ": neither core was full, so the round trip of 64 connections bounded it."
 
 
+def saturated_note(o: dict[str, Any]) -> str:
+    """The own-cores ratio from SATURATING connections (absent from earlier results)."""
+    sat = o.get("saturated")
+    if sat is None:
+        return ""
+    lo, hi = sat["ratio_iqr"]
+    return (
+        f" From {SATURATING} connections in the same rounds (own cores): local "
+        f"{sat['local']['rps']:,.0f} req/s, forwarded {sat['forwarded']['rps']:,.0f} req/s, "
+        f"forwarded ÷ local {sat['ratio_median']:.2f} ({lo:.2f}–{hi:.2f}): "
+        f"{settled(sat['ratio_iqr'], 0.5)} against 0.50; the target above stays judged at 64."
+    )
+
+
 def moved_note(*layouts: dict[str, Any]) -> str:
     if not any(x.get("assignment_moved") for x in layouts):
         return " The assignment did not move during the runs."
@@ -364,7 +403,7 @@ only lower the forwarded figure. On the shared core a forwarded request costs co
 local A {cpu["local"][0]:.1f} µs; forwarded in batches A {cpu["forwarded"][0]:.1f} µs + B
 {cpu["forwarded"][1]:.1f} µs; the router's way A2 {cpu["routed"][3]:.1f} µs + B
 {cpu["routed"][1]:.1f} µs; one by one A1 {cpu["one_by_one"][2]:.1f} µs + B
-{cpu["one_by_one"][1]:.1f} µs.{own_cores_note(o, args.seconds)}
+{cpu["one_by_one"][1]:.1f} µs.{own_cores_note(o, args.seconds)}{saturated_note(o)}
 
 **Answer gap after kill -9**: three nodes, four client threads querying random keys on the two
 survivors without pause; one node is killed with -9 a third of the way through.
