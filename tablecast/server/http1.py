@@ -176,7 +176,13 @@ class _Connection(asyncio.Protocol):
         self.proto: _Proto | None = None  # the request being parsed
         self.queue: deque[tuple[_Scope, _Proto]] = deque()  # waiting their turn
         self.busy = False
+        #: reading stopped because too many requests wait their turn
         self.paused = False
+        #: the client reads its answers slower than it asks: nothing more is read or started
+        #: until the transport's buffer drains (it is bounded by the transport's high-water mark)
+        self.write_blocked = False
+        #: a check that drops the connection if its client reads nothing is scheduled
+        self.stall_check = False
         #: since when the connection waits for a request's headers (None: it does not)
         self.waiting_since: float | None = server.loop.time()
         #: bytes received while waiting for headers
@@ -214,9 +220,26 @@ class _Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.writable.clear()
+        transport = self.transport
+        if self.ws is not None or transport is None:
+            return  # a WebSocket's writers wait for room themselves (drained)
+        # a client that pipelines requests and reads no answers would make us buffer every
+        # answer: read no more of its requests until it reads, and drop it if it never does
+        self.write_blocked = True
+        transport.pause_reading()
+        if not self.stall_check:
+            self.stall_check = True
+            self._drop_if_stalled(transport, -1)
 
     def resume_writing(self) -> None:
         self.writable.set()
+        if not self.write_blocked:
+            return
+        self.write_blocked = False
+        if self.transport is not None and not self.paused:
+            self.transport.resume_reading()
+        if not self.busy and self.queue:
+            self._start()
 
     async def drained(self) -> None:
         """Wait while the transport's buffer is full (a WebSocket's writes wait for the client)."""
@@ -285,6 +308,7 @@ class _Connection(asyncio.Protocol):
     def _drop_if_stalled(self, transport: asyncio.Transport, before: int) -> None:
         waiting = transport.get_write_buffer_size()
         if not waiting or self.gone.done():
+            self.stall_check = False
             return
         if before != -1 and waiting >= before:  # nothing read since the last look
             transport.abort()
@@ -330,7 +354,14 @@ class _Connection(asyncio.Protocol):
         keep_alive = self.parser.should_keep_alive()
         if self.headers.get("expect", "").lower() == "100-continue":
             self.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits a second for it
-        if keep_alive and not self.busy and not self.queue and method == "GET" and not query:
+        if (
+            keep_alive
+            and not self.busy
+            and not self.queue
+            and not self.write_blocked
+            and method == "GET"
+            and not query
+        ):
             kept = self.server.app.kept(path, self.headers)
             if kept is not None:  # the hot path: no request objects, no task
                 wire = kept.wire
@@ -352,7 +383,7 @@ class _Connection(asyncio.Protocol):
         scope = self._scope(_Scope, method, path, query)
         self.proto = proto
         self.queue.append((scope, proto))
-        if not self.busy:
+        if not self.busy and not self.write_blocked:
             self._start()
         elif len(self.queue) >= MAX_QUEUED and self.transport is not None:
             self.paused = True  # a client that pipelines without reading waits for us
@@ -430,7 +461,8 @@ class _Connection(asyncio.Protocol):
         self.busy = True
         if self.paused and len(self.queue) < MAX_QUEUED // 2 and self.transport is not None:
             self.paused = False
-            self.transport.resume_reading()
+            if not self.write_blocked:
+                self.transport.resume_reading()
         try:
             rest = self.server.app.begin(scope, proto)
         except Exception:
@@ -460,7 +492,8 @@ class _Connection(asyncio.Protocol):
         if not keep_alive:
             self.close()
         elif self.queue:
-            self._start()
+            if not self.write_blocked:  # else resume_writing starts it
+                self._start()
         else:  # the next request's headers, or the rest of an unread body, within the timeout
             self.waiting_since = self.server.loop.time()
 

@@ -34,7 +34,7 @@ class App:
     /boom (raises); everything else now, with the path and query it saw."""
 
     def __init__(self) -> None:
-        self.kept_paths = {"/kept": Kept(b'{"kept":true}')}
+        self.kept_paths = {"/kept": Kept(b'{"kept":true}'), "/kept1k": Kept(b"k" * 1000)}
         self.websockets = 0  # WebSockets the app was called for
         self.flood_ended: Exception | None = None
 
@@ -77,6 +77,9 @@ class App:
             return None
         if scope.path == "/boom":
             raise RuntimeError("a bug")
+        if scope.path == "/1k":  # the app's answer, not a kept one
+            proto.response_bytes(200, JSON, b"a" * 1000)
+            return None
         seen = f"{scope.method} {scope.path} ?{scope.query_string} {scope.headers.get('x-a')}"
         proto.response_bytes(200, JSON, seen.encode())
         return None
@@ -352,6 +355,67 @@ def test_many_pipelined_requests_are_all_answered_in_order() -> None:
         assert [b for _, b in answers] == [b"slow"] * (count - 1) + [b"GET /last ? None"]
 
     _run(check)
+
+
+@pytest.mark.parametrize("path", ["/kept1k", "/1k"])
+def test_a_client_that_pipelines_and_never_reads_is_held_to_a_bound_then_dropped(
+    path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kept answers (written while their heads are parsed) and the app's alike: what the
+    node buffers for a client that reads nothing stays bounded, others are answered, and
+    the client is dropped once it has read nothing for the write wait."""
+    monkeypatch.setattr(http1, "WRITE_WAIT_S", 1.0)
+    servers: list[LoopServer] = []
+    request = f"GET {path} HTTP/1.1\r\nhost: x\r\n\r\n".encode()
+    flood = request * (10_000_000 // len(request))  # 10 MB of requests
+
+    def send_all(sock: socket.socket) -> int:
+        sent = 0
+        with contextlib.suppress(OSError):  # the node stops reading, then drops us
+            while sent < len(flood):
+                sent += sock.send(flood[sent : sent + 65536])
+        return sent
+
+    async def check(port: int) -> None:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", port))
+        sock.settimeout(3.0)
+        sending = asyncio.create_task(asyncio.to_thread(send_all, sock))
+        most_buffered = most_queued = 0
+        for _ in range(15):  # 1.5 s: the node has long stopped reading by then
+            await asyncio.sleep(0.1)
+            for conn in list(servers[0].connections):
+                if conn.transport is not None:
+                    most_buffered = max(most_buffered, conn.transport.get_write_buffer_size())
+                most_queued = max(most_queued, len(conn.queue))
+        # another client is answered meanwhile
+        answers = _responses(
+            await _exchange(port, b"GET /kept HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        )
+        assert answers == [(200, b'{"kept":true}')]
+        sent = await sending
+        assert sent < len(flood)  # the node stopped reading long before 10 MB
+        # the transport's high-water mark and one answer; one read's requests queued at most
+        assert most_buffered < 256 * 1024, most_buffered
+        assert most_queued < 10_000, most_queued
+        for _ in range(50):  # dropped: it read nothing for the write wait
+            if not servers[0].connections:
+                break
+            await asyncio.sleep(0.1)
+        assert not servers[0].connections
+        sock.close()
+
+    async def main() -> None:
+        server = LoopServer(App())
+        servers.append(server)
+        await server.start("127.0.0.1", 0)
+        try:
+            await asyncio.wait_for(check(server.port), 20)
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
 
 
 def test_head_has_no_body_and_expect_100_continue_is_answered() -> None:
