@@ -375,13 +375,19 @@ class Ingestor:
             return f"the store is at offset {applied} but the topic ends at {hi}"
         if applied + 1 < lo:
             return f"the store is at offset {applied} but the topic now starts at {lo}"
-        retention = self._topics.delete_retention_ms(replica.table.topic)
+        topic = replica.table.topic
+        retention = self._topics.delete_retention_ms(topic)
         away_ms = int(time.time() * 1000) - replica.store.synced_ms
         if away_ms > retention:
             # compaction may have removed tombstones of keys the store still holds
+            setting = (
+                "cannot be read, so it is taken as 0 ms"
+                if topic in self._topics.unreadable
+                else f"is {retention} ms"
+            )
             return (
-                f"the store was last in sync {away_ms / 1000:.0f} s ago, longer than the topic's "
-                f"delete.retention.ms ({retention} ms)"
+                f"the store was last in sync {away_ms / 1000:.0f} s ago, and the topic's "
+                f"delete.retention.ms {setting}"
             )
         return None
 
