@@ -17,14 +17,19 @@ leave this module unredacted except into the clients themselves.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 ENV = "TABLECAST_KAFKA_CONFIG"
 
@@ -260,24 +265,63 @@ def _jaas_escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
+#: this process's own PEM directory, made when the shared one cannot be trusted
+_own_pem_dir: Path | None = None
+
+
 def _pem_dir() -> Path:
+    """A directory for PEM files that only this user can write or read.
+
+    The temp directory's well-known name is used only if it is ours and closed to
+    everyone else: whoever made it first could otherwise have put a CA of their own
+    in it under the name looked for, or read the keys written there.
+    """
+    global _own_pem_dir
     d = Path(tempfile.gettempdir()) / f"tablecast-kafka-pem-{os.getuid()}"
-    d.mkdir(mode=0o700, exist_ok=True)
-    return d
+    with contextlib.suppress(FileExistsError):  # judged below, whoever made it
+        d.mkdir(mode=0o700)
+    if _private(d):
+        return d
+    if _own_pem_dir is None or not _private(_own_pem_dir):
+        _own_pem_dir = Path(tempfile.mkdtemp(prefix="tablecast-kafka-pem-"))
+        log.warning(
+            "%s is not a directory private to this user (uid %d): PEM files go to %s",
+            d,
+            os.getuid(),
+            _own_pem_dir,
+        )
+    return _own_pem_dir
+
+
+def _private(d: Path) -> bool:
+    """Whether `d` is a directory (not a link to one) of ours, with no group or other access."""
+    try:
+        st = d.lstat()
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
 
 
 def _write_secret_pem(*texts: str) -> tuple[str, ...]:
     """Write PEM texts to private files (0600) and return their paths."""
     import hashlib
 
+    directory = _pem_dir()
     paths = []
     for text in texts:
         name = hashlib.sha256(text.encode()).hexdigest()[:16] + ".pem"
-        path = _pem_dir() / name
-        if not path.exists():
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        path = directory / name
+        try:
+            whole = path.read_text() == text
+        except (OSError, UnicodeDecodeError):
+            whole = False
+        if not whole:
+            # written aside and renamed: a process killed mid-write leaves no partial file
+            # under the name later runs reuse
+            fd, aside = tempfile.mkstemp(dir=directory, suffix=".tmp")
             with os.fdopen(fd, "w") as f:
                 f.write(text)
+            os.replace(aside, path)
         paths.append(str(path))
     return tuple(paths)
 
