@@ -5,6 +5,7 @@ kept answers that end with a move, and the node's feed going quiet."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -391,3 +392,59 @@ def test_a_connection_comes_back_after_each_request_the_node_answers(tmp_path: P
     ]
     assert len(fake.connections) == 1 and fake.connections[0].startswith(b"TABLECAST-RELAY http ")
     assert answerer.stats.requests == {("key", 200): 3}
+
+
+class _CountingBuffer(bytearray):
+    """A client buffer that notes how many bytes each search for a head's end covers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.searches: list[int] = []
+
+    def find(self, sub: Any, start: Any = 0, *rest: Any) -> int:  # type: ignore[override]
+        self.searches.append(len(self) - start)
+        return super().find(sub, start, *rest)
+
+
+def test_a_head_trickled_a_byte_at_a_time_is_searched_once(tmp_path: Path) -> None:
+    """Each packet's search for the head's end starts where the last one stopped, so a large
+    head sent a byte at a time costs about its length in search, and is still answered."""
+    from tablecast.server.readers.relay import ClientConnection, Clients
+
+    node = Node(tmp_path / "store")
+    node.write({"a": {"n": 1}})
+    answerer = Answerer("node-1", 4096, tmp_path / "own", Auth())
+    answerer.update(node.feed(tables=[orjson.loads(INFO.to_json())]))
+    pad = [f"x-pad-{i}: {'p' * 20}" for i in range(300)]  # line ends that are no head's end
+    raw = head("/v1/tables/kv/keys/a", *pad) + b"\r\n\r\n"
+
+    async def main() -> bytes:
+        loop = asyncio.get_running_loop()
+        ours, theirs = socket.socketpair()
+        clients = Clients(answerer, str(tmp_path / "no-node.sock"), "http", 100)
+        conn = ClientConnection(clients)
+        try:
+            await loop.connect_accepted_socket(lambda: conn, ours)
+            conn.buffer = buffer = _CountingBuffer()
+            for i in range(len(raw) - 1):
+                conn.data_received(raw[i : i + 1])
+            # the byte just come and the three before it, in case they begin the end
+            assert max(buffer.searches) <= 4, max(buffer.searches)
+            assert len(buffer.searches) == len(raw) - 1
+            assert conn.scanned == len(raw) - 1
+            conn.data_received(raw[-1:])
+            assert conn.scanned == 0 and not buffer  # found, answered, taken off
+            reader, writer = await asyncio.open_connection(sock=theirs)
+            answer = await read_answer(reader)
+            writer.close()
+            return answer
+        finally:
+            clients.close()
+            conn.close()
+
+    try:
+        answer = asyncio.run(main())
+    finally:
+        answerer.close()
+        node.store.close()
+    assert answer.startswith(b'read-process:{"key":"a","value":{"n":1}')

@@ -84,6 +84,9 @@ class ClientConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.client = ""
         self.buffer = bytearray()
+        #: how much of the buffer's start is known to hold no head's end: a head sent a few
+        #: bytes at a time is searched once in all, not once per packet from its start
+        self.scanned = 0
         self.state = READING
         #: since when it waits for a request's head (None: a request is with the node)
         self.waiting_since: float | None = clients.loop.time()
@@ -125,11 +128,14 @@ class ClientConnection(asyncio.Protocol):
         buffer = self.buffer
         answer = self.clients.answerer.answer
         while True:
-            end = buffer.find(b"\r\n\r\n")
+            # an end that began in the part searched before would have been found then
+            end = buffer.find(b"\r\n\r\n", max(0, self.scanned - 3))
             if end < 0:
+                self.scanned = len(buffer)
                 if len(buffer) > MAX_HEAD:
                     self._pipe()  # the node refuses it as it refuses its own
                 return
+            self.scanned = 0  # the head is taken off the buffer's start, found or relayed
             head = bytes(buffer[:end])
             wire = answer(head, self.client)
             if wire is None:
