@@ -34,6 +34,7 @@ BENCHES = {
     "recovery": "bench.recovery",
     "checkpoints": "bench.checkpoints",
     "processes": "bench.processes",
+    "builds": "bench.builds",
 }
 # the pipeline benchmark is written by another change; run it once its module exists
 if importlib.util.find_spec("bench.pipeline") is not None:
