@@ -159,6 +159,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _opt(
         p,
+        "--max-watches",
+        64,
+        type=int,
+        metavar="N",
+        help="watches one caller (JWT sub, else client address) may have open at once "
+        "(more: 429, gRPC RESOURCE_EXHAUSTED, WebSocket close 1008)",
+    )
+    _opt(
+        p,
         "--cluster-secret",
         help="shared by the app's nodes: they sign membership records and internal calls with it",
     )
@@ -409,6 +418,8 @@ def _serve(args: argparse.Namespace) -> int:
         return fail("--rate-limit is a positive number of requests per second")
     if args.max_waits < 1:
         return fail("--max-waits is at least 1")
+    if args.max_watches < 1:
+        return fail("--max-watches is at least 1")
     if args.answers_mb < 0 or args.cache_mb < 0:
         return fail("--cache-mb and --answers-mb are at least 0")
     if args.block_cache_mb < 1:
@@ -440,6 +451,7 @@ def _serve(args: argparse.Namespace) -> int:
         standby_replicas=args.standby_replicas,
         cache_bytes=args.cache_mb * 1024 * 1024,
         answers_bytes=args.answers_mb * 1024 * 1024,
+        watches_per_caller=args.max_watches,
         cluster_secret=cluster_secret,
         tls_ca=args.tls_ca,
         drop_released_after_s=args.drop_released_after,

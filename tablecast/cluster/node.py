@@ -35,6 +35,8 @@ class NodeConfig:
     cache_bytes: int = 64 * 1024 * 1024
     #: whole answers of plain key reads kept by the HTTP server, for the node (0: none)
     answers_bytes: int = 128 * 1024 * 1024
+    #: watches one caller (JWT subject, else client address) may have open at once
+    watches_per_caller: int = 64
     #: signs membership records and internal calls (None: nothing is signed or checked)
     cluster_secret: str | None = None
     #: the CA that signed the nodes' certificates: peers are called over HTTPS and verified

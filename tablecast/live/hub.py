@@ -17,6 +17,13 @@ the ring from there first); an older one is read by a private catch-up reader
 until it reaches the ring. A partition nobody watches any more stays fed for
 a grace period, so clients reconnecting after a blip find their position in
 the ring.
+
+The feed's position in a partition comes from the watches only through
+positions the service has judged against the partition's end; should the
+feed find records below where it started all the same (its consumer went back
+to the partition's start, as a consumer does when asked for an offset beyond
+the end), it starts its ring over from them rather than drop them, so no
+watch's position can keep records from the others.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ from tablecast.live import tcpdiag
 from tablecast.live.events import CHANGE, ERROR, READY, SNAPSHOT, Change, Encoder, Renderer
 from tablecast.live.feed import Batch, CatchUp, Feed, Source
 from tablecast.live.selection import Selection
-from tablecast.live.sinks import SLOW, Sink, StreamSink
+from tablecast.live.sinks import SLOW, Progress, Sink, StreamSink
 from tablecast.live.token import Token
 
 log = logging.getLogger(__name__)
@@ -59,13 +66,11 @@ KEEPALIVE_S = 10.0
 CATCH_UPS = 4
 #: how often slow consumers are looked for
 WATCHDOG_S = 2.0
+#: how often a private catch-up reader looks whether its watch can join the feed, between batches
+SETTLE_S = 0.5
 #: the periodic passes over every watch (keep-alives, the watchdog) take this many at a time
 #: before letting the loop deliver events
 CHUNK = 500
-#: an SSE client this far behind (bytes handed over that its TCP has not acknowledged) is cut off
-MAX_UNACKED_BYTES = 8 * 1024 * 1024
-#: ... or one that has acknowledged nothing new for this long while data waits for it
-MAX_STALLED_S = 10.0
 
 _offset = attrgetter("offset")
 _T = TypeVar("_T")
@@ -76,6 +81,7 @@ class PartitionFeed:
 
     __slots__ = (
         "by_key",
+        "confirmed",
         "dispatched",
         "generation",
         "head",
@@ -101,6 +107,8 @@ class PartitionFeed:
         self.low = start
         #: every record below this has been dispatched to the watches following the partition
         self.dispatched = start
+        #: how far the feed has seen the partition go (records, or its end): never beyond it
+        self.confirmed = 0
         self.by_key: dict[bytes, list[Watch]] = {}
         self.spanning: list[Watch] = []
         #: watches that need this partition (following it, or on their way)
@@ -126,6 +134,13 @@ class PartitionFeed:
             del ring[:head]
             head = 0
         self.head = head
+
+    def start_over(self, offset: int) -> None:
+        """The ring begins again at `offset`, empty: the feed reads on from there."""
+        self.ring = []
+        self.head = 0
+        self.ring_bytes = 0
+        self.low = self.dispatched = offset
 
     def since(self, offset: int) -> list[Change]:
         """The ring's records at or above `offset`."""
@@ -234,28 +249,13 @@ def _error(code: str, message: str | None) -> dict[str, Any]:
     return {"error": {"code": code, "message": message or code}}
 
 
-@dataclass
-class _Conn:
-    """What the watchdog knows of one SSE connection's progress."""
+#: what of a catalog entry says how its table's records read and show (not its views)
+_READING = ("name", "kind", "key", "value", "partitions")
 
-    handed: int
-    acked: int
-    #: bytes handed over that the client has not acknowledged (framing makes it a floor)
-    backlog: int = 0
-    #: when the client last acknowledged something while data waited for it
-    stalled_since: float | None = None
 
-    def judge(self, handed: int, acked: int, now: float) -> bool:
-        """Take in a new look; True when the client is too far behind."""
-        progress = acked - self.acked
-        self.backlog = max(0, self.backlog + (handed - self.handed) - progress)
-        self.handed, self.acked = handed, acked
-        if self.backlog == 0 or progress > 0:
-            self.stalled_since = None if self.backlog == 0 else now
-        elif self.stalled_since is None:
-            self.stalled_since = now
-        stalled = self.stalled_since is not None and now - self.stalled_since > MAX_STALLED_S
-        return self.backlog > MAX_UNACKED_BYTES or stalled
+def _reads_alike(a: TableInfo, b: TableInfo) -> bool:
+    """Whether two catalog entries of a table read and show its records the same."""
+    return all(getattr(a, f) == getattr(b, f) for f in _READING)
 
 
 @dataclass
@@ -293,7 +293,7 @@ class Hub:
         self._background: set[asyncio.Task[None]] = set()
         self._port: int | None = None
         self._diag_failed = False
-        self._conns: dict[tuple[str, int], _Conn] = {}
+        self._conns: dict[tuple[str, int], Progress] = {}
         self.stopping = False
         # counters for /metrics
         self.delivered = 0
@@ -365,6 +365,17 @@ class Hub:
                 pf = parts.get(slot)
                 if pf is None or pf.generation != generation:
                     continue  # released, or read again from elsewhere since
+                if changes and changes[0].offset < pf.low:
+                    # the consumer went back to the partition's start: the feed began beyond
+                    # its end; dropping what comes now would keep it from every watch
+                    log.warning(
+                        "watch feed of %s/%d: its ring began at %d, beyond the partition's end; "
+                        "it reads on from %d",
+                        *slot,
+                        pf.low,
+                        changes[0].offset,
+                    )
+                    pf.start_over(changes[0].offset)
                 by_key = pf.by_key
                 spanning = pf.spanning
                 p = pf.partition
@@ -382,10 +393,17 @@ class Hub:
                         if w.matches(c.key) and c.offset >= w.pos[p]:
                             w.deliver(c)
                             delivered += 1
+                if changes:
+                    pf.confirmed = max(pf.confirmed, changes[-1].offset + 1)
                 pf.trim()
             for slot, (generation, end) in batch.ends.items():
                 pf = parts.get(slot)
-                if pf is not None and pf.generation == generation and end > pf.dispatched:
+                if pf is None or pf.generation != generation:
+                    continue
+                pf.confirmed = max(pf.confirmed, end)
+                if end < pf.low:  # the partition ends below where the feed began (as above)
+                    pf.start_over(end)
+                elif end > pf.dispatched:
                     # nothing to deliver below `end` beyond what was: the ring still covers it
                     pf.dispatched = end
             self.delivered += delivered
@@ -407,17 +425,37 @@ class Hub:
         """The partition's feed, joined now (from a little before `start`) if it was not fed."""
         slot = (info.topic, partition)
         pf = self.parts.get(slot)
-        if pf is None or pf.info != info:
-            if pf is not None:  # the table changed under it (recreated): start over
-                self.feed.unassign(*slot)
+        if pf is None:
             begin = max(0, start - LOOKBACK)
             pf = PartitionFeed(info, partition, begin, next(self._generations))
             self.parts[slot] = pf
             _, source = self.source(info)
             self.feed.assign(source, partition, begin, pf.generation)
+        elif pf.info != info:
+            self._retable(pf, info)
         pf.users += 1
         pf.idle_since = None
         return pf
+
+    def _retable(self, pf: PartitionFeed, info: TableInfo) -> None:
+        """The table's catalog entry changed (an index or history added, other serdes): the
+        feed goes on for the watches that follow it, reading with the new entry."""
+        if pf.info == self._tables().get(info.name):
+            return  # the feed has the current entry already: this watch was prepared before
+        old, pf.info = pf.info, info
+        if _reads_alike(old, info):
+            return  # its records read and show as they did
+        # the ring was rendered with the old serdes: read on from the feed's position anew
+        pf.generation = next(self._generations)
+        pf.start_over(pf.dispatched)
+        _, source = self.source(info)
+        self.feed.assign(source, pf.partition, pf.dispatched, pf.generation)
+
+    def known_end(self, info: TableInfo, partition: int) -> int:
+        """How far the feed has seen the partition go (0: it does not read it): a lower bound
+        of its end."""
+        pf = self.parts.get((info.topic, partition))
+        return pf.confirmed if pf is not None else 0
 
     def now(self, info: TableInfo, partition: int) -> int | None:
         """The feed's position in a partition it reads (None: not fed)."""
@@ -555,24 +593,30 @@ class Hub:
                     if p in wanted:
                         cap = end if until is None else min(end, until[p])
                         watch.pos[p] = max(watch.pos[p], cap)
-                for p in list(wanted):
-                    if until is not None:
-                        if watch.pos[p] >= until[p]:
-                            watch.pos[p] = until[p]
-                            wanted.discard(p)
-                    else:
-                        pf = self.parts.get((info.topic, p))
-                        if pf is not None and watch.pos[p] >= pf.low:
-                            self._join(watch, pf)
-                            wanted.discard(p)
-                if watch.sink is None or watch.sink.closed:
-                    wanted.clear()
-                watch.catching_up = frozenset(wanted)
-                self.flush()
-                if not wanted and not finished.done():
-                    finished.set_result(None)
+                settle()
             finally:
                 room.release()
+
+        def settle() -> None:
+            """Let go of the partitions read far enough: up to `until`, or into the ring."""
+            if watch.ended:
+                wanted.clear()
+            for p in list(wanted):
+                if until is not None:
+                    if watch.pos[p] >= until[p]:
+                        watch.pos[p] = until[p]
+                        wanted.discard(p)
+                else:
+                    pf = self.parts.get((info.topic, p))
+                    if pf is not None and watch.pos[p] >= pf.low:
+                        self._join(watch, pf)
+                        wanted.discard(p)
+            if watch.sink is None or watch.sink.closed:
+                wanted.clear()
+            watch.catching_up = frozenset(wanted)
+            self.flush()
+            if not wanted and not finished.done():
+                finished.set_result(None)
 
         def on_batch(batch: Batch) -> None:  # on the reader's thread
             while not room.acquire(timeout=0.5):
@@ -592,7 +636,15 @@ class Hub:
             self.catch_ups += 1
             job = loop.run_in_executor(self._executor, reader.run)
             try:
-                await asyncio.wait([finished, job], return_when=asyncio.FIRST_COMPLETED)
+                while not (finished.done() or job.done()):
+                    await asyncio.wait(
+                        [finished, job], timeout=SETTLE_S, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    # a reader at the partition's end gets no more batches: the ring may have
+                    # come to it all the same (the feed went back to records below where it
+                    # began), and the slot must not wait for the next record to be let go
+                    if not finished.done():
+                        settle()
             finally:
                 reader.cancelled.set()
                 with contextlib.suppress(Exception):
@@ -667,8 +719,9 @@ class Hub:
                 log.exception("watch watchdog failed")
 
     async def _cut_slow_queues(self) -> list[StreamSink]:
-        """Close queued sinks that are too far behind; the SSE sinks, judged by TCP next.
-        CHUNK watches at a time, events delivered in between."""
+        """Close sinks that are too far behind (queued ones, and SSE ones whose connection
+        says what it holds); the other SSE sinks, judged by TCP next. CHUNK watches at a
+        time, events delivered in between."""
         now = time.monotonic()
         streamed: list[StreamSink] = []
         async for chunk in _chunks(list(self.watches.values())):
@@ -678,7 +731,7 @@ class Hub:
                     continue
                 if sink.behind(now):
                     w.close(SLOW)
-                elif isinstance(sink, StreamSink):
+                elif isinstance(sink, StreamSink) and not sink.measured:
                     streamed.append(sink)
         return streamed
 
@@ -708,7 +761,7 @@ class Hub:
                 handed = sum(s.handed for s in group)
                 conn = conns.get(peer)
                 if conn is None:
-                    conns[peer] = _Conn(handed, got)
+                    conns[peer] = Progress(handed, got)
                     continue
                 if conn.judge(handed, got, now):
                     for sink in group:

@@ -22,8 +22,10 @@ from tablecast.live.events import ERROR, READY, Change, Encoder
 from tablecast.live.service import query_pairs
 from tablecast.live.sinks import QueueSink
 from tablecast.proto import tables_pb2 as pb
+from tablecast.server.auth import Caller
 from tablecast.server.errors import ApiError
-from tablecast.server.request import Request, subject_of
+from tablecast.server.peers import SIGNATURE
+from tablecast.server.request import HOP, Request, subject_of
 
 if TYPE_CHECKING:
     from tablecast.server.app import HttpApp
@@ -105,8 +107,20 @@ class Tables:
         app = self.app
         caller = None
         try:
+            if HOP in metadata or SIGNATURE in metadata:
+                # nodes forward to each other over HTTP, signed: a gRPC call always comes
+                # from a client, which the router must never take for a hop
+                raise ApiError(
+                    "forbidden",
+                    f"{HOP} and {SIGNATURE} are for the nodes' own calls over HTTP; "
+                    "a gRPC call is never forwarded",
+                )
             if app.auth.enabled:
-                caller = app.auth.caller(metadata.get("authorization"))
+                authorization = metadata.get("authorization")
+                caller = app.auth.remembered(authorization)
+                if caller is None:  # charged to the peer's address first, as on HTTP
+                    unseen = app.unseen_caller(authorization, scope)
+                    caller = unseen if isinstance(unseen, Caller) else await unseen
             if app.rate is not None:
                 app.rate.take(subject_of(caller, scope))
         except ApiError as e:
@@ -211,24 +225,28 @@ class Tables:
             )
         except ApiError as e:
             await _abort(context, e)
-        sink = QueueSink(self.live.hub.touched, size=_size)
-        watch = self.live.begin(plan, GRPC, sink)
         try:
-            async for event in sink.drain():
-                if isinstance(event, tuple):  # the watch ended with an error
-                    _, code, message = event
+            sink = QueueSink(self.live.hub.touched, size=_size)
+            watch = self.live.begin(plan, GRPC, sink)
+            try:
+                async for event in sink.drain():
+                    if isinstance(event, tuple):  # the watch ended with an error
+                        _, code, message = event
+                        await _abort(
+                            context,
+                            ApiError(code if code in STATUS else "partition_unavailable", message),
+                        )
+                    yield event
+                if sink.reason is not None:
                     await _abort(
                         context,
-                        ApiError(code if code in STATUS else "partition_unavailable", message),
+                        ApiError("partition_unavailable", f"the watch ended: {sink.reason}"),
                     )
-                yield event
-            if sink.reason is not None:
-                await _abort(
-                    context, ApiError("partition_unavailable", f"the watch ended: {sink.reason}")
-                )
+            finally:
+                sink.close()
+                self.live.end(watch)
         finally:
-            sink.close()
-            self.live.end(watch)
+            plan.release()
 
 
 def _max_lag(request: Any) -> dict[str, str]:

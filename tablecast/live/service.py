@@ -5,6 +5,14 @@ with ``Last-Event-ID: TOKEN`` or ``?since=TOKEN`` to resume. Everything that can
 be refused (a bad parameter, a token of another watch, a key outside the
 caller's grants, no replica for the snapshot) is refused here, before the
 first byte of the stream, so it is an ordinary HTTP error.
+
+A resume token's offsets are judged against the end of each partition (its
+high watermark) before anything is shared with other watches: one beyond it
+is no position a node ever handed out (400), and the feed every watch of the
+node shares must not start there. A caller has at most so many watches open
+at once (``--max-watches``, 429), and a start that waits (a resumed snapshot
+waiting for a replica, a token the broker is asked about) holds one of the
+caller's offset waits (``--max-waits``).
 """
 
 from __future__ import annotations
@@ -32,9 +40,37 @@ from tablecast.server.router import Router, forbidden_key
 PARAMS = frozenset({"key", "prefix", "from", "to", "snapshot", "since", "access_token"})
 
 
+class WatchSlots:
+    """At most `per_caller` watches of one caller open at once."""
+
+    def __init__(self, per_caller: int) -> None:
+        self.per_caller = per_caller
+        self._open: dict[str, int] = {}
+        self.refused = 0
+
+    def enter(self, caller: str) -> None:
+        n = self._open.get(caller, 0)
+        if n >= self.per_caller:
+            self.refused += 1
+            raise ApiError(
+                "rate_limited",
+                f"this caller has {n} watches open here (at most {self.per_caller}); end one first",
+                [("retry-after", "1")],
+            )
+        self._open[caller] = n + 1
+
+    def leave(self, caller: str) -> None:
+        n = self._open.get(caller, 0) - 1
+        if n > 0:
+            self._open[caller] = n
+        else:  # nothing of this caller open: no entry, so the table holds only open callers
+            self._open.pop(caller, None)
+
+
 @dataclass
 class Plan:
-    """A watch ready to begin: what it selects and where it starts."""
+    """A watch ready to begin: what it selects and where it starts. It holds one of the
+    caller's watch slots until :meth:`release` (the transport's, when its stream ends)."""
 
     info: TableInfo
     renderer: Renderer
@@ -42,6 +78,14 @@ class Plan:
     start: Start
     #: the caller's token expires then (epoch seconds; None: never, or auth off)
     expires: float | None
+    slots: WatchSlots | None = None
+    subject: str = ""
+
+    def release(self) -> None:
+        """Give the caller's watch slot back (once; again is nothing)."""
+        slots, self.slots = self.slots, None
+        if slots is not None:
+            slots.leave(self.subject)
 
 
 class Live:
@@ -54,12 +98,30 @@ class Live:
         )
         #: the HTTP port, for the slow-SSE-client check (set by the process that serves)
         self.port: int | None = None
+        self.slots = WatchSlots(c.watches_per_caller)
 
     async def prepare(
         self, table: str, req: Request, pairs: Sequence[tuple[str, str]], last_event_id: str | None
     ) -> Plan:
-        """Check the request and take the watch's starting point (its snapshot, or a resume)."""
+        """Check the request and take the watch's starting point (its snapshot, or a resume).
+        The plan holds one of the caller's watch slots: release it when the stream ends."""
         self.hub.start(self.port)
+        subject = req.subject
+        self.slots.enter(subject)
+        try:
+            return await self._prepare(table, req, pairs, last_event_id, subject)
+        except BaseException:
+            self.slots.leave(subject)
+            raise
+
+    async def _prepare(
+        self,
+        table: str,
+        req: Request,
+        pairs: Sequence[tuple[str, str]],
+        last_event_id: str | None,
+        subject: str,
+    ) -> Plan:
         info, scope = self.router.table(table, req)
         if info.kind != "kv":
             raise ApiError("bad_request", f"{table!r} is a window table: watches follow kv tables")
@@ -111,7 +173,8 @@ class Live:
         renderer, _ = self.hub.source(info)
         start_at = await self._start(info, renderer, selection, req, token, snap == "true")
         caller = req.caller
-        return Plan(info, renderer, selection, start_at, None if caller is None else caller.expires)
+        expires = None if caller is None else caller.expires
+        return Plan(info, renderer, selection, start_at, expires, self.slots, subject)
 
     def _token(self, info: TableInfo, selection: Selection, text: str) -> Token:
         token = parse(text)
@@ -140,17 +203,32 @@ class Live:
         parts = selection.partitions
         if token is not None:
             offsets = {p: token.offsets[p] for p in parts}
+            await self._within_topic(info, offsets, req)
             if token.after is None:
                 return Start([], offsets, snapshot=False)
             rest = selection.above(token.after)
             rows, positions = await snapshot.take(
-                self.router, info, renderer, rest, req, at_least=offsets
+                self.router, info, renderer, rest, req, at_least=offsets, waits=True
             )
             return Start(rows, positions, resumed_at=offsets, after=token.after)
         if with_snapshot:
             rows, positions = await snapshot.take(self.router, info, renderer, selection, req)
             return Start(rows, positions)
         return Start([], {p: await self._now(info, p) for p in parts})
+
+    async def _within_topic(self, info: TableInfo, offsets: dict[int, int], req: Request) -> None:
+        """400 when an offset of a resume token lies beyond its partition's end: the shared
+        feed would start there. Ends this node can vouch for (its replicas', the feed's)
+        answer most; the broker is asked about the rest."""
+        replicas = self.node.ingestor.replicas
+        known: dict[int, int] = {}
+        for p in offsets:
+            replica = replicas.get((info.name, p))
+            held = 0 if replica is None else max(replica.end_offset, replica.position)
+            known[p] = max(held, self.hub.known_end(info, p))
+        await self.router.ends.refuse_beyond(
+            info, offsets, known, "the resume token", (self.router.waits, req.subject)
+        )
 
     async def _now(self, info: TableInfo, partition: int) -> int:
         """Where "from now on" starts in a partition: this node's replica's position, else the
@@ -166,6 +244,7 @@ class Live:
         return max(fed, await self.hub.end_offset(info, partition))
 
     def begin(self, plan: Plan, encoder: Encoder, sink: Sink) -> Watch:
+        """The watch of `plan`, begun (its slot stays the plan's: release it at the end)."""
         watch = Watch(self.hub, plan.info, plan.renderer, plan.selection, encoder, plan.expires)
         self.hub.begin(watch, sink, plan.start)
         return watch

@@ -9,7 +9,8 @@ takes changes from exactly those positions, so nothing is missed or repeated.
 
 A resume that stopped inside a snapshot needs the rest of it no older than
 what was already sent: ``at_least`` makes the reading replica wait until it
-has got that far.
+has got that far. Such a wait holds one of the caller's offset waits
+(``--max-waits``) where the watch came in, as an ``after`` read's does.
 """
 
 from __future__ import annotations
@@ -53,8 +54,11 @@ async def take(
     selection: Selection,
     req: Request,
     at_least: Positions | None = None,
+    waits: bool = False,
 ) -> tuple[list[Change], Positions]:
-    """The selected rows in key order (over all partitions) and each partition's position."""
+    """The selected rows in key order (over all partitions) and each partition's position.
+    `waits`: a wait for `at_least` holds one of the caller's wait slots meanwhile."""
+    subject = req.subject if waits and at_least else None
     rows: list[Change] = []
     positions: Positions = {}
     pending = {p: router.routing.choices(info, p, req, NO_OPTIONS) for p in selection.partitions}
@@ -71,17 +75,26 @@ async def take(
             else:
                 groups.setdefault(ME, []).append(p)
         for p in groups.pop(ME, []):
-            got, position = await read_local(router, info, p, selection, at_least)
+            got, position = await read_local(router, info, p, selection, at_least, subject)
             rows.extend(Change(renderer, p, k, r.value, r.offset, r.timestamp) for k, r in got)
             positions[p] = position
             del pending[p]
         asked = list(groups.items())
-        answers = await asyncio.gather(
-            *(
-                _ask(router, peers[nid], info, renderer, parts, selection, req, at_least)
-                for nid, parts in asked
+        # a peer asked for rows at least that far may wait for them: one wait of the caller's
+        asks_at_least = any(p in (at_least or {}) for _, ps in asked for p in ps)
+        held = subject if asks_at_least else None
+        if held is not None:
+            router.waits.enter(held)
+        try:
+            answers = await asyncio.gather(
+                *(
+                    _ask(router, peers[nid], info, renderer, parts, selection, req, at_least)
+                    for nid, parts in asked
+                )
             )
-        )
+        finally:
+            if held is not None:
+                router.waits.leave(held)
         for (_, parts), answer in zip(asked, answers, strict=True):
             if answer is None:
                 for p in parts:
@@ -104,12 +117,20 @@ async def read_local(
     partition: int,
     selection: Selection,
     at_least: Positions | None,
+    subject: str | None = None,
 ) -> tuple[list[tuple[bytes, Record]], int]:
-    """This node's rows of one partition and the position they are exact at."""
+    """This node's rows of one partition and the position they are exact at; `subject`: the
+    caller whose wait slot a wait for `at_least` holds."""
     replica = router.local.require(info, partition, NO_OPTIONS)
     want = (at_least or {}).get(partition, 0)
     if replica.position < want:
-        replica = await _reach(router, info, partition, replica, want)
+        if subject is not None:
+            router.waits.enter(subject)
+        try:
+            replica = await _reach(router, info, partition, replica, want)
+        finally:
+            if subject is not None:
+                router.waits.leave(subject)
     keys = [k for k in selection.keys or () if info.partition_of(k) == partition]
     try:
         if selection.keys is not None:

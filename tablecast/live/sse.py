@@ -23,15 +23,19 @@ async def stream(live: Live, table: str, req: Request, proto: Any) -> None:
     """Serve one watch until the client leaves or the watch ends (a slow client, a stopping
     node, an expired token: the client resumes with its last event's id)."""
     plan = await live.prepare(table, req, query_pairs(req.query), req.headers.get("last-event-id"))
-    transport = proto.response_stream(200, [*HEADERS, live.router.local.node_header])
-    sink = StreamSink(transport, live.hub.touched, peer_of(getattr(req.scope, "client", "") or ""))
-    watch = live.begin(plan, SSE, sink)
-    gone = asyncio.ensure_future(proto.client_disconnect())
     try:
-        await asyncio.wait([sink.done, gone], return_when=asyncio.FIRST_COMPLETED)
+        transport = proto.response_stream(200, [*HEADERS, live.router.local.node_header])
+        client = getattr(req.scope, "client", "") or ""
+        sink = StreamSink(transport, live.hub.touched, peer_of(client))
+        watch = live.begin(plan, SSE, sink)
+        gone = asyncio.ensure_future(proto.client_disconnect())
+        try:
+            await asyncio.wait([sink.done, gone], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            # not awaited: granian's disconnect awaitable ignores cancellation and would hold
+            # this handler (and a stopping server) until the client leaves
+            gone.cancel()
+            sink.close()
+            live.end(watch)
     finally:
-        # not awaited: granian's disconnect awaitable ignores cancellation and would hold
-        # this handler (and a stopping server) until the client leaves
-        gone.cancel()
-        sink.close()
-        live.end(watch)
+        plan.release()

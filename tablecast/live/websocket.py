@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from tablecast.live.events import WS
-from tablecast.live.service import Live, query_pairs
+from tablecast.live.service import Live, Plan, query_pairs
 from tablecast.live.sinks import QueueSink
 from tablecast.server.errors import ApiError
 from tablecast.server.request import Request
@@ -28,16 +28,41 @@ GOING_AWAY = 1001
 
 async def serve(live: Live, table: str, req: Request, proto: Any) -> None:
     transport = await proto.accept()
+    # what the client sends is read (and dropped) from the start: a watch being prepared
+    # (a snapshot, a resume waiting for a replica) must not let it pile up meanwhile
+    reader = asyncio.ensure_future(_until_closed(transport))
+    preparing = asyncio.ensure_future(
+        live.prepare(table, req, query_pairs(req.query), req.headers.get("last-event-id"))
+    )
     try:
-        plan = await live.prepare(
-            table, req, query_pairs(req.query), req.headers.get("last-event-id")
-        )
-    except ApiError as e:
-        await _refuse(proto, transport, e)
-        return
+        await asyncio.wait([preparing, reader], return_when=asyncio.FIRST_COMPLETED)
+        if not preparing.done():  # the client left first: nobody to prepare it for
+            preparing.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await preparing
+            return
+        try:
+            plan = preparing.result()
+        except ApiError as e:
+            await _refuse(proto, transport, e)
+            return
+        try:
+            await _stream(live, plan, transport, reader)
+        finally:
+            plan.release()
+    finally:
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await reader
+        with contextlib.suppress(Exception):
+            proto.close(GOING_AWAY)
+
+
+async def _stream(live: Live, plan: Plan, transport: Any, reader: asyncio.Future[None]) -> None:
     sink = QueueSink(live.hub.touched)
     watch = live.begin(plan, WS, sink)
-    reader = asyncio.ensure_future(_until_closed(transport))
+    if reader.done():
+        sink.close()
     reader.add_done_callback(lambda _: sink.close())
     try:
         async for event in sink.drain():
@@ -47,15 +72,10 @@ async def serve(live: Live, table: str, req: Request, proto: Any) -> None:
     finally:
         sink.close()
         live.end(watch)
-        reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await reader
-        with contextlib.suppress(Exception):
-            proto.close(GOING_AWAY)
 
 
 async def _until_closed(transport: Any) -> None:
-    """Read (and ignore) what the client sends, until it closes: the HTTP engine answers pings."""
+    """Read (and drop) what the client sends, until it closes: the HTTP engine answers pings."""
     while True:
         message = await transport.receive()
         if message.kind == 0:  # closed by the client

@@ -15,13 +15,14 @@ verified token's grants; the router applies them wherever a store is read.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from time import perf_counter
 from typing import Any
-from urllib.parse import parse_qsl, unquote
+from urllib.parse import parse_qsl, quote
 
 import orjson
 
@@ -33,7 +34,7 @@ from tablecast.live import snapshot, sse, websocket
 from tablecast.live.service import Live
 from tablecast.server import forwards, openapi, params, status
 from tablecast.server.answers import JSON, Answers, Entry
-from tablecast.server.auth import Auth
+from tablecast.server.auth import Auth, Caller, KeysNeeded
 from tablecast.server.coalesce import (
     ANSWERS_PATH,
     BATCH_PATH,
@@ -49,9 +50,17 @@ from tablecast.server.errors import ApiError
 from tablecast.server.forwards import Forwards
 from tablecast.server.local import Answer
 from tablecast.server.metrics import HttpStats, exposition
-from tablecast.server.peers import SIGNATURE, PeerPool, received_parts
+from tablecast.server.peers import SIGNATURE, PeerHosts, PeerPool, received_parts
 from tablecast.server.ratelimit import RateLimit, SharedTokenBuckets, TokenBuckets, WaitSlots
-from tablecast.server.request import HOP, Request, subject_of
+from tablecast.server.request import (
+    HOP,
+    ON_BEHALF,
+    Request,
+    Scope,
+    client_host,
+    path_segment,
+    subject_of,
+)
 from tablecast.server.router import DEFAULT_WAITS_PER_CALLER, Router
 from tablecast.server.rpc import plain_key_read
 
@@ -85,6 +94,7 @@ class HttpApp:
             ssl.create_default_context(cafile=node.config.tls_ca) if node.config.tls_ca else None
         )
         self.peers = PeerPool(ssl_context=context, signer=self.signer)
+        self._peer_hosts = PeerHosts(lambda: (m.url for m in node.view.members.values()))
         self._peer_checks = self.signer.enabled
         self.rate: RateLimit | None = None
         if rate_limit:
@@ -117,6 +127,8 @@ class HttpApp:
         self._openapi = orjson.dumps(openapi.document())
 
     async def __call__(self, scope: Any, proto: Any) -> None:
+        if not isinstance(scope, Scope):  # granian's, its path decoded
+            scope = Scope.of_decoded(scope)
         if scope.proto != "http":
             if scope.proto == "ws":
                 await self._websocket(scope, proto)
@@ -127,18 +139,20 @@ class HttpApp:
         elif rest is not None:
             await rest
 
-    def begin(self, scope: Any, proto: Any) -> Awaitable[None] | None:
+    def begin(self, scope: Any, proto: Any, started: float = 0.0) -> Awaitable[None] | None:
         """Answer an HTTP request now if it can be (None), or return what answers it later.
 
         Most reads are answered without a task of their own; the HTTP server
-        awaits the rest (a read forwarded to a peer, a body to read, a wait).
+        awaits the rest (a read forwarded to a peer, a body to read, a wait, a
+        token whose signing key is being fetched). `started`: when a request
+        begun again after such a wait came in.
         """
         if scope.method == "GET" and not scope.query_string:
             kept = self.kept(scope.path, scope.headers)
             if kept is not None:
                 proto.response_bytes(200, kept.headers, kept.body)
                 return None
-        started = perf_counter()
+        started = started or perf_counter()
         route = "unmatched"
         try:
             path = scope.path
@@ -147,19 +161,26 @@ class HttpApp:
             from_peer = self._peer_checks and (path.startswith("/internal/") or HOP in headers)
             if from_peer and scope.method != "POST":  # a POST is checked with its body, once read
                 self._check_peer(scope.method, path, query, b"", headers)
+            if ON_BEHALF in headers:
+                scope = self._caller_scope(scope, from_peer)
             # a signed hop was counted where the caller came in (a forged one is refused)
             limited = self.rate is not None and not from_peer and path.startswith("/v1/")
             caller = None
             authorization = None
-            if self._auth_on and path.startswith(("/v1/", "/internal/", "/ui/api/")):
+            # a peer's POST is verified once its body's signature is (_signed_caller): a
+            # forged one gets no token checked, so it costs no signature check uncharged
+            if (
+                self._auth_on
+                and path.startswith(("/v1/", "/internal/", "/ui/api/"))
+                and not (from_peer and scope.method == "POST")
+            ):
                 authorization = headers.get("authorization") or _query_token(path, query)
                 caller = self.auth.remembered(authorization)
                 if caller is None:
-                    if limited:
-                        # a token not seen before costs a signature check: the client's
-                        # address pays for it first, so a flood of made-up tokens is cut short
-                        self.rate.take(subject_of(None, scope))  # type: ignore[union-attr]
-                    caller = self.auth.caller(authorization)
+                    unseen = self.unseen_caller(authorization, scope, not from_peer)
+                    if not isinstance(unseen, Caller):  # its signing key is being fetched
+                        return self._begin_verified(unseen, scope, proto, started)
+                    caller = unseen
             if limited:
                 self.rate.take(subject_of(caller, scope))  # type: ignore[union-attr]
             key = None if query else plain_key_read(scope.method, path)
@@ -192,6 +213,53 @@ class HttpApp:
             answer = _failed(e, scope.method, scope.path)
         self._respond(route, answer, proto, started)
         return None
+
+    def _caller_scope(self, scope: Scope, signed: bool) -> Scope:
+        """A forwarded request's scope as its caller's (rate limits and waits count the
+        client that came to the forwarding node), when the hop is believed: signed with
+        the cluster secret, or without one, sent from a node's address. Any other request
+        is counted by its own address, whatever it says."""
+        behalf = scope.headers.get(ON_BEHALF)
+        if behalf is None or HOP not in scope.headers or len(behalf) > 45:
+            return scope
+        if not signed and (
+            self._peer_checks or not self._peer_hosts.holds(client_host(scope.client))
+        ):
+            return scope
+        try:
+            host = str(ipaddress.ip_address(behalf))
+        except ValueError:
+            return scope
+        return scope.on_behalf(host)
+
+    def unseen_caller(
+        self, authorization: str | None, scope: Any, charge: bool = True
+    ) -> Caller | Awaitable[Caller]:
+        """The caller of a token not remembered, or what waits for the JWKS fetch it needs
+        (401 for a bad token). A token not seen before costs a signature check: with a rate
+        limit the client's address pays for it first, so a flood of made-up tokens is cut
+        short on every route (`charge` False: a signed hop, counted where it came in)."""
+        if charge and self.rate is not None:
+            self.rate.take(subject_of(None, scope))
+        try:
+            return self.auth.caller(authorization)
+        except KeysNeeded:
+            return self.auth.caller_async(authorization)
+
+    async def _begin_verified(
+        self, pending: Awaitable[Caller], scope: Any, proto: Any, started: float
+    ) -> None:
+        """Begin again a request whose token waited for the JWKS: remembered now, or refused."""
+        try:
+            await pending
+        except Exception as e:  # as in begin(): every failure is an answer
+            self._respond("unmatched", _failed(e, scope.method, scope.path), proto, started)
+            return
+        rest = self.begin(scope, proto, started)
+        if isinstance(rest, asyncio.Future):
+            await asyncio.wait((rest,))
+        elif rest is not None:
+            await rest
 
     async def _later(
         self, pending: Awaitable[Answer], route: str, scope: Any, proto: Any, started: float
@@ -271,25 +339,32 @@ class HttpApp:
     def match(self, method: str, path: str) -> tuple[str, Handler]:
         """The route's name (for metrics) and its handler(request, proto)."""
         r = self.router
+        # the path as received: split first, then each part decoded (a key's %2F is data)
         parts = path.split("/", 5)  # "", "v1", "tables", t, "keys", rest (may hold "/")
         n = len(parts)
         if n > 2 and parts[1] == "v1":
             if parts[2] == "tables" and n > 3:
-                table = parts[3]
+                table = path_segment(parts[3])
                 if n == 6 and parts[4] == "keys":
                     _get(method)
                     rest = parts[5]
                     if rest.endswith("/windows"):
-                        return "windows", lambda q, _: r.windows(table, rest[:-8], q)
+                        key = path_segment(rest[:-8])
+                        return "windows", lambda q, _: r.windows(table, key, q)
                     if rest.endswith("/metadata"):
-                        return "metadata", lambda q, _: r.metadata(table, rest[:-9], q)
+                        key = path_segment(rest[:-9])
+                        return "metadata", lambda q, _: r.metadata(table, key, q)
                     if rest.endswith("/history"):
-                        return "history", lambda q, _: r.history(table, rest[:-8], q)
-                    return "key", lambda q, _: r.get_key(table, rest, q)
+                        key = path_segment(rest[:-8])
+                        return "history", lambda q, _: r.history(table, key, q)
+                    key = path_segment(rest)
+                    return "key", lambda q, _: r.get_key(table, key, q)
                 if n == 6 and parts[4] == "index":
                     _get(method)
                     name, slash, value = parts[5].partition("/")
+                    name = path_segment(name)
                     if slash:
+                        value = path_segment(value)
                         return "index_lookup", lambda q, _: r.fan.index(table, name, value, q)
                     return "index_range", lambda q, _: r.fan.index(table, name, None, q)
                 if n == 5:
@@ -318,12 +393,13 @@ class HttpApp:
                 return "cluster", lambda q, _: (200, status.cluster(self.node, q.grants), [])
         elif n == 5 and parts[1] == "internal" and parts[2] == "tables":
             _get(method)
+            table = path_segment(parts[3])
             if parts[4] == "scan":
-                return "internal_scan", lambda q, _: r.fan.internal_scan(parts[3], q)
+                return "internal_scan", lambda q, _: r.fan.internal_scan(table, q)
             if parts[4] == "count":
-                return "internal_count", lambda q, _: r.fan.internal_count(parts[3], q)
+                return "internal_count", lambda q, _: r.fan.internal_count(table, q)
             if parts[4] == "snapshot":
-                return "internal_snapshot", lambda q, _: snapshot.answer_peer(r, parts[3], q)
+                return "internal_snapshot", lambda q, _: snapshot.answer_peer(r, table, q)
         elif path in (ANSWERS_PATH, BATCH_PATH):
             if method != "POST":
                 raise ApiError("method_not_allowed", f"{path} takes POST")
@@ -372,10 +448,13 @@ class HttpApp:
             proto.close(404)  # before the upgrade: a plain 404
             return
         caller = None
-        authorization = headers.get("authorization") or _query_token(path, query)
         try:
+            authorization = headers.get("authorization") or _query_token(path, query)
             if self._auth_on:
-                caller = self.auth.caller(authorization)
+                caller = self.auth.remembered(authorization)
+                if caller is None:
+                    unseen = self.unseen_caller(authorization, scope)
+                    caller = unseen if isinstance(unseen, Caller) else await unseen
             if self.rate is not None:
                 self.rate.take(subject_of(caller, scope))
         except ApiError as e:
@@ -384,7 +463,7 @@ class HttpApp:
         started = perf_counter()
         try:
             request = Request(NO_PARAMS, query, headers, caller, scope, authorization)
-            await websocket.serve(self.live, parts[3], request, proto)
+            await websocket.serve(self.live, path_segment(parts[3]), request, proto)
         except Exception:  # a broken socket must not reach the HTTP engine as a stack trace
             log.exception("websocket watch failed")
         self.stats.record("watch_websocket", 101, perf_counter() - started)
@@ -401,23 +480,40 @@ class HttpApp:
             return self.router.history(table, key, req)
         return self.router.get_key(table, key, req)
 
-    def _metrics(self, req: Request) -> Answer:
+    def _metrics(self, req: Request) -> Answer | Awaitable[Answer]:
         if self._auth_metrics:
-            self.auth.caller(req.headers.get("authorization"))
+            return self._verified(req.headers.get("authorization"), req.scope, self._exposition)
+        return self._exposition()
+
+    def _exposition(self) -> Answer:
         coalescer = self.router.rpc.coalescer
         metrics = exposition(self.node, self.stats, self.rate, self.waits, self.live.hub, coalescer)
         return 200, metrics, []
 
-    def _readiness(self, req: Request) -> Answer:
-        code, body = status.readiness(self.node)
+    def _readiness(self, req: Request) -> Answer | Awaitable[Answer]:
         if self._auth_metrics:
             authorization = req.headers.get("authorization")
             if authorization is None:
                 # probes (a kubelet) cannot send an expiring token: the status code is all
                 # they need, and the body (partitions, lags, errors) is for token holders
+                code, _ = status.readiness(self.node)
                 return code, b'{"ready":true}' if code == 200 else b'{"ready":false}', []
-            self.auth.caller(authorization)
+            return self._verified(authorization, req.scope, self._ready)
+        return self._ready()
+
+    def _ready(self) -> Answer:
+        code, body = status.readiness(self.node)
         return code, body, []
+
+    def _verified(
+        self, authorization: str | None, scope: Any, answer: Callable[[], Answer]
+    ) -> Answer | Awaitable[Answer]:
+        """`answer()` once the request's token is verified (a status route's own check)."""
+        if self.auth.remembered(authorization) is None:
+            unseen = self.unseen_caller(authorization, scope)
+            if not isinstance(unseen, Caller):  # its signing key is being fetched
+                return _once_verified(unseen, answer)
+        return answer()
 
     def _check_peer(self, method: str, path: str, query: str, body: bytes, headers: Any) -> None:
         """Internal routes and forwarded requests answer only peers that sign with the secret."""
@@ -428,12 +524,25 @@ class HttpApp:
                 "forbidden", "internal calls and forwarded requests need a peer's signature"
             )
 
+    async def _signed_caller(self, req: Request) -> None:
+        """The token of a peer's POST, verified now that its signature is."""
+        if not self._auth_on:
+            return
+        authorization = req.headers.get("authorization")
+        caller = self.auth.remembered(authorization)
+        if caller is None:
+            unseen = self.unseen_caller(authorization, req.scope, charge=False)
+            caller = unseen if isinstance(unseen, Caller) else await unseen
+        req.caller = caller
+
     async def _batch_get(self, table: str, req: Request, proto: Any) -> Answer:
         body = await _read_body(req, proto)
         if self._peer_checks and req.forwarded:
             self._check_peer(
-                "POST", f"/v1/tables/{table}/keys:batchGet", req.query, body, req.headers
-            )
+                "POST", f"/v1/tables/{quote(table, safe='')}/keys:batchGet", req.query, body,
+                req.headers,
+            )  # fmt: skip
+            await self._signed_caller(req)
         return await self.router.fan.batch_get(table, body, req)
 
     async def _batch(self, req: Request, proto: Any, path: str) -> Answer:
@@ -443,6 +552,7 @@ class HttpApp:
         body = await _read_body(req, proto)
         if self._peer_checks:
             self._check_peer("POST", path, req.query, body, req.headers)
+            await self._signed_caller(req)
         if not req.forwarded:
             raise ApiError("bad_request", f"{path} takes reads a peer forwards")
         started = perf_counter()
@@ -476,10 +586,9 @@ class HttpApp:
 
     def _hop(self, target: str, req: Request) -> tuple[str, Entry | Answer | Awaitable[Answer]]:
         """One read of a batch: the route's name and its answer (a kept one as it is kept),
-        as :meth:`__call__` gives it a GET with the batch's headers (the path decoded, as
-        the server decodes it)."""
+        as :meth:`__call__` gives it a GET with the batch's headers (the path as sent, as
+        a server receives it)."""
         path, _, query = target.partition("?")
-        path = unquote(path)
         answers = self._answers
         if answers is not None and not query:
             entry = answers.get(path)
@@ -496,6 +605,11 @@ class HttpApp:
         if request.params:
             params.check(route, request.params)
         return route, handler(request, None)
+
+
+async def _once_verified(pending: Awaitable[Caller], answer: Callable[[], Answer]) -> Answer:
+    await pending
+    return answer()
 
 
 def _outcome(done: asyncio.Future[Answer], scope: Any) -> Answer:
@@ -543,13 +657,26 @@ async def _read_body(req: Request, proto: Any) -> bytes:
     return b"".join(chunks)
 
 
+#: what a bearer token may hold (RFC 6750's b64token, "=" only at its end)
+_B64TOKEN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~+/")
+
+
 def _query_token(path: str, query: str) -> str | None:
     """``?access_token=`` of a watch (RFC 6750 §2.3): browsers' EventSource and WebSocket
-    cannot send an Authorization header."""
+    cannot send an Authorization header. 401 for a value that is no bearer token: it goes on
+    in the Authorization header of peer calls, where a CR, LF or non-Latin-1 character would
+    break the request's head (a JWT verifier may not catch them: base64 decoders skip them)."""
     if not query or "access_token=" not in query or not path.endswith("/watch"):
         return None
     for name, value in parse_qsl(query, max_num_fields=2048):
         if name == "access_token":
+            token = value.rstrip("=")
+            if not token or not _B64TOKEN.issuperset(token):
+                raise ApiError(
+                    "unauthorized",
+                    "?access_token= holds characters a bearer token cannot have",
+                    [("www-authenticate", 'Bearer error="invalid_token"')],
+                )
             return "Bearer " + value
     return None
 

@@ -3,7 +3,13 @@
 The JWKS is a file or an ``https://``/``http://`` URL (an identity provider's
 ``jwks_uri``): fetched with a timeout, cached, and fetched again when a token
 names a key id it does not hold (key rotation) — at most once per
-``JWKS_COOLDOWN_S``, so a flood of made-up key ids cannot hammer the provider.
+``JWKS_COOLDOWN_S`` after the last fetch ended, fetched or failed, so a flood of
+made-up key ids cannot hammer the provider. A fetch runs in a worker thread,
+never on the event loop: :meth:`Auth.caller` raises :class:`KeysNeeded` for a
+token that must wait for it, and :meth:`Auth.caller_async` waits (at most
+``JWKS_TIMEOUT_S``); concurrent tokens share the one fetch under way, and every
+other request goes on meanwhile. A set older than ``JWKS_LIFESPAN_S`` still
+verifies the keys it holds while a fresh one is fetched.
 Tokens from a real IdP carry ``aud`` and ``iss``: ``--auth-audience`` and
 ``--auth-issuer`` say which to accept (a token with an ``aud`` is refused
 when no audience is configured, as PyJWT does).
@@ -19,6 +25,8 @@ known token costs one dict lookup for both.
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,8 +106,13 @@ class Auth:
             return known
         return None
 
-    def caller(self, authorization: str | None) -> Caller:
-        """The request's verified token; 401 without a valid one."""
+    def caller(self, authorization: str | None, may_fetch: bool = True) -> Caller:
+        """The request's verified token; 401 without a valid one.
+
+        Never blocks an event loop running in this thread: a token whose signing key is not
+        fetched yet raises :class:`KeysNeeded` once the fetch is under way (without a
+        running loop, as in a script, the JWKS is fetched here). `may_fetch` False: such a
+        token is refused instead."""
         if not authorization or not authorization.startswith(("Bearer ", "bearer ")):
             raise ApiError(
                 "unauthorized",
@@ -110,7 +123,7 @@ class Auth:
         if known is not None:
             return known
         token = authorization[7:].strip()
-        claims, kid = self._verify(token)
+        claims, kid = self._verify(token, may_fetch)
         if len(self._verified) >= MAX_REMEMBERED:
             self._verified.clear()
         sub = claims.get("sub")
@@ -120,7 +133,17 @@ class Auth:
         )
         return known
 
-    def _verify(self, token: str) -> tuple[dict[str, Any], str | None]:
+    async def caller_async(self, authorization: str | None) -> Caller:
+        """:meth:`caller`, waiting (without blocking the loop) for a JWKS fetch the token
+        needs, which concurrent callers share: at most ``JWKS_TIMEOUT_S``, then 401."""
+        try:
+            return self.caller(authorization)
+        except KeysNeeded as e:
+            await e.wait()
+        # the fetch ended or timed out: a key still missing is refused, not fetched again
+        return self.caller(authorization, may_fetch=False)
+
+    def _verify(self, token: str, may_fetch: bool) -> tuple[dict[str, Any], str | None]:
         options: dict[str, Any] = {"require": ["exp"]}
         checks: dict[str, Any] = {"audience": self.audience, "issuer": self.issuer}
         try:
@@ -131,7 +154,7 @@ class Auth:
                 return claims, None
             assert self._keys is not None
             kid = jwt.get_unverified_header(token).get("kid")
-            key = self._keys.key(kid)
+            key = self._keys.key(kid, may_fetch)
             claims = jwt.decode(
                 token, key.key, algorithms=[key.algorithm_name], options=options, **checks
             )
@@ -144,41 +167,119 @@ class Auth:
             ) from None
 
 
+class KeysNeeded(ApiError):
+    """The token names a key not fetched yet and a fetch of the JWKS is under way: await
+    :meth:`wait`, then verify the token again. Left unhandled it is a 401, like any token
+    that cannot be checked."""
+
+    def __init__(self, fetch: asyncio.Future[None], deadline: float) -> None:
+        super().__init__(
+            "unauthorized",
+            "the token's signing key is not fetched yet",
+            [("www-authenticate", 'Bearer error="invalid_token"')],
+        )
+        self.fetch = fetch
+        #: time.monotonic() when waiting for the fetch stops
+        self.deadline = deadline
+
+    async def wait(self) -> None:
+        """Until the fetch ends or its time is up (then the fetch goes on alone)."""
+        remaining = self.deadline - time.monotonic()
+        if remaining > 0:
+            await asyncio.wait((self.fetch,), timeout=remaining)
+
+
 class _Jwks:
     """The signing keys of a JWKS file or URL, by key id."""
 
     def __init__(self, source: str) -> None:
         self.source = source
         self._client: jwt.PyJWKClient | None = None
+        self._by_kid: dict[str | None, jwt.PyJWK] = {}
+        #: time.monotonic() of the last fetch that got a set, and of the last one to end
+        self._fetched = self._ended = float("-inf")
+        self._failure: str | None = None
+        #: the fetch under way (one at a time), and when waiting for it stops
+        self._pending: asyncio.Future[None] | None = None
+        self._deadline = 0.0
+        # the fetch's worker thread and the loop both start and end fetches
+        self._lock = threading.Lock()
         if source.startswith(("https://", "http://")):
-            self._client = jwt.PyJWKClient(
-                source,
-                lifespan=JWKS_LIFESPAN_S,
-                timeout=JWKS_TIMEOUT_S,
-                cooldown_duration=JWKS_COOLDOWN_S,
-            )
-            self._kids: frozenset[str | None] = frozenset()
+            self._client = jwt.PyJWKClient(source, cache_jwk_set=False, timeout=JWKS_TIMEOUT_S)
         else:
-            self._set = jwt.PyJWKSet.from_json(Path(source).read_text())
-            self._kids = frozenset(k.key_id for k in self._set.keys)
+            for k in jwt.PyJWKSet.from_json(Path(source).read_text()).keys:
+                self._by_kid.setdefault(k.key_id, k)
+        self._kids: frozenset[str | None] = frozenset(self._by_kid)
 
     def holds(self, kid: str | None) -> bool:
         """Whether the key `kid` is still in the set as last fetched."""
         return kid in self._kids
 
-    def key(self, kid: str | None) -> jwt.PyJWK:
+    def key(self, kid: str | None, may_fetch: bool = True) -> jwt.PyJWK:
+        found = self._by_kid.get(kid)
         if self._client is None:
-            found = next((k for k in self._set.keys if k.key_id == kid), None)
             if found is None:
                 raise jwt.InvalidTokenError(f"no key {kid!r} in the JWKS")
             return found
-        try:
-            # fetches the set when it is cold, expired, or lacks `kid` (within the cooldown)
-            found = self._client.get_signing_key(kid) if kid else None
-            keys = self._client.get_jwk_set().keys
-        except jwt.PyJWKClientError as e:
-            raise jwt.InvalidTokenError(str(e)) from None
-        self._kids = frozenset(k.key_id for k in keys)
-        if found is None:
+        if kid is None:
             raise jwt.InvalidTokenError("the token names no key id (kid)")
-        return found
+        now = time.monotonic()
+        if found is not None and now - self._fetched < JWKS_LIFESPAN_S:
+            return found
+        if not (may_fetch and self._may_fetch(now)):
+            if found is not None:
+                return found
+            raise jwt.InvalidTokenError(self._missing(kid))
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no event loop in this thread to stall: fetched right here
+            self._download()
+            return self.key(kid, may_fetch=False)
+        pending = self._start(loop, now)
+        if found is not None:  # an expired set: its key serves while a fresh set comes
+            return found
+        raise KeysNeeded(pending, self._deadline)
+
+    def _may_fetch(self, now: float) -> bool:
+        """Whether a token missing its key may wait for a fetch: the one under way until its
+        time is up, else a new one once the cool-down after the last has passed."""
+        if self._pending is not None:
+            return now < self._deadline
+        return now - self._ended >= JWKS_COOLDOWN_S
+
+    def _missing(self, kid: str) -> str:
+        if self._pending is not None:
+            return f"the JWKS did not come within {JWKS_TIMEOUT_S:g} s"
+        if self._failure is not None:
+            return f"the JWKS could not be fetched: {self._failure}"
+        return f"no key {kid!r} in the JWKS"
+
+    def _start(self, loop: asyncio.AbstractEventLoop, now: float) -> asyncio.Future[None]:
+        """The fetch under way, started in a worker thread if there is none."""
+        with self._lock:
+            if self._pending is None:
+                self._deadline = now + JWKS_TIMEOUT_S
+                self._pending = loop.run_in_executor(None, self._download)
+            return self._pending
+
+    def _download(self) -> None:
+        """Fetch the set and take it (in a worker thread); a failure is kept as its reason."""
+        assert self._client is not None
+        by_kid: dict[str | None, jwt.PyJWK] | None = None
+        failure = None
+        try:
+            keys = jwt.PyJWKSet.from_dict(self._client.fetch_data()).keys
+        except Exception as e:  # whatever went wrong, the cool-down holds off the next try
+            failure = str(e) or type(e).__name__
+        else:
+            by_kid = {}
+            for k in keys:  # the signing keys, as PyJWKClient picks them
+                if k.key_id and k.public_key_use in ("sig", None):
+                    by_kid.setdefault(k.key_id, k)
+        with self._lock:
+            now = time.monotonic()
+            if by_kid is not None:
+                self._by_kid, self._kids, self._fetched = by_kid, frozenset(by_kid), now
+            self._failure = failure
+            self._ended = now
+            self._pending = None

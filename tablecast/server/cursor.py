@@ -26,6 +26,8 @@ class Cursors:
 
     def decode(self, cursor: str, query: list[str | None]) -> bytes:
         """The last key of the previous page; 400 for a cursor not made by us for this query."""
+        if not cursor.isascii():  # ours are base64 and a dot; encode() would raise on others
+            raise ApiError("bad_request", "invalid cursor")
         payload, _, sig = cursor.encode().partition(b".")
         if not payload or not hmac.compare_digest(sig, self._sign(payload).encode()):
             raise ApiError("bad_request", "invalid cursor")

@@ -25,7 +25,7 @@ from tablecast.cluster.node import Node
 from tablecast.kafka import indexes
 from tablecast.kafka.catalog import TableInfo
 from tablecast.serde import SerdeError
-from tablecast.server.consistency import ReadOptions, reach
+from tablecast.server.consistency import ReadOptions, TopicEnds, reach
 from tablecast.server.cursor import Cursors
 from tablecast.server.errors import ApiError
 from tablecast.server.local import Answer, Local, Reflected, merged, short_pages
@@ -55,6 +55,7 @@ class Tables(Protocol):
     rpc: Rpc
     cursors: Cursors
     waits: WaitSlots
+    ends: TopicEnds
 
     def table(self, name: str, req: Request) -> tuple[TableInfo, Scope | None]: ...
 
@@ -87,7 +88,7 @@ class FanOut:
             replicas = [
                 (self.local.require(info, p, opts), wanted[p]) for p in partitions if p in wanted
             ]
-            await reach(replicas, opts, req.subject, self.router.waits)
+            await reach(replicas, opts, req.subject, self.router.waits, self.router.ends)
 
     # -- batchGet and count ----------------------------------------------------------
     async def batch_get(self, table: str, body: bytes, req: Request) -> Answer:

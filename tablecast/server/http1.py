@@ -26,7 +26,6 @@ from collections import deque
 from collections.abc import AsyncIterator
 from time import perf_counter
 from typing import Any
-from urllib.parse import unquote
 
 import httptools
 
@@ -34,6 +33,7 @@ from tablecast.server import listen
 from tablecast.server.answers import JSON
 from tablecast.server.errors import ApiError
 from tablecast.server.http1_websocket import GOING_AWAY, WRITE_WAIT_S, WebSocket
+from tablecast.server.request import Scope, WebSocketScope
 from tablecast.server.wire import head, kept_alive, sized_head
 
 log = logging.getLogger(__name__)
@@ -63,31 +63,18 @@ STOP_GRACE_S = 5.0
 MAX_BUFFERED = 2 << 20
 
 
-def decoded_path(raw: bytes) -> str:
-    """A request target's path as RSGI gives it: decoded, undecodable bytes replaced."""
-    path = raw.decode("utf-8", "replace")
-    return unquote(path, errors="replace") if "%" in path else path
+def received_path(raw: bytes) -> str:
+    """A request target's path as routes take it: percent-encoding kept (routes decode each
+    part, so a key's %2F stays in the key), bytes that are not UTF-8 replaced."""
+    return raw.decode("utf-8", "replace")
 
 
 class _Headers(dict[str, str]):
     """Request headers by lower-case name (the first of repeated ones), as RSGI's."""
 
 
-class _Scope:
-    __slots__ = ("client", "headers", "method", "path", "query_string", "scheme")
-    proto = "http"
-    http_version = "1.1"
-
-    def __init__(
-        self, method: str, path: str, query: str, headers: _Headers, client: str, scheme: str
-    ) -> None:
-        self.method, self.path, self.query_string = method, path, query
-        self.headers, self.client, self.scheme = headers, client, scheme
-
-
-class _WebSocketScope(_Scope):
-    __slots__ = ()
-    proto = "ws"
+_Scope = Scope
+_WebSocketScope = WebSocketScope
 
 
 class _Stream:
@@ -99,6 +86,12 @@ class _Stream:
     def send_bytes(self, data: bytes) -> None:
         if data:
             self._conn.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def buffered(self) -> int:
+        """Bytes written that the kernel has not taken yet: a watch's reader that does not
+        keep up shows here (tablecast.live.sinks cuts it off by this)."""
+        transport = self._conn.transport
+        return 0 if transport is None else transport.get_write_buffer_size()
 
 
 class _Proto:
@@ -155,7 +148,7 @@ class _Proto:
         self._conn.write(head if self.head_only else head + body)  # one write: one system call
 
     def response_stream(self, status: int, headers: list[tuple[str, str]]) -> _Stream:
-        self.answered = self.streaming = True
+        self.answered = self.streaming = self._conn.streaming = True
         self.keep_alive = False  # a stream ends with its connection
         self._conn.write(head(status, headers, b"transfer-encoding: chunked\r\n"))
         return _Stream(self._conn)
@@ -183,6 +176,8 @@ class _Connection(asyncio.Protocol):
         self.write_blocked = False
         #: a check that drops the connection if its client reads nothing is scheduled
         self.stall_check = False
+        #: the answer under way is a stream (it ends with the connection)
+        self.streaming = False
         #: since when the connection waits for a request's headers (None: it does not)
         self.waiting_since: float | None = server.loop.time()
         #: bytes received while waiting for headers
@@ -227,7 +222,9 @@ class _Connection(asyncio.Protocol):
         # answer: read no more of its requests until it reads, and drop it if it never does
         self.write_blocked = True
         transport.pause_reading()
-        if not self.stall_check:
+        if not self.stall_check and not self.streaming:
+            # a stream's writer judges its reader itself (a watch cuts a slow one off and
+            # ends its stream, which the client reads to its end to resume)
             self.stall_check = True
             self._drop_if_stalled(transport, -1)
 
@@ -344,7 +341,7 @@ class _Connection(asyncio.Protocol):
         self.head_bytes = 0
         method = self.parser.get_method().decode()
         raw_path, _, query = self.url.partition(b"?")
-        path = decoded_path(raw_path)
+        path = received_path(raw_path)
         if self.parser.should_upgrade():  # served once the parser stops on it (data_received)
             websocket = self.headers.get("upgrade", "").lower() == "websocket"
             if websocket and method == "GET" and not self.busy and not self.queue:

@@ -5,6 +5,11 @@ sans-I/O ``ServerProtocol``); this module moves bytes between it and the
 connection and gives the app the part of RSGI's WebSocket protocol it uses:
 ``close(status)`` to refuse before accepting, ``await accept()``, then the
 transport's ``send_str``/``receive``, and ``close(code)`` to end it.
+
+A watch's client has nothing to say but pings and a close, so what it may
+send is held small: a message over :data:`MAX_MESSAGE` closes the WebSocket
+with 1009, messages the app has not read beyond :data:`MAX_UNREAD` with 1008,
+and a text message that is not UTF-8 with 1007.
 """
 
 from __future__ import annotations
@@ -44,7 +49,13 @@ GOING_AWAY = 1001
 #: tablecast.live.sinks): else a stalled reader would hold its connection for ever
 WRITE_WAIT_S = 10.0
 #: a message from the client larger than this closes the WebSocket (1009): a watch reads none
-MAX_MESSAGE = 1 << 20
+MAX_MESSAGE = 16 * 1024
+#: bytes of the client's messages held for the app before it reads them (it reads none while
+#: a watch is prepared); more close the WebSocket (1008)
+MAX_UNREAD = 64 * 1024
+#: close codes (RFC 6455): a text message not UTF-8; a policy violated
+INVALID_DATA = 1007
+POLICY_VIOLATION = 1008
 #: the SPEC's error code for a refusal's status (404: the plain not_found)
 _CODES = {status: code for code, status in STATUS.items()}
 
@@ -52,10 +63,12 @@ _CODES = {status: code for code, status in STATUS.items()}
 class Message:
     """What ``receive`` returns, as RSGI's: kind 0 closed, 1 bytes, 2 text."""
 
-    __slots__ = ("data", "kind")
+    __slots__ = ("data", "kind", "size")
 
-    def __init__(self, kind: int, data: bytes | str | None = None) -> None:
+    def __init__(self, kind: int, data: bytes | str | None = None, size: int = 0) -> None:
         self.kind, self.data = kind, data
+        #: its bytes on the wire (held unread, they count against MAX_UNREAD)
+        self.size = size
 
 
 CLOSED = Message(0)
@@ -73,6 +86,7 @@ class WebSocket:
         self._early: list[bytes] = []  # frames that came with the handshake, before accept
         self._early_bytes = 0
         self._messages: deque[Message] = deque()
+        self._unread = 0  # bytes of the messages held for the app
         self._arrived = asyncio.Event()
         self._parts: list[bytes] = []  # a fragmented message's frames so far
         self._text = False
@@ -130,15 +144,17 @@ class WebSocket:
                 return CLOSED
             self._arrived.clear()
             await self._arrived.wait()
-        return self._messages.popleft()
+        message = self._messages.popleft()
+        self._unread -= message.size
+        return message
 
     # -- from the connection --------------------------------------------------------
     def data_received(self, data: bytes) -> None:
         if self._protocol is None:
             # the app checks the caller before accepting; a client that does not wait for
-            # the answer may send one message's worth, not fill our memory meanwhile
+            # the answer may send what may be held unread, not fill our memory meanwhile
             self._early_bytes += len(data)
-            if self._early_bytes > MAX_MESSAGE:
+            if self._early_bytes > MAX_UNREAD:
                 self._early.clear()
                 self._conn.abort()
                 return
@@ -168,10 +184,36 @@ class WebSocket:
             if frame.fin:
                 data = b"".join(self._parts)
                 self._parts = []
-                self._messages.append(Message(2, data.decode()) if self._text else Message(1, data))
+                message = self._message(protocol, data)
+                if message is None:
+                    break
+                self._messages.append(message)
         self._flush()
         if self._messages:
             self._arrived.set()
+
+    def _message(self, protocol: ServerProtocol, data: bytes) -> Message | None:
+        """The client's message as the app reads it; None when it closed the WebSocket (the
+        app reads a close next)."""
+        if self._text:
+            try:
+                message = Message(2, data.decode(), len(data))
+            except UnicodeDecodeError:
+                return self._fail(protocol, INVALID_DATA, "a text message must be UTF-8")
+        else:
+            message = Message(1, data, len(data))
+        self._unread += len(data)
+        if self._unread > MAX_UNREAD:
+            return self._fail(protocol, POLICY_VIOLATION, "a watch reads no messages")
+        return message
+
+    def _fail(self, protocol: ServerProtocol, code: int, reason: str) -> None:
+        """Close with `code` and read nothing more of the client; the app sees it closed."""
+        protocol.fail(code, reason)
+        self._messages.clear()
+        self._unread = 0
+        self._messages.append(CLOSED)
+        return None
 
     def _flush(self) -> None:
         assert self._protocol is not None

@@ -117,7 +117,8 @@ AFTER = _param(
     "after",
     "query",
     "a position token (an X-Tablecast-Position, as it came): answer only from replicas at "
-    "least that far, waiting up to timeout_ms (also as header X-Tablecast-After)",
+    "least that far, waiting up to timeout_ms (also as header X-Tablecast-After); an offset "
+    "beyond its partition's end is refused (400)",
 )
 TIMEOUT = _param(
     "timeout_ms",
@@ -390,7 +391,12 @@ def document() -> dict[str, Any]:
                         "false: no snapshot, changes from now on",
                         {"enum": ["true", "false"]},
                     ),
-                    _param("since", "query", "resume after the event with this id"),
+                    _param(
+                        "since",
+                        "query",
+                        "resume after the event with this id (offsets beyond their partitions' "
+                        "ends: 400)",
+                    ),
                     _param(
                         "access_token",
                         "query",

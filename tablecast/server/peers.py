@@ -10,7 +10,10 @@ Content-Length, so nothing else needs to be understood.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import socket
 import ssl
+from collections.abc import Callable, Iterable
 from urllib.parse import unquote, urlsplit
 
 import httptools
@@ -25,6 +28,51 @@ MAX_IDLE_S = 5.0
 
 #: status, headers (names in lower case, latin-1 text as HTTP sends it), body
 Response = tuple[int, list[tuple[str, str]], bytes]
+
+
+class PeerHosts:
+    """The addresses the cluster's nodes call from, as far as their URLs tell: without the
+    cluster secret, what a forwarded request says of its caller is believed only from these.
+
+    A URL's host that is a name is resolved off the event loop when the members change;
+    until then its node's requests are counted by their own address, as any client's.
+    """
+
+    def __init__(self, urls: Callable[[], Iterable[str]]) -> None:
+        self._urls = urls
+        self._seen: frozenset[str] = frozenset()
+        self._hosts: frozenset[str] = frozenset()
+        self._resolving: asyncio.Future[None] | None = None
+
+    def holds(self, host: str) -> bool:
+        urls = frozenset(self._urls())
+        if urls != self._seen:
+            self._seen = urls
+            self._refresh(urls)
+        return host in self._hosts
+
+    def _refresh(self, urls: frozenset[str]) -> None:
+        literal, names = set(), set()
+        for url in urls:
+            host = urlsplit(url).hostname or ""
+            try:
+                literal.add(str(ipaddress.ip_address(host)))
+            except ValueError:
+                names.add(host)
+        self._hosts = frozenset(literal)
+        if names:
+            loop = asyncio.get_running_loop()
+            self._resolving = loop.run_in_executor(None, self._resolve, names, urls)
+
+    def _resolve(self, names: set[str], urls: frozenset[str]) -> None:
+        found = set()
+        for name in names:
+            try:
+                found.update(str(a[4][0]) for a in socket.getaddrinfo(name, None))
+            except OSError:
+                continue
+        if urls == self._seen:  # else the members changed meanwhile: a newer lookup runs
+            self._hosts = self._hosts | found
 
 
 class PeerUnavailable(Exception):
@@ -91,8 +139,9 @@ def signed_parts(method: str, target: str, body: bytes) -> tuple[bytes, bytes, b
 
 
 def received_parts(method: str, path: str, query: str, body: bytes) -> tuple[bytes, bytes, bytes]:
-    """What a signature covers, as the receiver has the request: its path is decoded already
-    (decoding it again would turn a key's ``%41`` into ``A``)."""
+    """What a signature covers, as the receiver has the request (its path as received,
+    :class:`~tablecast.server.request.Scope`): decoded once, as the sender signed it."""
+    path = unquote(path) if "%" in path else path
     return method.encode(), (path + "?" + query if query else path).encode(), body
 
 

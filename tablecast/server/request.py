@@ -3,7 +3,9 @@ verified caller, the read options parsed once, and the headers a hop onward carr
 
 from __future__ import annotations
 
+import re
 from typing import Any
+from urllib.parse import quote, unquote
 
 from tablecast.kafka.catalog import TableInfo
 from tablecast.server.auth import Caller
@@ -12,6 +14,63 @@ from tablecast.server.policy import Grants
 
 #: marks a request one node sent another (answered where it lands, never sent on)
 HOP = "x-tablecast-hop"
+#: on a hop, the host of the client it came from (when no token subject names the caller):
+#: rate limits and waits count the caller, not the node that forwarded it
+ON_BEHALF = "x-tablecast-client"
+
+
+class Scope:
+    """A request as the node's routes see it, whichever HTTP engine parsed it.
+
+    `path` keeps the client's percent-encoding: routes split it on "/" and then decode
+    each part (:func:`path_segment`), so a key's ``%2F`` is part of the key, never a
+    separator that could make it name another route.
+    """
+
+    __slots__ = ("client", "headers", "method", "path", "query_string", "scheme")
+    proto = "http"
+    http_version = "1.1"
+
+    def __init__(
+        self, method: str, path: str, query: str, headers: Any, client: str, scheme: str
+    ) -> None:
+        self.method, self.path, self.query_string = method, path, query
+        self.headers, self.client, self.scheme = headers, client, scheme
+
+    @classmethod
+    def of_decoded(cls, scope: Any) -> Scope:
+        """The scope of an engine that hands over the path decoded (granian's RSGI): its
+        path encoded again. What the decoding lost stays lost: a "/" the client sent as
+        ``%2F`` is a separator there (``?key=`` carries any key on every engine)."""
+        kind = WebSocketScope if scope.proto == "ws" else cls
+        path = scope.path
+        if not _PLAIN_PATH(path):  # most paths need no quoting, and the check is cheaper
+            path = quote(path, safe=_SAFE_IN_PATH)
+        return kind(
+            scope.method, path, scope.query_string, scope.headers, scope.client, scope.scheme
+        )
+
+    def on_behalf(self, host: str) -> Scope:
+        """This request counted as from `host` (a hop's client), not from its sender."""
+        # no port: callers are counted by host (caller_key)
+        return type(self)(
+            self.method, self.path, self.query_string, self.headers, f"{host}:0", self.scheme
+        )
+
+
+class WebSocketScope(Scope):
+    __slots__ = ()
+    proto = "ws"
+
+
+#: what a path may hold unencoded (RFC 3986's pchar less "%", and "/")
+_SAFE_IN_PATH = "/:@!$&'()*+,;=-._~"
+_PLAIN_PATH = re.compile(r"[A-Za-z0-9/:@!$&'()*+,;=._~-]*").fullmatch
+
+
+def path_segment(text: str) -> str:
+    """One part of a request's path, percent-decoded (undecodable bytes replaced)."""
+    return unquote(text, errors="replace") if "%" in text else text
 
 
 class Request:
@@ -67,6 +126,11 @@ class Request:
 
     def onward_headers(self) -> list[tuple[str, str]]:
         headers = [(HOP, "1")]
+        caller = self.caller
+        if caller is None or caller.subject is None:
+            client = getattr(self.scope, "client", None)
+            if client:
+                headers.append((ON_BEHALF, client_host(client)))
         auth = self.headers.get("authorization") or self.authorization
         if auth:
             headers.append(("authorization", auth))
@@ -85,4 +149,9 @@ def caller_key(caller: Caller | None, client: str) -> str:
     the client's address ("host:port") without the port."""
     if caller is not None and caller.subject is not None:
         return "sub:" + caller.subject
-    return "addr:" + client.rsplit(":", 1)[0]
+    return "addr:" + client_host(client)
+
+
+def client_host(client: str) -> str:
+    """A client's address ("host:port") without the port."""
+    return client.rsplit(":", 1)[0]

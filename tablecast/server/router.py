@@ -25,6 +25,7 @@ from tablecast.server.answers import Answers
 from tablecast.server.consistency import (
     NO_OPTIONS,
     ReadOptions,
+    TopicEnds,
     reach,
 )
 from tablecast.server.cursor import Cursors
@@ -66,6 +67,8 @@ class Router:
         #: the short path of plain forwarded reads, when the server has it
         self.forwards: Forwards | None = None
         self.waits = waits or WaitSlots(DEFAULT_WAITS_PER_CALLER)
+        #: partition ends as the broker says them, for positions callers name (after, resumes)
+        self.ends = TopicEnds(lambda: node.config.bootstrap_servers)
         self.fan = FanOut(self)
 
     def table(self, name: str, req: Request) -> tuple[TableInfo, Scope | None]:
@@ -189,7 +192,14 @@ class Router:
         limit = limit_param(params)
         query = [key_text, params.get("from"), params.get("to")]
         if params.get("cursor"):
-            start = _TS.unpack(self.cursors.decode(params["cursor"], query))[0] + 1
+            last = self.cursors.decode(params["cursor"], query)
+            if len(last) != _TS.size:
+                # an index page's cursor has a query of the same shape and passes the
+                # signature check: only a timestamp's 8 bytes continue a history
+                raise ApiError("bad_request", "invalid cursor")
+            # a last version at the greatest time leaves nothing after it: an empty page,
+            # not a start past what a store can encode
+            start = min(_TS.unpack(last)[0] + 1, TIME_MAX)
         vj = info.value_serde.to_json
         cursors = self.cursors
 
@@ -283,7 +293,7 @@ class Router:
         store reopened) meanwhile, the read routed `again` (or partition_unavailable, for
         the caller to move on)."""
         try:
-            await reach([(replica, want)], opts, req.subject, self.waits)
+            await reach([(replica, want)], opts, req.subject, self.waits, self.ends)
             return read(replica)
         except ApiError:
             if not (replica.closed or replica.reopening) or again is None:

@@ -37,7 +37,7 @@ from tablecast.server.consistency import NO_OPTIONS, ReadOptions
 from tablecast.server.errors import ApiError
 from tablecast.server.local import Answer, unavailable
 from tablecast.server.peers import PeerPool, PeerUnavailable
-from tablecast.server.request import Request
+from tablecast.server.request import Request, path_segment
 from tablecast.server.routing import ME, Choice, Routing
 
 FORWARD_TIMEOUT_S = 2.0
@@ -104,7 +104,7 @@ class Rpc:
     ) -> Answer:
         """Redirect to, or forward to, the first choice that answers."""
         if req.query and not opts.redirect:
-            target += "?" + req.query
+            target += ("&" if "?" in target else "?") + req.query
         # monotonic(), not the loop's time: looking the loop up costs a getpid() system call
         deadline = monotonic() + NO_REPLICA_GRACE_S
         while True:
@@ -280,13 +280,12 @@ async def maybe(answer: T | Awaitable[T]) -> T:
 def key_target(table: str, key_text: str, sub: str) -> str:
     """The path a key read is forwarded to (the request's query string follows it).
 
-    A key whose text ends like a sub-route reached us as ``?key=``, which the
-    query string carries on: forward it in that form too, since the owner sees
-    the path decoded.
+    A key whose text ends like a sub-route goes as ``?key=``: an owner on granian
+    sees the path decoded, where its ``%2F`` would be a separator.
     """
     t = _quoted(table)
     if key_text.endswith(KEY_SUB_ROUTES):
-        return f"/v1/tables/{t}/{sub or 'keys'}"
+        return f"/v1/tables/{t}/{sub or 'keys'}?key={quote(key_text, safe='')}"
     return f"/v1/tables/{t}/keys/{_quoted(key_text)}" + (f"/{sub}" if sub else "")
 
 
@@ -304,7 +303,8 @@ KEY_SUB_ROUTES = ("/windows", "/metadata", "/history")
 
 
 def plain_key_read(method: str, path: str) -> tuple[str, str] | None:
-    """(table, key text) when the request is a GET /v1/tables/{t}/keys/{key}."""
+    """(table, key text) when the request is a GET /v1/tables/{t}/keys/{key}; `path` as
+    received (:class:`~tablecast.server.request.Scope`), its parts decoded here."""
     if method != "GET" or not path.startswith("/v1/tables/"):
         return None
     parts = path.split("/", 5)
@@ -313,7 +313,7 @@ def plain_key_read(method: str, path: str) -> tuple[str, str] | None:
     rest = parts[5]
     if rest.endswith(KEY_SUB_ROUTES):
         return None
-    return parts[3], rest
+    return path_segment(parts[3]), path_segment(rest)
 
 
 def not_refused(answer: Answer) -> Answer:

@@ -398,9 +398,11 @@ def test_reads_racing_a_writer_are_exact_at_their_positions(bootstrap: str, logs
 
 
 def test_after_waits_for_the_write_on_every_route(bootstrap: str, logs: Path) -> None:
-    """A token ahead of the node makes it wait until the record arrives (woken by the ingest
-    thread), then answer at least that far; one never reached answers 504. The client keeps
-    the positions itself, and a producer's acknowledged offset is read-your-writes."""
+    """A position ahead of the node (min_offset naming the next record) makes it wait until
+    the record arrives (woken by the ingest thread), then answer at least that far; one never
+    reached answers 504. An after token beyond the topic's end is no position a node handed
+    out: 400 at once. The client keeps the positions itself, and a producer's acknowledged
+    offset is read-your-writes."""
     from tablecast import Client
 
     cluster = Cluster(bootstrap, logs)
@@ -415,7 +417,8 @@ def test_after_waits_for_the_write_on_every_route(bootstrap: str, logs: Path) ->
         node = cluster.start(0)
         node.wait_caught_up(bootstrap, TABLE, table.info.topic)
         p = first.partition
-        ahead = Client.token_for(TABLE, p, first.offset + 1)  # the next record of p
+        beyond = Client.token_for(TABLE, p, first.offset + 1)  # the next record of p
+        ahead = {"min_offset": f"{p}:{first.offset + 1}"}  # the same, waited for
         routes = [
             ("GET", f"/v1/tables/{TABLE}/keys/k01", {}),
             ("GET", f"/v1/tables/{TABLE}/keys/k01/history", {}),
@@ -428,21 +431,22 @@ def test_after_waits_for_the_write_on_every_route(bootstrap: str, logs: Path) ->
             ("POST", f"/v1/tables/{TABLE}/keys:batchGet", {}),
         ]
         for method, path, params in routes:
-            r = httpx.request(
-                method,
-                node.url + path,
-                params={**params, "after": ahead, "timeout_ms": "300"},
-                json={"keys": ["k01"]} if method == "POST" else None,
-            )
-            assert r.status_code == 504 and r.json()["error"]["code"] == "timeout", (path, r.text)
+            for extra in ({"after": beyond}, ahead):
+                r = httpx.request(
+                    method,
+                    node.url + path,
+                    params={**params, **extra, "timeout_ms": "300"},
+                    json={"keys": ["k01"]} if method == "POST" else None,
+                )
+                code = "bad_request" if "after" in extra else "timeout"
+                assert r.json()["error"]["code"] == code, (path, extra, r.text)
         answers: dict[str, httpx.Response] = {}
 
         def ask(method: str, path: str, params: dict[str, str]) -> None:
             answers[path + str(params)] = httpx.request(
                 method,
                 node.url + path,
-                params=params,
-                headers={"x-tablecast-after": ahead},
+                params={**params, **ahead},
                 json={"keys": ["k01"]} if method == "POST" else None,
                 timeout=30,
             )
@@ -496,7 +500,7 @@ def test_after_waits_for_the_write_on_every_route(bootstrap: str, logs: Path) ->
             assert list(client.index(TABLE, "color", "red")) == []  # v3 has no index header
             assert list(client.range(TABLE, as_of=base + 1)) == [("k01", {"v": 2})]
             client.observe(Client.token_for(TABLE, p, third.offset + 5))
-            with pytest.raises(Exception, match="504"):
+            with pytest.raises(Exception, match="400"):  # beyond the topic's end
                 client.get(TABLE, "k01", timeout_ms=200)
     finally:
         cluster.stop()

@@ -5,11 +5,13 @@ cut off without slowing the others."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import signal
 import socket
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,8 @@ import pytest
 import tablecast as tc
 from tablecast import serde
 from tablecast.kafka.broker import free_port
+from tablecast.live.events import SSE as SSE_ENCODER
+from tablecast.live.sinks import Sink
 from tablecast.live.token import parse
 
 from ..support.procs import NodeProcess, eventually, start_node
@@ -57,14 +61,14 @@ def _wait_positions(stream: Stream, offsets: dict[int, int], timeout: float = 30
     stream.wait_for(there, timeout)
 
 
-def _ends(bootstrap: str, topic: str) -> dict[int, int]:
+def _ends(bootstrap: str, topic: str, partitions: int = PARTITIONS) -> dict[int, int]:
     from confluent_kafka import Consumer, TopicPartition
 
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": "watch-ends"})
     try:
         return {
             p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-            for p in range(PARTITIONS)
+            for p in range(partitions)
         }
     finally:
         c.close()
@@ -459,3 +463,163 @@ def test_the_feeds_end_offset_answers_while_the_feed_consumes(bootstrap: str, un
         assert sum(ends) == 30, ends
     finally:
         feed.stop()
+
+
+def _fresh_table(node: NodeProcess, bootstrap: str, name: str) -> Any:
+    """A table of the node's app that no watch of the node has followed yet, served by it."""
+    model = make_table(bootstrap, node_app(node), name, PARTITIONS, serde.string(), serde.json())
+    model.write(bootstrap, [(f"k{i:02d}", {"n": i}) for i in range(24)])
+    eventually(lambda: node.get(f"/v1/tables/{name}/count").status_code == 200, timeout=60)
+    node.wait_caught_up(bootstrap, name, model.info.topic)
+    return model
+
+
+def test_positions_beyond_the_topic_end_are_refused_and_the_feed_stays_whole(
+    bootstrap: str, one
+) -> None:  # type: ignore[no-untyped-def]
+    """A resume token or an after position beyond its partition's end is no position a node
+    handed out: 400 on every way in, before the watch feed every watcher of the node shares
+    is started from it; the watchers after it get every change."""
+    from ..support.ws import WebSocket
+
+    node, _, _ = one
+    model = _fresh_table(node, bootstrap, "fresh")
+    topic = model.info.topic
+    ends = _ends(bootstrap, topic)
+    far = ",".join(f"{p}:{10**12}" for p in range(PARTITIONS))
+    path = "/v1/tables/fresh/watch"
+    status, body = _opened(node, path, {"prefix": "", "since": f"fresh@{far}"})
+    assert status == 400 and "beyond its end" in body["error"]["message"], body
+    one_ahead = ",".join(f"{p}:{ends[p] + (p == 0)}" for p in range(PARTITIONS))
+    status, body = _opened(node, path, {"prefix": ""}, {"last-event-id": f"fresh@{one_ahead}"})
+    assert status == 400 and body["error"]["code"] == "bad_request", body
+    ws = WebSocket(f"{node.url}{path}", params={"prefix": "", "since": f"fresh@{far}"})
+    message = ws.receive()
+    assert message is not None and message["data"]["error"]["code"] == "bad_request", message
+    assert ws.receive() is None  # closed
+    ws.close()
+    # reads: an after position beyond the end is refused, one at the end answers at once
+    key = "k03"
+    p = model.info.partition_of(model.info.key_serde.serialize(key))
+    beyond = f"fresh@{p}:{ends[p] + 1}"
+    for route, params in ((f"/v1/tables/fresh/keys/{key}", {}), ("/v1/tables/fresh/range", {})):
+        r = node.get(route, params={**params, "after": beyond, "timeout_ms": "20000"})
+        assert r.status_code == 400 and "beyond its end" in r.text, (route, r.text)
+        r = node.get(route, headers={"x-tablecast-after": beyond})
+        assert r.status_code == 400, (route, r.text)
+        r = node.get(route, params={**params, "after": f"fresh@{p}:{ends[p]}"})
+        assert r.status_code == 200, (route, r.text)
+    # a token at the end: a watch from there on
+    at_end = ",".join(f"{q}:{ends[q]}" for q in range(PARTITIONS))
+    watchers = [
+        Stream(f"{node.url}{path}", params={"prefix": "", "since": f"fresh@{at_end}"}).start()
+        for _ in range(3)
+    ] + [_watch_table(node, "fresh", prefix="") for _ in range(3)]
+    for w in watchers[:3]:
+        w.wait_for(lambda s: s.status == 200)  # its head goes out as the watch begins
+    for w in watchers[3:]:
+        w.wait_for(lambda s: s.of("ready"))
+    model.write(bootstrap, [(f"new{i:02d}", {"i": i}) for i in range(14)])
+    for w in watchers:
+        w.wait_for(lambda s: len(s.of("change")) >= 14)
+        w.stop()
+    assert all(len(w.of("change")) == 14 for w in watchers)
+
+
+def _opened(
+    node: NodeProcess, path: str, params: dict[str, str], headers: dict[str, str] | None = None
+) -> tuple[int, Any]:
+    """A watch's status and, when refused, its error (a stream is closed at once)."""
+    with httpx.stream("GET", node.url + path, params=params, headers=headers, timeout=10) as r:
+        return r.status_code, None if r.status_code == 200 else orjson.loads(r.read())
+
+
+def _watch_table(node: NodeProcess, table: str, **params: Any) -> Stream:
+    return Stream(f"{node.url}/v1/tables/{table}/watch", params=params).start()
+
+
+def test_open_watches_keep_their_changes_after_a_catalog_change(bootstrap: str, one) -> None:  # type: ignore[no-untyped-def]
+    """An index added to a table while watches follow it: the next watch's start takes the
+    new catalog entry, and the watches opened before go on getting changes."""
+    from tablecast.kafka import catalog
+
+    node, _, _ = one
+    model = _fresh_table(node, bootstrap, "cat")
+    before = _watch_table(node, "cat", prefix="")
+    before.wait_for(lambda s: s.of("ready"))
+    indexed = replace(model.info, extra={"indexes": ["color"]})
+    catalog.publish(bootstrap, node_app(node), [indexed])
+
+    def sees_the_index() -> bool:
+        tables = node.get("/v1/tables").json()["tables"]
+        return any(t["name"] == "cat" and "color" in str(t) for t in tables)
+
+    eventually(sees_the_index, timeout=60)
+    after = _watch_table(node, "cat", prefix="", snapshot="false")
+    after.wait_for(lambda s: s.of("ready"))
+    model.write(bootstrap, [(f"k{i:02d}", {"n": 100 + i}) for i in range(5)])
+    for w in (after, before):
+        w.wait_for(lambda s: len(s.of("change")) >= 5, timeout=30)
+        w.stop()
+    assert [e.data["value"]["n"] for e in before.of("change")] == [
+        e.data["value"]["n"] for e in after.of("change")
+    ]
+
+
+class _Kept(Sink):
+    """A sink that keeps the change events flushed to it (SSE-encoded)."""
+
+    def __init__(self, touched: Any) -> None:
+        super().__init__(touched)
+        self.changes = 0
+
+    def flush(self) -> None:
+        self.changes += sum(e.count(b"event: change\n") for e in self.pending)
+        self.pending.clear()
+
+
+def test_a_feed_begun_beyond_the_end_reads_on_and_its_catch_ups_rejoin(
+    bootstrap: str, unique: str
+) -> None:
+    """The hub on its own (no service to refuse the position): a watch at offsets beyond the
+    topic's end starts the partitions' feed there; the watches that come after it at the real
+    end read privately first (four at a time), and must join the feed and give their
+    reader's slot back, so that every one of them gets every change."""
+    from tablecast.live.hub import CATCH_UPS, Hub, Start, Watch
+    from tablecast.live.selection import Selection
+
+    model = make_table(bootstrap, unique, "kv", 2, serde.string(), serde.json(), store="memory")
+    info = model.info
+    model.write(bootstrap, [(f"k{i:02d}", {"n": i}) for i in range(20)])
+    ends = _ends(bootstrap, info.topic, 2)
+
+    async def run() -> None:
+        hub = Hub(bootstrap, unique, lambda: {"kv": info})
+        hub.start()
+        try:
+            renderer, _ = hub.source(info)
+            everything = Selection.of_span(info, None, None, None)
+
+            def open_at(positions: dict[int, int]) -> _Kept:
+                sink = _Kept(hub.touched)
+                watch = Watch(hub, info, renderer, everything, SSE_ENCODER)
+                hub.begin(watch, sink, Start([], positions, snapshot=False))
+                return sink
+
+            open_at({p: 10**12 for p in range(2)})
+            sinks = [open_at(dict(ends)) for _ in range(6)]
+            await asyncio.sleep(3)
+            await asyncio.to_thread(
+                model.write, bootstrap, [(f"n{i:02d}", {"i": i}) for i in range(14)]
+            )
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and (
+                any(s.changes < 14 for s in sinks) or hub._catch_up_slots._value < CATCH_UPS
+            ):
+                await asyncio.sleep(0.2)
+            assert [s.changes for s in sinks] == [14] * 6
+            assert hub._catch_up_slots._value == CATCH_UPS  # every private reader let go
+        finally:
+            hub.stop()
+
+    asyncio.run(run())

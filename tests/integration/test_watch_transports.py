@@ -5,6 +5,8 @@ does, and a watch never delivers a row the caller's grants do not cover, on any 
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 import time
 from typing import Any
 
@@ -40,6 +42,8 @@ def bearer(ttl: float = 86_400, **claims: Any) -> str:  # made at collection; th
 
 ADMIN = bearer(sub="root", role="admin")
 ALICE = bearer(sub="alice")
+#: watches one caller may have open on a node (the other tests stay well under it)
+MAX_WATCHES = 8
 
 
 def auth(token: str) -> dict[str, str]:
@@ -67,6 +71,7 @@ def nodes(bootstrap: str, tmp_path_factory: pytest.TempPathFactory):  # type: ig
         proc = start_node(
             app, bootstrap, tmp,
             "--auth-jwt-secret", SECRET, "--auth-policy", str(policy), "--grpc-port", str(port),
+            "--max-watches", str(MAX_WATCHES),
         )  # fmt: skip
         out.append(Node(proc, port))
     try:
@@ -329,3 +334,112 @@ def test_a_watch_ends_when_its_token_expires(nodes) -> None:  # type: ignore[no-
     errors = stream.of("error")
     assert errors and errors[0].data["error"]["code"] == "unauthorized"
     eventually(lambda: 'reason="unauthorized"' in a.proc.get("/metrics", headers=auth(ADMIN)).text)
+
+
+def _grpc_refusal(node: Node, call: Any) -> tuple[grpc.StatusCode, str | None]:
+    """The status and tablecast-error of a gRPC call that must be refused."""
+
+    async def run() -> tuple[grpc.StatusCode, str | None]:
+        async with grpc.aio.insecure_channel(node.grpc) as channel:
+            try:
+                answer = call(TablesStub(channel))
+                if hasattr(answer, "__aiter__"):
+                    async with asyncio.timeout(20):
+                        async for _ in answer:
+                            pass
+                else:
+                    await answer
+            except grpc.aio.AioRpcError as e:
+                return e.code(), dict(e.trailing_metadata() or ()).get("tablecast-error")
+        raise AssertionError("the call was answered")
+
+    return asyncio.run(run())
+
+
+def test_a_grpc_client_is_never_a_hop_nor_past_the_topic_end(nodes) -> None:  # type: ignore[no-untyped-def]
+    """x-tablecast-hop marks the nodes' own forwarded calls over HTTP: set by a gRPC client it
+    is refused, as an unsigned hop is over HTTP, whichever node holds the key (a hop is
+    answered from what the node holds, or not at all); and a Watch.since beyond its
+    partition's end is refused like the HTTP resume."""
+    (a, b), _ = nodes
+    md = (("authorization", f"Bearer {ADMIN}"), ("x-tablecast-hop", "1"))
+    for node in (a, b):
+        for key in ("alice/01", "alice/02", "bob/01", "bob/02"):
+            got = _grpc_refusal(
+                node, lambda stub, k=key: stub.Get(pb.GetRequest(table="kv", key=k), metadata=md)
+            )
+            assert got == (grpc.StatusCode.PERMISSION_DENIED, "forbidden"), (key, got)
+        got = _grpc_refusal(
+            node, lambda stub: stub.Watch(pb.WatchRequest(table="kv", prefix=""), metadata=md)
+        )
+        assert got == (grpc.StatusCode.PERMISSION_DENIED, "forbidden"), got
+        far = ",".join(f"{p}:{10**12}" for p in range(4))
+        request = pb.WatchRequest(table="kv", prefix="alice/", since=f"kv@{far}")
+        got = _grpc_refusal(node, lambda stub, r=request: stub.Watch(r, metadata=md[:1]))
+        assert got == (grpc.StatusCode.INVALID_ARGUMENT, "bad_request"), got
+
+
+def _ws_close_code(ws: WebSocket) -> int | None:
+    """The code of the server's next close frame (None: none came)."""
+    try:
+        while True:
+            b0, b1 = ws._exact(2)
+            length = b1 & 0x7F
+            if length == 126:
+                (length,) = struct.unpack(">H", ws._exact(2))
+            payload = ws._exact(length)
+            if b0 & 0x0F == 0x8:
+                return int(struct.unpack(">H", payload[:2])[0])
+    except OSError:
+        return None
+
+
+def test_a_caller_has_at_most_so_many_watches_open(nodes) -> None:  # type: ignore[no-untyped-def]
+    """--max-watches per caller (its token's subject), on every transport; a watch that ends
+    gives its place back, and other callers are not counted against it."""
+    (a, _), _ = nodes
+    capped = bearer(sub="capped")
+    host, port = a.url.split("://")[1].split(":")
+    held = []
+    try:
+        for _ in range(MAX_WATCHES):
+            s = socket.create_connection((host, int(port)), timeout=10)
+            s.sendall(
+                b"GET /v1/tables/kv/watch?key=capped/01 HTTP/1.1\r\nhost: x\r\n"
+                b"authorization: Bearer " + capped.encode() + b"\r\n\r\n"
+            )
+            assert s.recv(12) == b"HTTP/1.1 200"
+            held.append(s)
+        over = _sse(a, capped, key="capped/01")
+        over.ended.wait(10)
+        assert over.status == 429 and b"rate_limited" in over.body, (over.status, over.body)
+        ws = WebSocket(
+            f"{a.url}/v1/tables/kv/watch", params={"key": "capped/01"}, headers=auth(capped)
+        )
+        message = ws.receive()
+        assert message is not None and message["data"]["error"]["code"] == "rate_limited"
+        assert _ws_close_code(ws) == 1008
+        ws.sock.close()
+        got = _grpc_refusal(
+            a,
+            lambda stub: stub.Watch(
+                pb.WatchRequest(table="kv", keys=["capped/01"]),
+                metadata=(("authorization", f"Bearer {capped}"),),
+            ),
+        )
+        assert got == (grpc.StatusCode.RESOURCE_EXHAUSTED, "rate_limited"), got
+        other = _sse(a, ALICE, key="alice/01")  # another caller
+        other.wait_for(lambda s: s.of("ready"))
+        other.stop()
+        held.pop().close()  # one ends: its place is given back
+
+        def opens() -> bool:
+            again = _sse(a, capped, key="capped/01")
+            again.wait_for(lambda s: s.status is not None)
+            again.stop()
+            return again.status == 200
+
+        eventually(opens, timeout=10)
+    finally:
+        for s in held:
+            s.close()

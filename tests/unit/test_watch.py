@@ -4,6 +4,7 @@ hub's dispatch and ring (batches handed in as the feed would), and the slow-cons
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 import time
 from pathlib import Path
@@ -19,9 +20,9 @@ from tablecast.live import hub as hub_module
 from tablecast.live import sinks, tcpdiag
 from tablecast.live.events import SSE, Change
 from tablecast.live.feed import Batch
-from tablecast.live.hub import Hub, Start, Watch, _Conn
+from tablecast.live.hub import Hub, Start, Watch
 from tablecast.live.selection import Selection
-from tablecast.live.sinks import QueueSink, Sink
+from tablecast.live.sinks import Progress, QueueSink, Sink
 from tablecast.live.token import Token, parse
 from tablecast.server.errors import ApiError
 from tablecast.server.policy import Scope
@@ -225,6 +226,100 @@ def test_a_watch_older_than_the_ring_catches_up(monkeypatch: pytest.MonkeyPatch)
     asyncio.run(run())
 
 
+def _open_as(hub: Hub, info: TableInfo, keys: list[bytes], start: Start) -> tuple[Watch, Recorder]:
+    """A key watch opened with catalog entry `info` (the node's at the time it was prepared)."""
+    renderer, _ = hub.source(info)
+    watch = Watch(hub, info, renderer, Selection.of_keys(info, keys), SSE)
+    sink = Recorder(hub.touched)
+    hub.begin(watch, sink, start)
+    return watch, sink
+
+
+def _values(sink: Recorder) -> list[Any]:
+    return [e[2]["value"] for e in sink.seen() if e[0] == "change"]
+
+
+def test_a_feed_begun_beyond_the_end_keeps_what_its_consumer_finds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A feed assigned beyond a partition's end is sent back to the partition's start by its
+    consumer: it starts its ring over there instead of dropping every record, so the watches
+    that come after it join the feed at once and get the records."""
+
+    async def run() -> None:
+        hub = Hub("127.0.0.1:1", "unit", lambda: {})
+        hub.loop = asyncio.get_running_loop()
+        caught: list[dict[int, int]] = []
+
+        async def no_catch_up(w: Watch, behind: dict[int, int]) -> None:
+            caught.append(behind)
+
+        monkeypatch.setattr(hub, "_catch_up", no_catch_up)
+        k = b"k1"
+        p = INFO.partition_of(k)
+        far = 10**12
+        _, beyond = _open_as(hub, INFO, [k], Start([], {p: far}, snapshot=False))
+        pf = hub.parts[(INFO.topic, p)]
+        assert pf.low == far - hub_module.LOOKBACK
+        # the consumer's reset: the partition from its start
+        hub._dispatch(_batch(hub, p, [_change(hub, p, k, {"v": i}, i) for i in range(3)], end=3))
+        assert (pf.low, pf.dispatched) == (0, 3)
+        late, got = _open_as(hub, INFO, [k], Start([], {p: 0}, snapshot=False))
+        assert p in late.live and caught == []  # joined at once: no private reader
+        hub._dispatch(_batch(hub, p, [_change(hub, p, k, {"v": 3}, 3)]))
+        assert _values(got) == [{"v": 0}, {"v": 1}, {"v": 2}, {"v": 3}]
+        assert _values(beyond) == []  # its own position is beyond all of them
+        # an empty partition: its end, below where the feed began, is where it starts over
+        q = next(q for q in range(INFO.partitions) if q != p)
+        other = next(bytes([c]) for c in range(97, 123) if INFO.partition_of(bytes([c])) == q)
+        _open_as(hub, INFO, [other], Start([], {q: far}, snapshot=False))
+        qf = hub.parts[(INFO.topic, q)]
+        hub._dispatch(Batch({}, {(INFO.topic, q): (qf.generation, 0)}))
+        assert (qf.low, qf.dispatched) == (0, 0)
+        joined, _ = _open_as(hub, INFO, [other], Start([], {q: 0}, snapshot=False))
+        assert q in joined.live and caught == []
+
+    asyncio.run(run())
+
+
+def test_watches_keep_their_changes_when_the_catalog_entry_changes() -> None:
+    """An index or history added to the table (or other serdes) while watches follow it: the
+    next watch's entry is taken by the feed, and the watches before it go on getting
+    changes (they were left on a feed nobody fed)."""
+
+    async def run() -> None:
+        indexed = dataclasses.replace(INFO, extra={"indexes": ["color"]})
+        tables = {"kv": INFO}
+        hub = Hub("127.0.0.1:1", "unit", lambda: tables)
+        hub.loop = asyncio.get_running_loop()
+        k = b"k1"
+        p = INFO.partition_of(k)
+        first, got1 = _open_as(hub, INFO, [k], Start([], {p: 0}, snapshot=False))
+        pf = hub.parts[(INFO.topic, p)]
+        tables["kv"] = indexed
+        second, got2 = _open_as(hub, indexed, [k], Start([], {p: 0}, snapshot=False))
+        hub._dispatch(_batch(hub, p, [_change(hub, p, k, {"v": 1}, 0)], end=1))
+        assert _values(got1) == [{"v": 1}] and _values(got2) == [{"v": 1}]
+        assert hub.parts[(INFO.topic, p)] is pf and pf.info is indexed
+        # a watch prepared with the entry before does not take the feed back
+        _open_as(hub, INFO, [k], Start([], {p: 1}, snapshot=False))
+        assert pf.info is indexed
+        # other serdes on the same topic: read on from the feed's position with them
+        plain = dataclasses.replace(indexed, value=serde.string().spec())
+        tables["kv"] = plain
+        generation = pf.generation
+        third, got3 = _open_as(hub, plain, [k], Start([], {p: 1}, snapshot=False))
+        assert pf.info is plain and pf.generation != generation
+        assert (pf.low, pf.dispatched) == (1, 1)
+        renderer, _ = hub.source(plain)
+        hub._dispatch(_batch(hub, p, [Change(renderer, p, k, b"two", 1, 1001)]))
+        assert _values(got1)[-1] == _values(got2)[-1] == _values(got3)[-1] == "two"
+        for w in (first, second, third):
+            hub.end(w)
+
+    asyncio.run(run())
+
+
 def test_slow_consumer_rules() -> None:
     async def run() -> None:
         queue = QueueSink(lambda s: None)
@@ -238,13 +333,13 @@ def test_slow_consumer_rules() -> None:
         assert big.closed and big.reason == sinks.SLOW
 
     asyncio.run(run())
-    conn = _Conn(handed=1000, acked=1000)
+    conn = Progress(handed=1000, acked=1000)
     assert not conn.judge(2000, 2000, 0.0)  # it read everything
     assert not conn.judge(3000, 2500, 1.0)  # behind, but reading
     assert not conn.judge(4000, 2500, 2.0)  # stalled since 2.0
-    assert conn.judge(4000, 2500, 2.0 + hub_module.MAX_STALLED_S + 0.1)
-    far = _Conn(handed=0, acked=0)
-    assert far.judge(hub_module.MAX_UNACKED_BYTES + 10, 5, 0.0)
+    assert conn.judge(4000, 2500, 2.0 + sinks.MAX_STALLED_S + 0.1)
+    far = Progress(handed=0, acked=0)
+    assert far.judge(sinks.MAX_UNACKED_BYTES + 10, 5, 0.0)
 
 
 def test_tcp_progress_of_a_port_from_the_kernel() -> None:

@@ -232,6 +232,9 @@ class Answerer:
                     # client's address pays for it first
                     if self.rate is not None and not self._admitted(None, client):
                         return None
+                    # never blocks: a token whose signing key is not fetched yet (KeysNeeded,
+                    # an ApiError) goes to the node, while this process's own fetch, started
+                    # here in a worker thread, serves the tokens after it
                     caller = self.auth.caller(text)
                 if caller.grants is not None:
                     info, scope = caller.grants.table_scope(table, self._table)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 from tablecast.server.consistency import AFTER_HEADER
-from tablecast.server.http1 import decoded_path
+from tablecast.server.http1 import received_path
 from tablecast.server.request import HOP
 from tablecast.server.rpc import plain_key_read
 
@@ -72,7 +72,7 @@ def plain_get(head: bytes) -> tuple[str, str, dict[bytes, bytes]] | None:
         if name == b"connection" and value.lower() != b"keep-alive":
             return None  # a close, or an upgrade: the node's
         headers.setdefault(name, value)
-    found = plain_key_read("GET", decoded_path(url))  # as the node's server decodes it
+    found = plain_key_read("GET", received_path(url))  # as the node's server takes it
     return None if found is None else (*found, headers)
 
 

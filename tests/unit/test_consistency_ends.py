@@ -1,0 +1,43 @@
+"""Positions callers name, judged against where their partitions end: an ``after`` token stays
+itself on its way to a peer (min_offset too), ends a node can vouch for answer without the
+broker, and a broker that cannot be asked refuses with 503 rather than letting it through."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tablecast import serde
+from tablecast.kafka.catalog import TableInfo
+from tablecast.server.consistency import TopicEnds, read_options
+from tablecast.server.errors import ApiError
+from tablecast.server.ratelimit import WaitSlots
+
+INFO = TableInfo("t", "app.table.t", 4, serde.string().spec(), serde.json().spec())
+
+
+def test_after_and_min_offset_go_on_to_a_peer_as_themselves() -> None:
+    opts = read_options({"after": "t@0:5,2:7", "min_offset": "1:9"}, {}, INFO)
+    assert opts.after == {0: 5, 2: 7} and opts.at_least == {0: 5, 1: 10, 2: 7}
+    # min_offset may name the next record to come: a peer must wait for it, as min_offset
+    assert opts.onward("t", [1, 2]) == {"after": "t@2:7", "min_offset": "1:9", "timeout_ms": "1000"}
+    assert opts.onward("t", [3]) == {}
+    only = read_options({"min_offset": "3:4"}, {"x-tablecast-after": "t@3:2"}, INFO)
+    assert only.after == {3: 2} and only.onward("t", [3])["min_offset"] == "3:4"
+
+
+def test_ends_known_here_answer_and_an_unreachable_broker_refuses() -> None:
+    async def run() -> None:
+        ends = TopicEnds(lambda: "127.0.0.1:1", timeout_s=0.5)
+        waits = WaitSlots(1)
+        # within what the node vouches for: no question, no wait slot
+        await ends.refuse_beyond(INFO, {0: 5, 1: 0}, {0: 5}, "after", (waits, "me"))
+        assert ends.questions == 0
+        with pytest.raises(ApiError) as unknown:
+            await ends.refuse_beyond(INFO, {0: 6}, {0: 5}, "after", (waits, "me"))
+        assert unknown.value.code == "partition_unavailable" and ends.questions == 1
+        waits.enter("me")  # the question gave its wait slot back
+        waits.leave("me")
+
+    asyncio.run(run())
