@@ -1,0 +1,707 @@
+"""One table of cases, run against every front end a node has.
+
+A node's rules (who may read what, what a caller may cost it, what input it refuses) are
+applied by each front end in turn: HTTP/1.1 on the loop engine and on granian, HTTP/2
+(granian), gRPC, the watch over SSE and WebSocket, the console's API and the read
+processes of ``serve --processes``. Each case below states one rule once and names the
+front ends it is run on; a front end added later joins :data:`FRONT_ENDS` and every case
+that applies to it. The nodes are shared: one secured cluster (tokens, a policy, the
+cluster secret, a rate limit) of two nodes, one node of each engine, so that every front
+end also answers keys it does not own (forwarded reads).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import grpc
+import httpx
+import jwt
+import orjson
+import pytest
+
+from tablecast import serde
+from tablecast.kafka import positions
+from tablecast.kafka.broker import free_port
+from tablecast.live.rpc import TablesStub
+from tablecast.proto import tables_pb2 as pb
+
+from ..support.procs import NodeProcess, eventually, start_node
+from ..support.sse import Stream
+from ..support.ws import WebSocket
+from .tables import TableModel, make_table
+
+pytestmark = pytest.mark.integration
+
+JWT_SECRET = "conformance-tests-jwt-secret-0123456789abcdef"
+CLUSTER_SECRET = "conformance-tests-cluster-secret-0123456789"
+POLICY = """
+rules:
+  - tables: {kv: {key_prefix: "{user}/"}}
+  - match: {role: admin}
+    tables: {"*": "*"}
+"""
+#: requests per second per caller: high enough for the cases, low enough to reach
+RATE = 200
+PARTITIONS = 4
+#: what a node may grow by while one client pipelines 10 MB of GETs and reads nothing
+MAX_GROWTH_BYTES = 64 << 20
+
+
+def bearer(sub: str, ttl: float = 86_400, secret: str = JWT_SECRET, **claims: Any) -> str:
+    return jwt.encode(
+        {"exp": int(time.time() + ttl), "sub": sub, **claims}, secret, algorithm="HS256"
+    )
+
+
+def alice(case: str) -> str:
+    """A token that reads alice's rows, its subject of its own: one case's spending of the
+    rate limit (per subject) never answers another's."""
+    return bearer(f"alice-{case}", user="alice")
+
+
+ADMIN = bearer("root", role="admin")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a front end made of a request: "ok" and the value, or the error's code."""
+
+    code: str
+    value: Any = None
+
+
+@dataclass
+class Cluster:
+    nodes: dict[str, NodeProcess]
+    grpc: dict[str, str]
+    kv: TableModel
+    big: TableModel
+
+
+# -- the front ends ---------------------------------------------------------------------
+
+
+class Http:
+    """A point read over HTTP; `http2` for granian's HTTP/2 (prior knowledge, no TLS)."""
+
+    def __init__(self, name: str, node: str, http2: bool = False) -> None:
+        self.name, self.node, self.http2 = name, node, http2
+
+    def url(self, cluster: Cluster) -> str:
+        return cluster.nodes[self.node].url
+
+    def request(
+        self,
+        cluster: Cluster,
+        method: str,
+        path: str,
+        token: str | None = None,
+        headers: dict[str, str] | None = None,
+        **kw: Any,
+    ) -> httpx.Response:
+        sent = dict(headers or {})
+        if token is not None:
+            sent["authorization"] = f"Bearer {token}"
+        # a new connection each time: with read processes, the kernel spreads them
+        with httpx.Client(http1=not self.http2, http2=self.http2, timeout=15) as http:
+            return http.request(method, self.url(cluster) + path, headers=sent, **kw)
+
+    def get(
+        self,
+        cluster: Cluster,
+        table: str,
+        key: str,
+        token: str | None,
+        headers: dict[str, str] | None = None,
+    ) -> Outcome:
+        r = self.request(
+            cluster, "GET", f"/v1/tables/{quote(table, safe='')}/keys/{quote(key, safe='')}",
+            token, headers,
+        )  # fmt: skip
+        if self.http2:
+            assert r.http_version == "HTTP/2", r.http_version
+        return _outcome(r)
+
+
+class Grpc:
+    def __init__(self, name: str, node: str) -> None:
+        self.name, self.node = name, node
+
+    def get(
+        self,
+        cluster: Cluster,
+        table: str,
+        key: str,
+        token: str | None,
+        headers: dict[str, str] | None = None,
+    ) -> Outcome:
+        metadata = [(k, v) for k, v in (headers or {}).items()]
+        if token is not None:
+            metadata.append(("authorization", f"Bearer {token}"))
+
+        async def call() -> Outcome:
+            async with grpc.aio.insecure_channel(cluster.grpc[self.node]) as channel:
+                try:
+                    got = await TablesStub(channel).Get(
+                        pb.GetRequest(table=table, key=key), metadata=tuple(metadata), timeout=15
+                    )
+                except grpc.aio.AioRpcError as e:
+                    return Outcome(_grpc_code(e))
+            if not got.found:
+                return Outcome("key_not_found")
+            return Outcome("ok", orjson.loads(got.row.value))
+
+        return asyncio.run(call())
+
+
+def _grpc_code(e: grpc.aio.AioRpcError) -> str:
+    code = dict(e.trailing_metadata() or ()).get("tablecast-error")
+    return str(code) if code else f"grpc:{e.code().name}"
+
+
+def _outcome(r: httpx.Response) -> Outcome:
+    if r.status_code == 200:
+        return Outcome("ok", r.json().get("value"))
+    try:
+        return Outcome(r.json()["error"]["code"])
+    except (ValueError, KeyError, TypeError):
+        return Outcome(f"http:{r.status_code}:no error JSON")
+
+
+#: point reads: every front end that answers GET of a key
+READS = {
+    "http1-loop": Http("http1-loop", "loop"),
+    "read-processes": Http("read-processes", "loop"),
+    "http1-granian": Http("http1-granian", "granian"),
+    "http2-granian": Http("http2-granian", "granian", http2=True),
+    "grpc": Grpc("grpc", "loop"),
+}
+#: the engines of HTTP requests of any route (the console's API among them)
+HTTP = {name: f for name, f in READS.items() if isinstance(f, Http)}
+#: every front end, for the record of what each case covers
+FRONT_ENDS = [*READS, "sse-loop", "sse-granian", "websocket", "grpc-watch", "console"]
+
+
+# -- the cluster -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    app = f"conf{time.monotonic_ns() % 10**8}"
+    tmp = tmp_path_factory.mktemp("conformance")
+    policy = tmp / "policy.yaml"
+    policy.write_text(POLICY)
+    kv = make_table(bootstrap, app, "kv", PARTITIONS, serde.string(), serde.json())
+    rows: list[tuple[str, Any]] = [
+        (f"{u}/{i:02d}", {"u": u, "i": i}) for u in ("alice", "bob") for i in range(16)
+    ]
+    rows += [("alice/odd", {"plain": True}), ("alice/odd/metadata", {"slash": True})]
+    kv.write(bootstrap, rows)
+    big = make_table(bootstrap, app, "big", PARTITIONS, serde.string(), serde.json())
+    big.write(bootstrap, [(f"b{i:03d}", "v" * 1000) for i in range(64)])
+    common = (
+        "--auth-jwt-secret", JWT_SECRET, "--auth-policy", str(policy),
+        "--cluster-secret", CLUSTER_SECRET, "--rate-limit", str(RATE),
+    )  # fmt: skip
+    grpc_port = free_port()
+    nodes = {
+        "loop": start_node(
+            app, bootstrap, tmp, *common, "--grpc-port", str(grpc_port), "--processes", "2"
+        ),
+        "granian": start_node(app, bootstrap, tmp, *common, "--http-engine", "granian"),
+    }
+    try:
+        for node in nodes.values():
+            node.headers = {"authorization": f"Bearer {ADMIN}"}
+            node.wait_ready()
+
+        def settled() -> bool:  # both nodes hold partitions, and answer for every one
+            views = [n.get("/v1/cluster").json()["nodes"] for n in nodes.values()]
+            owners = {r["partition"] for r in views[0][0]["replicas"] if r["role"] == "active"}
+            return (
+                all(len(v) == 2 for v in views)
+                and 0 < len(owners) < PARTITIONS
+                and all(
+                    n.get(f"/v1/tables/{t}/count").status_code == 200
+                    for n in nodes.values()
+                    for t in ("kv", "big")
+                )
+            )
+
+        eventually(settled, timeout=90)
+        for node in nodes.values():
+            node.wait_caught_up(bootstrap, "kv", kv.info.topic)
+            node.wait_caught_up(bootstrap, "big", big.info.topic)
+        yield Cluster(nodes, {"loop": f"127.0.0.1:{grpc_port}"}, kv, big)
+    finally:
+        for node in nodes.values():
+            node.stop()
+
+
+# -- the cases ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("front", READS)
+def test_grants_hold_on_every_front_end(cluster: Cluster, front: str) -> None:
+    f = READS[front]
+    token = alice(f"grants-{front}")
+    for i in range(16):  # keys of every partition: some read here, some forwarded
+        assert f.get(cluster, "kv", f"alice/{i:02d}", token) == Outcome(
+            "ok", {"u": "alice", "i": i}
+        ), i
+        assert f.get(cluster, "kv", f"bob/{i:02d}", token) == Outcome("forbidden"), i
+    assert f.get(cluster, "big", "b001", token) == Outcome("forbidden")
+    assert f.get(cluster, "missing", "x", token) == Outcome("forbidden")  # nothing tells it
+    assert f.get(cluster, "kv", "alice/nope", token) == Outcome("key_not_found")
+
+
+BAD_TOKENS = {
+    "none": None,
+    "another issuer's signature": bearer("alice", secret="not-the-nodes-secret-0123456789abcdef"),
+    "expired": bearer("alice", ttl=-60),
+    "garbage": "not-a-jwt",
+}
+
+
+@pytest.mark.parametrize("front", READS)
+def test_bad_and_made_up_tokens_are_refused(cluster: Cluster, front: str) -> None:
+    f = READS[front]
+    for what, token in BAD_TOKENS.items():
+        assert f.get(cluster, "kv", "alice/01", token) == Outcome("unauthorized"), what
+
+
+@pytest.mark.parametrize("front", HTTP)
+def test_the_console_api_refuses_bad_tokens(cluster: Cluster, front: str) -> None:
+    f = HTTP[front]
+    for what, token in BAD_TOKENS.items():
+        r = f.request(cluster, "GET", "/ui/api/nodes", token)
+        assert _outcome(r) == Outcome("unauthorized"), what
+    assert f.request(cluster, "GET", "/ui/api/nodes", ADMIN).status_code == 200
+
+
+@pytest.mark.parametrize("front", READS)
+def test_a_client_set_hop_header_is_never_taken_for_a_peer(cluster: Cluster, front: str) -> None:
+    """A hop is answered where it lands, from whatever replica is there: a client that could
+    mark its reads as hops would pick stale standbys or make a node refuse them. An unsigned
+    hop is refused (gRPC has no hops at all: its metadata never carries one)."""
+    f = READS[front]
+    token = alice(f"hop-{front}")
+    for i in range(8):
+        got = f.get(cluster, "kv", f"alice/{i:02d}", token, {"x-tablecast-hop": "1"})
+        assert got == Outcome("forbidden"), i
+
+
+@pytest.mark.parametrize("front", READS)
+def test_malformed_reads_are_4xx_with_the_error_json(cluster: Cluster, front: str) -> None:
+    f = READS[front]
+    token = alice(f"malformed-{front}")
+    long_key = "alice/" + "x" * 20_000
+    assert f.get(cluster, "kv", long_key, token).code in ("bad_request", "key_not_found")
+    odd = "alice/\x00\x7f\u2028"
+    assert f.get(cluster, "kv", odd, token).code in ("bad_request", "key_not_found")
+    if isinstance(f, Http):
+        r = f.request(cluster, "GET", "/v1/tables/kv/keys/alice%2F%FF%FE", token)
+        assert _outcome(r).code in ("bad_request", "key_not_found"), r.text
+        for path in (
+            "/v1/tables/kv/range?limit=0",
+            "/v1/tables/kv/range?cursor=forged.sig",
+            "/v1/tables/kv/keys/alice%2F01?max_lag=x",
+            "/v1/tables/kv/keys/alice%2F01?unknown=1",
+            "/v1/tables/kv/keys/alice%2F01/history?cursor=AAAA",
+        ):
+            r = f.request(cluster, "GET", path, token)
+            assert 400 <= r.status_code < 500 and _outcome(r).code == "bad_request", (path, r.text)
+        r = f.request(cluster, "POST", "/v1/tables/kv/keys:batchGet", token, content=b"{")
+        assert _outcome(r) == Outcome("bad_request")
+
+
+@pytest.mark.parametrize("front", ["http1-loop", "read-processes", "grpc"])
+def test_a_percent_encoded_slash_is_part_of_the_key(cluster: Cluster, front: str) -> None:
+    """``alice%2Fodd%2Fmetadata`` is the key ``alice/odd/metadata``, not the metadata of
+    ``alice/odd``. (granian hands the node a decoded path, in which the two cannot be told
+    apart: on it, such keys are read with ``?key=``, which every engine takes.)"""
+    f = READS[front]
+    token = alice(f"slash-{front}")
+    assert f.get(cluster, "kv", "alice/odd/metadata", token) == Outcome("ok", {"slash": True})
+    assert f.get(cluster, "kv", "alice/odd", token) == Outcome("ok", {"plain": True})
+
+
+@pytest.mark.parametrize("front", ["http1-granian", "http2-granian"])
+def test_any_key_is_read_by_query_on_granian(cluster: Cluster, front: str) -> None:
+    f = HTTP[front]
+    r = f.request(
+        cluster, "GET", "/v1/tables/kv/keys", alice(f"slash-{front}"),
+        params={"key": "alice/odd/metadata"},
+    )  # fmt: skip
+    assert _outcome(r) == Outcome("ok", {"slash": True})
+
+
+def _rss(pid: int) -> int:
+    """The resident memory of a process and its children (a node's read processes), bytes."""
+    total = 0
+    pids = [pid]
+    with contextlib.suppress(OSError):
+        pids += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    for p in pids:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+    return total
+
+
+def _local_key(cluster: Cluster, node: str) -> str:
+    """A key of the big table the node owns (read there, not forwarded)."""
+    n = cluster.nodes[node]
+    for i in range(64):
+        key = f"b{i:03d}"
+        if n.get(f"/v1/tables/big/keys/{key}/metadata").json()["active"]["url"] == n.url:
+            return key
+    raise AssertionError("the node owns no key of the big table")
+
+
+@pytest.mark.parametrize("front", ["http1-loop", "read-processes", "http1-granian"])
+def test_a_client_that_never_reads_holds_the_node_to_a_bound(cluster: Cluster, front: str) -> None:
+    """10 MB of pipelined GETs of 1 KB values, none of the answers read: the node (with its
+    read processes) grows by less than MAX_GROWTH_BYTES and keeps answering others."""
+    f = HTTP[front]
+    node = cluster.nodes[f.node]
+    request = (
+        f"GET /v1/tables/big/keys/{_local_key(cluster, f.node)} HTTP/1.1\r\n"
+        f"host: x\r\nauthorization: Bearer {bearer(f'flooder-{front}', role='admin')}\r\n\r\n"
+    ).encode()
+    flood = request * (10_000_000 // len(request))
+    before = _rss(node.proc.pid)
+    port = int(node.url.rsplit(":", 1)[1])
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(5)
+    sent = [0]
+
+    def send() -> None:
+        with contextlib.suppress(OSError):
+            while sent[0] < len(flood):
+                sent[0] += sock.send(flood[sent[0] : sent[0] + 65536])
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    try:
+        most = before
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline and sender.is_alive():
+            most = max(most, _rss(node.proc.pid))
+            time.sleep(0.2)
+        most = max(most, _rss(node.proc.pid))
+        started = time.monotonic()
+        assert f.get(cluster, "big", "b000", ADMIN) == Outcome("ok", "v" * 1000)
+        assert time.monotonic() - started < 5
+        assert most - before < MAX_GROWTH_BYTES, (most - before, sent[0])
+    finally:
+        sock.close()
+        sender.join(10)
+
+
+def _sse(url: str, token: str | None, **params: Any) -> Stream:
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    return Stream(f"{url}/v1/tables/kv/watch", params=params, headers=headers).start()
+
+
+def _watch_refused(cluster: Cluster, front: str, token: str | None, **params: Any) -> str:
+    """The error code a watch is refused with on `front` ("ok" if it is not refused)."""
+    if front.startswith("sse"):
+        node = cluster.nodes["loop" if front == "sse-loop" else "granian"]
+        stream = _sse(node.url, token, **params)
+        eventually(lambda: stream.status is not None and (stream.status != 200 or stream.events))
+        stream.stop()
+        return "ok" if stream.status == 200 else orjson.loads(stream.body)["error"]["code"]
+    if front == "websocket":
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        ws = WebSocket(f"{cluster.nodes['loop'].url}/v1/tables/kv/watch", params, headers)
+        try:
+            if ws.status != 101:
+                return {401: "unauthorized", 403: "forbidden", 429: "rate_limited"}.get(
+                    ws.status, f"http:{ws.status}"
+                )
+            message = ws.receive()
+            if message is None:
+                return "closed"
+            if message["event"] == "error":
+                return str(message["data"]["error"]["code"])
+            return "ok"
+        finally:
+            ws.close()
+    assert front == "grpc-watch"
+
+    async def call() -> str:
+        metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        request = pb.WatchRequest(table="kv", prefix=params.get("prefix", ""))
+        if "since" in params:
+            request.since = params["since"]
+        async with grpc.aio.insecure_channel(cluster.grpc["loop"]) as channel:
+            stream = TablesStub(channel).Watch(request, metadata=metadata, timeout=15)
+            try:
+                async for _ in stream:
+                    stream.cancel()
+                    return "ok"
+            except grpc.aio.AioRpcError as e:
+                return _grpc_code(e)
+        return "ended"
+
+    return asyncio.run(call())
+
+
+WATCHES = ["sse-loop", "sse-granian", "websocket", "grpc-watch"]
+
+
+@pytest.mark.parametrize("front", WATCHES)
+def test_watches_refuse_bad_tokens_and_ungranted_rows(cluster: Cluster, front: str) -> None:
+    for what, token in BAD_TOKENS.items():
+        assert _watch_refused(cluster, front, token, prefix="alice/") == "unauthorized", what
+    token = alice(f"watch-{front}")
+    assert _watch_refused(cluster, front, token, prefix="alice/") == "ok"
+    if front != "grpc-watch":  # key watches are HTTP's
+        assert _watch_refused(cluster, front, token, key="bob/01") == "forbidden"
+
+
+# -- rate limits and waits across forwarding ---------------------------------------------
+
+#: the open cluster's limit per caller: a flood passes it within a second
+OPEN_RATE = 20
+
+
+@dataclass
+class Open:
+    """Two nodes without auth or cluster secret: callers are counted by address."""
+
+    a: NodeProcess
+    b: NodeProcess
+    #: keys of the kv table owned by b (read through a: forwarded)
+    b_keys: list[str]
+    kv: TableModel
+
+
+@pytest.fixture(scope="module")
+def open_cluster(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Open]:
+    app = f"confo{time.monotonic_ns() % 10**8}"
+    tmp = tmp_path_factory.mktemp("conformance-open")
+    kv = make_table(bootstrap, app, "kv", PARTITIONS, serde.string(), serde.json())
+    kv.write(bootstrap, [(f"k{i:02d}", i) for i in range(32)])
+    limits = ("--rate-limit", str(OPEN_RATE), "--max-waits", "1")
+    a = start_node(app, bootstrap, tmp, *limits)
+    b = start_node(app, bootstrap, tmp, *limits, "--http-engine", "granian")
+    try:
+        for node in (a, b):
+            node.wait_ready()
+
+        def b_keys() -> list[str]:
+            owned = []
+            for i in range(32):
+                r = a.get(f"/v1/tables/kv/keys/k{i:02d}/metadata")
+                if r.status_code != 200:
+                    return []
+                if r.json()["active"]["url"] == b.url:
+                    owned.append(f"k{i:02d}")
+            return owned if 0 < len(owned) < 32 else []
+
+        keys = eventually(b_keys, timeout=90)
+        time.sleep(1.5)  # the buckets the settling spent refill
+        yield Open(a, b, keys, kv)
+    finally:
+        for node in (a, b):
+            node.stop()
+
+
+def _from(host: str) -> httpx.Client:
+    """A client whose requests come from `host` (any 127.0.0.0/8 address is this machine)."""
+    return httpx.Client(transport=httpx.HTTPTransport(local_address=host), timeout=15)
+
+
+def test_rate_limits_count_the_caller_not_the_forwarding_node(open_cluster: Open) -> None:
+    """Without auth, a caller is its address: one client flooding node a with reads b owns
+    is refused by a, and b does not count the flood against a's address, so another client
+    of a is answered."""
+    o = open_cluster
+    with _from("127.0.0.2") as flooder, _from("127.0.0.3") as other:
+        codes = [
+            flooder.get(f"{o.a.url}/v1/tables/kv/keys/{o.b_keys[i % len(o.b_keys)]}").status_code
+            for i in range(3 * OPEN_RATE)
+        ]
+        assert 429 in codes and codes.count(200) >= OPEN_RATE // 2, codes
+        for key in o.b_keys[:5]:
+            r = other.get(f"{o.a.url}/v1/tables/kv/keys/{key}")
+            assert r.status_code == 200, r.text
+
+
+def test_a_forged_hop_is_counted_by_its_own_address(open_cluster: Open) -> None:
+    """A request that calls itself forwarded, from an address no node has, is counted by
+    that address whatever caller it names."""
+    o = open_cluster
+    with _from("127.0.0.4") as forger:
+        codes = [
+            forger.get(
+                f"{o.b.url}/v1/tables/kv/keys/{o.b_keys[0]}",
+                headers={"x-tablecast-hop": "1", "x-tablecast-client": f"198.18.0.{i}"},
+            ).status_code
+            for i in range(3 * OPEN_RATE)
+        ]
+    assert 429 in codes, codes
+
+
+def test_waits_count_the_caller_not_the_forwarding_node(open_cluster: Open) -> None:
+    """--max-waits 1: a caller waiting on b (through a) for an offset not written yet does
+    not use up the wait of another caller of a."""
+    o = open_cluster
+    key = o.b_keys[0]
+    meta = o.a.get(f"/v1/tables/kv/keys/{key}/metadata").json()
+    answer = o.a.get(f"/v1/tables/kv/keys/{key}")
+    end = positions.parse(answer.headers["x-tablecast-position"]).offsets[meta["partition"]]
+    # the next record of the partition, not written: the wait runs its whole time
+    ahead = f"{meta['partition']}:{end}"
+    ahead_params = {"min_offset": ahead, "timeout_ms": "3000"}
+    with _from("127.0.0.5") as waiter, _from("127.0.0.6") as other:
+        parked = threading.Thread(
+            target=lambda: waiter.get(f"{o.a.url}/v1/tables/kv/keys/{key}", params=ahead_params)
+        )
+        parked.start()
+        time.sleep(0.5)  # parked at b
+        # its own wait: it runs out (504), it is not refused as the other's second (429)
+        r = other.get(
+            f"{o.a.url}/v1/tables/kv/keys/{key}", params={"min_offset": ahead, "timeout_ms": "500"}
+        )
+        parked.join(10)
+    assert r.status_code == 504, r.text
+
+
+# -- a slow identity provider ------------------------------------------------------------
+
+
+@dataclass
+class SlowIdp:
+    """Nodes whose JWKS URL points at a server that takes connections and never answers."""
+
+    nodes: dict[str, NodeProcess]
+    grpc: str
+
+
+@pytest.fixture(scope="module")
+def slow_idp(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlowIdp]:
+    app = f"confj{time.monotonic_ns() % 10**8}"
+    tmp = tmp_path_factory.mktemp("conformance-idp")
+    make_table(bootstrap, app, "kv", 2, serde.string(), serde.json()).write(bootstrap, [("k", 1)])
+    idp = socket.create_server(("127.0.0.1", 0), backlog=128)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:  # takes every connection, answers none
+        idp.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError, OSError):
+                held.append(idp.accept()[0])
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    jwks = ("--auth-jwks", f"http://127.0.0.1:{idp.getsockname()[1]}/jwks")
+    grpc_port = free_port()
+    nodes = {
+        "loop": start_node(app, bootstrap, tmp, *jwks, "--grpc-port", str(grpc_port)),
+        "granian": start_node(app, bootstrap, tmp, *jwks, "--http-engine", "granian"),
+    }
+    try:
+        for node in nodes.values():
+            node.wait_ready()
+        yield SlowIdp(nodes, f"127.0.0.1:{grpc_port}")
+    finally:
+        for node in nodes.values():
+            node.stop()
+        stop.set()
+        acceptor.join(5)
+        for s in [*held, idp]:
+            s.close()
+
+
+def _made_up(kid: str) -> str:
+    return jwt.encode(
+        {"exp": int(time.time() + 600), "sub": "x"}, "k" * 32, algorithm="HS256",
+        headers={"kid": kid},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "front", ["http1-loop", "http1-granian", "http2-granian", "grpc", "websocket"]
+)
+def test_a_silent_identity_provider_holds_up_nobody(slow_idp: SlowIdp, front: str) -> None:
+    """Tokens naming key ids the node has never seen, sent without pause: the node fetches
+    its JWKS off the event loop, so requests that need no fetch are answered at once, and
+    the made-up tokens are refused (401) within the fetch's timeout."""
+    node = slow_idp.nodes["granian" if "granian" in front else "loop"]
+    stop = threading.Event()
+    refused: list[float] = []
+
+    def flood() -> None:
+        n = 0
+        with httpx.Client(timeout=30) as http:
+            while not stop.is_set():
+                n += 1
+                started = time.monotonic()
+                r = http.get(
+                    f"{node.url}/v1/tables/kv/keys/k",
+                    headers={"authorization": f"Bearer {_made_up(f'{front}-{n}')}"},
+                )
+                assert r.status_code == 401, r.text
+                refused.append(time.monotonic() - started)
+
+    flooders = [threading.Thread(target=flood, daemon=True) for _ in range(3)]
+    for t in flooders:
+        t.start()
+    time.sleep(0.5)  # the first fetch hangs by now
+    took = []
+    try:
+        for _ in range(10):
+            started = time.monotonic()
+            if front == "grpc":
+
+                async def call() -> str:
+                    async with grpc.aio.insecure_channel(slow_idp.grpc) as channel:
+                        try:
+                            await TablesStub(channel).Get(pb.GetRequest(table="kv", key="k"))
+                        except grpc.aio.AioRpcError as e:
+                            return _grpc_code(e)
+                    return "ok"
+
+                assert asyncio.run(call()) == "unauthorized"
+            elif front == "websocket":
+                ws = WebSocket(f"{node.url}/v1/tables/kv/watch", {"key": "k"})
+                assert ws.status == 401
+                ws.close()
+            else:
+                with httpx.Client(http1="http2" not in front, http2="http2" in front) as http:
+                    assert http.get(f"{node.url}/healthz", timeout=10).status_code == 200
+                    assert http.get(f"{node.url}/v1/tables/kv/keys/k").status_code == 401
+            took.append(time.monotonic() - started)
+            time.sleep(0.3)
+    finally:
+        stop.set()
+        for t in flooders:
+            t.join(15)
+    assert max(took) < 1.0, took
+    assert refused and max(refused) < 7.0, max(refused)
+
+
+@pytest.mark.parametrize("front", WATCHES)
+def test_a_resume_token_from_the_future_is_refused(cluster: Cluster, front: str) -> None:
+    """Offsets beyond the end of their partitions are no position any node handed out:
+    refused before a feed the node's watches share could start there."""
+    token = alice(f"future-{front}")
+    future = "kv@" + ",".join(f"{p}:1000000000000" for p in range(PARTITIONS))
+    assert _watch_refused(cluster, front, token, prefix="alice/", since=future) == "bad_request"
+    assert _watch_refused(cluster, front, token, prefix="alice/") == "ok"
