@@ -1,6 +1,6 @@
 """tablecast: serve the live state of Kafka streams.
 
-The public API (SPEC.md): ``App`` and its streams and tables, ``serde``,
+The public API: ``App`` and its streams and tables, ``serde``,
 ``windows``, ``Client``, and ``producer`` (a Kafka producer for feeding an App's
 input: Java's partitioning and the Kafka client settings in force). Everything
 else is internal and may change.

@@ -1,4 +1,4 @@
-"""Time windows for ``grouped_stream.windowed_by(...)`` (SPEC §1), as in Kafka Streams.
+"""Time windows for ``grouped_stream.windowed_by(...)``, as in Kafka Streams.
 
 ``tumbling(size)``: back-to-back windows [n*size, (n+1)*size).
 ``hopping(size, advance)``: windows of `size` starting every `advance`, so a

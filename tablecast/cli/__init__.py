@@ -1,1 +1,1 @@
-"""The ``tablecast`` command line (SPEC §2)."""
+"""The ``tablecast`` command line."""

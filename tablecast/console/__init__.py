@@ -1,4 +1,4 @@
-"""The web console every node serves at ``/ui`` (SPEC §5.5).
+"""The web console every node serves at ``/ui``.
 
 A single page (``static/``: plain HTML, CSS and JavaScript, no build step and
 nothing fetched from the internet) that reads the node's own HTTP API — the

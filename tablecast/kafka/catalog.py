@@ -5,7 +5,7 @@ One compacted record per table, keyed by the table's name, with a JSON value
 neither the App file nor a JVM.
 
 Two optional fields of ``extra`` ask the nodes to keep more than the latest
-row per key (SPEC §5.4): ``"history_ms": N`` (a positive integer) keeps every
+row per key: ``"history_ms": N`` (a positive integer) keeps every
 version of every key for N ms of record time, and ``"indexes": ["NAME", ...]``
 keeps the secondary indexes whose values the table's records carry in the
 header of :mod:`tablecast.kafka.indexes`. Both are for ``kv`` tables only.

@@ -1,4 +1,4 @@
-"""A watch's resume token: a position over the partitions the watch covers (DESIGN decision 10).
+"""A watch's resume token: a position over the partitions the watch covers.
 
 ``TABLE@P:O,P:O`` says that, for every listed partition P, every record below
 offset O has been handed to the watcher (the ones its filter matched) and

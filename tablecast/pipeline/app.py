@@ -1,4 +1,4 @@
-"""``tc.App``: the pipeline's entry point (SPEC §1).
+"""``tc.App``: the pipeline's entry point.
 
 It hands out the DSL's first handles (:mod:`.dsl`), collects the outputs they
 register, and on ``start``/``run``/``explain`` passes them to the later stages

@@ -1,11 +1,11 @@
-"""The node's HTTP API (SPEC §3) as an RSGI application, served by the loop engine
+"""The node's HTTP API (docs/http-api.md) as an RSGI application, served by the loop engine
 (:mod:`tablecast.server.http1`, the default) or by granian.
 
 RSGI is granian's native interface and measured fastest there (BENCHMARKS.md);
 the loop engine calls the same app through the part of RSGI it uses. There is
 no framework: :meth:`HttpApp.__call__` checks auth (and rate
 limits), matches the route, calls the :class:`Router` or a status handler, and
-turns :class:`ApiError` into the SPEC's error JSON. No client input reaches the
+turns :class:`ApiError` into the error JSON. No client input reaches the
 client as a stack trace.
 
 What the caller may read (``--auth-policy``) travels with the request as its
@@ -621,7 +621,7 @@ def _outcome(done: asyncio.Future[Answer], scope: Any) -> Answer:
 
 
 def _failed(e: Exception, method: str, target: str) -> Answer:
-    """The answer to a request that raised `e`: the SPEC's error JSON, a 500 for a bug."""
+    """The answer to a request that raised `e`: the error JSON, a 500 for a bug."""
     if isinstance(e, ApiError):
         return e.status, e.body(), e.headers
     log.error("unhandled error on %s %s", method, target, exc_info=e)

@@ -1,4 +1,4 @@
-"""``/openapi.json``: the HTTP API of SPEC §3 and §5.4 as an OpenAPI 3.1 document."""
+"""``/openapi.json``: the HTTP API as an OpenAPI 3.1 document."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def _get(
     ok_description: str,
     errors: tuple[int, ...] = (400, 401, 403, 404, 405, 429, 503),
 ) -> dict[str, Any]:
-    """A GET operation answering `ok` JSON with 200, or the SPEC's error JSON."""
+    """A GET operation answering `ok` JSON with 200, or the error JSON."""
     operation: dict[str, Any] = {"summary": summary}
     if parameters:
         operation["parameters"] = parameters

@@ -19,7 +19,7 @@ carried one back, on this node's clock) and ``"stale": true`` while Kafka is
 unreachable — the data may then miss any write made since ``kafka_silent_ms``
 ago.
 
-``GET /v1/cluster`` — every live node with its replicas (SPEC §3), plus for
+``GET /v1/cluster`` — every live node with its replicas (docs/http-api.md), plus for
 each node ``"kafka"`` (for a peer: its own account from its last direct
 answer), ``"heartbeat_age_ms"`` (since this node *received* the peer's last
 heartbeat through Kafka; null if none since this node started) and

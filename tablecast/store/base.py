@@ -42,7 +42,7 @@ class Version(NamedTuple):
 
 @dataclass(frozen=True)
 class Views:
-    """What a store keeps besides the latest row per key (DESIGN decision 10): every version
+    """What a store keeps besides the latest row per key: every version
     for `history_ms` by record timestamp, and the index entries of the named indexes."""
 
     history_ms: int | None = None

@@ -1,4 +1,4 @@
-"""The serving tier through a Kafka outage, and leaving on SIGTERM (SPEC §5.1).
+"""The serving tier through a Kafka outage, and leaving on SIGTERM.
 
 Three nodes, no standbys, the broker stopped for 25 s while a reader queries
 random nodes: every read must succeed with the right value, every /readyz stay

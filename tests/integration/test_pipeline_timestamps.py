@@ -1,4 +1,4 @@
-"""Timestamp propagation (SPEC §5.4): every table record carries the timestamp of the input
+"""Timestamp propagation: every table record carries the timestamp of the input
 record that produced it, an aggregate the largest of its inputs' (Kafka Streams' rules),
 through a stream's repartition topic too. Inputs carry explicit, out-of-order timestamps."""
 

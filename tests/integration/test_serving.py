@@ -1,4 +1,4 @@
-"""Every query kind of SPEC §3 against a model of the table topics, on a real node process,
+"""Every query kind of the HTTP API against a model of the table topics, on a real node process,
 including after kill -9 and restart of a node with RocksDB stores."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Signals stop everything a command started (SPEC §5.1): SIGTERM and SIGINT within 30 s,
+"""Signals stop everything a command started: SIGTERM and SIGINT within 30 s,
 also when started in the background with SIGINT ignored; SIGKILL of `tablecast dev` takes
 its broker, pipeline (Spark JVM included), generator and nodes with it within 10 s."""
 

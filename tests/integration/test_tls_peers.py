@@ -1,4 +1,4 @@
-"""HTTPS between nodes and trusted peers (SPEC §5.1): nodes serve TLS and call each other over
+"""HTTPS between nodes and trusted peers: nodes serve TLS and call each other over
 it, verified against the cluster's CA; with a cluster secret, internal routes and forwarded
 requests answer only signed calls — an unsigned, replayed or wrongly signed call gets 403."""
 

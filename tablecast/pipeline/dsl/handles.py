@@ -1,4 +1,4 @@
-"""The user-facing stream and table handles (SPEC §1).
+"""The user-facing stream and table handles.
 
 Each method returns a new handle on a new plan node; nothing runs until
 ``App.run()``. Operators take a PySpark ``Column`` over ``key``/``value`` or a
