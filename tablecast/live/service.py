@@ -33,6 +33,7 @@ from tablecast.server.consistency import NO_OPTIONS
 from tablecast.server.errors import ApiError
 from tablecast.server.fanout import prefix_bytes
 from tablecast.server.policy import prefix_end
+from tablecast.server.ratelimit import CallerSlots
 from tablecast.server.request import Request
 from tablecast.server.router import Router, forbidden_key
 
@@ -40,31 +41,11 @@ from tablecast.server.router import Router, forbidden_key
 PARAMS = frozenset({"key", "prefix", "from", "to", "snapshot", "since", "access_token"})
 
 
-class WatchSlots:
+class WatchSlots(CallerSlots):
     """At most `per_caller` watches of one caller open at once."""
 
-    def __init__(self, per_caller: int) -> None:
-        self.per_caller = per_caller
-        self._open: dict[str, int] = {}
-        self.refused = 0
-
-    def enter(self, caller: str) -> None:
-        n = self._open.get(caller, 0)
-        if n >= self.per_caller:
-            self.refused += 1
-            raise ApiError(
-                "rate_limited",
-                f"this caller has {n} watches open here (at most {self.per_caller}); end one first",
-                [("retry-after", "1")],
-            )
-        self._open[caller] = n + 1
-
-    def leave(self, caller: str) -> None:
-        n = self._open.get(caller, 0) - 1
-        if n > 0:
-            self._open[caller] = n
-        else:  # nothing of this caller open: no entry, so the table holds only open callers
-            self._open.pop(caller, None)
+    def refusal(self, n: int) -> str:
+        return f"this caller has {n} watches open here (at most {self.per_caller}); end one first"
 
 
 @dataclass

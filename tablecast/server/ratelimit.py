@@ -182,29 +182,37 @@ class SharedTokenBuckets:
         os.close(self._fd)
 
 
-class WaitSlots:
-    """At most `per_caller` reads of one caller waiting for an offset at once."""
+class CallerSlots:
+    """At most `per_caller` things of one caller under way at once (429 beyond)."""
 
     def __init__(self, per_caller: int) -> None:
         self.per_caller = per_caller
-        self._waiting: dict[str, int] = {}
+        self._held: dict[str, int] = {}
         self.refused = 0
 
+    def refusal(self, n: int) -> str:
+        return f"this caller has {n} under way (at most {self.per_caller})"
+
     def enter(self, caller: str) -> None:
-        n = self._waiting.get(caller, 0)
+        n = self._held.get(caller, 0)
         if n >= self.per_caller:
             self.refused += 1
-            raise ApiError(
-                "rate_limited",
-                f"{n} reads of this caller already wait for an offset (at most "
-                f"{self.per_caller}); try again when one has answered",
-                [("retry-after", "1")],
-            )
-        self._waiting[caller] = n + 1
+            raise ApiError("rate_limited", self.refusal(n), [("retry-after", "1")])
+        self._held[caller] = n + 1
 
     def leave(self, caller: str) -> None:
-        n = self._waiting.get(caller, 0) - 1
+        n = self._held.get(caller, 0) - 1
         if n > 0:
-            self._waiting[caller] = n
-        else:  # nobody of this caller waits: no entry, so the table holds only waiting callers
-            self._waiting.pop(caller, None)
+            self._held[caller] = n
+        else:  # nothing of this caller held: no entry, so the table holds only callers under way
+            self._held.pop(caller, None)
+
+
+class WaitSlots(CallerSlots):
+    """At most `per_caller` reads of one caller waiting for an offset at once."""
+
+    def refusal(self, n: int) -> str:
+        return (
+            f"{n} reads of this caller already wait for an offset (at most "
+            f"{self.per_caller}); try again when one has answered"
+        )

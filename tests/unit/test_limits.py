@@ -133,7 +133,7 @@ def test_wait_slots_count_per_caller_and_forget_idle_callers() -> None:
     w.enter("a")
     for caller in ("a", "a", "b"):
         w.leave(caller)
-    assert w._waiting == {}
+    assert w._held == {}
 
 
 def test_waiters_are_woken_by_the_applying_thread() -> None:
