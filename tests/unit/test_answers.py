@@ -10,7 +10,6 @@ not be kept at all."""
 from __future__ import annotations
 
 import dataclasses
-from types import SimpleNamespace
 from typing import Any
 
 import orjson
@@ -32,6 +31,8 @@ from tablecast.server.router import Router
 from tablecast.store import Write
 from tablecast.store.memory import MemoryStore
 
+from ..support.nodes import OneReplicaNode
+
 INFO = TableInfo(
     name="t",
     topic="app.table.t",
@@ -43,26 +44,11 @@ INFO = TableInfo(
 PATH = "/v1/tables/t/keys/k"
 
 
-class Node:
-    id = "me"
-
-    def __init__(self, replica: Replica) -> None:
-        self.tables = {"t": INFO}
-        self.ingestor = SimpleNamespace(replicas={("t", 0): replica}, tables=self.tables)
-        self.config = SimpleNamespace(max_key_bytes=1024)
-        self.view = SimpleNamespace(
-            target={("t", 0): ["me"]},
-            effective_active=lambda slot: "me",
-            candidates=lambda slot: [],
-        )
-        self.coordinator = SimpleNamespace(view=self.view)
-
-
-def _setup(max_bytes: int = 1 << 20) -> tuple[Router, Answers, Replica, Node]:
+def _setup(max_bytes: int = 1 << 20) -> tuple[Router, Answers, Replica, OneReplicaNode]:
     replica = Replica(INFO, 0, MemoryStore(), caught_up=True, restored=True)
     replica.apply([Write(b"k", orjson.dumps("v0"), 0, 0), Write(b"j", b"1", 1, 0)])
     replica.end_offset = replica.position
-    node = Node(replica)
+    node = OneReplicaNode(INFO, replica)
     router = Router(node, Cursors(b"s" * 32), None)  # type: ignore[arg-type]
     answers = router.answers = Answers(node, max_bytes)  # type: ignore[arg-type]
     return router, answers, replica, node

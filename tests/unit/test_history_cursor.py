@@ -5,7 +5,6 @@ signed for another query of the same shape (an index page's)."""
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import orjson
@@ -22,6 +21,8 @@ from tablecast.store import Views, Write
 from tablecast.store.memory import MemoryStore
 from tablecast.store.rocksdb import RocksDBStore
 
+from ..support.nodes import OneReplicaNode
+
 HISTORY_MS = 10**9
 INFO = TableInfo(
     name="t",
@@ -34,21 +35,6 @@ INFO = TableInfo(
 )
 
 
-class Node:
-    id = "me"
-
-    def __init__(self, replica: Replica) -> None:
-        self.tables = {"t": INFO}
-        self.ingestor = SimpleNamespace(replicas={("t", 0): replica}, tables=self.tables)
-        self.config = SimpleNamespace(max_key_bytes=1024)
-        self.view = SimpleNamespace(
-            target={("t", 0): ["me"]},
-            effective_active=lambda slot: "me",
-            candidates=lambda slot: [],
-        )
-        self.coordinator = SimpleNamespace(view=self.view)
-
-
 @pytest.fixture(params=["memory", "rocksdb"])
 def router(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     views = Views(HISTORY_MS, ())
@@ -56,7 +42,7 @@ def router(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     replica = Replica(INFO, 0, store, caught_up=True, restored=True)
     replica.apply([Write(b"k", orjson.dumps(f"v{i}"), i, 1000 + i) for i in range(3)])
     replica.end_offset = replica.position
-    yield Router(Node(replica), Cursors(b"s" * 32), None)  # type: ignore[arg-type]
+    yield Router(OneReplicaNode(INFO, replica), Cursors(b"s" * 32), None)  # type: ignore[arg-type]
     store.close()
 
 
