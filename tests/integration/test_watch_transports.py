@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import struct
 import time
 from typing import Any
 
@@ -379,21 +378,6 @@ def test_a_grpc_client_is_never_a_hop_nor_past_the_topic_end(nodes) -> None:  # 
         assert got == (grpc.StatusCode.INVALID_ARGUMENT, "bad_request"), got
 
 
-def _ws_close_code(ws: WebSocket) -> int | None:
-    """The code of the server's next close frame (None: none came)."""
-    try:
-        while True:
-            b0, b1 = ws._exact(2)
-            length = b1 & 0x7F
-            if length == 126:
-                (length,) = struct.unpack(">H", ws._exact(2))
-            payload = ws._exact(length)
-            if b0 & 0x0F == 0x8:
-                return int(struct.unpack(">H", payload[:2])[0])
-    except OSError:
-        return None
-
-
 def test_a_caller_has_at_most_so_many_watches_open(nodes) -> None:  # type: ignore[no-untyped-def]
     """--max-watches per caller (its token's subject), on every transport; a watch that ends
     gives its place back, and other callers are not counted against it."""
@@ -418,7 +402,7 @@ def test_a_caller_has_at_most_so_many_watches_open(nodes) -> None:  # type: igno
         )
         message = ws.receive()
         assert message is not None and message["data"]["error"]["code"] == "rate_limited"
-        assert _ws_close_code(ws) == 1008
+        assert ws.close_code() == 1008
         ws.sock.close()
         got = _grpc_refusal(
             a,

@@ -83,6 +83,21 @@ class WebSocket:
             if opcode == 0x9:  # ping: answer it
                 self._send(0xA, payload)
 
+    def close_code(self) -> int | None:
+        """The code of the server's next close frame, frames before it skipped (None: the
+        connection ended without one)."""
+        try:
+            while True:
+                b0, b1 = self._exact(2)
+                length = b1 & 0x7F
+                if length == 126:
+                    (length,) = struct.unpack(">H", self._exact(2))
+                payload = self._exact(length)
+                if b0 & 0x0F == 0x8:
+                    return int(struct.unpack(">H", payload[:2])[0])
+        except OSError:  # ConnectionError among them
+            return None
+
     def _send(self, opcode: int, payload: bytes) -> None:
         mask = os.urandom(4)
         masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))

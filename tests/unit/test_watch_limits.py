@@ -248,21 +248,6 @@ def _frame(opcode: int, payload: bytes) -> bytes:
     return bytes([0x80 | opcode]) + size + b"\0" * 4 + payload
 
 
-def _close_code(ws: WebSocket) -> int | None:
-    """The code of the server's close frame (None: the connection ended without one)."""
-    try:
-        while True:
-            b0, b1 = ws._exact(2)
-            length = b1 & 0x7F
-            if length == 126:
-                (length,) = struct.unpack(">H", ws._exact(2))
-            payload = ws._exact(length)
-            if b0 & 0x0F == 0x8:
-                return int(struct.unpack(">H", payload[:2])[0])
-    except (ConnectionError, OSError):
-        return None
-
-
 @pytest.mark.parametrize(
     ("frames", "code"),
     [
@@ -278,7 +263,7 @@ def test_what_a_websocket_client_may_send_is_bounded(frames: list[bytes], code: 
             assert ws.status == 101
             with contextlib.suppress(OSError):
                 ws.sock.sendall(b"".join(frames))
-            got = _close_code(ws)
+            got = ws.close_code()
             ws.sock.close()
             return got
 
