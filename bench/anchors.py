@@ -1,4 +1,4 @@
-"""tablecast side by side with its anchors (issue 8): Kafka Streams interactive queries, Redis,
+"""tablecast side by side with its anchors: Kafka Streams interactive queries, Redis,
 and its own HTTP stack returning a constant (the ceiling), on the same data and the same cores.
 
 python -m bench anchors [--quick] [--seconds 10] [--keys 100000] [--sizes 1000000,5000000]
@@ -66,7 +66,7 @@ PY_SPY = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
 PARTITIONS = 12
 # redis-benchmark's default client count; the HTTP loads use as many connections
 CONNECTIONS = 50
-# the issue's targets
+# the targets this benchmark judges
 TARGETS = {
     "vs_kafka_streams": 1.0,
     "vs_redis": 0.4,
@@ -1135,7 +1135,7 @@ def _frames(profile: dict[str, Any]) -> str:
 
 
 def targets(r: dict[str, Any], fwd: float) -> list[tuple[str, str, str, str]]:
-    """(target, measured, verdict, why it is not met) for each of the issue's targets: a
+    """(target, measured, verdict, why it is not met) for each of the targets: a
     ratio of rounds is met only when its whole interquartile range clears the target."""
     pg, hp = r["point_get"], r["half_peak"]
     ratio, loads, fo = pg["ratio"], r["loads"], r["failover"]
@@ -1147,7 +1147,7 @@ def targets(r: dict[str, Any], fwd: float) -> list[tuple[str, str, str, str]]:
     us = {k: 1e6 / pg[k]["rps"] for k in ("tablecast", "kafka_streams", "redis", "constant")}
     p99 = hp["tablecast"]["p99_us"] / 1e3
     floor = hp["constant"]["p99_us"] / 1e3
-    # the headline is start → ready, wall clock (issue 19): the applying window flatters it
+    # the headline is start → ready, wall clock: the applying window flatters it
     ingest, biggest = loads[0]["rps_wall"], loads[-1]
     hot_path = (
         f"per request, tablecast's core spends {us['tablecast']:.1f} µs, of which its HTTP stack "
@@ -1366,7 +1366,7 @@ def render(r: dict[str, Any]) -> str:
         )
     profile_text = "\n".join(profiles)
     return (
-        f"""## Side by side with the anchors (issue 8)
+        f"""## Side by side with the anchors
 
 `{r["command"]}` — {facts_line(r["machine"])}. Raw results: `bench/results/anchors.json`.
 

@@ -1,4 +1,4 @@
-"""Authorization on the hot path: a point GET with JWT auth and a policy against auth off (issue 14).
+"""Authorization on the hot path: a point GET with JWT auth and a policy against auth off.
 
 python -m bench auth [--seconds 10] [--keys 100000] [--rounds 7]
 
@@ -140,7 +140,7 @@ def render(r: dict[str, Any], args: argparse.Namespace) -> str:
         )
 
     before, after = r["load_average"]["before"], r["load_average"]["after"]
-    return f"""## Authorization on the hot path (issue 14)
+    return f"""## Authorization on the hot path
 
 `{r["command"]}` — {facts_line(r["machine"])}. Each node pinned to core 0, wrk (1 thread,
 64 keep-alive connections, one bearer token reused) on core 1, {args.seconds} s per run after

@@ -1,4 +1,4 @@
-"""What a micro-batch of a stateful pipeline spends writing its checkpoint (issue 18).
+"""What a micro-batch of a stateful pipeline spends writing its checkpoint.
 
 ``python -m bench checkpoints [--quick] [--seconds S] [--rate R] [--rounds N]``: a
 throwaway broker, one tablecast SparkSession (local[2]), and a table
@@ -122,7 +122,7 @@ def render(r: dict[str, Any], cmd: str) -> str:
         )
     )
     a = r["args"]
-    return f"""## Checkpoint writes of a stateful pipeline (issue 18)
+    return f"""## Checkpoint writes of a stateful pipeline
 
 `{cmd}` — {facts_line(r["machine"])}. Spark local[2], a single-node broker on the same
 machine. A table `group_by`/`reduce` (two stateful queries chained by a repartition topic;

@@ -1,4 +1,4 @@
-"""Cluster benchmarks (issue 4): forwarded vs local GET, and the answer gap after kill -9.
+"""Cluster benchmarks: forwarded vs local GET, and the answer gap after kill -9.
 
 python -m bench cluster [--seconds 8] [--keys 100000]
 """
@@ -363,7 +363,7 @@ def render(r: dict[str, Any], args: argparse.Namespace) -> str:
         for x in r["failover"]
     )
     cpu = {k: f[k]["cpu_us_per_request"] for k in ("local", "forwarded", "one_by_one", "routed")}
-    return f"""## Cluster (issue 4)
+    return f"""## Cluster
 
 `{r["command"]}` — {facts_line(r["machine"])}.
 

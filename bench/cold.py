@@ -1,4 +1,4 @@
-"""Point GETs of a table much larger than its caches (issue 19): tablecast vs Kafka Streams.
+"""Point GETs of a table much larger than its caches: tablecast vs Kafka Streams.
 
 ``python -m bench cold [--keys 10000000] [--seconds 10] [--rounds 7] [--cache-mb 8]``
 
@@ -220,7 +220,7 @@ def render(r: dict[str, Any]) -> str:
         "so the files are read from memory after the first pass: these runs measure RocksDB "
         "with small caches (block reads, decompression, bloom and index lookups), not the disk."
     )
-    return f"""## Larger than the caches (issue 19)
+    return f"""## Larger than the caches
 
 `{r["command"]}` — {facts_line(r["machine"])}.
 

@@ -1,4 +1,4 @@
-"""10,000 keep-alive connections on one server (issue 19): tablecast vs the Kafka Streams peer.
+"""10,000 keep-alive connections on one server: tablecast vs the Kafka Streams peer.
 
 ``python -m bench concurrency [--connections 10000] [--seconds 10] [--rounds 7] [--keys 100000]``
 
@@ -337,7 +337,7 @@ def render(r: dict[str, Any]) -> str:
     rounds = "; ".join(
         f"{NAMES.get(k, k)} {', '.join(f'{n:,.0f}' for n in ns)}" for k, ns in x["rounds"].items()
     )
-    return f"""## {a["connections"]:,} concurrent connections (issue 19)
+    return f"""## {a["connections"]:,} concurrent connections
 
 `{r["command"]}` — {facts_line(r["machine"])}.
 

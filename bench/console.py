@@ -1,4 +1,4 @@
-"""The web console's speed in a real browser (issue 17): first paint, a key lookup, a watch.
+"""The web console's speed in a real browser: first paint, a key lookup, a watch.
 
 python -m bench console [--rounds 7] [--keys 1000]
 
@@ -179,7 +179,7 @@ def render(r: dict[str, Any]) -> str:
     rows.append(_row("watch (produced → value shown)", r["watch_ms"], TARGET_WATCH_MS))
     before, after = r["load_average"]["before"], r["load_average"]["after"]
     table = "\n".join(rows)
-    return f"""## Web console (issue 17)
+    return f"""## Web console
 
 `{r["command"]}` — {facts_line(r["machine"])}. Two nodes pinned to core 0 serve a
 12-partition in-memory table; headless chromium (Debian's, driven by Playwright) on

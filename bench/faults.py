@@ -56,7 +56,7 @@ def main(argv: list[str]) -> None:
     rows = "\n".join(
         f"| `{name}` | {float(s):.0f} | {outcome.get(name, '?').lower()} |" for s, name in times
     )
-    section = f"""## kill -9 of the driver, every operator (issue 18)
+    section = f"""## kill -9 of the driver, every operator
 
 `{common.command()}` — {common.facts_line(common.machine())}
 

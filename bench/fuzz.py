@@ -67,7 +67,7 @@ def main(argv: list[str]) -> None:
         if done.returncode == 0
         else "**failures, see below**"
     )
-    section = f"""## Fuzzing (issues 12, 14)
+    section = f"""## Fuzzing
 
 `{common.command()}` — {common.facts_line(m)}
 

@@ -1,4 +1,4 @@
-"""History and secondary indexes on the serving node (issue 16): an as-of read and an index
+"""History and secondary indexes on the serving node: an as-of read and an index
 lookup next to a plain point GET, and what a history costs on disk.
 
 python -m bench history [--keys 50000] [--versions 2] [--rounds 7] [--seconds 10]
@@ -301,7 +301,7 @@ def render(r: dict[str, Any], args: argparse.Namespace) -> str:
         f"| {name} | {b / 1e6:.1f} | {b / plain:.2f} |" for name, b in d["bytes"].items()
     )
     before, after = r["load_average"]["before"], r["load_average"]["after"]
-    return f"""## History and secondary indexes (issue 16)
+    return f"""## History and secondary indexes
 
 `{r["command"]}` — {facts_line(r["machine"])}. A table of {args.keys:,} keys × {args.versions}
 versions (12 partitions, RocksDB, `history_ms` one day, indexes `id` — one row per value — and

@@ -1,4 +1,4 @@
-"""HTTPS against HTTP for a point GET on one core (SPEC §5.1).
+"""HTTPS against HTTP for a point GET on one core.
 
 python -m bench https [--seconds 10] [--keys 100000] [--rounds 7]
 

@@ -1,4 +1,4 @@
-"""Pipeline throughput and freshness on Spark local[2] (issue 5).
+"""Pipeline throughput and freshness on Spark local[2].
 
 ``python -m bench pipeline [--quick] [--records N] [--seconds S]`` (or
 ``python -m bench.pipeline``): a throwaway broker, one SparkSession, and
@@ -13,8 +13,8 @@
   last batch end), from Spark's own progress reports; both sides warm first
   (the session runs a stateless table and a first group_by, each Kafka Streams
   JVM a first drain), and each side's first group_by is reported as cold;
-- freshness of a stateless table, micro-batch (500 ms) and Real-time Mode
-  (issue 6), and of the group_by (micro-batch): a `tablecast serve` node follows
+- freshness of a stateless table, micro-batch (500 ms) and Real-time Mode,
+  and of the group_by (micro-batch): a `tablecast serve` node follows
   the table while a background producer adds load; every 100 ms one marker key
   is produced and polled over HTTP until the node answers it (produce ->
   queryable), and a consumer on the table topic notes when it arrives there
@@ -477,7 +477,7 @@ def render(r: dict[str, Any], argv: str) -> str:
         else ""
     )
     return f"""
-## Pipeline (issues 5 and 6)
+## Pipeline
 
 `{argv}` — {facts_line(r["machine"])}. Spark local[2]
 (PySpark 4.3, Kafka connector 4.2), a single-node KRaft broker on the same machine,

@@ -1,4 +1,4 @@
-"""One node's point GETs against the cores and processes it is given (issue 19):
+"""One node's point GETs against the cores and processes it is given:
 ``python -m bench processes [--seconds 10] [--rounds 7] [--keys 100000]``.
 
 Three nodes of the same data, one at a time, alternated each round (the order flips each
@@ -185,7 +185,7 @@ def render(r: dict[str, Any]) -> str:
     )
     table_rows = "\n".join(rows)
     ratio_table = "\n".join(ratio_rows)
-    return f"""## One node on more than one core: read processes (issue 19)
+    return f"""## One node on more than one core: read processes
 
 `{r["command"]}` — {facts_line(r["machine"])}.
 

@@ -1,4 +1,4 @@
-"""Recovery for real (issue 19): kill -9 during ingest with millions of records left to
+"""Recovery for real: kill -9 during ingest with millions of records left to
 replay, then a restart on the same data: ``python -m bench recovery [--rows 3000000]
 [--kill-at 0.4] [--rounds 7]``.
 
@@ -55,7 +55,7 @@ log = logging.getLogger("bench")
 APP = "recovery"
 TABLE = "points"
 PARTITIONS = 12
-#: issue 19's ingest goal, start → ready on one core
+#: the ingest goal, start → ready on one core
 INGEST_TARGET = 200_000
 #: `python -m bench all --quick`: a test of the harness, not figures
 QUICK_ARGS = ["--rows", "200000", "--rounds", "2"]  # two: the ratios need a spread
@@ -237,7 +237,7 @@ def render(r: dict[str, Any]) -> str:
         if none_again
         else "In some rounds the node replayed rows it had applied before the kill."
     )
-    return f"""## Recovery after kill -9 during ingest (issue 19)
+    return f"""## Recovery after kill -9 during ingest
 
 `{r["command"]}` — {facts_line(r["machine"])}.
 

@@ -1,4 +1,4 @@
-"""Point GET per core against Redis (issue 19): ``python -m bench redis_get [--seconds 6]
+"""Point GET per core against Redis: ``python -m bench redis_get [--seconds 6]
 [--rounds 7] [--keys 100000]``.
 
 One server at a time on core 0, its load generator on core 1, alternated each round:
@@ -183,7 +183,7 @@ def render(r: dict[str, Any]) -> str:
     ratio_table = "\n".join(ratio_rows)
     cpu_table = _cpu_table(runs)
     per_round = "; ".join(f"{n} " + ", ".join(f"{x['rps']:,.0f}" for x in runs[n]) for n in NAMES)
-    return f"""## Point GET per core against Redis (issue 19)
+    return f"""## Point GET per core against Redis
 
 `{r["command"]}` — {facts_line(r["machine"])}.
 

@@ -1,4 +1,4 @@
-"""Serving-node benchmarks (issue 3): HTTP stacks, point GET vs constant, ingest, restart.
+"""Serving-node benchmarks: HTTP stacks, point GET vs constant, ingest, restart.
 
 python -m bench serving [--seconds 10] [--keys 100000] [--ingest 1000000] [--restart 5000000]
 """
@@ -246,7 +246,7 @@ def render(r: dict[str, Any], args: argparse.Namespace) -> str:
         f"| {name} | {x['rps']:,.0f} | {x['p50_us'] / 1000:.2f} | {x['p99_us'] / 1000:.2f} |"
         for name, x in s.items()
     )
-    return f"""## Serving node (issue 3)
+    return f"""## Serving node
 
 `{r["command"]}` — {facts_line(r["machine"])}. Server pinned to core 0, wrk
 (1 thread, 64 keep-alive connections) on core 1, {args.seconds} s per run after a 2 s warm-up.

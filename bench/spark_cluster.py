@@ -1,4 +1,4 @@
-"""The same App on a 2-worker Spark standalone cluster and on local[2] (issue 10).
+"""The same App on a 2-worker Spark standalone cluster and on local[2].
 
 ``python -m bench spark_cluster [--rounds 3] [--records N] [--quick]``: a
 throwaway broker and a standalone cluster (master + 2 workers of 1 core, 1 GB,
@@ -108,7 +108,7 @@ def render(r: dict[str, Any], argv: str) -> str:
         )
     table = "\n".join(rows)
     return f"""
-## Pipeline on a Spark standalone cluster vs local[2] (issue 10)
+## Pipeline on a Spark standalone cluster vs local[2]
 
 `{argv}` — {facts_line(r["machine"])}. The same App, {r["records"]:,} JSON records per
 pipeline ({PARTITIONS} partitions) produced before it starts, {r["rounds_per_mode"]} rounds per mode

@@ -1,4 +1,4 @@
-"""Store backends compared in one process (issue 3: "rocksdict, or LMDB if it measures better").
+"""Store backends compared in one process: rocksdict, or LMDB if it measures better.
 
 python -m bench stores [--keys 100000] [--reads 300000]
 
@@ -117,7 +117,7 @@ def render(r: dict[str, Any], args: argparse.Namespace) -> str:
     )
     stores = r["stores"]
     rd, ca, lm = stores["rocksdict"], stores["rocksdict + read cache (default)"], stores["lmdb"]
-    return f"""## Store backends (issue 3)
+    return f"""## Store backends
 
 `{r["command"]}` — {facts_line(r["machine"])}. In one process: {args.keys:,} records of
 100-byte JSON applied in batches of 10,000 (offset in the same atomic write), then

@@ -152,7 +152,7 @@ def render(r: dict[str, Any], argv: str) -> str:
         )
     fresh_rows = "\n".join(rows)
     return f"""
-## Grouped stream count: Spark's aggregation (issue 18)
+## Grouped stream count: Spark's aggregation
 
 `{argv}` — {facts_line(r["machine"])}. Spark {MASTER} (task slots, not cores: a
 real-time count holds one per input partition and one per shuffle partition, its

@@ -1,4 +1,4 @@
-"""Live tables: many SSE watchers on one node while updates flow (issue 12).
+"""Live tables: many SSE watchers on one node while updates flow.
 
 python -m bench watch [--watchers 20000] [--keys 1000] [--rate 1000] [--seconds 30] [--procs 1]
 

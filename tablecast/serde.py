@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import orjson
 
-# the module exports a function named `bytes` (the SPEC's `tc.serde.bytes()`),
+# the module exports a function named `bytes` (the public `tc.serde.bytes()`),
 # so the builtin type is kept under another name for use in here
 _BINARY = (bytes, bytearray)
 
@@ -274,7 +274,7 @@ def avro(schema: dict[str, Any] | str, confluent: bool = False, schema_id: int =
     return _Avro(schema, confluent=confluent, schema_id=schema_id)
 
 
-# `tc.serde.bytes()` is the SPEC's name; `bytes_` keeps the builtin usable here.
+# `tc.serde.bytes()` is the public name; `bytes_` keeps the builtin usable here.
 globals()["bytes"] = bytes_
 __all__ += ["bytes"]
 

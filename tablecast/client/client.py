@@ -55,7 +55,7 @@ class Read:
 
 
 class QueryError(Exception):
-    """A query the cluster answered with an error (the SPEC's error code and message)."""
+    """A query the cluster answered with an error (the API's error code and message)."""
 
     def __init__(self, status: int, code: str, message: str) -> None:
         super().__init__(f"{status} {code}: {message}")

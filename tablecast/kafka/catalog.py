@@ -167,7 +167,7 @@ class TableInfo:
 
 
 def _view_problems(info: TableInfo) -> list[str]:
-    """What is wrong with an entry's history and indexes (the contract in SPEC 5.4)."""
+    """What is wrong with an entry's history and indexes (the contract in docs/table-topics.md)."""
     problems = []
     history = info.extra.get("history_ms")
     if history is not None and (

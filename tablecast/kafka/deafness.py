@@ -2,9 +2,9 @@
 
 librdkafka's consumer of assigned partitions can stay cut off after a broker
 restart: it fetches nothing and its statistics show no leader, for minutes, until
-the consumer is replaced (librdkafka issue 5153; a chaos soak saw a node's table
-consumer, and the soak's own reference reader, stay so while the node's other
-clients were back). Silence alone proves nothing (an idle topic, an outage), so
+the consumer is replaced (librdkafka's issue #5153 on GitHub; a chaos soak saw a
+node's table consumer, and the soak's own reference reader, stay so while the
+node's other clients were back). Silence alone proves nothing (an idle topic, an outage), so
 a consumer loop tells :class:`DeafCheck` when it last heard of each partition; the
 check asks the broker about the silent ones through a client made for the
 question, off the loop's thread, and hands back what the broker said. The loop

@@ -1,4 +1,4 @@
-"""Live tables (issue 12): watches over SSE, WebSocket and gRPC, fed from the table topics.
+"""Live tables: watches over SSE, WebSocket and gRPC, fed from the table topics.
 
 :mod:`.service` checks a watch request and takes its starting point,
 :mod:`.hub` keeps the node's watches and dispatches records to them,

@@ -60,7 +60,7 @@ RING_BYTES = 8 * 1024 * 1024
 LOOKBACK = 2_000
 #: a partition no watch needs leaves the feed after this long
 GRACE_S = 60.0
-#: every stream gets a keep-alive at least this often (SPEC: at least every 15 s)
+#: every stream gets a keep-alive at least this often (the API promises at least every 15 s)
 KEEPALIVE_S = 10.0
 #: private catch-up readers at once; more watches that need one wait their turn
 CATCH_UPS = 4

@@ -65,7 +65,7 @@ PASS_HEADERS = frozenset(
         "retry-after",
     )
 )
-#: every read of a batch answers JSON, its errors included (the SPEC's error JSON)
+#: every read of a batch answers JSON, its errors included (the API's error JSON)
 JSON = ("content-type", "application/json")
 _JSON_LINE = b"content-type: application/json\r\n"
 #: status and the whole HTTP/1.1 response, as the forwarder writes it to its client

@@ -1,4 +1,7 @@
-"""The SPEC's error answers: ``{"error": {"code", "message"}}`` with a fixed status per code."""
+"""The API's error answers: ``{"error": {"code", "message"}}`` with a fixed status per code.
+
+docs/http-api.md lists the codes.
+"""
 
 from __future__ import annotations
 

@@ -317,7 +317,7 @@ class _Connection(asyncio.Protocol):
             self.transport.abort()
 
     def refuse(self, error: ApiError) -> None:
-        """The SPEC's error answer, then the connection closes (its stream cannot go on)."""
+        """The API's error answer, then the connection closes (its stream cannot go on)."""
         body = error.body()
         self.write(sized_head(error.status, [JSON], len(body), True) + body)
         self.close()

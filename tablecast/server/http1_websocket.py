@@ -56,7 +56,7 @@ MAX_UNREAD = 64 * 1024
 #: close codes (RFC 6455): a text message not UTF-8; a policy violated
 INVALID_DATA = 1007
 POLICY_VIOLATION = 1008
-#: the SPEC's error code for a refusal's status (404: the plain not_found)
+#: the API's error code for a refusal's status (404: the plain not_found)
 _CODES = {status: code for code, status in STATUS.items()}
 
 

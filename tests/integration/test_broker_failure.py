@@ -1,4 +1,4 @@
-"""A broker fails under load (issue 13 item 3): three brokers (RF 3, min ISR 2), a table
+"""A broker fails under load: three brokers (RF 3, min ISR 2), a table
 pipeline, two nodes with a standby, steady input and steady reads; the broker leading most
 of the table's partitions is stopped, then brought back. The pipeline and nodes go on,
 every acknowledged record reaches the table, and no read fails.

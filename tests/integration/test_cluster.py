@@ -1,5 +1,5 @@
 """Three nodes, 12 partitions, one standby: any node answers any key, and queries keep
-succeeding through kill -9, a node joining, and a rolling restart (issue 4)."""
+succeeding through kill -9, a node joining, and a rolling restart."""
 
 from __future__ import annotations
 

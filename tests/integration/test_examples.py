@@ -1,5 +1,5 @@
-"""The seed scenarios end to end: the example's real pipeline on Spark, real nodes, and
-answers checked against a reference computed independently from the input (issue 7)."""
+"""The examples (examples/) end to end: each example's real pipeline on Spark, real nodes, and
+answers checked against a reference computed independently from the input."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Several hosts, not localhost (issue 13 item 6): three nodes, each in its own network
+"""Several hosts, not localhost: three nodes, each in its own network
 namespace with its own address in 198.18.0.0/15 (the range set aside for network tests),
 joined by a bridge on the host where the broker listens. Forwarding, the smart client and
 hand-over work across hosts, over plain HTTP and over HTTPS with a cluster secret; a node cut

@@ -1,4 +1,4 @@
-"""No input gets a 5xx (beyond the SPEC's 503/504), on any route, from any node — and with a
+"""No input gets a 5xx (beyond the API's 503/504), on any route, from any node — and with a
 policy on, no answer ever carries a row the policy forbids.
 
 - schemathesis generates requests from the node's own /openapi.json — a key-value table with

@@ -1,4 +1,4 @@
-"""materialize(history=, indexes=) end to end (SPEC 5.4): the pipeline writes the catalog's
+"""materialize(history=, indexes=) end to end: the pipeline writes the catalog's
 extra and each record's tc-index header, a serving node answers index, as-of and history
 reads from them — after updates that move a row between index values, a delete, and a record
 whose index value the contract refuses (it goes to the dead-letter topic)."""

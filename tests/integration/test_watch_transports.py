@@ -170,7 +170,7 @@ def test_sse_websocket_and_grpc_carry_the_same_events(bootstrap: str, nodes) -> 
     # the same watch resumed from its ready id on the other node, over each transport
     ws = _ws_events(b, ADMIN, {"prefix": "alice/", "since": ready}, _changes(5))
     want = want[len(want) - 5 :]
-    # SPEC orders changes per partition only: another node may interleave partitions otherwise,
+    # the API orders changes per partition only: another node may interleave partitions otherwise,
     # and an id is the position after its event, so ids agree where the interleaving does
     assert _per_partition([(m["event"], m["id"], m["data"]) for m in ws]) == _per_partition(want)
     full = _ws_events(

@@ -1,6 +1,6 @@
 """materialize(history=, indexes=): checked when the App is defined, announced in the catalog
 entry as the nodes expect it (the catalog's own check judges), and the callable path's header
-is the contract's (SPEC 5.4)."""
+is the contract's (docs/table-topics.md)."""
 
 from __future__ import annotations
 

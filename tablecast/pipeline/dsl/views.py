@@ -1,6 +1,6 @@
 """``materialize(name, history=..., indexes=...)``: checked when the App is defined.
 
-What the nodes keep besides the latest row per key (SPEC 5.4) is announced in
+What the nodes keep besides the latest row per key (docs/user-guide.md) is announced in
 the table's catalog entry and is refused there if it breaks the contract of
 :mod:`tablecast.kafka.catalog`; checking the same rules here turns a typo into
 an error at the line that made it rather than a table the nodes leave out.

@@ -308,7 +308,7 @@ class Materialize(Node):
     name: str = ""
     store: Literal["rocksdb", "memory"] = "rocksdb"
     extra: dict[str, Any] = field(default_factory=dict)
-    #: keep every version of a key this long by record time (SPEC 5.4); None: the latest only
+    #: keep every version of a key this long by record time; None: the latest only
     history_ms: int | None = None
     #: secondary indexes: (name, f(key, value) -> value | list | None), Column or callable
     indexes: tuple[tuple[str, Fn], ...] = ()
