@@ -9,6 +9,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,16 +18,53 @@ from tablecast.kafka.broker import Broker, free_port
 _ids = itertools.count()
 
 
+INTEGRATION = Path(__file__).parent / "integration"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked `long` run only with TABLECAST_LONG=1 (`python -m bench faults`): the
-    suite keeps the kill -9 tests of grouped tables, transform_values and Real-time Mode;
-    the lane adds one per join, session window and cogroup."""
+    """A test's directory is its lane: everything under tests/integration is marked
+    `integration` (it may start a broker, Spark, a JVM or node processes), so no decorator
+    has to be remembered. Tests marked `long` run only with TABLECAST_LONG=1 (`python -m
+    bench faults`): the suite keeps the kill -9 tests of grouped tables, transform_values and
+    Real-time Mode; the lane adds one per join, session window and cogroup."""
+    for item in items:
+        if INTEGRATION in item.path.parents:
+            item.add_marker(pytest.mark.integration)
     if os.environ.get("TABLECAST_LONG") == "1":
         return
     skip = pytest.mark.skip(reason="long kill -9 test: `python -m bench faults` runs it")
     for item in items:
         if item.get_closest_marker("long"):
             item.add_marker(skip)
+
+
+#: programs that start a JVM: the fast lane (`./run check`) never runs one
+JVM_PROGRAMS = frozenset({"java", "javac", "keytool", "mvn", "spark-submit", "spark-class"})
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_jvm_in_the_fast_lane() -> Iterator[None]:
+    """With TABLECAST_NO_JVM=1 (set by `./run check`), a test that starts a JVM fails at
+    once, naming the program: such a test belongs under tests/integration."""
+    if os.environ.get("TABLECAST_NO_JVM") != "1":
+        yield
+        return
+    import subprocess
+
+    real = subprocess.Popen.__init__
+
+    def guarded(self: subprocess.Popen, args: Any, *a: Any, **kw: Any) -> None:
+        argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+        program = os.path.basename(os.fsdecode(argv[0]).split()[0]) if argv else ""
+        if program in JVM_PROGRAMS:
+            raise AssertionError(f"{program} started in the no-JVM lane: move the test")
+        real(self, args, *a, **kw)
+
+    subprocess.Popen.__init__ = guarded  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        subprocess.Popen.__init__ = real  # type: ignore[method-assign]
 
 
 @pytest.fixture(scope="session")

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 
-import pytest
-
 from tablecast.pipeline.run import checkpoints as cp
 
 
@@ -34,18 +32,3 @@ def test_the_callers_settings_win_and_its_class_path_is_kept() -> None:
     # a file system the caller chose is theirs: nothing of ours is added
     mine = {"spark.hadoop.fs.file.impl": "org.example.Fs"}
     assert cp.session_conf("/t.jar", mine) == mine
-
-
-def test_the_jar_is_compiled_once_and_named_for_spark_submit(capsys) -> None:  # type: ignore[no-untyped-def]
-    import zipfile
-
-    from tablecast import jvm
-
-    jar = jvm.hadoop_jar()
-    if jar is None:  # no JDK: the session keeps Hadoop's default, tested above
-        pytest.skip("no javac here")
-    assert jvm.hadoop_jar() == jar
-    with zipfile.ZipFile(jar) as z:
-        assert "tablecast/hadoop/UncheckedLocalFileSystem.class" in z.namelist()
-    assert jvm.main(["hadoop"]) == 0
-    assert capsys.readouterr().out.strip() == str(jar)

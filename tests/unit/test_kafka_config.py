@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import stat
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -20,7 +18,7 @@ from cryptography.hazmat.primitives.serialization import (
 )
 
 from tablecast.kafka import config as kafka_config
-from tablecast.kafka.config import KafkaConfig, KafkaConfigError
+from tablecast.kafka.config import KafkaConfig
 from tablecast.kafka.secure import make_certificates
 
 JAAS = (
@@ -79,39 +77,6 @@ def test_pkcs12_truststore_becomes_pem(tmp_path: Path) -> None:
     pem = Path(conf["ssl.ca.location"]).read_bytes()
     assert x509.load_pem_x509_certificates(pem)[0] == ca
     assert "ssl.truststore.location" not in conf
-
-
-@pytest.mark.skipif(shutil.which("keytool") is None, reason="keytool (Java) is not installed")
-def test_jks_truststore_from_keytool_becomes_pem(tmp_path: Path) -> None:
-    ca_file, ca = _ca(tmp_path)
-    store = tmp_path / "trust.jks"
-    subprocess.run(
-        [
-            "keytool",
-            "-importcert",
-            "-noprompt",
-            "-alias",
-            "ca",
-            "-file",
-            str(ca_file),
-            "-keystore",
-            str(store),
-            "-storetype",
-            "JKS",
-            "-storepass",
-            "changeit",
-        ],
-        check=True,
-        capture_output=True,
-    )
-    conf = KafkaConfig(
-        {"ssl.truststore.location": str(store), "ssl.truststore.password": "changeit"}
-    ).librdkafka
-    assert x509.load_pem_x509_certificates(Path(conf["ssl.ca.location"]).read_bytes())[0] == ca
-    with pytest.raises(KafkaConfigError):
-        _ = KafkaConfig(
-            {"ssl.truststore.location": str(store), "ssl.truststore.password": "wrong"}
-        ).librdkafka
 
 
 def test_pem_ca_for_java_clients(tmp_path: Path) -> None:

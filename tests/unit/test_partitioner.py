@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-from pathlib import Path
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tablecast import jvm
 from tablecast.kafka.partitioner import murmur2, partition_for
 
 # Kafka's UtilsTest.testMurmur2 vectors (clients/src/test/.../utils/UtilsTest.java)
@@ -40,32 +36,3 @@ def test_partition_is_positive_hash_mod_partitions() -> None:
 @given(st.binary(max_size=64), st.integers(min_value=1, max_value=1000))
 def test_partition_in_range(data: bytes, partitions: int) -> None:
     assert 0 <= partition_for(data, partitions) < partitions
-
-
-def test_murmur2_matches_the_java_implementation(tmp_path: Path) -> None:
-    """300 random keys hashed by Kafka's own Utils.murmur2 in a JVM, compared with ours."""
-    import random
-
-    rng = random.Random(7)
-    keys = [rng.randbytes(rng.randint(0, 40)) for _ in range(300)]
-    src = tmp_path / "Murmur.java"
-    src.write_text(
-        "import org.apache.kafka.common.utils.Utils;\n"
-        "public class Murmur { public static void main(String[] a) throws Exception {\n"
-        "  java.io.BufferedReader r = new java.io.BufferedReader("
-        "new java.io.InputStreamReader(System.in));\n"
-        "  String line; while ((line = r.readLine()) != null) {\n"
-        "    byte[] b = java.util.HexFormat.of().parseHex(line.trim());\n"
-        "    System.out.println(Utils.murmur2(b)); } } }\n"
-    )
-    cp = jvm.classpath("kafka-broker")
-    done = subprocess.run(
-        ["java", "-cp", cp, str(src)],
-        input="\n".join(k.hex() for k in keys) + "\n",
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    )
-    java = [int(x) for x in done.stdout.split()]
-    assert java == [murmur2(k) for k in keys]
