@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The built wheel, installed into a fresh virtualenv outside the repository,
-# gives a working `tablecast`: `tablecast demo` starts (broker, Spark pipeline,
-# node, generator), prints its curl lines, answers them, and stops on SIGTERM.
+# gives a working `tablecast`: alone (at most 150 MB, no PySpark) it serves a node
+# and says which extra the demo needs; with [pipeline], `tablecast demo` starts
+# (broker, Spark pipeline, node, generator), prints its curl lines, answers them,
+# and stops on SIGTERM.
 #
 #   tools/wheel_smoke.sh            build the wheel (python -m build) and check it
 #   WHEEL=dist/x.whl tools/wheel_smoke.sh   check a wheel built already
@@ -37,9 +39,8 @@ if [ -z "${WHEEL:-}" ]; then
 fi
 say "wheel: $(basename "$WHEEL") ($(( $(stat -c %s "$WHEEL") / 1024 )) kB)"
 
-say "installing it into a fresh virtualenv ($work/venv) ..."
+say "installing it alone (a serving node, the Client, the CLI) into a fresh virtualenv ($work/venv) ..."
 "$py" -m venv "$work/venv"
-"$work/venv/bin/python" -m pip install -q --upgrade pip > /dev/null
 "$work/venv/bin/python" -m pip install -q "$WHEEL"
 cd "$work"  # nothing of the repository on the path
 unset PYTHONPATH
@@ -48,8 +49,51 @@ case "$where" in
   "$work"/venv/*) say "tablecast imports from $where" ;;
   *) echo "FAIL: tablecast imported from $where, not from the new virtualenv"; exit 1 ;;
 esac
+size=$(du -sm "$work"/venv/lib/python*/site-packages | cut -f1)
+say "site-packages of the plain install: $size MB"
+[ "$size" -le 150 ] || { echo "FAIL: the plain install takes $size MB (at most 150)"; exit 1; }
+"$work/venv/bin/python" -c "
+import importlib.util as u
+extra = [m for m in ('pyspark', 'pandas', 'pyarrow', 'granian', 'grpc') if u.find_spec(m)]
+assert not extra, f'the plain install has {extra}'" || { echo "FAIL: extras in the plain install"; exit 1; }
+say "$("$work/venv/bin/tablecast" --version)"
+set +e
+"$work/venv/bin/tablecast" demo > "$work/nodemo.out" 2> "$work/nodemo.err" < /dev/null
+code=$?
+set -e
+if [ "$code" != 1 ] || [ "$(wc -l < "$work/nodemo.err")" != 1 ] \
+    || ! grep -q "^tablecast: error: .*pip install 'tablecast\[pipeline\]'" "$work/nodemo.err"; then
+  echo "FAIL: without the pipeline extra, demo exited $code and said:"; cat "$work/nodemo.err"; exit 1
+fi
+say "without the extra, demo says: $(cat "$work/nodemo.err")"
 
 free_port() { "$work/venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+port=$(free_port)
+kport=$(free_port)
+
+say "a serving node from the plain install, on a dev broker (port $kport) ..."
+"$work/venv/bin/tablecast" kafka start --port "$kport" --data-dir "$work/kafka" > "$work/kafka.out" 2>&1 \
+  || { echo "FAIL: kafka start"; tail -20 "$work/kafka.out"; exit 1; }
+"$work/venv/bin/tablecast" serve --app smoke --bootstrap-servers "127.0.0.1:$kport" --port "$port" \
+  --data-dir "$work/node" > "$work/node.out" 2>&1 < /dev/null &
+node_pid=$!
+node_ok=""
+for _ in $(seq 1 60); do
+  if curl -sf "http://127.0.0.1:$port/readyz" > /dev/null 2>&1 \
+      && curl -sf "http://127.0.0.1:$port/v1/tables" | grep -q '"tables"'; then
+    node_ok=1; break
+  fi
+  kill -0 "$node_pid" 2>/dev/null || break
+  sleep 1
+done
+kill -TERM "$node_pid" 2>/dev/null || true
+wait "$node_pid" || true
+"$work/venv/bin/tablecast" kafka stop --data-dir "$work/kafka" > /dev/null 2>&1 || true
+[ -n "$node_ok" ] || { echo "FAIL: the node never answered /readyz and /v1/tables"; tail -30 "$work/node.out"; exit 1; }
+say "the node answered /readyz and /v1/tables, and stopped on SIGTERM"
+
+say "adding the pipeline extra for the demo ..."
+"$work/venv/bin/python" -m pip install -q "$WHEEL[pipeline]"
 port=$(free_port)
 kport=$(free_port)
 say "tablecast demo --port $port --kafka-port $kport ..."

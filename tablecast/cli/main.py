@@ -52,11 +52,40 @@ def _kafka_config(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tablecast")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        from tablecast import __version__
+
+        return __version__
+
+
+#: commands that run the pipeline, which needs the [pipeline] extra (PySpark and its kin)
+PIPELINE_COMMANDS = frozenset({"run", "explain", "dev", "demo"})
+
+
+def _pipeline_missing() -> str | None:
+    """The one line to print when PySpark (or what it needs) is not installed, else None."""
+    from importlib.util import find_spec
+
+    missing = [m for m in ("pyspark", "pandas", "pyarrow") if find_spec(m) is None]
+    if not missing:
+        return None
+    return (
+        f"this command runs the pipeline, which needs {', '.join(missing)}: "
+        "pip install 'tablecast[pipeline]'"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tablecast", description="Serve the live state of Kafka streams."
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"tablecast {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("kafka", help="a local single-node Kafka broker (KRaft) for development")
@@ -261,6 +290,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
     handler = _COMMANDS[args.command]
+    if args.command in PIPELINE_COMMANDS and (missing := _pipeline_missing()):
+        return fail(missing, 1)
     if args.command in ("dev", "demo"):
         _stop_on_signals()
     from tablecast.kafka.config import KafkaConfigError, use
@@ -416,6 +447,12 @@ def _serve(args: argparse.Namespace) -> int:
         return fail("--auth-metrics needs --auth-jwt-secret or --auth-jwks")
     if args.rate_limit is not None and not args.rate_limit > 0:
         return fail("--rate-limit is a positive number of requests per second")
+    from importlib.util import find_spec
+
+    if args.grpc_port is not None and (find_spec("grpc") is None or find_spec("google") is None):
+        return fail("--grpc-port needs grpcio and protobuf: pip install 'tablecast[grpc]'", 1)
+    if args.http_engine == "granian" and find_spec("granian") is None:
+        return fail("--http-engine granian needs granian: pip install 'tablecast[granian]'", 1)
     if args.max_waits < 1:
         return fail("--max-waits is at least 1")
     if args.max_watches < 1:

@@ -347,8 +347,7 @@ def _truststore_pem(location: str, password: str, kind: str) -> str:
             pems.append(store.cert.certificate.public_bytes(Encoding.PEM))
         certs = pems
     elif kind == "JKS":
-        import jks
-
+        jks = _pyjks(location)
         try:
             store = jks.KeyStore.loads(data, password)
         except Exception as e:  # pyjks raises its own family on a bad password or format
@@ -361,9 +360,20 @@ def _truststore_pem(location: str, password: str, kind: str) -> str:
     return _write_secret_pem(b"".join(certs).decode())[0]
 
 
-def _jks_keystore_pem(location: str, password: str, key_password: str | None) -> tuple[str, str]:
-    import jks
+def _pyjks(location: str) -> Any:
+    """pyjks, which reads Java's JKS stores; it is the [jks] extra (PKCS12 and PEM need none)."""
+    try:
+        import jks
+    except ImportError:
+        raise KafkaConfigError(
+            f"{location} is a JKS store, which needs pyjks: pip install 'tablecast[jks]' "
+            "(or give a PKCS12 or PEM file)"
+        ) from None
+    return jks
 
+
+def _jks_keystore_pem(location: str, password: str, key_password: str | None) -> tuple[str, str]:
+    jks = _pyjks(location)
     try:
         store = jks.KeyStore.load(location, password)
     except Exception as e:  # pyjks raises its own family on a bad password or format

@@ -14,10 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from granian.constants import Interfaces, SSLProtocols
-from granian.http import HTTP1Settings
-from granian.server.embed import Server
-
 from tablecast.cluster.node import Node, NodeConfig
 from tablecast.server import collector
 from tablecast.server.app import HttpApp
@@ -78,6 +74,11 @@ async def serve_rsgi(
     The benchmarks serve their constant-body baseline through this same
     function, so "the same HTTP stack" means the same settings too.
     """
+    # granian is the [granian] extra: only nodes that serve with it import it
+    from granian.constants import Interfaces, SSLProtocols
+    from granian.http import HTTP1Settings
+    from granian.server.embed import Server
+
     # TLS 1.2 at least (granian's default is 1.3 only, which older Java clients lack)
     ssl_files = (
         {"ssl_cert": Path(tls[0]), "ssl_key": Path(tls[1]), "ssl_protocol_min": SSLProtocols.tls12}
