@@ -6,32 +6,40 @@ applied by each front end in turn: HTTP/1.1 on the loop engine and on granian, H
 processes of ``serve --processes``. Each case below states one rule once and names the
 front ends it is run on; a front end added later joins :data:`FRONT_ENDS` and every case
 that applies to it. The nodes are shared: one secured cluster (tokens, a policy, the
-cluster secret, a rate limit) of two nodes, one node of each engine, so that every front
-end also answers keys it does not own (forwarded reads).
+cluster secret, a rate limit, a cap on each caller's open watches) of two nodes, one node
+of each engine, so that every front end also answers keys it does not own (forwarded
+reads); a table of its own takes the cases that change its catalog entry or flood one of
+its keys with changes. Cases that need other settings (no auth, an identity provider that
+never answers) share two more clusters.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import socket
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
-from urllib.parse import quote
+from typing import Any, BinaryIO
+from urllib.parse import quote, urlencode
 
 import grpc
 import httpx
 import jwt
 import orjson
 import pytest
+from confluent_kafka import Producer
 
 from tablecast import serde
-from tablecast.kafka import positions
+from tablecast.cluster.assignment import assign
+from tablecast.kafka import catalog, positions
 from tablecast.kafka.broker import free_port
+from tablecast.kafka.topics import STATUS_CONFIG, dlq_topic, ensure_topic, status_topic
 from tablecast.live.rpc import TablesStub
 from tablecast.proto import tables_pb2 as pb
 
@@ -49,12 +57,21 @@ rules:
   - tables: {kv: {key_prefix: "{user}/"}}
   - match: {role: admin}
     tables: {"*": "*"}
+  - match: {role: auditor}
+    tables: {"*": {key_prefix: "{user}/"}}
 """
 #: requests per second per caller: high enough for the cases, low enough to reach
 RATE = 200
+#: watches one caller may hold open on a node (``serve --max-watches``): the other cases hold
+#: at most two per caller
+MAX_WATCHES = 4
 PARTITIONS = 4
 #: what a node may grow by while one client pipelines 10 MB of GETs and reads nothing
 MAX_GROWTH_BYTES = 64 << 20
+#: requests a flooding client keeps in flight, and how many of them HTTP/1.1 sends at once
+#: on one connection
+FLOOD_AT_ONCE = 64
+PIPELINED = 8
 
 
 def bearer(sub: str, ttl: float = 86_400, secret: str = JWT_SECRET, **claims: Any) -> str:
@@ -86,6 +103,9 @@ class Cluster:
     grpc: dict[str, str]
     kv: TableModel
     big: TableModel
+    #: the cases' own table: its catalog entry is changed, and one key of it floods
+    live: TableModel
+    app: str
 
 
 # -- the front ends ---------------------------------------------------------------------
@@ -132,6 +152,64 @@ class Http:
             assert r.http_version == "HTTP/2", r.http_version
         return _outcome(r)
 
+    async def flood(
+        self, cluster: Cluster, keys: list[str], token: str, stop: threading.Event, codes: list[str]
+    ) -> None:
+        """GETs of kv's `keys` in turn as fast as the node answers, until `stop`: each
+        outcome's code to `codes`. HTTP/1.1: PIPELINED at a time on each of as many
+        connections as make FLOOD_AT_ONCE (pipelined heads cost the client next to nothing);
+        HTTP/2: FLOOD_AT_ONCE streams of one connection."""
+        paths = [f"/v1/tables/kv/keys/{quote(k, safe='')}" for k in keys]
+        if not self.http2:
+            heads = [
+                f"GET {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {token}\r\n\r\n".encode()
+                for path in paths
+            ]
+            host, port = self.url(cluster).split("://")[1].split(":")
+            await asyncio.gather(
+                *(
+                    _pipelined(host, int(port), heads, stop, codes)
+                    for _ in range(FLOOD_AT_ONCE // PIPELINED)
+                )
+            )
+            return
+        async with httpx.AsyncClient(
+            base_url=self.url(cluster), http1=False, http2=True, timeout=15,
+            headers={"authorization": f"Bearer {token}"},
+        ) as http:  # fmt: skip
+
+            async def reader(i: int) -> None:
+                while not stop.is_set():
+                    codes.append(_outcome(await http.get(paths[i % len(paths)])).code)
+                    i += FLOOD_AT_ONCE
+
+            await asyncio.gather(*(reader(i) for i in range(FLOOD_AT_ONCE)))
+
+
+async def _pipelined(
+    host: str, port: int, heads: list[bytes], stop: threading.Event, codes: list[str]
+) -> None:
+    """`heads` in turn on one connection, PIPELINED sent before their answers are read, until
+    `stop`: each answer's code ("ok" or its error's) to `codes`."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        i = 0
+        while not stop.is_set():
+            writer.write(b"".join(heads[(i + j) % len(heads)] for j in range(PIPELINED)))
+            i += PIPELINED
+            for _ in range(PIPELINED):
+                status = int((await reader.readline()).split()[1])
+                length = None
+                while (line := await reader.readline()) not in (b"\r\n", b""):
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                assert length is not None, "an answer without a content-length"
+                body = await reader.readexactly(length)
+                codes.append("ok" if status == 200 else orjson.loads(body)["error"]["code"])
+    finally:
+        writer.close()
+
 
 class Grpc:
     def __init__(self, name: str, node: str) -> None:
@@ -162,6 +240,27 @@ class Grpc:
             return Outcome("ok", orjson.loads(got.row.value))
 
         return asyncio.run(call())
+
+    async def flood(
+        self, cluster: Cluster, keys: list[str], token: str, stop: threading.Event, codes: list[str]
+    ) -> None:
+        """Gets of kv's `keys` in turn, FLOOD_AT_ONCE at a time on one channel, until `stop`:
+        each outcome's code to `codes`."""
+        metadata = (("authorization", f"Bearer {token}"),)
+        async with grpc.aio.insecure_channel(cluster.grpc[self.node]) as channel:
+            stub = TablesStub(channel)
+
+            async def reader(i: int) -> None:
+                while not stop.is_set():
+                    request = pb.GetRequest(table="kv", key=keys[i % len(keys)])
+                    try:
+                        await stub.Get(request, metadata=metadata, timeout=15)
+                        codes.append("ok")
+                    except grpc.aio.AioRpcError as e:
+                        codes.append(_grpc_code(e))
+                    i += FLOOD_AT_ONCE
+
+            await asyncio.gather(*(reader(i) for i in range(FLOOD_AT_ONCE)))
 
 
 def _grpc_code(e: grpc.aio.AioRpcError) -> str:
@@ -195,6 +294,27 @@ FRONT_ENDS = [*READS, "sse-loop", "sse-granian", "websocket", "grpc-watch", "con
 # -- the cluster -------------------------------------------------------------------------
 
 
+#: the secured cluster's tables
+TABLES = ("kv", "big", "live")
+
+
+def _sharing_ports() -> tuple[int, int]:
+    """Ports for the two nodes such that each holds the active replicas of part of every
+    table: a node is named by its address, and the names rank the nodes per partition
+    (rendezvous hashing), so some pairs of names give one node the whole of a table. The
+    cases need both kinds of key on each node: read where it lands, and forwarded."""
+    slots = [(t, p) for t in TABLES for p in range(PARTITIONS)]
+    while True:
+        ports = free_port(), free_port()
+        names = [f"127.0.0.1:{p}" for p in ports]
+        actives = {slot: held[0] for slot, held in assign(names, slots, 0).items()}
+        if ports[0] != ports[1] and all(
+            0 < sum(actives[(t, p)] == names[0] for p in range(PARTITIONS)) < PARTITIONS
+            for t in TABLES
+        ):
+            return ports
+
+
 @pytest.fixture(scope="module")
 def cluster(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     app = f"conf{time.monotonic_ns() % 10**8}"
@@ -209,32 +329,44 @@ def cluster(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     kv.write(bootstrap, rows)
     big = make_table(bootstrap, app, "big", PARTITIONS, serde.string(), serde.json())
     big.write(bootstrap, [(f"b{i:03d}", "v" * 1000) for i in range(64)])
+    live = make_table(bootstrap, app, "live", PARTITIONS, serde.string(), serde.json())
+    live.write(bootstrap, [(f"k{i:02d}", {"n": i}) for i in range(24)])
     common = (
         "--auth-jwt-secret", JWT_SECRET, "--auth-policy", str(policy),
         "--cluster-secret", CLUSTER_SECRET, "--rate-limit", str(RATE),
+        "--max-watches", str(MAX_WATCHES),
     )  # fmt: skip
     grpc_port = free_port()
+    loop_port, granian_port = _sharing_ports()
     nodes = {
         "loop": start_node(
-            app, bootstrap, tmp, *common, "--grpc-port", str(grpc_port), "--processes", "2"
+            app, bootstrap, tmp, *common, "--grpc-port", str(grpc_port), "--processes", "2",
+            port=loop_port,
         ),
-        "granian": start_node(app, bootstrap, tmp, *common, "--http-engine", "granian"),
-    }
+        "granian": start_node(
+            app, bootstrap, tmp, *common, "--http-engine", "granian", port=granian_port
+        ),
+    }  # fmt: skip
     try:
         for node in nodes.values():
             node.headers = {"authorization": f"Bearer {ADMIN}"}
             node.wait_ready()
 
-        def settled() -> bool:  # both nodes hold partitions, and answer for every one
+        def settled() -> bool:  # each node holds part of every table, and both answer for all
             views = [n.get("/v1/cluster").json()["nodes"] for n in nodes.values()]
-            owners = {r["partition"] for r in views[0][0]["replicas"] if r["role"] == "active"}
+            holders = {
+                (r["table"], n["id"])
+                for n in views[0]
+                for r in n["replicas"]
+                if r["role"] == "active"
+            }
             return (
                 all(len(v) == 2 for v in views)
-                and 0 < len(owners) < PARTITIONS
+                and all((t, n["id"]) in holders for t in TABLES for n in views[0])
                 and all(
                     n.get(f"/v1/tables/{t}/count").status_code == 200
                     for n in nodes.values()
-                    for t in ("kv", "big")
+                    for t in TABLES
                 )
             )
 
@@ -242,7 +374,8 @@ def cluster(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         for node in nodes.values():
             node.wait_caught_up(bootstrap, "kv", kv.info.topic)
             node.wait_caught_up(bootstrap, "big", big.info.topic)
-        yield Cluster(nodes, {"loop": f"127.0.0.1:{grpc_port}"}, kv, big)
+            node.wait_caught_up(bootstrap, "live", live.info.topic)
+        yield Cluster(nodes, {"loop": f"127.0.0.1:{grpc_port}"}, kv, big, live, app)
     finally:
         for node in nodes.values():
             node.stop()
@@ -287,6 +420,54 @@ def test_the_console_api_refuses_bad_tokens(cluster: Cluster, front: str) -> Non
         r = f.request(cluster, "GET", "/ui/api/nodes", token)
         assert _outcome(r) == Outcome("unauthorized"), what
     assert f.request(cluster, "GET", "/ui/api/nodes", ADMIN).status_code == 200
+
+
+def _pipeline_wrote(bootstrap: str, app: str, letter_key: str, query: str) -> None:
+    """A dead letter (a record of `letter_key` the pipeline could not take) and a progress
+    point of `query`, as the pipeline writes them."""
+    ensure_topic(bootstrap, dlq_topic(app), 1)
+    ensure_topic(bootstrap, status_topic(app), 1, STATUS_CONFIG)
+    p = Producer({"bootstrap.servers": bootstrap})
+    p.produce(
+        dlq_topic(app), key=letter_key.encode(), value=b"{not json",
+        headers=[("tablecast.error", b"bad value: not JSON"), ("tablecast.source.topic", b"in")],
+    )  # fmt: skip
+    point = {"query": query, "batch": 1, "timestamp": int(time.time() * 1000), "input_rows": 1}
+    p.produce(status_topic(app), key=query.encode(), value=orjson.dumps(point))
+    assert p.flush(30) == 0
+
+
+@pytest.mark.parametrize("front", HTTP)
+def test_the_console_api_shows_input_records_only_to_a_grant_of_everything(
+    cluster: Cluster, bootstrap: str, front: str
+) -> None:
+    """The pipeline's progress and dead letters show input records, of any table and key: a
+    token granted every row of every table reads them; one granted some rows (alice's of one
+    table, or of every table) is refused, as /v1 refuses what it may not read, and nothing
+    of them is in the refusal. The nodes' details hold no table data: any token reads them."""
+    f = HTTP[front]
+    letter_key, query = f"bob/letter-{front}", f"query-{front}"
+    _pipeline_wrote(bootstrap, cluster.app, letter_key, query)
+
+    def everything_shown() -> bool:
+        letters = f.request(cluster, "GET", "/ui/api/deadletters", ADMIN)
+        progress = f.request(cluster, "GET", "/ui/api/pipeline", ADMIN)
+        assert letters.status_code == progress.status_code == 200, (letters.text, progress.text)
+        keys = [item["key"] for item in letters.json()["items"]]
+        return letter_key in keys and query in progress.json()["queries"]
+
+    eventually(everything_shown, timeout=30)
+    for who, token in [
+        ("alice", alice(f"console-{front}")),
+        ("every table, alice's rows", bearer(f"auditor-{front}", role="auditor", user="alice")),
+    ]:
+        for route in ("/ui/api/deadletters", "/ui/api/pipeline"):
+            r = f.request(cluster, "GET", route, token)
+            assert _outcome(r) == Outcome("forbidden"), (who, route, r.text)
+            assert letter_key not in r.text and query not in r.text, (who, route)
+        for route in ("/ui/api/node", "/ui/api/nodes"):
+            r = f.request(cluster, "GET", route, token)
+            assert r.status_code == 200, (who, route, r.text)
 
 
 @pytest.mark.parametrize("front", READS)
@@ -473,7 +654,423 @@ def test_watches_refuse_bad_tokens_and_ungranted_rows(cluster: Cluster, front: s
         assert _watch_refused(cluster, front, token, key="bob/01") == "forbidden"
 
 
+def _shut(sock: socket.socket) -> None:
+    """End a connection now, waking a thread blocked reading it."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
+
+
+def _response_head(stream: BinaryIO) -> tuple[int, dict[str, str]]:
+    """An HTTP/1.1 response's status and headers (names in lower case)."""
+    status = int(stream.readline().split()[1])
+    headers = {}
+    while (line := stream.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return status, headers
+
+
+def _body(stream: BinaryIO, headers: dict[str, str]) -> Iterator[bytes]:
+    """An HTTP/1.1 response's body as it comes: chunked, or of its content-length."""
+    if headers.get("transfer-encoding") != "chunked":
+        yield stream.read(int(headers.get("content-length", "0")))
+        return
+    while (line := stream.readline()) and (size := int(line.split(b";")[0], 16)):
+        yield stream.read(size)
+        stream.readline()
+
+
+class Watcher:
+    """One watch on one watch front end, read on a thread of its own: its events as (kind,
+    data) in order (keep-alives left out), or how it was refused or ended."""
+
+    def __init__(self, cluster: Cluster, front: str, token: str, table: str, **params: Any) -> None:
+        self.front = front
+        self.events: list[tuple[str, Any]] = []
+        #: how the transport refused or ended it (an HTTP status, a WebSocket close code, a
+        #: gRPC status's name), and the error's code
+        self.status: int | str | None = None
+        self.code: str | None = None
+        self.failure: BaseException | None = None
+        self.ended = threading.Event()
+        self._stopped = False
+        self._close: Callable[[], Any] | None = None
+        run = {"websocket": self._websocket, "grpc-watch": self._grpc}.get(front, self._sse)
+        self._thread = threading.Thread(
+            target=self._run, args=(run, cluster, token, table, params), daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, run: Callable[..., None], *args: Any) -> None:
+        try:
+            run(*args)
+        except Exception as e:  # a connection ended by stop() among them
+            if not self._stopped:
+                self.failure = e
+        finally:
+            self.ended.set()
+
+    def _closing(self, close: Callable[[], Any]) -> None:
+        self._close = close
+        if self._stopped:
+            close()
+
+    def _take(self, kind: str, data: Any) -> None:
+        if kind == "error":
+            self.code = data["error"]["code"]
+        elif kind != "keep-alive":
+            self.events.append((kind, data))
+
+    def _sse(self, cluster: Cluster, token: str, table: str, params: dict[str, Any]) -> None:
+        url = cluster.nodes["granian" if self.front == "sse-granian" else "loop"].url
+        host, port = url.split("://")[1].split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            self._closing(lambda: _shut(sock))
+            sock.settimeout(None)
+            sock.sendall(
+                f"GET /v1/tables/{table}/watch?{urlencode(params, doseq=True)} HTTP/1.1\r\n"
+                f"host: x\r\nauthorization: Bearer {token}\r\n\r\n".encode()
+            )
+            with sock.makefile("rb") as stream:
+                self.status, headers = _response_head(stream)
+                if self.status != 200:
+                    self.code = orjson.loads(b"".join(_body(stream, headers)))["error"]["code"]
+                    return
+                pending = b""
+                for chunk in _body(stream, headers):
+                    *blocks, pending = (pending + chunk).split(b"\n\n")
+                    for block in blocks:
+                        fields = dict(line.partition(b": ")[::2] for line in block.split(b"\n"))
+                        if b"data" in fields:
+                            kind = fields.get(b"event", b"message").decode()
+                            self._take(kind, orjson.loads(fields[b"data"]))
+
+    def _websocket(self, cluster: Cluster, token: str, table: str, params: dict[str, Any]) -> None:
+        url = f"{cluster.nodes['loop'].url}/v1/tables/{table}/watch"
+        ws = WebSocket(url, params, {"authorization": f"Bearer {token}"})
+        try:
+            self._closing(lambda: _shut(ws.sock))
+            self.status = ws.status
+            if ws.status != 101:
+                return
+            ws.sock.settimeout(None)
+            while (message := ws.receive()) is not None:
+                self._take(message["event"], message["data"])
+                if message["event"] == "error":
+                    self.status = ws.close_code()
+                    return
+        finally:
+            ws.sock.close()
+
+    def _grpc(self, cluster: Cluster, token: str, table: str, params: dict[str, Any]) -> None:
+        keys = params.get("key", [])
+        request = pb.WatchRequest(
+            table=table,
+            keys=[keys] if isinstance(keys, str) else keys,
+            no_snapshot=params.get("snapshot") == "false",
+        )
+        if "prefix" in params:
+            request.prefix = params["prefix"]
+
+        async def run() -> None:
+            loop = asyncio.get_running_loop()
+            async with grpc.aio.insecure_channel(cluster.grpc["loop"]) as channel:
+                call = TablesStub(channel).Watch(
+                    request, metadata=(("authorization", f"Bearer {token}"),)
+                )
+                self._closing(lambda: loop.call_soon_threadsafe(call.cancel))
+                try:
+                    async for event in call:
+                        row = event.row
+                        self._take(
+                            event.event,
+                            {"rows": event.rows}
+                            if event.event == "ready"
+                            else {"key": row.key, "value": orjson.loads(row.value or "null"),
+                                  "partition": row.partition, "offset": row.offset},
+                        )  # fmt: skip
+                except asyncio.CancelledError:
+                    pass  # stop()
+                except grpc.aio.AioRpcError as e:
+                    if e.code() != grpc.StatusCode.CANCELLED:
+                        self.status, self.code = e.code().name, _grpc_code(e)
+
+        asyncio.run(run())
+
+    def of(self, kind: str) -> list[Any]:
+        return [data for k, data in self.events if k == kind]
+
+    def wait_for(self, predicate: Callable[[Watcher], Any], timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate(self):
+            if self.ended.is_set() and not predicate(self):
+                raise AssertionError(
+                    f"{self.front}: the watch ended ({self.status}, {self.code}, "
+                    f"{self.failure!r}) after {self.events[-3:]}"
+                )
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"{self.front}: not true within {timeout}s; {len(self.events)} events, "
+                    f"last {self.events[-3:]}"
+                )
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self._stopped = True
+        if self._close is not None:
+            with contextlib.suppress(Exception):
+                self._close()
+        self._thread.join(10)
+
+
+def _ready(w: Watcher) -> bool:
+    return bool(w.of("ready"))
+
+
+def test_open_watches_keep_their_changes_through_a_catalog_change(
+    cluster: Cluster, bootstrap: str
+) -> None:
+    """An index added to a table while watches follow it on every watch front end: the
+    watches opened before go on getting its changes, and so do those begun after, which take
+    the new catalog entry (and the feed the others share with it), each change once."""
+    tokens = {front: bearer(f"catalog-{front}", role="admin") for front in WATCHES}
+    opened: list[Watcher] = []
+    try:
+        before = [Watcher(cluster, front, tokens[front], "live", prefix="") for front in WATCHES]
+        opened += before
+        for w in before:
+            w.wait_for(_ready)
+        indexed = replace(cluster.live.info, extra={"indexes": ["color"]})
+        catalog.publish(bootstrap, cluster.app, [indexed])
+
+        def every_node_has_it() -> bool:
+            return all(
+                any(
+                    t["name"] == "live" and t.get("indexes") == ["color"]
+                    for t in node.get("/v1/tables").json()["tables"]
+                )
+                for node in cluster.nodes.values()
+            )
+
+        eventually(every_node_has_it, timeout=60)
+        after = [
+            Watcher(cluster, front, tokens[front], "live", prefix="", snapshot="false")
+            for front in WATCHES
+        ]
+        opened += after
+        for w in after:
+            w.wait_for(_ready)
+        cluster.live.write(bootstrap, [(f"new{i}", {"n": 100 + i}) for i in range(5)])
+        for w in opened:
+            w.wait_for(lambda w: len(w.of("change")) >= 5)
+        for w in opened:
+            got = sorted(c["value"]["n"] for c in w.of("change"))
+            assert got == [100, 101, 102, 103, 104], (w.front, got)
+    finally:
+        for w in opened:
+            w.stop()
+
+
+#: how each watch front end refuses a watch over the caller's cap: its status, its code
+OVER_THE_CAP = {
+    "sse-loop": (429, "rate_limited"),
+    "sse-granian": (429, "rate_limited"),
+    "websocket": (1008, "rate_limited"),
+    "grpc-watch": ("RESOURCE_EXHAUSTED", "rate_limited"),
+}
+
+
+@pytest.mark.parametrize("front", WATCHES)
+def test_a_caller_has_at_most_so_many_watches_open(cluster: Cluster, front: str) -> None:
+    """``--max-watches`` per caller (its token's subject) on a node, whichever transport holds
+    them: the one over is refused before its stream starts, as the transport refuses; another
+    caller is not counted against it; a watch that ends gives its place back (once the node
+    sees it end)."""
+    token = alice(f"cap-{front}")
+    held = [Watcher(cluster, front, token, "kv", prefix="alice/") for _ in range(MAX_WATCHES)]
+    try:
+        for w in held:
+            w.wait_for(_ready)
+        over = Watcher(cluster, front, token, "kv", prefix="alice/")
+        assert over.ended.wait(15), over.events[:3]
+        assert (over.status, over.code) == OVER_THE_CAP[front], (over.failure, over.events[:3])
+        other = Watcher(cluster, front, alice(f"cap-other-{front}"), "kv", prefix="alice/")
+        other.wait_for(_ready)
+        other.stop()
+        held.pop().stop()
+
+        def opens() -> bool:
+            again = Watcher(cluster, front, token, "kv", prefix="alice/")
+            try:
+                again.wait_for(lambda w: _ready(w) or w.ended.is_set())
+                return _ready(again)
+            finally:
+                again.stop()
+
+        eventually(opens, timeout=30, interval=0.5)
+    finally:
+        for w in held:
+            w.stop()
+
+
+def _watches_cut_slow(node: NodeProcess) -> float:
+    """Watches the node has ended as slow consumers, from its /metrics."""
+    text = node.get("/metrics").text
+    found = re.search(r'^tablecast_watch_closed_total\{reason="slow_consumer"\} (\S+)$', text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def _read_to_end(sock: socket.socket, timeout: float = 30.0) -> bytes:
+    """All the node sends until it ends the response (chunked: the last chunk is empty)."""
+    sock.settimeout(timeout)
+    chunks = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        chunk = sock.recv(1 << 20)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        if chunk.endswith(b"0\r\n\r\n"):
+            break
+    return b"".join(chunks)
+
+
+#: the value of a flooding key: the watch of a client that stops reading falls behind fast
+SLOW_PAD = "x" * 100_000
+
+
+@pytest.mark.parametrize("front", ["sse-loop", "sse-granian"])
+def test_an_sse_reader_that_stops_reading_is_cut_off(
+    cluster: Cluster, bootstrap: str, front: str
+) -> None:
+    """A watcher whose client stops reading while its key changes fast: the node holds so
+    much for it and no more (the loop engine: what its connection holds; granian, which takes
+    every write: what the client's TCP has not acknowledged), then ends the stream as a slow
+    consumer, its last id given; a watcher beside it on the node gets every change meanwhile."""
+    node = cluster.nodes["loop" if front == "sse-loop" else "granian"]
+    live = cluster.live
+    node.wait_caught_up(bootstrap, "live", live.info.topic)
+    slow_key, beside_key = f"slow/{front}", f"beside/{front}"
+    cut_before = _watches_cut_slow(node)
+    host, port = node.url.split("://")[1].split(":")
+    slow = socket.socket()
+    slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    slow.settimeout(15)
+    slow.connect((host, int(port)))
+    beside = Watcher(
+        cluster, front, bearer(f"beside-{front}", role="admin"), "live", key=beside_key
+    )
+    stop = threading.Event()
+    written = [0]
+
+    def write() -> None:
+        while not stop.is_set():
+            i = written[0]
+            live.write(
+                bootstrap, [(slow_key, {"i": i, "pad": SLOW_PAD})] * 2 + [(beside_key, {"i": i})]
+            )
+            written[0] = i + 1
+            time.sleep(0.05)
+
+    writer = threading.Thread(target=write, daemon=True)
+    try:
+        slow.sendall(
+            f"GET /v1/tables/live/watch?{urlencode({'key': slow_key})} HTTP/1.1\r\nhost: x\r\n"
+            f"authorization: Bearer {bearer(f'slow-{front}', role='admin')}\r\n\r\n".encode()
+        )
+        assert slow.recv(12) == b"HTTP/1.1 200"  # and then nothing more is read
+        beside.wait_for(_ready)
+        started = time.monotonic()
+        writer.start()
+        try:
+            eventually(lambda: _watches_cut_slow(node) > cut_before, timeout=60, interval=0.5)
+            took = time.monotonic() - started
+        finally:
+            stop.set()
+            writer.join(30)
+        live.write(bootstrap, [(beside_key, {"i": written[0]})])
+        beside.wait_for(lambda w: any(c["value"]["i"] == written[0] for c in w.of("change")))
+        assert [c["value"]["i"] for c in beside.of("change")] == list(range(written[0] + 1))
+        # what the node had sent before the cut reaches the client, then the end of the stream
+        got = _read_to_end(slow)
+        assert got.endswith(b"0\r\n\r\n") and b"\nid: " in got, got[-200:]
+        assert took < 40, took
+    finally:
+        stop.set()
+        beside.stop()
+        slow.close()
+
+
 # -- rate limits and waits across forwarding ---------------------------------------------
+
+
+def _rate_refusals(node: NodeProcess) -> float:
+    """Requests the node has refused as over the rate limit, from its /metrics."""
+    text = node.get("/metrics").text
+    found = re.search(r'^tablecast_rate_limited_total\{limit="rate"\} (\S+)$', text, re.M)
+    assert found, text[-500:]
+    return float(found.group(1))
+
+
+def _owned_elsewhere(cluster: Cluster, node: str) -> list[str]:
+    """alice's keys of the kv table that `node` does not own: read there, they are forwarded.
+    (Asked of the loop node: granian hands the node a decoded path, ``%2F`` a slash.)"""
+    url = cluster.nodes[node].url
+    keys = []
+    for i in range(16):
+        key = f"alice/{i:02d}"
+        meta = cluster.nodes["loop"].get(f"/v1/tables/kv/keys/{quote(key, safe='')}/metadata")
+        if meta.json()["active"]["url"] != url:
+            keys.append(key)
+    assert keys, f"{node} owns every partition"
+    return keys
+
+
+@pytest.mark.parametrize("front", READS)
+def test_rate_limits_count_the_subject_not_the_forwarding_node(
+    cluster: Cluster, front: str
+) -> None:
+    """With auth on, a caller is its token's subject: one flooding node a with keys b owns is
+    refused by a, while another subject reads the same keys through a meanwhile; b refuses
+    none of a's hops (signed: they were counted where they came in), so the flood is charged
+    neither to a's address nor to a's other callers."""
+    f = READS[front]
+    a = cluster.nodes[f.node]
+    b = cluster.nodes["granian" if f.node == "loop" else "loop"]
+    keys = _owned_elsewhere(cluster, f.node)
+    other = alice(f"beside-flood-{front}")
+    assert f.get(cluster, "kv", keys[0], other) == Outcome(
+        "ok", {"u": "alice", "i": int(keys[0][-2:])}
+    )
+    refused_a, refused_b = _rate_refusals(a), _rate_refusals(b)
+    codes: list[str] = []
+    failed: list[BaseException] = []
+    stop = threading.Event()
+
+    def flood() -> None:
+        try:
+            asyncio.run(f.flood(cluster, keys, alice(f"flood-{front}"), stop, codes))
+        except BaseException as e:
+            failed.append(e)
+
+    flooder = threading.Thread(target=flood, daemon=True)
+    flooder.start()
+    try:
+        eventually(lambda: failed or "rate_limited" in codes, timeout=30, interval=0.05)
+        assert not failed, failed
+        # while the flood goes on, and a refuses most of it
+        beside = [f.get(cluster, "kv", keys[i % len(keys)], other).code for i in range(12)]
+    finally:
+        stop.set()
+        flooder.join(30)
+    assert not failed, failed
+    counted = Counter(codes)
+    assert beside == ["ok"] * 12, (beside, counted)
+    assert set(counted) == {"ok", "rate_limited"} and counted["ok"] >= RATE // 2, counted
+    assert _rate_refusals(b) == refused_b
+    assert _rate_refusals(a) - refused_a >= counted["rate_limited"]
+
 
 #: the open cluster's limit per caller: a flood passes it within a second
 OPEN_RATE = 20
