@@ -221,7 +221,7 @@ def main(argv: list[str]) -> None:
         # (an app of its own, or the two would share the table's partitions)
         stack.table(TABLE, args.keys, PARTITIONS, app=ONE_APP, key_of=rkey)
         one_proc, one = stack.node(
-            work / "one", None, app=ONE_APP, env={"TABLECAST_LISTENERS": "1"}
+            work / "one", None, app=ONE_APP, env={"TABLECAST_SERVE_LISTENERS": "1"}
         )
         wait_http(one + "/readyz", timeout=300, proc=one_proc)
         servers["tablecast_one_listener"] = (one, tc_path(), one_proc.pid)
@@ -365,7 +365,7 @@ client waits out TCP's SYN retries, 1 s and more). A queue holds at most net.cor
 accepts between the requests it answers. The node on the default engine listens on
 {r.get("listeners", 1)} sockets sharing its port (SO_REUSEPORT), over whose queues the kernel
 spreads new connections; the row "on one listening socket" is the same node with
-`--listeners 1` (`TABLECAST_LISTENERS=1`), as it listened before. The runs alternate their
+`--listeners 1` (`TABLECAST_SERVE_LISTENERS=1`), as it listened before. The runs alternate their
 order each round, {SETTLE_S:g} s apart (the server before shares core 0 while it closes its
 connections).
 {_totals(x)}

@@ -8,6 +8,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from tablecast.cli.errors import Failure
 from tablecast.pipeline.app import App
 
 
@@ -17,9 +18,15 @@ def load_module(path: str | Path) -> dict[str, Any]:
 
 
 def load_app(path: str | Path) -> App:
-    apps = [v for v in load_module(path).values() if isinstance(v, App)]
+    """The one App `path` defines; :class:`Failure` (one line) if it defines none or several,
+    or fails while it is loaded (the cause is chained: -v shows it)."""
+    try:
+        found = load_module(path)
+    except Exception as e:  # the user's code: say which file failed, and how
+        raise Failure(f"{path} failed while loading: {type(e).__name__}: {e}") from e
+    apps = [v for v in found.values() if isinstance(v, App)]
     if len(apps) != 1:
-        raise SystemExit(f"{path}: expected exactly one tablecast.App, found {len(apps)}")
+        raise Failure(f"{path}: expected exactly one tablecast.App, found {len(apps)}")
     return apps[0]
 
 

@@ -13,9 +13,10 @@ import httpx
 import orjson
 
 from tablecast.cli.appfile import peek_app
+from tablecast.cli.errors import Failure, UsageError
+from tablecast.cli.options import ensure_free
 from tablecast.cli.supervisor import Supervisor
 from tablecast.kafka.broker import Broker
-from tablecast.server.listen import cannot_listen
 
 log = logging.getLogger(__name__)
 
@@ -30,15 +31,22 @@ def run(args: argparse.Namespace) -> int:
     generate = demo or args.generate
     app = peek_app(app_file)
     data_dir = Path(args.data_dir)
-    for i in range(args.nodes):  # before anything starts: node i listens on --port + i
-        if why := cannot_listen("127.0.0.1", args.port + i):
-            raise SystemExit(f"tablecast: error: {why} (node-{i}); choose another --port")
-    sup = Supervisor(data_dir / "logs")
-    broker = None
+    # before anything starts: node i listens on --port + i, and the broker on --kafka-port
+    if args.port + args.nodes - 1 > 65535:
+        raise UsageError(f"--port {args.port} leaves no room for {args.nodes} nodes")
+    for i in range(args.nodes):
+        ensure_free(args, "--port", "127.0.0.1", args.port + i, f" (node-{i})")
     bootstrap = args.bootstrap_servers
+    broker = None if bootstrap else Broker(data_dir / "kafka", args.kafka_port)
+    if broker is not None and broker.pid() is None:
+        ensure_free(args, "--kafka-port", broker.host, broker.port, " (the broker)")
+    from tablecast import jvm
+
+    # the broker and Spark need Java 17+, the pipeline javac (unless compiled already)
+    jvm.require_java(compiler=not jvm.interceptor_compiled())
+    sup = Supervisor(data_dir / "logs")
     try:
-        if not bootstrap:
-            broker = Broker(data_dir / "kafka", args.kafka_port)
+        if broker is not None:
             broker.start(die_with_parent=True)
             bootstrap = broker.bootstrap_servers
         common = ["--bootstrap-servers", bootstrap]
@@ -81,8 +89,8 @@ def run(args: argparse.Namespace) -> int:
         _print_welcome(app.id, urls, list(app.materialized), sample, bootstrap)
         while (dead := sup.failed()) is None:
             time.sleep(0.5)
-        log.error("%s exited; see %s. Stopping everything.", dead, sup.log_dir / f"{dead}.log")
-        return 1
+        log.info("%s exited: stopping everything", dead)
+        raise Failure(f"{dead} exited; see {sup.log_dir / (dead + '.log')}")
     except KeyboardInterrupt:
         print("\nstopping ...", flush=True)
         return 0
@@ -108,9 +116,9 @@ def _wait_ready(sup: Supervisor, urls: list[str]) -> None:
             if not pending:
                 return
             if (dead := sup.failed()) is not None:
-                raise SystemExit(f"{dead} exited during start; see {sup.log_dir / (dead + '.log')}")
+                raise Failure(f"{dead} exited during start; see {sup.log_dir / (dead + '.log')}")
             if time.monotonic() > deadline:
-                raise SystemExit(f"nodes not ready after {READY_TIMEOUT_S:.0f}s: {pending}")
+                raise Failure(f"nodes not ready after {READY_TIMEOUT_S:.0f}s: {pending}")
             if time.monotonic() - last_note > 5:
                 log.info("waiting for the pipeline and %d node(s) to be ready ...", len(pending))
                 last_note = time.monotonic()
@@ -133,7 +141,7 @@ def _wait_for_data(sup: Supervisor, url: str, table: str, timeout: float = 180.0
             except (httpx.HTTPError, ValueError, KeyError):
                 pass
             if (dead := sup.failed()) is not None:
-                raise SystemExit(f"{dead} exited; see {sup.log_dir / (dead + '.log')}")
+                raise Failure(f"{dead} exited; see {sup.log_dir / (dead + '.log')}")
             if time.monotonic() - last_note > 5:
                 log.info(
                     "waiting for the first records to flow through the pipeline into %r ...", table

@@ -19,7 +19,7 @@ def main() -> None:
     )
     generate = load_module(args.app_file).get("generate")
     if generate is None:
-        raise SystemExit(f"{args.app_file} has no generate(bootstrap_servers) function")
+        raise SystemExit(f"tablecast: error: {args.app_file} has no generate(bootstrap_servers)")
     stop_on_sigterm()
     with contextlib.suppress(KeyboardInterrupt):
         generate(args.bootstrap_servers)

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from tablecast.cli.errors import fail
+from tablecast.cli.errors import Failure, UsageError
 from tablecast.client import Client, QueryError, WatchError
 
 
@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
                 answer = client.get(args.table, args.key, as_of=args.as_of)
                 if answer is None:
                     when = f" at {args.as_of}" if args.as_of else ""
-                    return fail(f"key {args.key!r} not found in {args.table!r}{when}", 1)
+                    raise Failure(f"key {args.key!r} not found in {args.table!r}{when}")
             elif args.command == "history":
                 answer = {
                     "items": list(
@@ -36,9 +36,9 @@ def run(args: argparse.Namespace) -> int:
             else:
                 answer = client.cluster()
     except (QueryError, WatchError) as e:
-        return fail(str(e), 1)
+        raise Failure(str(e)) from None
     except ConnectionError as e:
-        return fail(f"cannot reach {args.url}: {e}")
+        raise Failure(f"cannot reach {args.url}: {e}") from None
     print(orjson.dumps(answer, option=orjson.OPT_INDENT_2).decode())
     return 0
 
@@ -47,7 +47,7 @@ def _watch(client: Client, args: argparse.Namespace) -> int:
     """One JSON line per snapshot row and change, flushed as it comes; a note on stderr
     when the snapshot is complete. Runs until interrupted."""
     if not (args.keys or args.prefix is not None or args.start or args.end):
-        return fail("watch what? give KEY..., --prefix, or --from/--to")
+        raise UsageError("watch what? give KEY..., --prefix, or --from/--to")
     events = client.watch(
         args.table,
         key=args.keys or None,

@@ -1,7 +1,11 @@
-"""``tablecast``: argument parsing and dispatch. Each command's work lives in its own module.
+"""``tablecast``: argument parsing, dispatch, and the one place errors are reported.
+Each command's work lives in its own module.
 
-Every option also reads ``TABLECAST_<OPTION>`` from the environment
-(``--bootstrap-servers`` ↔ ``TABLECAST_BOOTSTRAP_SERVERS``).
+Every option of every command also reads ``TABLECAST_<COMMAND>_<OPTION>`` from the
+environment (``serve --cache-mb`` <-> ``TABLECAST_SERVE_CACHE_MB``), and four options
+read one shared variable in every command that has them; see :mod:`tablecast.cli.options`.
+Every failure is one line, ``tablecast: error: <message>``: exit 2 for a wrong command
+line, variable or config file, 1 for a failure at run time, 130 for Ctrl-C.
 """
 
 from __future__ import annotations
@@ -11,44 +15,49 @@ import logging
 import os
 import sys
 import threading
+import traceback
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from tablecast.cli.errors import fail
+from tablecast.cli.errors import Failure, UsageError, fail
+from tablecast.cli.options import (
+    PORT,
+    Parser,
+    at_least,
+    between,
+    ensure_free,
+    how_to_set,
+    option,
+    origin,
+    positive,
+    readable,
+    resolve,
+)
+from tablecast.server.listen import MOST_ASKED
 
 DEFAULT_BOOTSTRAP = "localhost:9092"
 #: read processes beside a node: more than cores anyone has, fewer than files RocksDB opens
 MOST_PROCESSES = 64
 
 
-def _env(option: str, default: Any = None) -> Any:
-    return os.environ.get("TABLECAST_" + option.lstrip("-").replace("-", "_").upper(), default)
-
-
-def _opt(p: argparse.ArgumentParser, option: str, default: Any = None, **kw: Any) -> None:
-    p.add_argument(option, default=_env(option, default), **kw)
-
-
-def _flag(p: argparse.ArgumentParser, option: str, help: str) -> None:
-    """A switch that TABLECAST_<OPTION>=1 (or true, yes) also turns on."""
-    on = str(_env(option, "")).lower() in ("1", "true", "yes", "on")
-    p.add_argument(option, action="store_true", default=on, help=help)
-
-
-def _kafka_config(p: argparse.ArgumentParser) -> None:
-    _opt(
+def _kafka_config(p: Parser) -> None:
+    option(
         p,
         "--kafka-config",
+        check=readable,
         metavar="FILE",
         help="Kafka client settings (Java .properties: security.protocol, sasl.*, ssl.*) "
         "for every Kafka client of tablecast",
     )
-    _opt(
+    option(
         p,
         "--replication-factor",
         type=int,
-        help="of the topics tablecast creates (default: min(3, brokers)); "
-        "min.insync.replicas is min(2, it)",
+        check=at_least(1),
+        shown="TABLECAST_REPLICATION_FACTOR, else min(3, brokers)",
+        metavar="N",
+        help="of the topics tablecast creates; min.insync.replicas is min(2, it)",
     )
 
 
@@ -80,177 +89,366 @@ def _pipeline_missing() -> str | None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="tablecast", description="Serve the live state of Kafka streams."
-    )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    parser.add_argument("--version", action="version", version=f"tablecast {_version()}")
-    sub = parser.add_subparsers(dest="command", required=True)
+VERBOSE_HELP = "debug logging, and the traceback of an error"
 
-    p = sub.add_parser("kafka", help="a local single-node Kafka broker (KRaft) for development")
-    p.add_argument("action", choices=["start", "stop", "status"])
-    _opt(p, "--port", 9092, type=int)
-    _opt(p, "--data-dir", os.path.join(".tablecast", "kafka"))
+
+def _command(sub: Any, parser: Parser, name: str, help: str, **kw: Any) -> Parser:
+    """Subcommand `name`, whose options read TABLECAST_<NAME>_<OPTION>."""
+    p: Parser = sub.add_parser(
+        name, help=help, description=help, env_prefix=f"TABLECAST_{name.upper()}_", **kw
+    )
+    # -v after the command too; SUPPRESS: not given here, it keeps the top level's value
     p.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=VERBOSE_HELP
+    )
+    parser.commands[name] = p
+    return p
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="tablecast", description="Serve the live state of Kafka streams.")
+    option(parser, "--verbose", short="-v", switch=True, help=VERBOSE_HELP)
+    parser.add_argument("--version", action="version", version=f"tablecast {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    # the broker's options are the same for every action (stop must find what start
+    # made): TABLECAST_KAFKA_<OPTION>, or TABLECAST_KAFKA_START_<OPTION> for one action
+    p = _command(
+        sub,
+        parser,
+        "kafka",
+        "a local single-node Kafka broker (KRaft) for development",
+        per_action="action",
+        shares=False,
+    )
+    p.add_argument("action", choices=["start", "stop", "status"])
+    option(
+        p,
+        "--port",
+        9092,
+        type=int,
+        check=PORT,
+        help="the port clients reach the broker on (with --brokers N: P..P+N-1)",
+    )
+    option(
+        p,
+        "--data-dir",
+        os.path.join(".tablecast", "kafka"),
+        metavar="DIR",
+        help="where the broker keeps its settings, log and data",
+    )
+    option(
+        p,
         "--secure",
-        action="store_true",
+        switch=True,
         help="SASL_SSL (SCRAM-SHA-512) only, with a generated CA; writes client.properties",
     )
-    _opt(p, "--brokers", 1, type=int, help="start N brokers on ports P..P+N-1 (one KRaft quorum)")
-    p.add_argument("--broker", type=int, help="start or stop broker I of the cluster only")
+    option(
+        p,
+        "--brokers",
+        1,
+        type=int,
+        check=at_least(1),
+        metavar="N",
+        help="start N brokers on ports P..P+N-1 (one KRaft quorum)",
+    )
+    option(
+        p,
+        "--broker",
+        type=int,
+        check=at_least(0),
+        shown="all",
+        metavar="I",
+        help="start or stop broker I of the cluster only",
+    )
 
-    p = sub.add_parser("run", help="run an App's pipeline (the Spark driver)")
-    p.add_argument("app_file")
-    _opt(p, "--bootstrap-servers", DEFAULT_BOOTSTRAP)
+    p = _command(sub, parser, "run", "run an App's pipeline (the Spark driver)")
+    p.add_argument("app_file", help="the Python file that defines the App")
+    option(
+        p,
+        "--bootstrap-servers",
+        DEFAULT_BOOTSTRAP,
+        metavar="HOST:PORT,...",
+        help="Kafka's bootstrap servers",
+    )
     _kafka_config(p)
-    _opt(p, "--master", help="local[N] (default local[2]), spark://HOST:PORT, yarn, k8s://…")
-    _opt(p, "--state-dir")
-    _opt(
+    option(
+        p,
+        "--master",
+        shown="TABLECAST_MASTER, else local[2]",
+        metavar="URL",
+        help="Spark's master: local[N], spark://HOST:PORT, yarn, k8s://...",
+    )
+    option(
+        p,
+        "--state-dir",
+        shown="TABLECAST_STATE_DIR, else .tablecast",
+        metavar="DIR",
+        help="where the pipeline keeps its local state",
+    )
+    option(
         p,
         "--checkpoint-dir",
         metavar="URI",
-        help="where the queries' checkpoints go (default STATE_DIR/APP/checkpoints): on a "
-        "cluster a URI every executor reaches (file:///shared/…, hdfs://…, s3a://…)",
+        shown="STATE_DIR/APP/checkpoints",
+        help="where the queries' checkpoints go: on a cluster a URI every executor reaches "
+        "(file:///shared/..., hdfs://..., s3a://...)",
     )
 
-    p = sub.add_parser("explain", help="print an App's plan")
-    p.add_argument("app_file")
+    p = _command(sub, parser, "explain", "print an App's plan")
+    p.add_argument("app_file", help="the Python file that defines the App")
 
-    p = sub.add_parser("serve", help="run one serving node (needs no App file)")
-    _opt(p, "--app", required=_env("--app") is None)
-    _opt(p, "--bootstrap-servers", DEFAULT_BOOTSTRAP)
+    p = _command(sub, parser, "serve", "run one serving node (needs no App file)")
+    option(
+        p,
+        "--config",
+        check=readable,
+        metavar="FILE",
+        help="more options from a TOML (.toml) or YAML file, keys named as the long options "
+        "(cache-mb = 64); flags and variables win over it",
+    )
+    option(p, "--app", required=True, metavar="ID", help="the id of the App whose tables to serve")
+    option(
+        p,
+        "--bootstrap-servers",
+        DEFAULT_BOOTSTRAP,
+        metavar="HOST:PORT,...",
+        help="Kafka's bootstrap servers",
+    )
     _kafka_config(p)
-    _opt(p, "--port", 8080, type=int)
-    _opt(p, "--host", "127.0.0.1")
-    _opt(p, "--advertised-url")
-    _opt(p, "--node-id")
-    _opt(p, "--data-dir")
-    _opt(p, "--standby-replicas", 0, type=int)
-    _opt(p, "--cache-mb", 64, type=int, help="read cache per table in front of RocksDB (0: none)")
-    _opt(
+    option(p, "--port", 8080, type=int, check=PORT, help="the HTTP port")
+    option(p, "--host", "127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
+    option(
+        p,
+        "--advertised-url",
+        shown="SCHEME://HOST:PORT",
+        metavar="URL",
+        help="the URL other nodes and clients reach this node at",
+    )
+    option(p, "--node-id", shown="the advertised URL's HOST:PORT", help="this node's name")
+    option(
+        p,
+        "--data-dir",
+        shown=os.path.join(".tablecast", "nodes", "NODE_ID"),
+        metavar="DIR",
+        help="where the node keeps its stores",
+    )
+    option(
+        p,
+        "--standby-replicas",
+        0,
+        type=int,
+        check=at_least(0),
+        metavar="N",
+        help="copies of each partition kept warm on other nodes",
+    )
+    option(
+        p,
+        "--cache-mb",
+        64,
+        type=int,
+        check=at_least(0),
+        metavar="M",
+        help="read cache per table in front of RocksDB (MiB, 0: none)",
+    )
+    option(
         p,
         "--answers-mb",
         128,
         type=int,
+        check=at_least(0),
+        metavar="M",
         help="whole answers of plain key GETs kept by the node (MiB, 0: none)",
     )
-    _opt(
+    option(
         p,
         "--block-cache-mb",
         256,
         type=int,
+        check=at_least(1),
+        metavar="M",
         help="RocksDB block cache shared by every store of the node (MiB, at least 1)",
     )
-    _opt(
+    option(
         p,
         "--drop-released-after",
         600.0,
         type=float,
+        check=at_least(0),
+        metavar="S",
         help="seconds after which the store of a partition this node let go is deleted",
     )
-    _opt(p, "--auth-jwt-secret", help="HS256 secret: every /v1 request needs a bearer JWT")
-    _opt(p, "--auth-jwt-secret-file", help="a file holding the HS256 secret (not shown by ps)")
-    _opt(
+    option(
+        p,
+        "--auth-jwt-secret",
+        metavar="S",
+        help="HS256 secret: every /v1 request needs a bearer JWT",
+    )
+    option(
+        p,
+        "--auth-jwt-secret-file",
+        check=readable,
+        metavar="FILE",
+        help="a file holding the HS256 secret (not shown by ps)",
+    )
+    option(
         p,
         "--auth-jwks",
+        metavar="FILE|URL",
         help="a JWKS file or https:// URL of public keys: every /v1 request needs a bearer JWT",
     )
-    _opt(p, "--auth-audience", help="accept only tokens whose aud claim names this audience")
-    _opt(p, "--auth-issuer", help="accept only tokens whose iss claim is this issuer")
-    _opt(
+    option(p, "--auth-audience", help="accept only tokens whose aud claim names this audience")
+    option(p, "--auth-issuer", help="accept only tokens whose iss claim is this issuer")
+    option(
         p,
         "--auth-policy",
+        check=readable,
         metavar="FILE",
         help="YAML or JSON rules from token claims to the tables and key prefixes a caller "
         "may read (needs --auth-jwt-secret or --auth-jwks)",
     )
-    _flag(
+    option(
         p,
         "--auth-metrics",
-        "/metrics needs a bearer token too, and /readyz without one answers only its status",
+        switch=True,
+        help="/metrics needs a bearer token too, and /readyz without one answers only its status",
     )
-    _opt(
+    option(
         p,
         "--rate-limit",
         type=float,
+        check=positive(" of requests per second"),
         metavar="N",
         help="requests per second per caller (JWT sub, else client address): "
         "more are answered 429 with Retry-After",
     )
-    _opt(
+    option(
         p,
         "--max-waits",
         16,
         type=int,
+        check=at_least(1),
         metavar="N",
         help="reads of one caller that may wait for min_offset at once (more: 429)",
     )
-    _opt(
+    option(
         p,
         "--max-watches",
         64,
         type=int,
+        check=at_least(1),
         metavar="N",
         help="watches one caller (JWT sub, else client address) may have open at once "
         "(more: 429, gRPC RESOURCE_EXHAUSTED, WebSocket close 1008)",
     )
-    _opt(
+    option(
         p,
         "--cluster-secret",
+        metavar="S",
         help="shared by the app's nodes: they sign membership records and internal calls with it",
     )
-    _opt(p, "--cluster-secret-file", help="a file holding the cluster secret (not shown by ps)")
-    _opt(p, "--tls-cert", help="serve HTTPS with this certificate (PEM)")
-    _opt(p, "--tls-key", help="the certificate's private key (PEM)")
-    _opt(p, "--tls-ca", help="the CA that signed the nodes' certificates: peers are verified")
-    _opt(
+    option(
+        p,
+        "--cluster-secret-file",
+        check=readable,
+        metavar="FILE",
+        help="a file holding the cluster secret (not shown by ps)",
+    )
+    option(
+        p,
+        "--tls-cert",
+        check=readable,
+        metavar="FILE",
+        help="serve HTTPS with this certificate (PEM)",
+    )
+    option(
+        p, "--tls-key", check=readable, metavar="FILE", help="the certificate's private key (PEM)"
+    )
+    option(
+        p,
+        "--tls-ca",
+        check=readable,
+        metavar="FILE",
+        help="the CA that signed the nodes' certificates: peers are verified",
+    )
+    option(
         p,
         "--grpc-port",
         type=int,
+        check=PORT,
+        shown="none: no gRPC",
         help="also serve gRPC (service tablecast.v1.Tables: Get, BatchGet, Range, Watch) on this "
         "port, with the same auth (and TLS with --tls-cert)",
     )
-    _opt(
+    option(
         p,
         "--http-engine",
+        "loop",
         choices=("granian", "loop"),
-        default="loop",
-        help="loop (default): HTTP/1.1 and WebSocket parsed on the event loop's own thread, "
+        help="loop: HTTP/1.1 and WebSocket parsed on the event loop's own thread, "
         "the faster for reads; or granian: HTTP/1.1, HTTP/2 and WebSocket in Rust on a thread "
         "of its own (HTTP/2 carries many watches on one connection)",
     )
-    _opt(
+    option(
         p,
         "--listeners",
         type=int,
+        check=between(1, MOST_ASKED),
+        shown="enough for 16,384 connections waiting to be accepted at this kernel's "
+        "net.core.somaxconn, 4 at its default 4,096",
+        metavar="N",
         help="listening sockets sharing the port, over which the kernel spreads new connections "
-        "(--http-engine loop; default: enough for 16,384 connections waiting to be accepted at "
-        "this kernel's net.core.somaxconn, 4 at its default 4,096)",
+        "(--http-engine loop)",
     )
-    _opt(
+    option(
         p,
         "--processes",
         1,
         type=int,
+        check=between(1, MOST_PROCESSES),
+        metavar="N",
         help="processes answering plain key GETs on the port, the node's own included: the "
         "others read its RocksDB stores as secondary instances and pipe every other request "
         "to it (--http-engine loop; with --rate-limit they spend from the node's buckets)",
     )
 
     for name, what in (("dev", "everything on one machine"), ("demo", "the stock-price demo")):
-        p = sub.add_parser(name, help=what)
+        p = _command(sub, parser, name, what)
         if name == "dev":
-            p.add_argument("app_file")
-            p.add_argument(
-                "--generate", action="store_true", help="also run the App file's generate()"
-            )
-        _opt(p, "--nodes", 1, type=int)
-        _opt(p, "--port", 8080, type=int)
-        _opt(p, "--bootstrap-servers")
+            p.add_argument("app_file", help="the Python file that defines the App")
+            option(p, "--generate", switch=True, help="also run the App file's generate()")
+        option(p, "--nodes", 1, type=int, check=at_least(1), metavar="N", help="serving nodes")
+        option(
+            p,
+            "--port",
+            8080,
+            type=int,
+            check=PORT,
+            help="the HTTP port of the first node (node I listens on PORT+I)",
+        )
+        option(
+            p,
+            "--bootstrap-servers",
+            shown="none: a broker of its own on --kafka-port",
+            metavar="HOST:PORT,...",
+            help="a running Kafka to use",
+        )
         _kafka_config(p)
-        _opt(p, "--kafka-port", 9092, type=int)
-        _opt(p, "--data-dir", os.path.join(".tablecast", "dev"))
+        option(
+            p,
+            "--kafka-port",
+            9092,
+            type=int,
+            check=PORT,
+            help="the port of its own broker (without --bootstrap-servers)",
+        )
+        option(
+            p,
+            "--data-dir",
+            os.path.join(".tablecast", "dev"),
+            metavar="DIR",
+            help="where the broker, pipeline and nodes keep their data and logs",
+        )
 
     for name, what in (
         ("query", "read one key"),
@@ -259,57 +457,111 @@ def build_parser() -> argparse.ArgumentParser:
         ("tables", "list tables"),
         ("cluster", "show nodes"),
     ):
-        p = sub.add_parser(name, help=what)
+        p = _command(sub, parser, name, what)
         if name in ("query", "history"):
             p.add_argument("table")
             p.add_argument("key")
         if name == "watch":
             p.add_argument("table")
             p.add_argument("keys", nargs="*", metavar="KEY", help="keys to follow (or --prefix)")
-            p.add_argument("--prefix", help="follow every key starting with this")
-            p.add_argument("--from", dest="start", help="follow keys from this one (inclusive)")
-            p.add_argument("--to", dest="end", help="... up to this one (exclusive)")
-            p.add_argument("--no-snapshot", action="store_true", help="only changes from now on")
-            p.add_argument("--since", help="resume after the event with this id")
+            option(p, "--prefix", help="follow every key starting with this")
+            option(p, "--from", dest="start", help="follow keys from this one (inclusive)")
+            option(p, "--to", dest="end", help="... up to this one (exclusive)")
+            option(p, "--no-snapshot", switch=True, help="only changes from now on")
+            option(p, "--since", metavar="ID", help="resume after the event with this id")
         if name == "query":
-            p.add_argument("--as-of", help="the value valid at this time (epoch ms or ISO-8601)")
+            option(p, "--as-of", metavar="T", help="the value valid at T (epoch ms or ISO-8601)")
         if name == "history":
-            p.add_argument("--from", dest="time_from", help="first time (epoch ms or ISO-8601)")
-            p.add_argument("--to", dest="time_to", help="end time, exclusive")
-        _opt(p, "--url", "http://localhost:8080", help="a node URL, or several separated by commas")
-        _opt(p, "--token", help="a bearer JWT, when the nodes require auth")
-        _opt(p, "--ca", help="the CA file that signed the nodes' certificates (https:// URLs)")
+            option(
+                p, "--from", dest="time_from", metavar="T", help="first time (epoch ms or ISO-8601)"
+            )
+            option(p, "--to", dest="time_to", metavar="T", help="end time, exclusive")
+        option(
+            p,
+            "--url",
+            "http://localhost:8080",
+            help="a node URL, or several separated by commas",
+        )
+        option(p, "--token", help="a bearer JWT, when the nodes require auth")
+        option(
+            p,
+            "--ca",
+            check=readable,
+            metavar="FILE",
+            help="the CA file that signed the nodes' certificates (https:// URLs)",
+        )
     return parser
 
 
+def _report(e: BaseException, verbose: bool) -> int:
+    """`e` as the one error line, and its exit code (a traceback first with -v)."""
+    code = 1
+    hint = ""
+    if isinstance(e, UsageError | Failure):
+        code, message = e.code, str(e)
+    elif isinstance(e, SystemExit):  # raise SystemExit("why"), from code tablecast runs
+        message = str(e.code).removeprefix("tablecast: error: ")
+    elif isinstance(e, OSError) and e.filename is not None:
+        message = f"{e.filename}: {e.strerror or e}"
+    elif isinstance(e, RuntimeError | OSError | ValueError) and str(e):
+        message = str(e)  # the library's errors say what went wrong in words
+    else:
+        message = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        hint = " (-v shows where)"
+    if verbose:
+        traceback.print_exception(e, file=sys.stderr)
+        hint = ""
+    lines = [line for line in message.splitlines() if line.strip()]
+    return fail((lines[0] if lines else type(e).__name__) + hint, code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    handler = _COMMANDS[args.command]
-    if args.command in PIPELINE_COMMANDS and (missing := _pipeline_missing()):
-        return fail(missing, 1)
-    if args.command in ("dev", "demo"):
-        _stop_on_signals()
-    from tablecast.kafka.config import KafkaConfigError, use
-    from tablecast.kafka.probe import KafkaUnavailable
-
+    """The ``tablecast`` command: every exception ends here as one line and an exit code."""
+    verbose = False
     try:
-        if getattr(args, "replication_factor", None):
-            from tablecast.kafka.topics import REPLICATION_ENV
-
-            os.environ[REPLICATION_ENV] = str(args.replication_factor)  # children too
-        if getattr(args, "kafka_config", None):
-            config = use(args.kafka_config)
-            logging.getLogger("tablecast").info("Kafka clients: %s", config.describe())
-        return handler(args) or 0
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        verbose = args.verbose is True  # -v given: a bad value of another option shows where
+        resolve(parser, args, os.environ)
+        verbose = args.verbose
+        logging.basicConfig(
+            level=logging.DEBUG if verbose else logging.INFO,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+        return _dispatch(args)
     except KeyboardInterrupt:
         return 130
-    except (KafkaConfigError, KafkaUnavailable) as e:
-        return fail(str(e))
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):  # --help, --version: argparse's own exit
+            return e.code or 0
+        return _report(e, verbose)
+    except Exception as e:
+        return _report(e, verbose)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    handler = _COMMANDS[args.command]
+    app_file = getattr(args, "app_file", None)
+    if app_file is not None and not Path(app_file).is_file():
+        raise UsageError(f"{app_file}: no such file (the App file)")
+    if args.command in PIPELINE_COMMANDS and (missing := _pipeline_missing()):
+        raise Failure(missing)
+    if args.command in ("dev", "demo"):
+        _stop_on_signals()
+    if getattr(args, "replication_factor", None):
+        from tablecast.kafka.topics import REPLICATION_ENV
+
+        os.environ[REPLICATION_ENV] = str(args.replication_factor)  # children too
+    if getattr(args, "kafka_config", None):
+        from tablecast.kafka.config import KafkaConfigError, use
+
+        try:
+            config = use(args.kafka_config)
+        except KafkaConfigError as e:  # the file an option names is wrong: a usage error
+            raise UsageError(f"{origin(args, 'kafka_config')}: {e}") from None
+        logging.getLogger("tablecast").info("Kafka clients: %s", config.describe())
+    return handler(args) or 0
 
 
 def _signals_set(event: threading.Event) -> None:
@@ -343,17 +595,40 @@ def _stop_on_signals() -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
-def _kafka(args: argparse.Namespace) -> int:
-    from pathlib import Path
+def _java(compiler: bool) -> None:
+    """Java 17+ found (JAVA_HOME, else PATH) before anything starts; and javac for the
+    pipeline, unless its record-timestamp interceptor is compiled already."""
+    from tablecast import jvm
 
+    jvm.require_java(compiler=compiler and not jvm.interceptor_compiled())
+
+
+def _kafka(args: argparse.Namespace) -> int:
     from tablecast.kafka.broker import Broker
     from tablecast.kafka.cluster import KafkaCluster
 
     data_dir = Path(args.data_dir)
+    brokers: tuple[Broker, ...]
     if args.brokers > 1 or KafkaCluster.exists(data_dir):
         cluster = KafkaCluster.create(data_dir, args.port, args.brokers, args.secure)
-        if args.broker is not None and not 0 <= args.broker < len(cluster.brokers):
-            return fail(f"--broker is 0..{len(cluster.brokers) - 1}")
+        brokers = cluster.brokers
+        if args.broker is not None and not 0 <= args.broker < len(brokers):
+            raise UsageError(
+                f"{origin(args, 'broker')}: 0 to {len(brokers) - 1}, not {args.broker}"
+            )
+    else:
+        if args.broker not in (None, 0):
+            raise UsageError("--broker needs a cluster: start it with --brokers N")
+        cluster = None
+        brokers = (Broker(data_dir, args.port, secure=args.secure),)
+    if args.action == "start":
+        chosen = brokers if args.broker is None else (brokers[args.broker],)
+        starting = [(i, b) for i, b in enumerate(brokers) if b in chosen and b.pid() is None]
+        for i, b in starting:  # a running broker is reused: its port is its own
+            ensure_free(args, "--port", b.host, b.port, f" (broker {i})" if cluster else "")
+        if starting:
+            _java(compiler=False)
+    if cluster is not None:
         what = "brokers" if args.broker is None else f"broker {args.broker}"
         if args.action == "start":
             cluster.start(args.broker)
@@ -366,9 +641,7 @@ def _kafka(args: argparse.Namespace) -> int:
             print(cluster.status())
             return 0 if any(b.pid() for b in cluster.brokers) else 3
         return 0
-    if args.broker not in (None, 0):
-        return fail("--broker needs a cluster: start it with --brokers N")
-    broker = Broker(data_dir, args.port, secure=args.secure)
+    (broker,) = brokers
     if args.action == "start":
         broker.start()
         print(f"Kafka broker running on {broker.bootstrap_servers} (data: {args.data_dir})")
@@ -383,11 +656,12 @@ def _kafka(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from tablecast.cli.appfile import load_app
     from tablecast.kafka import probe
+    from tablecast.pipeline.run.spark import under_spark_submit
 
+    if not under_spark_submit():  # spark-submit started the JVM, with the jars it was given
+        _java(compiler=True)
     stop = threading.Event()
     _signals_set(stop)
     if args.master:
@@ -418,65 +692,64 @@ def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve(args: argparse.Namespace) -> int:
-    from pathlib import Path
+def _read_secret(args: argparse.Namespace, dest: str) -> str:
+    """The secret in the file option `dest` names: one it cannot read is a usage error."""
+    path = getattr(args, dest)
+    try:
+        return Path(path).read_text().strip()
+    except OSError as e:
+        raise UsageError(f"{origin(args, dest)}: cannot read {path}: {e.strerror or e}") from None
 
+
+def _serve(args: argparse.Namespace) -> int:
     from tablecast.cluster.node import NodeConfig
     from tablecast.kafka import probe
-    from tablecast.server import listen, process
+    from tablecast.server import process
     from tablecast.server.auth import Auth
-    from tablecast.server.listen import cannot_listen
     from tablecast.server.policy import Policy, PolicyError
 
+    # settings that cannot work fail at once, before Kafka is asked anything; the values
+    # themselves were checked with their options
     if bool(args.tls_cert) != bool(args.tls_key):
-        return fail("--tls-cert and --tls-key go together")
-    if args.listeners is not None and not 1 <= args.listeners <= listen.MOST_ASKED:
-        return fail(f"--listeners: 1 to {listen.MOST_ASKED}, not {args.listeners}")
-    if not 1 <= args.processes <= MOST_PROCESSES:
-        return fail(f"--processes: 1 to {MOST_PROCESSES}, not {args.processes}")
+        raise UsageError("--tls-cert and --tls-key go together")
     if args.processes > 1 and args.http_engine != "loop":
-        return fail("--processes needs --http-engine loop")
-    # settings that cannot work fail at once, before Kafka is asked anything
+        raise UsageError("--processes needs --http-engine loop")
     secret = args.auth_jwt_secret
     if args.auth_jwt_secret_file:
-        secret = Path(args.auth_jwt_secret_file).read_text().strip()
+        secret = _read_secret(args, "auth_jwt_secret_file")
     auth_on = bool(secret or args.auth_jwks)
     if args.auth_policy and not auth_on:
-        return fail("--auth-policy needs --auth-jwt-secret or --auth-jwks (it reads token claims)")
+        raise UsageError(
+            "--auth-policy needs --auth-jwt-secret or --auth-jwks (it reads token claims)"
+        )
     if args.auth_metrics and not auth_on:
-        return fail("--auth-metrics needs --auth-jwt-secret or --auth-jwks")
-    if args.rate_limit is not None and not args.rate_limit > 0:
-        return fail("--rate-limit is a positive number of requests per second")
+        raise UsageError("--auth-metrics needs --auth-jwt-secret or --auth-jwks")
+    cluster_secret = args.cluster_secret
+    if args.cluster_secret_file:
+        cluster_secret = _read_secret(args, "cluster_secret_file")
+    try:
+        policy = Policy.load(args.auth_policy) if args.auth_policy else None
+    except PolicyError as e:  # the file an option names is wrong: a usage error
+        raise UsageError(str(e)) from None
+    except OSError as e:
+        raise UsageError(
+            f"{origin(args, 'auth_policy')}: cannot read {args.auth_policy}: {e.strerror or e}"
+        ) from None
     from importlib.util import find_spec
 
     if args.grpc_port is not None and (find_spec("grpc") is None or find_spec("google") is None):
-        return fail("--grpc-port needs grpcio and protobuf: pip install 'tablecast[grpc]'", 1)
+        raise Failure("--grpc-port needs grpcio and protobuf: pip install 'tablecast[grpc]'")
     if args.http_engine == "granian" and find_spec("granian") is None:
-        return fail("--http-engine granian needs granian: pip install 'tablecast[granian]'", 1)
-    if args.max_waits < 1:
-        return fail("--max-waits is at least 1")
-    if args.max_watches < 1:
-        return fail("--max-watches is at least 1")
-    if args.answers_mb < 0 or args.cache_mb < 0:
-        return fail("--cache-mb and --answers-mb are at least 0")
-    if args.block_cache_mb < 1:
-        return fail("--block-cache-mb is at least 1")
+        raise Failure("--http-engine granian needs granian: pip install 'tablecast[granian]'")
+    ensure_free(args, "--port", args.host, args.port)
+    if args.grpc_port is not None:
+        ensure_free(args, "--grpc-port", args.host, args.grpc_port)
     from tablecast.store import rocksdb
 
     rocksdb.set_block_cache_bytes(args.block_cache_mb * 1024 * 1024)
-    try:
-        policy = Policy.load(args.auth_policy) if args.auth_policy else None
-    except PolicyError as e:
-        return fail(str(e))
-    for port in (args.port, args.grpc_port):
-        if port is not None and (why := cannot_listen(args.host, port)):
-            return fail(why)
     probe.check(args.bootstrap_servers)
     scheme = "https" if args.tls_cert else "http"
     url = args.advertised_url or f"{scheme}://{args.host}:{args.port}"
-    cluster_secret = args.cluster_secret
-    if args.cluster_secret_file:
-        cluster_secret = Path(args.cluster_secret_file).read_text().strip()
     node_id = args.node_id or url.split("://", 1)[-1]
     data_dir = args.data_dir or os.path.join(".tablecast", "nodes", node_id.replace(":", "_"))
     config = NodeConfig(
@@ -513,7 +786,10 @@ def _serve(args: argparse.Namespace) -> int:
     except RuntimeError as e:  # granian's bind, when the port was taken after the check above
         if "Address already in use" not in str(e):
             raise
-        return fail(f"cannot listen on {args.host}:{args.port}: taken while the node started")
+        raise Failure(
+            f"cannot listen on {args.host}:{args.port}: taken while the node started; "
+            f"choose another {how_to_set(args, '--port')}"
+        ) from None
     return 0
 
 

@@ -73,32 +73,31 @@ def test_nodes_advertise_their_stable_names_and_probe_readyz() -> None:
     pod = sts["spec"]["template"]["spec"]
     (node,) = pod["containers"]
     env = {e["name"]: e for e in node["env"]}
-    url = env["TABLECAST_ADVERTISED_URL"]["value"]
+    url = env["TABLECAST_SERVE_ADVERTISED_URL"]["value"]
     assert url.startswith(f"http://$(POD_NAME).{sts['spec']['serviceName']}.$(NAMESPACE).svc")
-    for name in ("TABLECAST_CLUSTER_SECRET", "TABLECAST_BOOTSTRAP_SERVERS", "TABLECAST_APP"):
+    for name in ("TABLECAST_CLUSTER_SECRET", "TABLECAST_BOOTSTRAP_SERVERS", "TABLECAST_SERVE_APP"):
         assert env[name]["valueFrom"]["secretKeyRef"]["name"] == "tablecast", name
     assert node["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert node["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert node["resources"]["requests"] and node["resources"]["limits"]
     claims = {c["metadata"]["name"] for c in sts["spec"]["volumeClaimTemplates"]}
     mounts = {m["name"]: m["mountPath"] for m in node["volumeMounts"]}
-    assert env["TABLECAST_DATA_DIR"]["value"] == mounts["data"] and "data" in claims
+    assert env["TABLECAST_SERVE_DATA_DIR"]["value"] == mounts["data"] and "data" in claims
     secret = next(d for d in docs if d["kind"] == "Secret")
     needed = {"app-id", "bootstrap-servers", "cluster-secret", "kafka.properties"}
     assert needed <= set(secret["stringData"])
 
 
 def test_every_tablecast_option_the_manifests_set_exists() -> None:
-    """A TABLECAST_<OPTION> variable is read only if `serve` or `run` has that option."""
+    """A TABLECAST_ variable is read only if `serve` or `run` has an option it names."""
     from tablecast.cli.main import build_parser
 
     parser = build_parser()
-    sub = next(a for a in parser._actions if a.dest == "command").choices  # type: ignore[union-attr]
     options = {
-        "TABLECAST_" + o.lstrip("-").replace("-", "_").upper()
+        v
         for cmd in ("serve", "run")
-        for a in sub[cmd]._actions
-        for o in a.option_strings
+        for o in parser.commands[cmd].options
+        for v in parser.commands[cmd].variables(o)
     }
     # read by the library itself rather than by an option
     options |= {"TABLECAST_STATE_DIR", "TABLECAST_KAFKA_CONFIG"}
