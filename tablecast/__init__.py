@@ -1,12 +1,14 @@
 """tablecast: serve the live state of Kafka streams.
 
 The public API: ``App`` and its streams and tables, ``serde``,
-``windows``, ``Client``, and ``producer`` (a Kafka producer for feeding an App's
-input: Java's partitioning and the Kafka client settings in force). Everything
-else is internal and may change.
+``windows``, ``Client`` and the errors it raises (``QueryError``, its subclass
+``AuthError`` for a refused token, ``WatchError`` and ``WatchAuthError``), and
+``producer`` (a Kafka producer for feeding an App's input: Java's partitioning and
+the Kafka client settings in force). Everything else is internal and may change.
 ``App`` is imported lazily so that a serving node never loads PySpark, and
 ``Client`` so that Spark executors, which import this package to run an App's
-callables, need no HTTP client.
+callables, need no HTTP client; the errors are imported lazily too, from a module
+that needs no HTTP client either.
 """
 
 from __future__ import annotations
@@ -16,10 +18,23 @@ from typing import TYPE_CHECKING, Any
 from tablecast import serde, windows
 
 if TYPE_CHECKING:
-    from tablecast.client import Client, QueryError
+    from tablecast.client import Client
+    from tablecast.client.errors import AuthError, QueryError, WatchAuthError, WatchError
     from tablecast.pipeline.app import App
 
-__all__ = ["App", "Client", "QueryError", "producer", "serde", "windows"]
+__all__ = [
+    "App",
+    "AuthError",
+    "Client",
+    "QueryError",
+    "WatchAuthError",
+    "WatchError",
+    "producer",
+    "serde",
+    "windows",
+]
+#: what `tablecast.client.errors` holds: the errors the client raises
+_ERRORS = ("AuthError", "QueryError", "WatchAuthError", "WatchError")
 __version__ = "0.1.0"
 
 
@@ -45,8 +60,12 @@ def __getattr__(name: str) -> Any:
         from tablecast.pipeline.app import App
 
         return App
-    if name in ("Client", "QueryError"):
-        from tablecast import client
+    if name == "Client":
+        from tablecast.client import client
 
-        return getattr(client, name)
+        return client.Client
+    if name in _ERRORS:
+        from tablecast.client import errors
+
+        return getattr(errors, name)
     raise AttributeError(f"module 'tablecast' has no attribute {name!r}")

@@ -9,6 +9,7 @@ serving node can rebuild it with :func:`from_spec` without the App file.
 
 from __future__ import annotations
 
+import builtins
 import io
 import struct
 from abc import ABC, abstractmethod
@@ -17,11 +18,21 @@ from typing import Any, ClassVar
 
 import orjson
 
-# the module exports a function named `bytes` (the public `tc.serde.bytes()`),
-# so the builtin type is kept under another name for use in here
-_BINARY = (bytes, bytearray)
+# the module defines a function named `bytes` (the public `tc.serde.bytes()`), so in here
+# the builtin type is always spelled `builtins.bytes`
+_BINARY = (builtins.bytes, bytearray)
 
-__all__ = ["Serde", "SerdeError", "avro", "bytes_", "from_spec", "json", "long", "string"]
+__all__ = [
+    "Serde",
+    "SerdeError",
+    "avro",
+    "bytes",
+    "bytes_",
+    "from_spec",
+    "json",
+    "long",
+    "string",
+]
 
 
 class SerdeError(ValueError):
@@ -32,20 +43,20 @@ class Serde(ABC):
     format: ClassVar[str]
 
     @abstractmethod
-    def serialize(self, obj: Any) -> bytes: ...
+    def serialize(self, obj: Any) -> builtins.bytes: ...
 
     @abstractmethod
-    def deserialize(self, data: bytes) -> Any: ...
+    def deserialize(self, data: builtins.bytes) -> Any: ...
 
     def parse_text(self, text: str) -> Any:
         """The object a key's text form (a URL path segment) stands for."""
         return text
 
-    def to_json(self, data: bytes) -> Any:
+    def to_json(self, data: builtins.bytes) -> Any:
         """Stored bytes as a value orjson can put in a response."""
         return self.deserialize(data)
 
-    def text_to_bytes(self, text: str) -> bytes:
+    def text_to_bytes(self, text: str) -> builtins.bytes:
         """The serialized key for its text form (a URL path segment)."""
         return self.serialize(self.parse_text(text))
 
@@ -69,18 +80,18 @@ class Serde(ABC):
 class _String(Serde):
     format = "string"
 
-    def serialize(self, obj: Any) -> bytes:
+    def serialize(self, obj: Any) -> builtins.bytes:
         if not isinstance(obj, str):
             raise SerdeError(f"a string serde takes str, not {type(obj).__name__}")
         return obj.encode()
 
-    def deserialize(self, data: bytes) -> str:
+    def deserialize(self, data: builtins.bytes) -> str:
         try:
             return data.decode()
         except UnicodeDecodeError as e:
             raise SerdeError(f"not UTF-8: {e}") from None
 
-    def text_to_bytes(self, text: str) -> bytes:
+    def text_to_bytes(self, text: str) -> builtins.bytes:
         try:
             return text.encode()
         except UnicodeEncodeError as e:
@@ -95,13 +106,13 @@ class _Json(Serde):
     def __init__(self, schema: str | None = None) -> None:
         self.schema = schema
 
-    def serialize(self, obj: Any) -> bytes:
+    def serialize(self, obj: Any) -> builtins.bytes:
         try:
             return orjson.dumps(obj)
         except TypeError as e:
             raise SerdeError(str(e)) from None
 
-    def deserialize(self, data: bytes) -> Any:
+    def deserialize(self, data: builtins.bytes) -> Any:
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError as e:
@@ -110,7 +121,7 @@ class _Json(Serde):
     def parse_text(self, text: str) -> Any:
         return self.deserialize(text.encode())
 
-    def to_json(self, data: bytes) -> Any:
+    def to_json(self, data: builtins.bytes) -> Any:
         # stored bytes are JSON already: hand them to orjson as they are
         return orjson.Fragment(data)
 
@@ -124,7 +135,7 @@ class _Long(Serde):
     format = "long"
     _packer = struct.Struct(">q")
 
-    def serialize(self, obj: Any) -> bytes:
+    def serialize(self, obj: Any) -> builtins.bytes:
         if not isinstance(obj, int) or isinstance(obj, bool):
             raise SerdeError(f"a long serde takes int, not {type(obj).__name__}")
         try:
@@ -132,7 +143,7 @@ class _Long(Serde):
         except struct.error as e:
             raise SerdeError(str(e)) from None
 
-    def deserialize(self, data: bytes) -> int:
+    def deserialize(self, data: builtins.bytes) -> int:
         if len(data) != 8:
             raise SerdeError(f"a long is 8 bytes, not {len(data)}")
         return self._packer.unpack(data)[0]
@@ -152,23 +163,23 @@ class _Bytes(Serde):
 
     format = "bytes"
 
-    def serialize(self, obj: Any) -> bytes:
+    def serialize(self, obj: Any) -> builtins.bytes:
         if isinstance(obj, str):
             return obj.encode("latin-1")
         if not isinstance(obj, _BINARY):
             raise SerdeError(f"a bytes serde takes bytes, not {type(obj).__name__}")
-        return _BINARY[0](obj)
+        return builtins.bytes(obj)
 
-    def deserialize(self, data: bytes) -> bytes:
+    def deserialize(self, data: builtins.bytes) -> builtins.bytes:
         return data
 
-    def parse_text(self, text: str) -> bytes:
+    def parse_text(self, text: str) -> builtins.bytes:
         try:
             return text.encode("latin-1")
         except UnicodeEncodeError:
             raise SerdeError("bytes keys are latin-1 text") from None
 
-    def to_json(self, data: bytes) -> str:
+    def to_json(self, data: builtins.bytes) -> str:
         return data.decode("latin-1")
 
 
@@ -186,7 +197,7 @@ class _Avro(Serde):
         self.confluent = confluent
         self.schema_id = schema_id
 
-    def serialize(self, obj: Any) -> bytes:
+    def serialize(self, obj: Any) -> builtins.bytes:
         import fastavro
 
         buf = io.BytesIO()
@@ -198,7 +209,7 @@ class _Avro(Serde):
             raise SerdeError(f"does not fit the Avro schema: {e}") from None
         return buf.getvalue()
 
-    def deserialize(self, data: bytes) -> Any:
+    def deserialize(self, data: builtins.bytes) -> Any:
         import fastavro
 
         if self.confluent:
@@ -220,7 +231,7 @@ class _Avro(Serde):
         return spec
 
 
-def json_check(prefix: str = "") -> Callable[[bytes], str | None]:
+def json_check(prefix: str = "") -> Callable[[builtins.bytes], str | None]:
     """Why bytes are not JSON (`prefix` and orjson's reason), or None: exactly what
     ``orjson.loads`` accepts, at about half its cost. simdjson validates without building
     Python objects; what it refuses, orjson judges (and says why), as it does a leading
@@ -229,7 +240,7 @@ def json_check(prefix: str = "") -> Callable[[bytes], str | None]:
     own parser: use it from one thread. Without pysimdjson (a Spark worker that has only
     what docs/operations.md lists) orjson judges every value: the same verdict."""
 
-    def verdict(value: bytes) -> str | None:
+    def verdict(value: builtins.bytes) -> str | None:
         try:
             orjson.loads(value)
         except orjson.JSONDecodeError as e:
@@ -242,7 +253,7 @@ def json_check(prefix: str = "") -> Callable[[bytes], str | None]:
         return verdict
     parse = simdjson.Parser().parse
 
-    def check(value: bytes) -> str | None:
+    def check(value: builtins.bytes) -> str | None:
         if not value.startswith(b"\xef"):  # a byte-order mark's first byte
             try:
                 parse(value)
@@ -266,17 +277,17 @@ def long() -> Serde:
     return _Long()
 
 
-def bytes_() -> Serde:
+def bytes() -> Serde:
+    """Raw bytes, as they are (their text form is latin-1)."""
     return _Bytes()
+
+
+#: the same serde under a name that does not shadow the builtin where it is imported
+bytes_ = bytes
 
 
 def avro(schema: dict[str, Any] | str, confluent: bool = False, schema_id: int = 0) -> Serde:
     return _Avro(schema, confluent=confluent, schema_id=schema_id)
-
-
-# `tc.serde.bytes()` is the public name; `bytes_` keeps the builtin usable here.
-globals()["bytes"] = bytes_
-__all__ += ["bytes"]
 
 
 def from_spec(spec: dict[str, Any]) -> Serde:

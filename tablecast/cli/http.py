@@ -52,8 +52,8 @@ def _watch(client: Client, args: argparse.Namespace) -> int:
         args.table,
         key=args.keys or None,
         prefix=args.prefix,
-        start=args.start,
-        end=args.end,
+        from_=args.start,
+        to=args.end,
         snapshot=not args.no_snapshot,
         since=args.since,
     )

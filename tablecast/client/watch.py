@@ -18,12 +18,17 @@ from urllib.parse import quote
 import httpx
 import orjson
 
+from tablecast.client.errors import WatchAuthError, WatchError
+
 #: a stream silent this long is dead (nodes send a keep-alive every 10 s)
 READ_TIMEOUT_S = 30.0
 #: give up when no node has served the watch for this long
 GIVE_UP_S = 60.0
 #: error codes a retry elsewhere cannot fix: raised to the caller
 FINAL = ("bad_request", "unauthorized", "forbidden", "table_not_found", "not_found")
+#: the HTTP status raised for a refused token's error event (the event carries only the
+#: code; the others are 400)
+FINAL_STATUS = {"unauthorized": 401, "forbidden": 403}
 
 
 @dataclass(frozen=True)
@@ -45,14 +50,6 @@ class WatchEvent:
     def deleted(self) -> bool:
         """A change that deleted the key."""
         return self.event == "change" and self.value is None
-
-
-class WatchError(Exception):
-    """The watch cannot go on (a bad request, a refused token, no node serving it)."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(f"{status} {code}: {message}")
-        self.status, self.code, self.message = status, code, message
 
 
 class _Retry(Exception):
@@ -95,8 +92,8 @@ class Parser:
 def watch_params(
     key: Any | Sequence[Any] | None,
     prefix: str | None,
-    start: Any,
-    end: Any,
+    from_: Any,
+    to: Any,
     snapshot: bool,
     text: Callable[[Any], str],
 ) -> list[tuple[str, str]]:
@@ -106,12 +103,12 @@ def watch_params(
         params += [("key", text(k)) for k in keys]
     if prefix is not None:
         params.append(("prefix", prefix))
-    if start is not None:
-        params.append(("from", text(start)))
-    if end is not None:
-        params.append(("to", text(end)))
+    if from_ is not None:
+        params.append(("from", text(from_)))
+    if to is not None:
+        params.append(("to", text(to)))
     if not params:
-        raise ValueError("watch what? give key=, prefix= or start=/end=")
+        raise ValueError("watch what? give key=, prefix= or from_=/to=")
     if not snapshot:
         params.append(("snapshot", "false"))
     return params
@@ -123,7 +120,8 @@ def _event(kind: str, token: str | None, data: str, node: str | None) -> WatchEv
         err = body.get("error", {}) if isinstance(body, dict) else {}
         code, message = err.get("code", "error"), err.get("message", "")
         if code in FINAL:
-            raise WatchError(401 if code == "unauthorized" else 400, code, message)
+            status = FINAL_STATUS.get(code, 400)
+            raise (WatchAuthError if status in (401, 403) else WatchError)(status, code, message)
         raise _Retry(f"{code}: {message}")
     if kind in ("snapshot", "change"):
         return WatchEvent(
@@ -143,11 +141,13 @@ def _refused(status: int, body: bytes) -> Exception:
     """What a non-200 answer to a watch means: retry elsewhere, or stop."""
     if status == 503 or status >= 500:
         return _Retry(f"{status}")
+    # a refused token is an AuthError too, whoever refused it (a node, or a proxy)
+    refused = WatchAuthError if status in (401, 403) else WatchError
     try:
         err = orjson.loads(body)["error"]
-        return WatchError(status, err["code"], err["message"])
+        return refused(status, err["code"], err["message"])
     except (orjson.JSONDecodeError, KeyError, TypeError):
-        return WatchError(status, "error", body[:200].decode(errors="replace"))
+        return refused(status, "error", body[:200].decode(errors="replace"))
 
 
 class Resumer:

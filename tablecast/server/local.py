@@ -232,12 +232,24 @@ class Local:
         return 200, body, self.headers(replica, position)
 
     def history(
-        self, info: TableInfo, raw: bytes, replica: Replica, start: int, end: int, limit: int
+        self,
+        info: TableInfo,
+        raw: bytes,
+        replica: Replica,
+        start: int,
+        end: int,
+        limit: int,
+        newest_first: bool = False,
     ) -> tuple[list[Version], Headers]:
-        """Up to `limit` versions of the key with start <= timestamp < end, oldest first."""
-        versions, position = exact_read(
-            info, replica, partial(replica.store.versions, raw, start, end, limit), raw
+        """Up to `limit` versions of the key with start <= timestamp < end, oldest first
+        (`newest_first`: the latest `limit` of them, newest first)."""
+        store = replica.store
+        read = (
+            partial(newest_versions, store, raw, start, end, limit)
+            if newest_first
+            else partial(store.versions, raw, start, end, limit)
         )
+        versions, position = exact_read(info, replica, read, raw)
         return versions, self.headers(replica, position)
 
     def page(
@@ -301,6 +313,25 @@ def exact_read(
         return replica.read(read, key)
     except StoreClosed:
         raise unavailable(info, replica.partition) from None  # released under this read
+
+
+def newest_versions(
+    store: PartitionStore, key: bytes, start: int, end: int, limit: int
+) -> list[Version]:
+    """Up to `limit` versions of `key` with start <= timestamp < end, newest first.
+
+    Each step is the store's ``as_of`` (one backward seek) just before the last version
+    found, so a page costs `limit` seeks however long the history before it is.
+    """
+    out: list[Version] = []
+    at = end - 1
+    while len(out) < limit and at >= start:
+        version = store.as_of(key, at)
+        if version is None or version.timestamp < start:
+            break
+        out.append(version)
+        at = version.timestamp - 1
+    return out
 
 
 def read_page(

@@ -180,6 +180,13 @@ def document() -> dict[str, Any]:
     history_params = [
         _param("from", "query", "first record time (inclusive), epoch ms or ISO-8601"),
         _param("to", "query", "end record time (exclusive), epoch ms or ISO-8601"),
+        _param(
+            "order",
+            "query",
+            "asc (default): oldest first; desc: newest first (a cursor continues its own "
+            "order only: given with the other one it is a 400)",
+            {"enum": ["asc", "desc"]},
+        ),
         LIMIT,
         CURSOR,
         *READ,
@@ -200,8 +207,8 @@ def document() -> dict[str, Any]:
             KEY_ERRORS,
         ),
         "/v1/tables/{table}/keys/{key}/history": _get(
-            "a key's versions by record timestamp, oldest first; a delete is a version with a "
-            "null value (a table with a history)",
+            "a key's versions by record timestamp, oldest first (order=desc: newest first); "
+            "a delete is a version with a null value (a table with a history)",
             [TABLE, KEY, *history_params],
             history,
             "a page of versions",

@@ -22,7 +22,7 @@ _PAGE = frozenset({"limit", "cursor"})
 KNOWN: dict[str, frozenset[str]] = {
     "key": READ | _KEY | {"as_of"},
     "windows": READ | _KEY | {"from", "to"},
-    "history": READ | _KEY | _PAGE | {"from", "to"},
+    "history": READ | _KEY | _PAGE | {"from", "to", "order"},
     "metadata": _KEY,
     "batch_get": READ,
     "range": READ | _PAGE | {"from", "to", "prefix", "owned", "as_of"},

@@ -13,7 +13,7 @@ range, count, index).
 from __future__ import annotations
 
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import orjson
 
@@ -182,29 +182,33 @@ class Router:
         )
 
     def history(self, table: str, key_text: str, req: Request) -> Answer | Awaitable[Answer]:
-        """Versions of one key, oldest first: ``{"items": [{"value", "timestamp",
-        "offset"}], "next_cursor"}``; a delete is a version with a null value."""
+        """Versions of one key, oldest first (``order=desc``: newest first): ``{"items":
+        [{"value", "timestamp", "offset"}], "next_cursor"}``; a delete is a version with a
+        null value."""
         info, raw = self._key(table, key_text, req)
         require_history(info)
         params = req.params
         start = time_param(params, "from", TIME_MIN)
         end = time_param(params, "to", TIME_MAX)
         limit = limit_param(params)
-        query = [key_text, params.get("from"), params.get("to")]
+        newest_first = order_param(params)
+        query = history_query(key_text, params.get("from"), params.get("to"), newest_first)
         if params.get("cursor"):
-            last = self.cursors.decode(params["cursor"], query)
-            if len(last) != _TS.size:
-                # an index page's cursor has a query of the same shape and passes the
-                # signature check: only a timestamp's 8 bytes continue a history
-                raise ApiError("bad_request", "invalid cursor")
-            # a last version at the greatest time leaves nothing after it: an empty page,
-            # not a start past what a store can encode
-            start = min(_TS.unpack(last)[0] + 1, TIME_MAX)
+            last = self._history_cursor(params["cursor"], key_text, params, newest_first)
+            if newest_first:
+                # the next page holds the versions before the last one shown
+                end = _TS.unpack(last)[0]
+            else:
+                # a last version at the greatest time leaves nothing after it: an empty
+                # page, not a start past what a store can encode
+                start = min(_TS.unpack(last)[0] + 1, TIME_MAX)
         vj = info.value_serde.to_json
         cursors = self.cursors
 
         def read(replica: Replica) -> Answer:
-            versions, headers = self.local.history(info, raw, replica, start, end, limit + 1)
+            versions, headers = self.local.history(
+                info, raw, replica, start, end, limit + 1, newest_first
+            )
             more = len(versions) > limit
             shown = versions[:limit]
             body = {
@@ -230,6 +234,34 @@ class Router:
             key_target(table, key_text, "history"),
             read,
         )
+
+    def _history_cursor(
+        self, cursor: str, key_text: str, params: Mapping[str, str], newest_first: bool
+    ) -> bytes:
+        """The last timestamp (8 bytes) a history cursor names; 400 for any other cursor,
+        naming the order when it was made for the other one (it pages its own order only)."""
+        frm, to = params.get("from"), params.get("to")
+        try:
+            last = self.cursors.decode(cursor, history_query(key_text, frm, to, newest_first))
+        except ApiError:
+            if not self._signed_for(cursor, history_query(key_text, frm, to, not newest_first)):
+                raise
+            made = "asc" if newest_first else "desc"
+            raise ApiError(
+                "bad_request", f"the cursor continues order={made}: give order={made} with it"
+            ) from None
+        if len(last) != _TS.size:
+            # an index page's cursor has a query of the same shape and passes the
+            # signature check: only a timestamp's 8 bytes continue a history
+            raise ApiError("bad_request", "invalid cursor")
+        return last
+
+    def _signed_for(self, cursor: str, query: list[str | None]) -> bool:
+        try:
+            self.cursors.decode(cursor, query)
+        except ApiError:
+            return False
+        return True
 
     def one_partition(
         self,
@@ -318,6 +350,24 @@ class Router:
                 standbys.append({"node": m.id, "url": m.url, "lag": state.get("lag", 0)})
         body = {"partition": partition, "active": active, "standbys": standbys}
         return 200, orjson.dumps(body), []
+
+
+def order_param(params: Mapping[str, str]) -> bool:
+    """``order`` of a history read: True for ``desc`` (newest first), False for ``asc``."""
+    order = params.get("order", "asc")
+    if order not in ("asc", "desc"):
+        raise ApiError("bad_request", f"order must be asc or desc, not {order!r}")
+    return order == "desc"
+
+
+def history_query(
+    key_text: str, time_from: str | None, time_to: str | None, newest_first: bool
+) -> list[str | None]:
+    """What a history cursor is signed for. An ascending one keeps the shape cursors had
+    before there was an order, so those stay valid; a descending one names its order, so
+    neither continues the other."""
+    query = [key_text, time_from, time_to]
+    return [*query, "desc"] if newest_first else query
 
 
 def forbidden_key(table: str, key_text: str) -> ApiError:
