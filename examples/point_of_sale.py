@@ -17,7 +17,7 @@
   to `promotions`.
 
     tablecast dev examples/point_of_sale.py --generate
-    curl localhost:8080/v1/tables/rewards/keys/4000123412341234
+    curl localhost:8080/v1/tables/rewards/keys/4000123400010037   # CARDS[1]: one the generator uses
 """
 
 from __future__ import annotations
