@@ -79,7 +79,8 @@ say "a serving node from the plain install, on a dev broker (port $kport) ..."
 node_pid=$!
 node_ok=""
 for _ in $(seq 1 60); do
-  if curl -sf "http://127.0.0.1:$port/readyz" > /dev/null 2>&1 \
+  # /healthz, not /readyz: an app that never published a table has no catalog to load
+  if curl -sf "http://127.0.0.1:$port/healthz" > /dev/null 2>&1 \
       && curl -sf "http://127.0.0.1:$port/v1/tables" | grep -q '"tables"'; then
     node_ok=1; break
   fi
@@ -89,8 +90,8 @@ done
 kill -TERM "$node_pid" 2>/dev/null || true
 wait "$node_pid" || true
 "$work/venv/bin/tablecast" kafka stop --data-dir "$work/kafka" > /dev/null 2>&1 || true
-[ -n "$node_ok" ] || { echo "FAIL: the node never answered /readyz and /v1/tables"; tail -30 "$work/node.out"; exit 1; }
-say "the node answered /readyz and /v1/tables, and stopped on SIGTERM"
+[ -n "$node_ok" ] || { echo "FAIL: the node never answered /healthz and /v1/tables"; tail -30 "$work/node.out"; exit 1; }
+say "the node answered /healthz and /v1/tables, and stopped on SIGTERM"
 
 say "adding the pipeline extra for the demo ..."
 "$work/venv/bin/python" -m pip install -q "$WHEEL[pipeline]"

@@ -58,9 +58,9 @@ def _fresh() -> bool:
 
 def build(force: bool = False) -> Path:
     """The app's fat jar, running ``mvn package`` unless the jar is newer than every source."""
-    if not force and _fresh():
-        return JAR
-    # two harnesses or test workers building at once would clobber target/
+    # two harnesses or test workers building at once would clobber target/, and the jar is
+    # judged fresh under the lock only: Maven writes a plain jar before the shaded one
+    # replaces it, and a look in between would take a jar without its main class
     lock_file = APP_DIR / "target" / ".build.lock"
     lock_file.parent.mkdir(exist_ok=True)
     with open(lock_file, "w") as lock:
