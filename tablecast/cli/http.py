@@ -28,7 +28,9 @@ def run(args: argparse.Namespace) -> int:
             elif args.command == "history":
                 answer = {
                     "items": list(
-                        client.history(args.table, args.key, args.time_from, args.time_to)
+                        client.history(
+                            args.table, args.key, args.time_from, args.time_to, order=args.order
+                        )
                     )
                 }
             elif args.command == "tables":

@@ -476,6 +476,13 @@ def build_parser() -> Parser:
                 p, "--from", dest="time_from", metavar="T", help="first time (epoch ms or ISO-8601)"
             )
             option(p, "--to", dest="time_to", metavar="T", help="end time, exclusive")
+            option(
+                p,
+                "--order",
+                "asc",
+                choices=("asc", "desc"),
+                help="asc: oldest first; desc: newest first",
+            )
         option(
             p,
             "--url",

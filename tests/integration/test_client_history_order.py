@@ -8,6 +8,8 @@ some are forwarded to the other node.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -230,3 +232,27 @@ def test_the_client_takes_the_http_api_names(cluster: Cluster) -> None:
         assert snapshot(from_="k1", to="k4") == ["k1", "k2", "k3"]
         with pytest.warns(DeprecationWarning):
             assert snapshot(start="k1", end="k4") == ["k1", "k2", "k3"]
+
+
+def test_the_cli_lists_a_keys_history_in_either_order(cluster: Cluster) -> None:
+    """`tablecast history T K --order desc` prints the versions newest first; a wrong order
+    is one line and exit 2."""
+    url = ",".join(cluster.ids.values())
+
+    def history(*more: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "tablecast.cli.main", "history", TABLE, KEYS[0]]
+        return subprocess.run(
+            [*argv, "--url", url, *more], capture_output=True, text=True, timeout=60
+        )
+
+    shown = {}
+    for order in ("asc", "desc"):
+        done = history("--order", order)
+        assert done.returncode == 0, done.stderr
+        shown[order] = [
+            {k: v[k] for k in ("value", "timestamp")} for v in orjson.loads(done.stdout)["items"]
+        ]
+    assert shown["asc"] == cluster.expected(KEYS[0])
+    assert shown["desc"] == shown["asc"][::-1]
+    refused = history("--order", "newest")
+    assert refused.returncode == 2 and refused.stderr.startswith("tablecast: error: --order")
