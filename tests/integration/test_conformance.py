@@ -44,7 +44,7 @@ from tablecast.live.rpc import TablesStub
 from tablecast.proto import tables_pb2 as pb
 
 from ..support.procs import NodeProcess, eventually, start_node
-from ..support.sse import Stream
+from ..support.sse import Stream, read_to_end
 from ..support.ws import WebSocket
 from .tables import TableModel, make_table
 
@@ -921,21 +921,6 @@ def _watches_cut_slow(node: NodeProcess) -> float:
     return float(found.group(1)) if found else 0.0
 
 
-def _read_to_end(sock: socket.socket, timeout: float = 30.0) -> bytes:
-    """All the node sends until it ends the response (chunked: the last chunk is empty)."""
-    sock.settimeout(timeout)
-    chunks = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        chunk = sock.recv(1 << 20)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        if chunk.endswith(b"0\r\n\r\n"):
-            break
-    return b"".join(chunks)
-
-
 #: the value of a flooding key: the watch of a client that stops reading falls behind fast
 SLOW_PAD = "x" * 100_000
 
@@ -993,7 +978,7 @@ def test_an_sse_reader_that_stops_reading_is_cut_off(
         beside.wait_for(lambda w: any(c["value"]["i"] == written[0] for c in w.of("change")))
         assert [c["value"]["i"] for c in beside.of("change")] == list(range(written[0] + 1))
         # what the node had sent before the cut reaches the client, then the end of the stream
-        got = _read_to_end(slow)
+        got = read_to_end(slow)
         assert got.endswith(b"0\r\n\r\n") and b"\nid: " in got, got[-200:]
         assert took < 40, took
     finally:

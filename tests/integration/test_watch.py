@@ -27,7 +27,7 @@ from tablecast.live.sinks import Sink
 from tablecast.live.token import parse
 
 from ..support.procs import NodeProcess, eventually, start_node
-from ..support.sse import Stream
+from ..support.sse import Stream, read_to_end
 from .tables import make_table
 from .watch_model import Seen, judge, read_topic
 
@@ -256,7 +256,8 @@ def test_a_slow_consumer_is_cut_off_and_the_others_keep_up(bootstrap: str, one) 
     latencies = sorted(e.at - e.data["value"]["t"] for e in fast.of("change"))
     assert len(latencies) > 100 and latencies[int(len(latencies) * 0.99)] < 2.0, latencies[-10:]
     # the slow socket was closed by the node: read now, it ends; its last id resumes it
-    got = _read_to_end(slow)
+    got = read_to_end(slow)
+    slow.close()
     ids = [line[4:] for line in got.split(b"\n") if line.startswith(b"id: ")]
     assert got.endswith(b"0\r\n\r\n") and ids, got[-200:]
     last = ids[-1].decode()
@@ -276,22 +277,6 @@ def test_a_slow_consumer_is_cut_off_and_the_others_keep_up(bootstrap: str, one) 
     assert quiet.comments and all(g <= 15 for g in gaps), gaps
     fast.stop()
     quiet.stop()
-
-
-def _read_to_end(sock: socket.socket, timeout: float = 30.0) -> bytes:
-    """All the node sends until it closes the response (chunked: the last chunk is empty)."""
-    sock.settimeout(timeout)
-    chunks = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        chunk = sock.recv(1 << 20)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        if chunk.endswith(b"0\r\n\r\n"):
-            break
-    sock.close()
-    return b"".join(chunks)
 
 
 class Trio:

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from types import SimpleNamespace
 
+from tablecast import serde
 from tablecast.cluster.replica import Replica
 from tablecast.kafka.catalog import TableInfo
+from tablecast.server.cursor import Cursors
+from tablecast.server.router import Router
+from tablecast.store import Views, Write
+from tablecast.store.memory import MemoryStore
+from tablecast.store.rocksdb import RocksDBStore
 
 
 class OneReplicaNode:
@@ -23,3 +32,31 @@ class OneReplicaNode:
             candidates=lambda slot: [],
         )
         self.coordinator = SimpleNamespace(view=self.view)
+
+
+#: a table keeping every version of a key (history) for longer than any test's times
+HISTORY_MS = 10**9
+HISTORY_INFO = TableInfo(
+    name="t",
+    topic="app.table.t",
+    partitions=1,
+    key=serde.string().spec(),
+    value=serde.json().spec(),
+    store="memory",
+    extra={"history_ms": HISTORY_MS},
+)
+
+
+@contextmanager
+def history_router(store: str, tmp_path: Path, writes: list[Write]) -> Iterator[Router]:
+    """A Router over one replica of :data:`HISTORY_INFO` in a `store` ("memory" or
+    "rocksdb") that has applied `writes` and is caught up."""
+    views = Views(HISTORY_MS, ())
+    kept = MemoryStore(views) if store == "memory" else RocksDBStore(tmp_path, views)
+    replica = Replica(HISTORY_INFO, 0, kept, caught_up=True, restored=True)
+    replica.apply(writes)
+    replica.end_offset = replica.position
+    try:
+        yield Router(OneReplicaNode(HISTORY_INFO, replica), Cursors(b"s" * 32), None)  # type: ignore[arg-type]
+    finally:
+        kept.close()

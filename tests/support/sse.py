@@ -3,6 +3,7 @@ comment with its arrival time, so tests judge the server's stream, not the clien
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -100,3 +101,19 @@ class Stream:
         raise AssertionError(
             f"not true within {timeout}s; {len(self.events)} events, last {self.events[-3:]}"
         )
+
+
+def read_to_end(sock: socket.socket, timeout: float = 30.0) -> bytes:
+    """All a node sends on a raw socket until it ends the response (chunked: the last chunk
+    is empty) or closes it, within `timeout`."""
+    sock.settimeout(timeout)
+    chunks = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        chunk = sock.recv(1 << 20)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        if chunk.endswith(b"0\r\n\r\n"):
+            break
+    return b"".join(chunks)

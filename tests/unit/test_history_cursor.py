@@ -10,40 +10,19 @@ from typing import Any
 import orjson
 import pytest
 
-from tablecast import serde
-from tablecast.cluster.replica import Replica
-from tablecast.kafka.catalog import TableInfo
-from tablecast.server.cursor import Cursors
 from tablecast.server.errors import ApiError
 from tablecast.server.request import Request
 from tablecast.server.router import TIME_MAX, Router
-from tablecast.store import Views, Write
-from tablecast.store.memory import MemoryStore
-from tablecast.store.rocksdb import RocksDBStore
+from tablecast.store import Write
 
-from ..support.nodes import OneReplicaNode
-
-HISTORY_MS = 10**9
-INFO = TableInfo(
-    name="t",
-    topic="app.table.t",
-    partitions=1,
-    key=serde.string().spec(),
-    value=serde.json().spec(),
-    store="memory",
-    extra={"history_ms": HISTORY_MS},
-)
+from ..support.nodes import history_router
 
 
 @pytest.fixture(params=["memory", "rocksdb"])
 def router(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    views = Views(HISTORY_MS, ())
-    store = MemoryStore(views) if request.param == "memory" else RocksDBStore(tmp_path, views)
-    replica = Replica(INFO, 0, store, caught_up=True, restored=True)
-    replica.apply([Write(b"k", orjson.dumps(f"v{i}"), i, 1000 + i) for i in range(3)])
-    replica.end_offset = replica.position
-    yield Router(OneReplicaNode(INFO, replica), Cursors(b"s" * 32), None)  # type: ignore[arg-type]
-    store.close()
+    writes = [Write(b"k", orjson.dumps(f"v{i}"), i, 1000 + i) for i in range(3)]
+    with history_router(request.param, tmp_path, writes) as router:
+        yield router
 
 
 def _history(router: Router, **params: str) -> Any:

@@ -9,32 +9,16 @@ from typing import Any
 import orjson
 import pytest
 
-from tablecast import serde
-from tablecast.cluster.replica import Replica
-from tablecast.kafka.catalog import TableInfo
 from tablecast.server import params as route_params
-from tablecast.server.cursor import Cursors
 from tablecast.server.errors import ApiError
 from tablecast.server.local import newest_versions
 from tablecast.server.openapi import document
 from tablecast.server.request import Request
 from tablecast.server.router import Router
-from tablecast.store import Views, Write
-from tablecast.store.memory import MemoryStore
-from tablecast.store.rocksdb import RocksDBStore
+from tablecast.store import Write
 
-from ..support.nodes import OneReplicaNode
+from ..support.nodes import history_router
 
-HISTORY_MS = 10**9
-INFO = TableInfo(
-    name="t",
-    topic="app.table.t",
-    partitions=1,
-    key=serde.string().spec(),
-    value=serde.json().spec(),
-    store="memory",
-    extra={"history_ms": HISTORY_MS},
-)
 #: versions v0..v4 of "k" at 1000, 1010, ... (written out of time order), and one of a key
 #: that shares its first byte, which no read of "k" may show
 TIMES = [1000, 1010, 1020, 1030, 1040]
@@ -42,15 +26,12 @@ TIMES = [1000, 1010, 1020, 1030, 1040]
 
 @pytest.fixture(params=["memory", "rocksdb"])
 def router(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    views = Views(HISTORY_MS, ())
-    store = MemoryStore(views) if request.param == "memory" else RocksDBStore(tmp_path, views)
-    replica = Replica(INFO, 0, store, caught_up=True, restored=True)
     order = [3, 0, 4, 1, 2]  # late records take their place by time
     writes = [Write(b"k", orjson.dumps(f"v{i}"), n, TIMES[i]) for n, i in enumerate(order)]
-    replica.apply([*writes, Write(b"kk", orjson.dumps("other"), 5, 1050)])
-    replica.end_offset = replica.position
-    yield Router(OneReplicaNode(INFO, replica), Cursors(b"s" * 32), None)  # type: ignore[arg-type]
-    store.close()
+    with history_router(
+        request.param, tmp_path, [*writes, Write(b"kk", orjson.dumps("other"), 5, 1050)]
+    ) as router:
+        yield router
 
 
 def _history(router: Router, **params: str) -> Any:
