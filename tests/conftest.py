@@ -30,27 +30,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if INTEGRATION in item.path.parents:
             item.add_marker(pytest.mark.integration)
-        item.add_marker(pytest.mark.xdist_group(_group(item)))
-    # the longest group first: on two workers the other takes everything else meanwhile
-    items.sort(key=lambda item: _group(item) != SPARK_GROUP)
+    # the Spark tests first: the longest stretch of the run starts while workers are free
+    items.sort(key=lambda item: "spark" not in getattr(item, "fixturenames", ()))
     if os.environ.get("TABLECAST_LONG") == "1":
         return
     skip = pytest.mark.skip(reason="long kill -9 test: `python -m bench faults` runs it")
     for item in items:
         if item.get_closest_marker("long"):
             item.add_marker(skip)
-
-
-#: the tests that share the session's SparkSession run one after another on one worker
-SPARK_GROUP = "spark"
-
-
-def _group(item: pytest.Item) -> str:
-    """The worker group of a test under ``-n N --dist loadgroup``: the Spark tests together
-    (one SparkSession), every other module whole (its module-scoped cluster set up once)."""
-    if "spark" in getattr(item, "fixturenames", ()):
-        return SPARK_GROUP
-    return item.nodeid.split("::", 1)[0]
 
 
 #: programs that start a JVM: the fast lane (`./run check`) never runs one
