@@ -70,11 +70,7 @@ def wrk(
     More `threads` only help when the script's ``setup`` points each thread at
     another server (``thread.addr``): they all share the load core.
     """
-    if shutil.which("wrk") is None:  # a fresh machine: Debian's wrk, once
-        from tests.support.apt import apt_install
-
-        if why := apt_install("wrk"):
-            raise RuntimeError(f"the load generator wrk is missing: {why}")
+    ensure_tools({"wrk": "wrk"})  # a fresh machine: Debian's wrk, once
     lua = _WRK_REPORT + (script or "")
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
         f.write(lua)
