@@ -1089,9 +1089,10 @@ def open_cluster(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> It
             owned = []
             for i in range(32):
                 r = a.get(f"/v1/tables/kv/keys/k{i:02d}/metadata")
-                if r.status_code != 200:
+                active = r.json().get("active") if r.status_code == 200 else None
+                if active is None:  # still assigning: not settled
                     return []
-                if r.json()["active"]["url"] == b.url:
+                if active["url"] == b.url:
                     owned.append(f"k{i:02d}")
             return owned if 0 < len(owned) < 32 else []
 
