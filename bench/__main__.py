@@ -20,7 +20,7 @@ BENCHES = {
     "anchors": "bench.anchors",
     "spark_cluster": "bench.spark_cluster",
     "fuzz": "bench.fuzz",
-    "faults": "bench.faults",
+    "long": "bench.long",
     "https": "bench.https",
     "auth": "bench.auth",
     "chaos": "bench.chaos",

@@ -25,8 +25,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """A test's directory is its lane: everything under tests/integration is marked
     `integration` (it may start a broker, Spark, a JVM or node processes), so no decorator
     has to be remembered. Tests marked `long` run only with TABLECAST_LONG=1 (`python -m
-    bench faults`): the suite keeps the kill -9 tests of grouped tables, transform_values and
-    Real-time Mode; the lane adds one per join, session window and cogroup."""
+    bench long` runs them all): the suite keeps one kill -9 test of the driver (grouped
+    tables) and a one-minute chaos soak."""
     for item in items:
         if INTEGRATION in item.path.parents:
             item.add_marker(pytest.mark.integration)
@@ -34,7 +34,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: "spark" not in getattr(item, "fixturenames", ()))
     if os.environ.get("TABLECAST_LONG") == "1":
         return
-    skip = pytest.mark.skip(reason="long kill -9 test: `python -m bench faults` runs it")
+    skip = pytest.mark.skip(reason="long test: `python -m bench long` runs it")
     for item in items:
         if item.get_closest_marker("long"):
             item.add_marker(skip)

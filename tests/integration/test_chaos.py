@@ -1,4 +1,5 @@
-"""A 3-minute chaos soak (the harness of ``python -m bench chaos``, a short schedule).
+"""A chaos soak (the harness of ``python -m bench chaos``): one minute in ``./run tests``,
+five in ``python -m bench long`` (marked ``long``), every fault at least once in both.
 
 Every fault of bench/chaos/faults.py at least once over a live cluster (its
 own broker, the pipeline, three nodes, a producer, readers checked against the
@@ -16,13 +17,16 @@ import pytest
 from bench.chaos import run
 from bench.chaos.faults import ALL
 
-# Part of the default run; alone with `./run tests -m chaos`, longer with
-# `python -m bench chaos --minutes N` (BENCHMARKS.md, "Chaos soak").
+# alone with `./run tests -m chaos`; any length with `python -m bench chaos --minutes N`
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
 
-def test_chaos_soak_never_lies_and_never_loses(tmp_path: Path) -> None:
-    r = run(minutes=3.0, seed=7, work=tmp_path / "chaos")
+@pytest.mark.parametrize(
+    "minutes",
+    [pytest.param(1.0, id="short"), pytest.param(5.0, id="long", marks=pytest.mark.long)],
+)
+def test_chaos_soak_never_lies_and_never_loses(tmp_path: Path, minutes: float) -> None:
+    r = run(minutes=minutes, seed=7, work=tmp_path / "chaos")
     assert not r["notes"], r["notes"]  # e.g. the clock-skewed node left out
     ran = {e["fault"] for e in r["faults"]}
     assert ran == set(ALL), f"faults not run: {set(ALL) - ran}"

@@ -11,8 +11,8 @@ already applied.
 The large batches (6,000 to 16,000 records) are sized so that each takes the
 restarted driver seconds to work through on two cores, enough for a kill to
 land while a query writes it, and no more: this module was a quarter of CI's time with
-batches two to three times larger. The tests marked `long` (joins, sessions, cogroup:
-about two minutes each) run in `python -m bench faults`, not in `./run tests`.
+batches two to three times larger. The tests marked `long` (joins, sessions, cogroup,
+Real-time Mode: one to two minutes each) run in `python -m bench long`, not in `./run tests`.
 """
 
 from __future__ import annotations
@@ -658,6 +658,7 @@ ev.group_by_key().aggregate(F.sum(i), value=tc.serde.long()).materialize("sums")
 """
 
 
+@pytest.mark.long
 def test_kill_9_of_a_real_time_count_leaves_it_exact(
     bootstrap: str, unique: str, tmp_path: Path
 ) -> None:

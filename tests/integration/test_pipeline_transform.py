@@ -184,6 +184,7 @@ ev.transform_values(running_total).to_table().materialize("totals")
 """
 
 
+@pytest.mark.long
 def test_transform_values_state_survives_kill_9_of_the_driver(
     bootstrap: str, unique: str, tmp_path: Path
 ) -> None:

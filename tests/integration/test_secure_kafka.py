@@ -174,6 +174,7 @@ def test_dev_pipeline_and_nodes_on_the_secured_broker(
     assert "SASL_SSL SCRAM-SHA-512 as 'admin'" in text  # each command says how it connects
 
 
+@pytest.mark.long
 def test_grouped_tables_are_exact_through_sasl_ssl_across_a_kill_9(
     secure_broker: Broker, tmp_path: Path
 ) -> None:

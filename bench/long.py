@@ -1,0 +1,83 @@
+"""``python -m bench long``: every test marked ``long``, in one command.
+
+They are the runs too long for CI's time: the kill -9 tests of the driver for every
+operator the suite does not kill itself (stream-stream and foreign-key joins, session
+windows, cogroup, transform_values, Real-time Mode, a Spark worker, the secured broker),
+and the five-minute chaos soak. ``./run tests`` skips them (``TABLECAST_LONG=1`` makes
+pytest run them); this writes the outcome and each test's time to BENCHMARKS.md.
+``--quick`` only collects them (a test of the harness).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+
+from bench import common
+
+# as ./run tests: two workers, whole modules each
+WORKERS = ["-n", os.environ.get("TABLECAST_TEST_WORKERS", "2"), "--dist", "loadscope"]
+TIMES = ["--durations=0", "--durations-min=1"]
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench long")
+    parser.add_argument("--quick", action="store_true", help="collect the tests, run none")
+    args = parser.parse_args(argv)
+    env = {**os.environ, "TABLECAST_LONG": "1"}
+    quick = ["--collect-only"] if args.quick else []
+    started = time.monotonic()
+    pytest = [sys.executable, "-m", "pytest", "tests", "-m", "long", "-q", "-rA"]
+    done = subprocess.run(
+        [*pytest, *quick, *WORKERS, "-p", "no:cacheprovider", *TIMES],
+        cwd=common.ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    took = time.monotonic() - started
+    summary = re.findall(r"\d+ (?:passed|failed|skipped|error)", done.stdout)
+    times = re.findall(r"^([\d.]+)s call\s+\S+::(\w+)", done.stdout, re.M)
+    outcome = {
+        name: status
+        for status, name in re.findall(r"^(PASSED|FAILED|ERROR) \S+::(\w+)", done.stdout, re.M)
+    }
+    result = {
+        "outcome": summary,
+        "returncode": done.returncode,
+        "seconds": round(took),
+        "tests": {name: float(s) for s, name in times},
+        "long": not args.quick,
+    }
+    common.save("long", result)
+    rows = "\n".join(
+        f"| `{name}` | {float(s):.0f} | {outcome.get(name, '?').lower()} |" for s, name in times
+    )
+    section = f"""## The long tests: kill -9 of every operator, the five-minute soak
+
+`{common.command()}` — {common.facts_line(common.machine())}
+
+The tests marked `long`, which `./run tests` skips for CI's time. Each kill -9 test runs
+the pipeline (or a Spark worker) as its own process group, sends batches of thousands of
+records, kills it with SIGKILL (twice for the driver tests: once while a query writes a
+batch out, once at another moment), restarts it from its checkpoint and compares every
+table with the reference model of Kafka Streams' semantics. `./run tests` keeps one: the
+grouped tables' (`test_kill_9_of_the_driver_leaves_every_table_exact`), and a one-minute
+chaos soak with every fault once.
+
+| test | seconds | outcome |
+|---|---|---|
+{rows}
+
+Outcome: {", ".join(summary)} in {took:.0f} s.
+"""
+    if done.returncode != 0:
+        section += "\n```\n" + done.stdout[-3000:] + "\n```\n"
+    common.write_section("long", section)
+    print(section)
+    if done.returncode != 0:
+        raise SystemExit(done.returncode)
