@@ -30,8 +30,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if INTEGRATION in item.path.parents:
             item.add_marker(pytest.mark.integration)
-    # the Spark tests first: the longest stretch of the run starts while workers are free
-    items.sort(key=lambda item: "spark" not in getattr(item, "fixturenames", ()))
+    # Spark tests first, then the other integration tests, unit tests last: the long stretches
+    # start while there is other work to balance them (the order workers get modules in)
+    items.sort(
+        key=lambda item: (
+            "spark" not in getattr(item, "fixturenames", ()),
+            INTEGRATION not in item.path.parents,
+        )
+    )
     if os.environ.get("TABLECAST_LONG") == "1":
         return
     skip = pytest.mark.skip(reason="long test: `python -m bench long` runs it")
@@ -42,6 +48,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 #: programs that start a JVM: the fast lane (`./run check`) never runs one
 JVM_PROGRAMS = frozenset({"java", "javac", "keytool", "mvn", "spark-submit", "spark-class"})
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadscope`` (./run tests): whole modules, Spark ones on one worker."""
+    if config.getoption("dist", None) != "loadscope":
+        return None
+    from .support.scheduling import ModulesInOrder
+
+    return ModulesInOrder(config, log)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -1,0 +1,72 @@
+"""How ``./run tests`` hands modules to its pytest-xdist workers.
+
+As ``--dist loadscope``: a module goes whole to one worker, its tests in order (a module's
+tests may build on each other and share one cluster). Two rules on top:
+
+- every module that uses the session's SparkSession (a function of it takes the ``spark``
+  fixture) goes to the first worker, so the run starts one Spark, not one per worker;
+- modules go out in the order the collection sorted them (``tests/conftest.py``: Spark
+  modules, then integration, then unit), not by their number of tests, so the long
+  integration modules start early and the many short unit tests fill the end.
+"""
+
+from __future__ import annotations
+
+import ast
+from functools import cache
+from pathlib import Path
+
+import pytest
+from xdist.remote import Producer
+from xdist.scheduler import LoadScopeScheduling
+from xdist.workermanage import WorkerController
+
+#: the fixture whose modules share one worker
+SPARK = "spark"
+
+
+@cache
+def uses_spark(module: Path) -> bool:
+    """True when a function of the module (a test or a fixture) takes the `spark` fixture."""
+    try:
+        tree = ast.parse(module.read_text())
+    except (OSError, SyntaxError):
+        return False
+    return any(
+        isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and any(a.arg == SPARK for a in node.args.args + node.args.kwonlyargs)
+        for node in ast.walk(tree)
+    )
+
+
+class ModulesInOrder(LoadScopeScheduling):
+    def __init__(self, config: pytest.Config, log: Producer | None = None) -> None:
+        super().__init__(config, log)
+        config.option.loadscopereorder = False  # the collection's order, not by size
+        self._root = config.rootpath
+        self._spark_node: WorkerController | None = None
+
+    def _for_spark(self, scope: str) -> bool:
+        return uses_spark(self._root / scope.split("::", 1)[0])
+
+    def remove_node(self, node: WorkerController) -> str | None:
+        if node is self._spark_node:  # crashed: its replacement takes the Spark modules
+            self._spark_node = None
+        return super().remove_node(node)
+
+    def _assign_work_unit(self, node: WorkerController) -> None:
+        if self._spark_node is None:
+            self._spark_node = node
+        for scope in self.workqueue:
+            if node is self._spark_node or not self._for_spark(scope):
+                break
+        else:  # only Spark modules are left, and they are the first worker's
+            if not self._pending_of(self.assigned_work.get(node, {})):
+                node.shutdown()
+            return
+        work_unit = self.workqueue.pop(scope)
+        self.assigned_work.setdefault(node, {})[scope] = work_unit
+        collection = self.registered_collections[node]
+        node.send_runtest_some(
+            [collection.index(nodeid) for nodeid, done in work_unit.items() if not done]
+        )
