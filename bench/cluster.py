@@ -52,6 +52,21 @@ end
 """
 
 
+def warm_script(path_prefix: str, keys: list[str]) -> str:
+    """A wrk request function that asks for these keys in turn, round and round: run on one
+    thread for keys ÷ (req/s) seconds or more, it asks for every key at least once (kept
+    answers, read cache, block cache), which random picks take several times longer to do."""
+    listed = ",".join(f'"{k}"' for k in keys)
+    return f"""
+local keys = {{{listed}}}
+local i = 0
+request = function()
+  i = i % #keys + 1
+  return wrk.format("GET", "{path_prefix}" .. keys[i])
+end
+"""
+
+
 def actives(url: str) -> tuple[dict[int, str], bool]:
     """Each partition's active node, and whether some replica is still warming (to take
     a partition over from its active)."""

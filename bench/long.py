@@ -2,7 +2,7 @@
 
 They are the runs too long for CI's time: the kill -9 tests of the driver for every
 operator the suite does not kill itself (stream-stream and foreign-key joins, session
-windows, cogroup, transform_values, Real-time Mode, a Spark worker, the secured broker),
+windows, cogroup, transform_values, Real-time Mode, the secured broker),
 and the five-minute chaos soak. ``./run tests`` skips them (``TABLECAST_LONG=1`` makes
 pytest run them); this writes the outcome and each test's time to BENCHMARKS.md.
 ``--quick`` only collects them (a test of the harness).
@@ -65,9 +65,9 @@ def main(argv: list[str]) -> None:
 `{common.command()}` — {common.facts_line(common.machine())}
 
 The tests marked `long`, which `./run tests` skips for CI's time. Each kill -9 test runs
-the pipeline (or a Spark worker) as its own process group, sends batches of thousands of
-records, kills it with SIGKILL (twice for the driver tests: once while a query writes a
-batch out, once at another moment), restarts it from its checkpoint and compares every
+the pipeline as its own process group, sends batches of thousands of
+records, kills it with SIGKILL twice (once while a query writes a batch out, once at
+another moment), restarts it from its checkpoint and compares every
 table with the reference model of Kafka Streams' semantics. `./run tests` keeps one: the
 grouped tables' (`test_kill_9_of_the_driver_leaves_every_table_exact`), and a one-minute
 chaos soak with every fault once.

@@ -95,6 +95,7 @@ say "the node answered /healthz and /v1/tables, and stopped on SIGTERM"
 
 say "adding the pipeline extra for the demo ..."
 "$work/venv/bin/python" -m pip install -q "$WHEEL[pipeline]"
+say "site-packages with [pipeline]: $(du -sm "$work"/venv/lib/python*/site-packages | cut -f1) MB"
 port=$(free_port)
 kport=$(free_port)
 say "tablecast demo --port $port --kafka-port $kport ..."

@@ -54,7 +54,6 @@ rows.filter(lambda k, v: k == "r0").map_values(
 LONG, STR = tc.serde.long(), tc.serde.string()
 
 
-@pytest.mark.long
 @pytest.mark.timeout(900)
 def test_a_worker_killed_mid_stream_leaves_the_table_exact(
     bootstrap: str, unique: str, tmp_path: Path
