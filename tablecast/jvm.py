@@ -184,7 +184,9 @@ def _local(tag: str) -> str:
 
 
 def _mirrors(settings: Path) -> list[str] | None:
-    """The ids of the mirrors a Maven settings file names (None: not readable as XML)."""
+    """The ids of the mirrors a Maven settings file names (None: not readable as XML).
+    A blocked mirror serves nothing (Maven's own conf/settings.xml blocks plain-HTTP
+    repositories with one): it is not a mirror the user chose."""
     try:
         root = ET.parse(settings).getroot()
     except (ET.ParseError, OSError):
@@ -192,8 +194,9 @@ def _mirrors(settings: Path) -> list[str] | None:
     found = []
     for element in root.iter():
         if _local(element.tag) == "mirror":
-            ids = [c.text or "" for c in element if _local(c.tag) == "id"]
-            found.append(ids[0].strip() if ids else "?")
+            fields = {_local(c.tag): (c.text or "").strip() for c in element}
+            if fields.get("blocked", "").lower() != "true":
+                found.append(fields.get("id") or "?")
     return found
 
 

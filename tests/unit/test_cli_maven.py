@@ -135,3 +135,25 @@ def test_maven_settings_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     installed.write_text(MIRROR)
     args, source = jvm.maven_settings(str(mvn))
     assert args == [] and "mirror 'corp'" in source and str(installed) in source
+
+
+#: Maven's own conf/settings.xml: one blocked mirror, which refuses plain-HTTP repositories
+HTTP_BLOCKER = """<settings xmlns="http://maven.apache.org/SETTINGS/1.0.0">
+  <mirrors><mirror><id>maven-default-http-blocker</id><mirrorOf>external:http:*</mirrorOf>
+    <url>http://0.0.0.0/</url><blocked>true</blocked></mirror></mirrors>
+</settings>
+"""
+
+
+def test_a_blocked_mirror_is_not_the_users_choice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TABLECAST_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("MAVEN_ARGS", raising=False)
+    mvn = fake_mvn(tmp_path) / "mvn"
+    installed = tmp_path / "maven" / "conf" / "settings.xml"
+    installed.parent.mkdir()
+    installed.write_text(HTTP_BLOCKER)
+    args, source = jvm.maven_settings(str(mvn))
+    assert args == ["-s", str(jvm.POM_ROOT / "settings.xml")] and source == "Maven Central"
