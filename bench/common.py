@@ -263,6 +263,17 @@ def write_section(name: str, markdown: str) -> None:
     BENCHMARKS.write_text(text)
 
 
+def pytest_section(name: str, markdown: str, done: subprocess.CompletedProcess[str]) -> None:
+    """Put the section of a benchmark that is a pytest run into BENCHMARKS.md (with the end
+    of pytest's output when it failed), print it, and exit with pytest's code on failure."""
+    if done.returncode != 0:
+        markdown += "\n```\n" + done.stdout[-3000:] + "\n```\n"
+    write_section(name, markdown)
+    print(markdown)
+    if done.returncode != 0:
+        raise SystemExit(done.returncode)
+
+
 def publish(name: str, result: dict[str, Any], markdown: str) -> None:
     """Save a run's results, put its section into BENCHMARKS.md, and print the section."""
     save(name, result)

@@ -84,9 +84,4 @@ grants do not cover fails the run.
 
 Outcome: {", ".join(summary)} in {took:.0f} s — {verdict}.
 """
-    if done.returncode != 0:
-        section += "\n```\n" + done.stdout[-3000:] + "\n```\n"
-    common.write_section("fuzz", section)
-    print(section)
-    if done.returncode != 0:
-        raise SystemExit(done.returncode)
+    common.pytest_section("fuzz", section, done)

@@ -78,9 +78,4 @@ chaos soak with every fault once.
 
 Outcome: {", ".join(summary)} in {took:.0f} s.
 """
-    if done.returncode != 0:
-        section += "\n```\n" + done.stdout[-3000:] + "\n```\n"
-    common.write_section("long", section)
-    print(section)
-    if done.returncode != 0:
-        raise SystemExit(done.returncode)
+    common.pytest_section("long", section, done)

@@ -124,16 +124,23 @@ def test_a_failed_fetch_is_one_line(tmp_path: Path) -> None:
     assert "kafka-broker.mvn.log" in errors[0]
 
 
-def test_maven_settings_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The choice alone, for a settings file Maven's installation holds (conf/ beside bin/)."""
+def installed_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str
+) -> tuple[list[str], str, Path]:
+    """`jvm.maven_settings` alone, for a settings file Maven's installation holds (conf/
+    beside bin/) and no user settings: its arguments, its source, and the file."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("TABLECAST_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("MAVEN_ARGS", raising=False)
     mvn = fake_mvn(tmp_path) / "mvn"
     installed = tmp_path / "maven" / "conf" / "settings.xml"
     installed.parent.mkdir()
-    installed.write_text(MIRROR)
-    args, source = jvm.maven_settings(str(mvn))
+    installed.write_text(text)
+    return *jvm.maven_settings(str(mvn)), installed
+
+
+def test_maven_settings_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    args, source, installed = installed_settings(tmp_path, monkeypatch, MIRROR)
     assert args == [] and "mirror 'corp'" in source and str(installed) in source
 
 
@@ -148,12 +155,5 @@ HTTP_BLOCKER = """<settings xmlns="http://maven.apache.org/SETTINGS/1.0.0">
 def test_a_blocked_mirror_is_not_the_users_choice(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("TABLECAST_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("MAVEN_ARGS", raising=False)
-    mvn = fake_mvn(tmp_path) / "mvn"
-    installed = tmp_path / "maven" / "conf" / "settings.xml"
-    installed.parent.mkdir()
-    installed.write_text(HTTP_BLOCKER)
-    args, source = jvm.maven_settings(str(mvn))
+    args, source, _ = installed_settings(tmp_path, monkeypatch, HTTP_BLOCKER)
     assert args == ["-s", str(jvm.POM_ROOT / "settings.xml")] and source == "Maven Central"
