@@ -20,10 +20,21 @@ def test_http_api_reference_is_generated_from_the_openapi_document() -> None:
     )
 
 
+#: a Markdown link's target, and a relative path written out in the text
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+_CLIMB = re.compile(r"(?<![\w/.~-])(\.\./[^\s)`'\"\],;>]*)")
+
+
 def test_docs_do_not_point_outside_the_repository() -> None:
+    """Every relative link and every ``../`` path of a page names a file of this repository."""
     for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         text = page.read_text()
-        assert "../shared" not in text and "shared folder" not in text, page
+        links = [t.split("#")[0] for t in _LINK.findall(text) if "://" not in t]
+        paths = [t for t in links if t and not t.startswith("mailto:")] + _CLIMB.findall(text)
+        for target in paths:
+            found = (page.parent / target).resolve()
+            assert found.is_relative_to(ROOT) and found.exists(), (page.name, target)
+        assert "shared folder" not in text, page
 
 
 def _shell_blocks() -> list[tuple[str, str]]:
