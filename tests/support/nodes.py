@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,17 +35,18 @@ class OneReplicaNode:
         self.coordinator = SimpleNamespace(view=self.view)
 
 
-#: a table keeping every version of a key (history) for longer than any test's times
-HISTORY_MS = 10**9
-HISTORY_INFO = TableInfo(
+#: a table "t" of one partition, string keys and JSON values, in memory
+PLAIN_INFO = TableInfo(
     name="t",
     topic="app.table.t",
     partitions=1,
     key=serde.string().spec(),
     value=serde.json().spec(),
     store="memory",
-    extra={"history_ms": HISTORY_MS},
 )
+#: the same keeping every version of a key (history) for longer than any test's times
+HISTORY_MS = 10**9
+HISTORY_INFO = dataclasses.replace(PLAIN_INFO, extra={"history_ms": HISTORY_MS})
 
 
 @contextmanager

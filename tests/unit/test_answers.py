@@ -15,9 +15,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tablecast import serde
 from tablecast.cluster.replica import Replica
-from tablecast.kafka.catalog import TableInfo
 from tablecast.server.answers import (
     ENTRY_OVERHEAD,
     JSON,
@@ -31,16 +29,9 @@ from tablecast.server.router import Router
 from tablecast.store import Write
 from tablecast.store.memory import MemoryStore
 
-from ..support.nodes import OneReplicaNode
+from ..support.nodes import PLAIN_INFO, OneReplicaNode
 
-INFO = TableInfo(
-    name="t",
-    topic="app.table.t",
-    partitions=1,
-    key=serde.string().spec(),
-    value=serde.json().spec(),
-    store="memory",
-)
+INFO = PLAIN_INFO
 PATH = "/v1/tables/t/keys/k"
 
 

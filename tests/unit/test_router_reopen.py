@@ -13,10 +13,8 @@ from typing import Any
 
 import orjson
 
-from tablecast import serde
 from tablecast.cluster.membership import Member
 from tablecast.cluster.replica import Replica
-from tablecast.kafka.catalog import TableInfo
 from tablecast.server.cursor import Cursors
 from tablecast.server.errors import ApiError
 from tablecast.server.request import Request
@@ -24,14 +22,9 @@ from tablecast.server.router import Router
 from tablecast.store import Write
 from tablecast.store.memory import MemoryStore
 
-INFO = TableInfo(
-    name="t",
-    topic="app.table.t",
-    partitions=1,
-    key=serde.string().spec(),
-    value=serde.json().spec(),
-    store="memory",
-)
+from ..support.nodes import PLAIN_INFO
+
+INFO = PLAIN_INFO
 PEER_BODY = b'{"key":"k","value":"from the peer","partition":0,"offset":0,"timestamp":0}'
 
 
