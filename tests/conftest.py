@@ -15,6 +15,8 @@ import pytest
 
 from tablecast.kafka.broker import Broker, free_port
 
+from .support.scheduling import ModulesInOrder, uses_spark
+
 _ids = itertools.count()
 
 
@@ -32,12 +34,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.integration)
     # Spark tests first, then the other integration tests, unit tests last: the long stretches
     # start while there is other work to balance them (the order workers get modules in)
-    items.sort(
-        key=lambda item: (
-            "spark" not in getattr(item, "fixturenames", ()),
-            INTEGRATION not in item.path.parents,
-        )
-    )
+    items.sort(key=lambda item: (not uses_spark(item.path), INTEGRATION not in item.path.parents))
     if os.environ.get("TABLECAST_LONG") == "1":
         return
     skip = pytest.mark.skip(reason="long test: `python -m bench long` runs it")
@@ -54,8 +51,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``--dist loadscope`` (./run tests): whole modules, Spark ones on one worker."""
     if config.getoption("dist", None) != "loadscope":
         return None
-    from .support.scheduling import ModulesInOrder
-
     return ModulesInOrder(config, log)
 
 

@@ -64,9 +64,5 @@ class ModulesInOrder(LoadScopeScheduling):
             if not self._pending_of(self.assigned_work.get(node, {})):
                 node.shutdown()
             return
-        work_unit = self.workqueue.pop(scope)
-        self.assigned_work.setdefault(node, {})[scope] = work_unit
-        collection = self.registered_collections[node]
-        node.send_runtest_some(
-            [collection.index(nodeid) for nodeid, done in work_unit.items() if not done]
-        )
+        self.workqueue.move_to_end(scope, last=False)  # xdist hands out the first unit
+        super()._assign_work_unit(node)
