@@ -46,6 +46,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 #: programs that start a JVM: the fast lane (`./run check`) never runs one
 JVM_PROGRAMS = frozenset({"java", "javac", "keytool", "mvn", "spark-submit", "spark-class"})
 
+# Every JVM the tests start (brokers, Spark drivers, Kafka Streams peers) lives for seconds or
+# minutes, too short for the C2 compiler's work to pay back: with C1 alone they use far less
+# CPU, and the suite is CPU-bound on two cores. The JVMs' "Picked up" note goes to their stderr.
+os.environ.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
+
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``--dist loadscope`` (./run tests): whole modules, Spark ones on one worker."""
