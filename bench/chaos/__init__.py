@@ -82,7 +82,7 @@ def run(minutes: float, seed: int, work: Path) -> dict[str, Any]:
         t0 = time.monotonic()
         readers = Readers(ref, cluster.urls, READERS, seed, t0)
         readers.start()
-        injector = Injector(cluster, producer, rng)
+        injector = Injector(cluster, producer, rng, minutes)
         budget = minutes * 60
         faults = schedule(rng, minutes)
         for i, fault in enumerate(faults):

@@ -4,7 +4,8 @@ As ``--dist loadscope``: a module goes whole to one worker, its tests in order (
 tests may build on each other and share one cluster). Two rules on top:
 
 - every module that uses the session's SparkSession (a function of it takes the ``spark``
-  fixture) goes to the first worker, so the run starts one Spark, not one per worker;
+  fixture) goes to one of the first half of the workers (rounded up), so the run starts that
+  many Sparks, not one per worker;
 - modules go out in the order the collection sorted them (``tests/conftest.py``: Spark
   modules, then integration, then unit), not by their number of tests, so the long
   integration modules start early and the many short unit tests fill the end.
@@ -44,23 +45,24 @@ class ModulesInOrder(LoadScopeScheduling):
         super().__init__(config, log)
         config.option.loadscopereorder = False  # the collection's order, not by size
         self._root = config.rootpath
-        self._spark_node: WorkerController | None = None
+        self._spark_nodes: list[WorkerController] = []
+        self._spark_workers = (self.numnodes + 1) // 2
 
     def _for_spark(self, scope: str) -> bool:
         return uses_spark(self._root / scope.split("::", 1)[0])
 
     def remove_node(self, node: WorkerController) -> str | None:
-        if node is self._spark_node:  # crashed: its replacement takes the Spark modules
-            self._spark_node = None
+        if node in self._spark_nodes:  # crashed: its replacement takes its Spark modules
+            self._spark_nodes.remove(node)
         return super().remove_node(node)
 
     def _assign_work_unit(self, node: WorkerController) -> None:
-        if self._spark_node is None:
-            self._spark_node = node
+        if node not in self._spark_nodes and len(self._spark_nodes) < self._spark_workers:
+            self._spark_nodes.append(node)
         for scope in self.workqueue:
-            if node is self._spark_node or not self._for_spark(scope):
+            if node in self._spark_nodes or not self._for_spark(scope):
                 break
-        else:  # only Spark modules are left, and they are the first worker's
+        else:  # only Spark modules are left, and they are the Spark workers'
             if not self._pending_of(self.assigned_work.get(node, {})):
                 node.shutdown()
             return
