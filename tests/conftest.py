@@ -15,7 +15,7 @@ import pytest
 
 from tablecast.kafka.broker import Broker, free_port
 
-from .support.scheduling import ModulesInOrder, uses_spark
+from .support.scheduling import ModulesInOrder, rank, uses_spark
 
 _ids = itertools.count()
 
@@ -32,9 +32,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if INTEGRATION in item.path.parents:
             item.add_marker(pytest.mark.integration)
-    # Spark tests first, then the other integration tests, unit tests last: the long stretches
-    # start while there is other work to balance them (the order workers get modules in)
-    items.sort(key=lambda item: (not uses_spark(item.path), INTEGRATION not in item.path.parents))
+    # Spark tests first, then the other integration tests, unit tests last, the longest modules
+    # first in each: the long stretches start while there is other work to balance them (the
+    # order workers get modules in; a stable sort keeps each module's tests in their order)
+    items.sort(
+        key=lambda item: (
+            not uses_spark(item.path),
+            INTEGRATION not in item.path.parents,
+            rank(item.path),
+        )
+    )
     if os.environ.get("TABLECAST_LONG") == "1":
         return
     skip = pytest.mark.skip(reason="long test: `python -m bench long` runs it")

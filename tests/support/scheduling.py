@@ -7,8 +7,9 @@ tests may build on each other and share one cluster). Two rules on top:
   fixture) goes to one of the first half of the workers (rounded up), so the run starts that
   many Sparks, not one per worker;
 - modules go out in the order the collection sorted them (``tests/conftest.py``: Spark
-  modules, then integration, then unit), not by their number of tests, so the long
-  integration modules start early and the many short unit tests fill the end.
+  modules, then integration, then unit; in each, the modules of ``LONGEST_FIRST`` first),
+  not by their number of tests, so the long modules start early and the many short unit
+  tests fill the end.
 """
 
 from __future__ import annotations
@@ -24,6 +25,41 @@ from xdist.workermanage import WorkerController
 
 #: the fixture whose modules share one worker
 SPARK = "spark"
+
+#: the modules of tests/integration that take a minute or more (CI's --durations), longest
+#: first: each goes out before the shorter ones, so none starts late and runs on alone
+LONGEST_FIRST = (
+    "test_chaos.py",
+    "test_pipeline_fk_joins.py",
+    "test_examples.py",
+    "test_pipeline_joins.py",
+    "test_ingest_faults.py",
+    "test_openapi_fuzz.py",
+    "test_cluster.py",
+    "test_broker_failure.py",
+    "test_serving.py",
+    "test_pipeline_restart.py",
+    "test_watch.py",
+    "test_history_indexes.py",
+    "test_secure_kafka.py",
+    "test_conformance.py",
+    "test_outage.py",
+    "test_pipeline_grouped.py",
+    "test_coalesce.py",
+    "test_spark_cluster.py",
+    "test_console.py",
+    "test_signals.py",
+    "test_pipeline_stream_joins.py",
+    "test_pipeline_stream.py",
+)
+
+
+def rank(module: Path) -> int:
+    """Where the module goes among its kind: by LONGEST_FIRST, the others after them."""
+    try:
+        return LONGEST_FIRST.index(module.name)
+    except ValueError:
+        return len(LONGEST_FIRST)
 
 
 @cache
