@@ -60,7 +60,7 @@ os.environ.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``--dist loadscope`` (./run tests): whole modules, Spark ones on one worker."""
+    """``--dist loadscope`` (./run tests): whole modules, Spark ones on half the workers."""
     if config.getoption("dist", None) != "loadscope":
         return None
     return ModulesInOrder(config, log)

@@ -23,7 +23,7 @@ from xdist.remote import Producer
 from xdist.scheduler import LoadScopeScheduling
 from xdist.workermanage import WorkerController
 
-#: the fixture whose modules share one worker
+#: the fixture whose modules go to the Spark workers only
 SPARK = "spark"
 
 #: the modules of tests/integration that take a minute or more (CI's --durations), longest
