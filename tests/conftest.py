@@ -54,9 +54,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 JVM_PROGRAMS = frozenset({"java", "javac", "keytool", "mvn", "spark-submit", "spark-class"})
 
 # Every JVM the tests start (brokers, Spark drivers, Kafka Streams peers) lives for seconds or
-# minutes, too short for the C2 compiler's work to pay back: with C1 alone they use far less
-# CPU, and the suite is CPU-bound on two cores. The JVMs' "Picked up" note goes to their stderr.
-os.environ.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
+# minutes, and the suite is CPU-bound on two cores. So: C1 alone (C2's work never pays back
+# that soon) and no verification of the jars' bytecode. The JVMs' "Picked up" note goes to
+# their stderr.
+os.environ.setdefault(
+    "JDK_JAVA_OPTIONS",
+    "-XX:TieredStopAtLevel=1 -XX:+UnlockDiagnosticVMOptions -XX:-BytecodeVerificationRemote",
+)
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:

@@ -140,7 +140,6 @@ class Broker:
                     "java",
                     "-Xms256m",
                     "-Xmx1g",
-                    "-XX:+UseG1GC",
                     f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.yaml'}",
                     "-cp",
                     classpath,
@@ -221,6 +220,9 @@ class Broker:
             "min.insync.replicas": str(min(2, self.replication)),
             # a dev broker serves one machine: joining consumers need not wait
             "group.initial.rebalance.delay.ms": "0",
+            # how often the controller appends a no-op record to the metadata log: Kafka's
+            # 500 ms keeps an idle broker busy, and nothing of a one-machine broker waits on it
+            "metadata.max.idle.interval.ms": "5000",
             # topics are created with their partition counts by tablecast;
             # a typo in a topic name should fail, not make a 1-partition topic
             "auto.create.topics.enable": "false",
