@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import re
 import socket
+import statistics
 import threading
 import time
 from collections import Counter
@@ -42,6 +43,7 @@ from tablecast.kafka.broker import free_port
 from tablecast.kafka.topics import STATUS_CONFIG, dlq_topic, ensure_topic, status_topic
 from tablecast.live.rpc import TablesStub
 from tablecast.proto import tables_pb2 as pb
+from tablecast.server.auth import JWKS_TIMEOUT_S
 
 from ..support.procs import NodeProcess, eventually, start_node
 from ..support.sse import Stream, read_to_end
@@ -1276,8 +1278,11 @@ def test_a_silent_identity_provider_holds_up_nobody(slow_idp: SlowIdp, front: st
         stop.set()
         for t in flooders:
             t.join(15)
-    assert max(took) < 1.0, took
-    assert refused and max(refused) < 7.0, max(refused)
+    # a front end that waited on the fetch would take its whole timeout: typical requests are
+    # answered at once, and none near the timeout even on a machine the whole suite loads
+    assert statistics.median(took) < 0.5, took
+    assert max(took) < JWKS_TIMEOUT_S / 2, took
+    assert refused and max(refused) < JWKS_TIMEOUT_S + 2, max(refused)
 
 
 @pytest.mark.parametrize("front", WATCHES)
