@@ -55,7 +55,7 @@ from bench.peers import kafka_streams as ks
 from bench.peers import redis as rp
 from bench.serving import follow_ingest, restart_killed
 from bench.stack import Stack, value_of
-from tablecast.kafka.partitioner import partition_for
+from tablecast.contract.partitioner import partition_for
 
 log = logging.getLogger("bench")
 
@@ -389,11 +389,11 @@ def summarize_profile(raw: str, top: int = 8) -> dict[str, Any]:
 
 NATIVE = "native code under the event loop (uvloop, granian, librdkafka)"
 # the packages whose frames the total list shows; the entry point (cli, process) is left out
-OWN_PACKAGES = ("server", "store", "cluster", "kafka")
+OWN_PACKAGES = ("http", "query", "store", "cluster", "kafka", "contract")
 
 
 def _short(frame: str) -> str:
-    """``serve (tablecast/server/app.py:57)`` -> ``serve (server/app.py)``, without the line."""
+    """``serve (tablecast/http/app.py:57)`` -> ``serve (http/app.py)``, without the line."""
     name, _, where = frame.partition(" (")
     path = where.rstrip(")").rsplit(":", 1)[0]
     parts = Path(path).parts
@@ -401,8 +401,8 @@ def _short(frame: str) -> str:
         if anchor in parts:
             path = "/".join(parts[parts.index(anchor) + 1 :])
             break
-    if path == "server/process.py":
-        path = "process.py"  # the entry point, not part of the request path
+    if path == "node/serve.py":
+        path = "serve.py"  # the entry point, not part of the request path
     return f"{name} ({path})" if path else name
 
 

@@ -39,7 +39,7 @@ def main() -> None:
     if stack == "granian-rsgi":
         import uvloop
 
-        from tablecast.server.process import serve_rsgi
+        from tablecast.node.serve import serve_rsgi
 
         uvloop.run(serve_rsgi(ConstantRSGI(), "127.0.0.1", port))
     elif stack == "granian-asgi":

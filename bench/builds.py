@@ -41,7 +41,7 @@ from bench.common import (
     wrk,
 )
 from bench.stack import Stack, short_key
-from tablecast.kafka.partitioner import partition_for
+from tablecast.contract.partitioner import partition_for
 
 log = logging.getLogger("bench")
 PARTITIONS = 12

@@ -50,7 +50,7 @@ def trickle_run(
     from confluent_kafka import Producer
 
     import tablecast as tc
-    from tablecast.kafka.partitioner import PRODUCER_CONFIG
+    from tablecast.contract.partitioner import PRODUCER_CONFIG
     from tablecast.kafka.topics import ensure_topic
     from tablecast.pipeline.run import checkpoints
 

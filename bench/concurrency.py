@@ -47,8 +47,8 @@ from bench.common import (
 )
 from bench.peers import kafka_streams as ks
 from bench.stack import Stack
-from tablecast.server import listen
-from tablecast.server.http1 import LISTEN_BACKLOG
+from tablecast.http import listen
+from tablecast.http.http1 import LISTEN_BACKLOG
 
 log = logging.getLogger("bench")
 #: tablecast should hold its own: ≥ the fastest peer's req/s with this many connections

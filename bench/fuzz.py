@@ -48,7 +48,7 @@ def main(argv: list[str]) -> None:
     )
     took = time.monotonic() - started
     summary = re.findall(r"\d+ (?:passed|failed|error)", done.stdout)
-    from tablecast.server.openapi import document
+    from tablecast.http.openapi import document
 
     operations = sum(len(ops) for ops in document()["paths"].values())
     m = common.machine()

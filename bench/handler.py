@@ -18,7 +18,7 @@ from typing import Any
 
 from bench.baselines import ConstantRSGI
 from tablecast.cluster.node import Node, NodeConfig
-from tablecast.server.app import HttpApp
+from tablecast.http.app import HttpApp
 
 
 class _Scope:

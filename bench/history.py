@@ -44,10 +44,12 @@ from bench.common import (
 from bench.stack import Stack, short_key
 from tablecast import serde
 from tablecast.cluster.node import Node, NodeConfig
-from tablecast.kafka import catalog, indexes
+from tablecast.contract import index_codec
+from tablecast.contract.table_info import TableInfo
+from tablecast.http.app import HttpApp
+from tablecast.kafka import catalog
 from tablecast.kafka.produce import produce_waiting
 from tablecast.kafka.topics import COMPACTED, catalog_topic, table_topic
-from tablecast.server.app import HttpApp
 from tablecast.store import Views, Write
 from tablecast.store.rocksdb import RocksDBStore
 
@@ -72,7 +74,7 @@ def index_values(i: int) -> dict[str, Any]:
 
 
 def fill(stack: Stack, keys: int, versions: int, base: int) -> None:
-    info = catalog.TableInfo(
+    info = TableInfo(
         name=TABLE,
         topic=table_topic(APP, TABLE),
         partitions=PARTITIONS,
@@ -87,7 +89,7 @@ def fill(stack: Stack, keys: int, versions: int, base: int) -> None:
     rng = random.Random(7)
     for v in range(versions):
         for i in range(keys):
-            header = [(indexes.HEADER, indexes.encode_header(index_values(i)))]
+            header = [(index_codec.HEADER, index_codec.encode_header(index_values(i)))]
             produce_waiting(
                 p,
                 info.topic,
@@ -229,7 +231,7 @@ def disk(keys: int, versions: int, base: int) -> dict[str, Any]:
             value_of(i, v, rng),
             v * keys + i,
             base + v * STEP_MS + i % 1000,
-            indexes.entries(indexes.encode_header(index_values(i)), ["id", "bucket"]),
+            index_codec.entries(index_codec.encode_header(index_values(i)), ["id", "bucket"]),
         )
         for v in range(versions)
         for i in range(keys)

@@ -59,7 +59,7 @@ GROUPS = 100
 def produce(bootstrap: str, topic: str, n: int, keys: int, start: int = 0) -> None:
     from confluent_kafka import Producer
 
-    from tablecast.kafka.partitioner import PRODUCER_CONFIG
+    from tablecast.contract.partitioner import PRODUCER_CONFIG
 
     p = Producer(
         {
@@ -261,7 +261,7 @@ def background_load(
     values a group_by selects from, in GROUPS groups)."""
     from confluent_kafka import Producer
 
-    from tablecast.kafka.partitioner import PRODUCER_CONFIG
+    from tablecast.contract.partitioner import PRODUCER_CONFIG
 
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, **PRODUCER_CONFIG})
     i = 0
@@ -288,7 +288,7 @@ def freshness(
     """Produce -> table topic and produce -> queryable, for a stateless table under `trigger`
     (`grouped`: the group_by/reduce of the throughput runs, each marker a new group)."""
     import tablecast as tc
-    from tablecast.kafka.partitioner import PRODUCER_CONFIG
+    from tablecast.contract.partitioner import PRODUCER_CONFIG
     from tablecast.kafka.topics import ensure_topic, table_topic
     from tests.support.procs import start_node
 

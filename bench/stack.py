@@ -20,9 +20,10 @@ from confluent_kafka import Producer
 from bench.common import SERVER_CPU, pinned, wait_http
 from tablecast import serde
 from tablecast.cli.supervisor import stop_process
+from tablecast.contract.partitioner import PRODUCER_CONFIG
+from tablecast.contract.table_info import TableInfo
 from tablecast.kafka import catalog
 from tablecast.kafka.broker import Broker, free_port
-from tablecast.kafka.partitioner import PRODUCER_CONFIG
 from tablecast.kafka.produce import produce_waiting
 from tablecast.kafka.topics import COMPACTED, catalog_topic, ensure_topic, table_topic
 
@@ -77,7 +78,7 @@ class Stack:
         Another `app` id keeps the table away from nodes of other apps (a node
         loads every table of its app's catalog), e.g. for memory per key.
         """
-        info = catalog.TableInfo(
+        info = TableInfo(
             name=name,
             topic=table_topic(app, name),
             partitions=partitions,

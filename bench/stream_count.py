@@ -89,7 +89,7 @@ def freshness(
     """Produce -> the marker's count in the table topic, under `trigger`."""
     from confluent_kafka import Producer
 
-    from tablecast.kafka.partitioner import PRODUCER_CONFIG
+    from tablecast.contract.partitioner import PRODUCER_CONFIG
     from tablecast.kafka.topics import ensure_topic, table_topic
 
     mode = "rt" if trigger.startswith("realtime") else "mb"

@@ -138,7 +138,7 @@ def produce(bootstrap: str, topic: str, keys: int, rate: int) -> None:
 
     from confluent_kafka import Producer
 
-    from tablecast.kafka.partitioner import PRODUCER_CONFIG
+    from tablecast.contract.partitioner import PRODUCER_CONFIG
 
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, **PRODUCER_CONFIG})
     pad = "x" * 60
@@ -294,7 +294,7 @@ def _drain(url: str, timeout: float = 60.0) -> None:
 def reachable(requested: int) -> tuple[int, int]:
     """How many streams one node can hold here: its connection cap, from the open-file limit
     it will run with, less a few for the benchmark's own requests."""
-    from tablecast.server.process import connection_cap
+    from tablecast.http.listen import connection_cap
 
     cap = connection_cap()
     return min(requested, cap - 200), cap

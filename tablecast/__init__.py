@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tablecast import serde, windows
+from tablecast.version import __version__ as __version__
 
 if TYPE_CHECKING:
     from tablecast.client import Client
@@ -35,7 +36,6 @@ __all__ = [
 ]
 #: what `tablecast.client.errors` holds: the errors the client raises
 _ERRORS = ("AuthError", "QueryError", "WatchAuthError", "WatchError")
-__version__ = "0.1.0"
 
 
 def producer(bootstrap_servers: str, settings: dict[str, Any] | None = None) -> Any:
@@ -49,8 +49,8 @@ def producer(bootstrap_servers: str, settings: dict[str, Any] | None = None) -> 
     """
     from confluent_kafka import Producer
 
+    from tablecast.contract.partitioner import PRODUCER_CONFIG
     from tablecast.kafka.config import producer_conf
-    from tablecast.kafka.partitioner import PRODUCER_CONFIG
 
     return Producer(producer_conf(bootstrap_servers, {**PRODUCER_CONFIG, **(settings or {})}))
 

@@ -57,9 +57,9 @@ import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 import tablecast as tc
+from tablecast.contract.partitioner import partition_for
 from tablecast.kafka.config import client_conf
 from tablecast.kafka.deafness import DeafCheck, close_in_background, ends_from_a_fresh_client
-from tablecast.kafka.partitioner import partition_for
 
 from .cluster import KEYS, PARTITIONS, TABLE
 

@@ -34,7 +34,7 @@ from tablecast.cli.options import (
     readable,
     resolve,
 )
-from tablecast.server.listen import MOST_ASKED
+from tablecast.http.listen import MOST_ASKED
 
 DEFAULT_BOOTSTRAP = "localhost:9092"
 #: read processes beside a node: more than cores anyone has, fewer than files RocksDB opens
@@ -67,7 +67,7 @@ def _version() -> str:
     try:
         return version("tablecast")
     except PackageNotFoundError:  # run from a source tree that was never installed
-        from tablecast import __version__
+        from tablecast.version import __version__
 
         return __version__
 
@@ -711,9 +711,9 @@ def _read_secret(args: argparse.Namespace, dest: str) -> str:
 def _serve(args: argparse.Namespace) -> int:
     from tablecast.cluster.node import NodeConfig
     from tablecast.kafka import probe
-    from tablecast.server import process
-    from tablecast.server.auth import Auth
-    from tablecast.server.policy import Policy, PolicyError
+    from tablecast.node import serve
+    from tablecast.query.auth import Auth
+    from tablecast.query.policy import Policy, PolicyError
 
     # settings that cannot work fail at once, before Kafka is asked anything; the values
     # themselves were checked with their options
@@ -779,7 +779,7 @@ def _serve(args: argparse.Namespace) -> int:
         )
     auth = Auth(secret, args.auth_jwks, args.auth_audience, args.auth_issuer, policy)
     tls = (args.tls_cert, args.tls_key) if args.tls_cert else None
-    limits = process.Limits(
+    limits = serve.Limits(
         args.rate_limit,
         args.max_waits,
         args.auth_metrics,
@@ -789,7 +789,7 @@ def _serve(args: argparse.Namespace) -> int:
         args.processes,
     )
     try:
-        process.run(config, args.host, args.port, auth, tls, limits)
+        serve.run(config, args.host, args.port, auth, tls, limits)
     except RuntimeError as e:  # granian's bind, when the port was taken after the check above
         if "Address already in use" not in str(e):
             raise

@@ -323,7 +323,7 @@ def ensure_free(args: argparse.Namespace, flag: str, host: str, port: int, what:
     """Fail in one line naming the option (and its variables) to change when nothing can
     listen on `host`:`port` (another process has it), before anything starts."""
     from tablecast.cli.errors import Failure
-    from tablecast.server.listen import cannot_listen
+    from tablecast.http.listen import cannot_listen
 
     if why := cannot_listen(host, port):
         raise Failure(f"{why}{what}; choose another {how_to_set(args, flag)}")

@@ -50,8 +50,8 @@ import orjson
 from tablecast import serde as serdes
 from tablecast.client.errors import AuthError, QueryError
 from tablecast.client.watch import Resumer, WatchEvent, watch_async, watch_params, watch_sync
-from tablecast.kafka import indexes, positions
-from tablecast.kafka.partitioner import partition_for
+from tablecast.contract import index_codec, positions
+from tablecast.contract.partitioner import partition_for
 
 REFRESH_MIN_INTERVAL_S = 0.5
 AFTER = "x-tablecast-after"
@@ -777,9 +777,9 @@ _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 def _index_text(value: Any) -> str:
     """An index value as a URL writes it: a string as is unless it would read as a number
     or as quoted JSON (then JSON-quoted), a number as JSON."""
-    if isinstance(value, str) and indexes.parse_text(value) == value:
+    if isinstance(value, str) and index_codec.parse_text(value) == value:
         return value
-    indexes.encode_value(value)  # refuses what no index holds
+    index_codec.encode_value(value)  # refuses what no index holds
     return orjson.dumps(value).decode()
 
 

@@ -11,7 +11,7 @@ What can go wrong is contained per partition:
 
 - a record that its table's serdes cannot read is counted, logged with its
   coordinates and stored as a tombstone (see :mod:`tablecast.cluster.validate`);
-  one whose index header (:mod:`tablecast.kafka.indexes`) breaks the contract is
+  one whose index header (:mod:`tablecast.contract.index_codec`) breaks the contract is
   counted and logged alike, and its row kept with no index values;
 - a store write that fails (disk full, an I/O error) stops that partition at the
   failed batch: it is taken off the consumer, keeps answering from what it
@@ -53,11 +53,13 @@ from tablecast.cluster.fetchwatch import FetchWatch
 from tablecast.cluster.replica import FRESH_S, STALL_S, Replica
 from tablecast.cluster.topicinfo import TopicInfo
 from tablecast.cluster.validate import Check, checker
-from tablecast.kafka import batches, indexes
-from tablecast.kafka.catalog import CatalogReader, TableInfo
+from tablecast.contract import index_codec
+from tablecast.contract.index_codec import HEADER
+from tablecast.contract.table_info import TableInfo
+from tablecast.kafka import batches
+from tablecast.kafka.catalog import CatalogReader
 from tablecast.kafka.config import client_conf
 from tablecast.kafka.deafness import DeafCheck, close_in_background
-from tablecast.kafka.indexes import HEADER
 from tablecast.store import Write
 
 log = logging.getLogger(__name__)
@@ -524,8 +526,8 @@ class Ingestor:
             if name == HEADER:
                 raw = value
         try:
-            return indexes.entries(raw, names)
-        except indexes.BadIndex as e:
+            return index_codec.entries(raw, names)
+        except index_codec.BadIndex as e:
             self._bad(m.topic(), m.partition(), m.offset(), f"bad index: {e}")
             return ()
 

@@ -14,7 +14,7 @@ from tablecast.cluster.membership import Member, Membership
 from tablecast.cluster.replica import Replica
 from tablecast.cluster.signing import Signer
 from tablecast.cluster.view import ClusterView
-from tablecast.kafka.catalog import TableInfo
+from tablecast.contract.table_info import TableInfo
 from tablecast.store import open_store
 
 log = logging.getLogger(__name__)

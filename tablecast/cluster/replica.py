@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from tablecast.cluster.offsetwait import AppliedWaiters
-from tablecast.kafka.catalog import TableInfo
+from tablecast.contract.table_info import TableInfo
 from tablecast.store import PartitionStore, Write
 
 #: an end confirmed by the broker this recently is fresh (statistics come every second)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tablecast.kafka.catalog import TableInfo
-from tablecast.kafka.windowed import SESSION_SUFFIX
+from tablecast.contract.table_info import TableInfo
+from tablecast.contract.window_keys import SESSION_SUFFIX
 from tablecast.serde import SerdeError, json_check
 
 #: how a value that is not JSON is refused (orjson's reason follows)

@@ -14,15 +14,15 @@ from typing import Any
 
 import orjson
 
-from tablecast import __version__
 from tablecast.cluster.node import Node
 from tablecast.console.assets import Asset, load
-from tablecast.console.feed import ConsoleFeed
-from tablecast.server.answers import Answers
-from tablecast.server.errors import ApiError
-from tablecast.server.metrics import BUCKETS, HttpStats
-from tablecast.server.peers import PeerPool, PeerUnavailable
-from tablecast.server.request import Request
+from tablecast.console.pipeline_feed import ConsoleFeed
+from tablecast.query.errors import ApiError
+from tablecast.query.kept_answers import Answers
+from tablecast.query.peer_pool import PeerPool, PeerUnavailable
+from tablecast.query.request import Request
+from tablecast.query.stats import BUCKETS, HttpStats
+from tablecast.version import __version__
 
 Answer = tuple[int, bytes, list[tuple[str, str]]]
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import orjson
 
-from tablecast.kafka.catalog import TableInfo
-from tablecast.live.token import single
+from tablecast.contract.table_info import TableInfo
+from tablecast.live.resume_token import single
 from tablecast.serde import SerdeError
 
 SNAPSHOT, READY, CHANGE, ERROR = "snapshot", "ready", "change", "error"

@@ -1,7 +1,7 @@
 """The node's watches: who follows which partition, and how each record reaches them.
 
 Everything here runs on the event loop except the feed and catch-up threads
-(:mod:`tablecast.live.feed`), which hand over whole batches.
+(:mod:`tablecast.live.topic_feed`), which hand over whole batches.
 
 Per table partition some watch needs, a :class:`PartitionFeed` keeps a ring of
 its recent records (what the feed read, in offset order) and an index of its
@@ -42,13 +42,13 @@ from operator import attrgetter
 from typing import Any, TypeVar
 
 from tablecast.cluster.validate import checker
-from tablecast.kafka.catalog import TableInfo
+from tablecast.contract.table_info import TableInfo
 from tablecast.live import tcpdiag
 from tablecast.live.events import CHANGE, ERROR, READY, SNAPSHOT, Change, Encoder, Renderer
-from tablecast.live.feed import Batch, CatchUp, Feed, Source
+from tablecast.live.resume_token import Token
 from tablecast.live.selection import Selection
 from tablecast.live.sinks import SLOW, Progress, Sink, StreamSink
-from tablecast.live.token import Token
+from tablecast.live.topic_feed import Batch, CatchUp, Feed, Source
 
 log = logging.getLogger(__name__)
 

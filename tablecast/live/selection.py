@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from tablecast.kafka.catalog import TableInfo
-from tablecast.server.policy import Scope, Span
+from tablecast.contract.table_info import TableInfo
+from tablecast.query.policy import Scope, Span
 
 #: keys one watch may name (each is a query parameter)
 MAX_KEYS = 1_000

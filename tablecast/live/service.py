@@ -22,20 +22,20 @@ from dataclasses import dataclass
 from urllib.parse import parse_qsl
 
 from tablecast.cluster.node import Node
-from tablecast.kafka.catalog import TableInfo
+from tablecast.contract.table_info import TableInfo
 from tablecast.live import snapshot
 from tablecast.live.events import Encoder, Renderer
 from tablecast.live.hub import Hub, Start, Watch
+from tablecast.live.resume_token import Token, parse
 from tablecast.live.selection import MAX_KEYS, Selection
 from tablecast.live.sinks import Sink
-from tablecast.live.token import Token, parse
-from tablecast.server.consistency import NO_OPTIONS
-from tablecast.server.errors import ApiError
-from tablecast.server.fanout import prefix_bytes
-from tablecast.server.policy import prefix_end
-from tablecast.server.ratelimit import CallerSlots
-from tablecast.server.request import Request
-from tablecast.server.router import Router, forbidden_key
+from tablecast.query.consistency import NO_OPTIONS
+from tablecast.query.errors import ApiError
+from tablecast.query.fanout import prefix_bytes
+from tablecast.query.policy import prefix_end
+from tablecast.query.ratelimit import CallerSlots
+from tablecast.query.reads import Router, forbidden_key
+from tablecast.query.request import Request
 
 #: the query parameters of a watch (``access_token`` is taken by auth before this)
 PARAMS = frozenset({"key", "prefix", "from", "to", "snapshot", "since", "access_token"})

@@ -24,18 +24,18 @@ import orjson
 
 from tablecast.cluster.membership import Member
 from tablecast.cluster.replica import Replica
-from tablecast.kafka.catalog import TableInfo
+from tablecast.contract.table_info import TableInfo
 from tablecast.live.events import Change, Renderer
 from tablecast.live.selection import Selection
-from tablecast.server.consistency import NO_OPTIONS
-from tablecast.server.errors import ApiError
-from tablecast.server.fanout import partitions_param
-from tablecast.server.local import unavailable
-from tablecast.server.policy import Scope, Span
-from tablecast.server.request import Request
-from tablecast.server.router import Router
-from tablecast.server.routing import ME
-from tablecast.server.rpc import not_refused
+from tablecast.query.consistency import NO_OPTIONS
+from tablecast.query.errors import ApiError
+from tablecast.query.fanout import partitions_param
+from tablecast.query.local import unavailable
+from tablecast.query.ownership import ME
+from tablecast.query.peer_calls import not_refused
+from tablecast.query.policy import Scope, Span
+from tablecast.query.reads import Router
+from tablecast.query.request import Request
 from tablecast.store import Record, StoreClosed
 
 #: rows one watch's snapshot may hold; a larger one is refused (narrow it, or snapshot=false)

@@ -9,7 +9,7 @@ from tablecast.live.events import SSE
 from tablecast.live.service import Live, query_pairs
 from tablecast.live.sinks import StreamSink
 from tablecast.live.tcpdiag import peer_of
-from tablecast.server.request import Request
+from tablecast.query.request import Request
 
 HEADERS = [
     ("content-type", "text/event-stream; charset=utf-8"),

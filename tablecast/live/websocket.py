@@ -18,8 +18,8 @@ import orjson
 from tablecast.live.events import WS
 from tablecast.live.service import Live, Plan, query_pairs
 from tablecast.live.sinks import QueueSink
-from tablecast.server.errors import ApiError
-from tablecast.server.request import Request
+from tablecast.query.errors import ApiError
+from tablecast.query.request import Request
 
 #: close codes (RFC 6455): a policy refused it; the server is going away
 POLICY_VIOLATION = 1008

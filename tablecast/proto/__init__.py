@@ -2,5 +2,5 @@
 
 ``tables_pb2.py`` is generated, not written: run ``tools/gen_proto.sh`` after
 changing ``tables.proto`` (a unit test checks the two agree when grpcio-tools is
-installed). The service's handlers are in :mod:`tablecast.live.rpc`.
+installed). The service's handlers are in :mod:`tablecast.grpc.service`.
 """

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-import orjson
+from tablecast.contract.views import NO_VIEWS as NO_VIEWS
+from tablecast.contract.views import Views as Views
 
 
 class StoreClosed(Exception):
@@ -28,7 +28,7 @@ class Write(NamedTuple):
     value: bytes | None
     offset: int
     timestamp: int
-    #: the row's index entries (:func:`tablecast.kafka.indexes.entries`); () for none
+    #: the row's index entries (:func:`tablecast.contract.index_codec.entries`); () for none
     index: tuple[bytes, ...] = ()
 
 
@@ -38,22 +38,6 @@ class Version(NamedTuple):
     value: bytes | None
     offset: int
     timestamp: int
-
-
-@dataclass(frozen=True)
-class Views:
-    """What a store keeps besides the latest row per key: every version
-    for `history_ms` by record timestamp, and the index entries of the named indexes."""
-
-    history_ms: int | None = None
-    indexes: tuple[str, ...] = ()
-
-    def fingerprint(self) -> bytes:
-        """How a store records which views it holds: one built for others starts over."""
-        return orjson.dumps([self.history_ms, sorted(self.indexes)])
-
-
-NO_VIEWS = Views()
 
 
 class PartitionStore(Protocol):

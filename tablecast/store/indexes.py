@@ -1,7 +1,7 @@
 """Secondary indexes of a partition store, kept in the same step as the row they index.
 
 An index entry is ``index name + encoded value + row key`` (the encoding of
-:mod:`tablecast.kafka.indexes`, whose byte order is the values' order), so one
+:mod:`tablecast.contract.index_codec`, whose byte order is the values' order), so one
 ordered scan answers a lookup (every entry under one value, by key) and a
 range of values. Each row also records its own entries, so an update removes
 the entries of the row's previous values and a delete removes them all:
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from sortedcontainers import SortedDict
 
-from tablecast.kafka.indexes import name_prefix
+from tablecast.contract.index_codec import name_prefix
 from tablecast.store.base import Record, Write
 
 if TYPE_CHECKING:  # the pipeline imports the catalog, which needs no RocksDB

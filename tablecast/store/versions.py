@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 from sortedcontainers import SortedDict
 
-from tablecast.kafka.indexes import escape, unescape
+from tablecast.contract.index_codec import escape, unescape
 from tablecast.store.base import Version, Write
 
 if TYPE_CHECKING:  # the pipeline imports the catalog, which needs no RocksDB

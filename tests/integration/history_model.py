@@ -9,8 +9,8 @@ from typing import Any
 
 import orjson
 
-from tablecast.kafka import indexes
-from tablecast.kafka.positions import parse
+from tablecast.contract import index_codec
+from tablecast.contract.positions import parse
 
 from .tables import Logged
 
@@ -94,8 +94,8 @@ class TopicModel:
         for key, r in self.rows(at).items():
             got = (r.index or {}).get(name)
             for v in got if isinstance(got, list) else ([] if got is None else [got]):
-                enc = indexes.encode_value(v)
-                out[enc + key] = (enc + key, indexes.decode_value(enc)[0], r)
+                enc = index_codec.encode_value(v)
+                out[enc + key] = (enc + key, index_codec.decode_value(enc)[0], r)
         return [out[k] for k in sorted(out)]
 
 

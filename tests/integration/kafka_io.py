@@ -7,8 +7,8 @@ from collections.abc import Iterable
 
 from confluent_kafka import Consumer, Message, Producer
 
+from tablecast.contract.partitioner import PRODUCER_CONFIG
 from tablecast.kafka.config import client_conf
-from tablecast.kafka.partitioner import PRODUCER_CONFIG
 from tablecast.kafka.produce import produce_waiting
 
 

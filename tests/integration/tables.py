@@ -12,16 +12,17 @@ from typing import Any
 import orjson
 
 from tablecast import serde
+from tablecast.contract.table_info import TableInfo
+from tablecast.contract.window_keys import window_key
 from tablecast.kafka import catalog
 from tablecast.kafka.topics import TABLE_TOPIC_CONFIG, ensure_topic, table_topic
-from tablecast.kafka.windowed import window_key
 
 from .kafka_io import produce
 
 
 @dataclass
 class TableModel:
-    info: catalog.TableInfo
+    info: TableInfo
     #: serialized key -> the value object (the latest per key)
     rows: dict[bytes, Any] = field(default_factory=dict)
 
@@ -50,7 +51,7 @@ def make_table(
     kind: str = "kv",
     extra: dict | None = None,
 ) -> TableModel:
-    info = catalog.TableInfo(
+    info = TableInfo(
         name=name,
         topic=table_topic(app_id, name),
         partitions=partitions,
@@ -69,7 +70,7 @@ def write_windows(bootstrap: str, model: TableModel, records: list[tuple[str, in
     """Window-table records (key, window start ms, value), partitioned by the inner key."""
     from confluent_kafka import Producer
 
-    from tablecast.kafka.partitioner import partition_for
+    from tablecast.contract.partitioner import partition_for
 
     p = Producer({"bootstrap.servers": bootstrap})
     for key, start, value in records:
@@ -103,8 +104,8 @@ def write_logged(bootstrap: str, topic: str, records: list[Logged]) -> list[Logg
     fill in the partition and offset each was acknowledged at."""
     from confluent_kafka import Producer
 
-    from tablecast.kafka import indexes
-    from tablecast.kafka.partitioner import PRODUCER_CONFIG
+    from tablecast.contract import index_codec
+    from tablecast.contract.partitioner import PRODUCER_CONFIG
 
     p = Producer({"bootstrap.servers": bootstrap, **PRODUCER_CONFIG})
 
@@ -116,7 +117,9 @@ def write_logged(bootstrap: str, topic: str, records: list[Logged]) -> list[Logg
         return done
 
     for r in records:
-        headers = None if r.index is None else [(indexes.HEADER, indexes.encode_header(r.index))]
+        headers = (
+            None if r.index is None else [(index_codec.HEADER, index_codec.encode_header(r.index))]
+        )
         p.produce(
             topic,
             key=r.key,

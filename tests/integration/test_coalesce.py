@@ -1,5 +1,5 @@
 """Forwarded reads that leave together go to their owner as one signed batch, and each
-answer is the one the owner gives that read alone (tablecast.server.coalesce)."""
+answer is the one the owner gives that read alone (tablecast.query.coalesce)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import pytest
 
 from tablecast import serde
 from tablecast.cluster.signing import Signer
-from tablecast.server.coalesce import ANSWERS_PATH, BATCH_PATH
-from tablecast.server.peers import PeerPool
-from tablecast.server.request import HOP
+from tablecast.query.coalesce import ANSWERS_PATH, BATCH_PATH
+from tablecast.query.peer_pool import PeerPool
+from tablecast.query.request import HOP
 
 from ..support.procs import NodeProcess, eventually, start_node
 from .tables import make_table

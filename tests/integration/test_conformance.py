@@ -38,12 +38,13 @@ from confluent_kafka import Producer
 
 from tablecast import serde
 from tablecast.cluster.assignment import assign
-from tablecast.kafka import catalog, positions
+from tablecast.contract import positions
+from tablecast.grpc.service import TablesStub
+from tablecast.kafka import catalog
 from tablecast.kafka.broker import free_port
 from tablecast.kafka.topics import STATUS_CONFIG, dlq_topic, ensure_topic, status_topic
-from tablecast.live.rpc import TablesStub
 from tablecast.proto import tables_pb2 as pb
-from tablecast.server.auth import JWKS_TIMEOUT_S
+from tablecast.query.auth import JWKS_TIMEOUT_S
 
 from ..support.procs import NodeProcess, eventually, start_node
 from ..support.sse import Stream, read_to_end

@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tablecast.contract.partitioner import partition_for
 from tablecast.kafka.broker import free_port
-from tablecast.kafka.partitioner import partition_for
 
 from ..support.procs import eventually, free_port_run
 

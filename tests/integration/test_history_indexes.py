@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from tablecast import serde
-from tablecast.kafka import indexes
-from tablecast.kafka.partitioner import partition_for
+from tablecast.contract import index_codec
+from tablecast.contract.partitioner import partition_for
 
 from ..support.procs import NodeProcess, eventually, start_node
 from .history_model import TopicModel, position, value_of
@@ -278,10 +278,10 @@ def expected_rows(
         if want is None:
             rows.append((sort, {"index": value, **item}))
         elif isinstance(want, tuple):
-            lo, hi = (indexes.encode_value(x) for x in want)
+            lo, hi = (index_codec.encode_value(x) for x in want)
             if lo <= sort < hi:
                 rows.append((sort, {"index": value, **item}))
-        elif indexes.encode_value(value) == indexes.encode_value(want):
+        elif index_codec.encode_value(value) == index_codec.encode_value(want):
             rows.append((sort, item))
     return rows
 

@@ -20,8 +20,8 @@ import orjson
 import pytest
 
 from tablecast import serde
+from tablecast.contract.table_info import TableInfo
 from tablecast.kafka.broker import Broker, free_port
-from tablecast.kafka.catalog import TableInfo
 from tablecast.kafka.topics import TABLE_TOPIC_CONFIG, catalog_topic, ensure_topic, table_topic
 
 from ..support.procs import NodeProcess, eventually, start_node
@@ -448,7 +448,7 @@ def test_a_deaf_watch_feed_is_replaced_and_reads_on_from_where_it_was(
     meanwhile reach the watches, each once and in order."""
     from tablecast.cluster.validate import checker
     from tablecast.live.events import Renderer
-    from tablecast.live.feed import Batch, Feed, Source
+    from tablecast.live.topic_feed import Batch, Feed, Source
 
     model = make_table(bootstrap, unique, "kv", 1, serde.string(), serde.json(), store="memory")
     model.write(bootstrap, [(f"k{i}", {"n": i}) for i in range(20)])

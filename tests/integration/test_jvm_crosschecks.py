@@ -14,8 +14,8 @@ import pytest
 from cryptography import x509
 
 from tablecast import jvm
+from tablecast.contract.partitioner import murmur2
 from tablecast.kafka.config import KafkaConfig, KafkaConfigError
-from tablecast.kafka.partitioner import murmur2
 from tablecast.kafka.secure import make_certificates
 
 

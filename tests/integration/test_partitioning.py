@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tablecast.kafka.partitioner import partition_for
+from tablecast.contract.partitioner import partition_for
 from tablecast.kafka.topics import ensure_topic
 
 from .kafka_io import produce, read_all

@@ -25,9 +25,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import tablecast as tc
-from tablecast.kafka.partitioner import partition_for
+from tablecast.contract.partitioner import partition_for
+from tablecast.contract.window_keys import split_session_key, split_window_key
 from tablecast.kafka.topics import ensure_topic
-from tablecast.kafka.windowed import split_session_key, split_window_key
 from tests import reference_model as ref
 
 from .test_pipeline_support import CUMULATIVE, Running, read_table, read_topic, running_app

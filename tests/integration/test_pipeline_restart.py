@@ -31,8 +31,8 @@ import orjson
 import pytest
 
 import tablecast as tc
+from tablecast.contract.window_keys import split_session_key, split_window_key
 from tablecast.kafka.topics import ensure_topic
-from tablecast.kafka.windowed import split_session_key, split_window_key
 from tests import reference_model as ref
 
 from ..support.procs import eventually
@@ -269,7 +269,7 @@ def test_kill_9_of_the_driver_leaves_stream_join_results_exact(
     records an hour later close every window, writing the left records that met nothing."""
     from confluent_kafka import Producer
 
-    from tablecast.kafka.partitioner import PRODUCER_CONFIG, partition_for
+    from tablecast.contract.partitioner import PRODUCER_CONFIG, partition_for
 
     topics = {side: f"{unique}-{side}" for side in ("left", "right")}
     for topic in topics.values():
@@ -361,8 +361,8 @@ def test_kill_9_mid_stream_leaves_session_tables_exact(
     results' too) equals the reference model's; late records are dead-lettered."""
     from confluent_kafka import Producer
 
-    from tablecast.kafka.partitioner import partition_for
-    from tablecast.kafka.windowed import split_session_key
+    from tablecast.contract.partitioner import partition_for
+    from tablecast.contract.window_keys import split_session_key
 
     topic = f"{unique}-clicks"
     ensure_topic(bootstrap, topic, 3)

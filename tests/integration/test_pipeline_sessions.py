@@ -22,8 +22,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import tablecast as tc
-from tablecast.kafka.partitioner import partition_for
-from tablecast.kafka.windowed import split_session_key, split_window_key
+from tablecast.contract.partitioner import partition_for
+from tablecast.contract.window_keys import split_session_key, split_window_key
 from tests import reference_model as ref
 from tests.support.procs import start_node
 

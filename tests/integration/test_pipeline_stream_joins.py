@@ -25,7 +25,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import tablecast as tc
-from tablecast.kafka.partitioner import partition_for
+from tablecast.contract.partitioner import partition_for
 from tablecast.kafka.topics import ensure_topic
 from tests import reference_model as ref
 

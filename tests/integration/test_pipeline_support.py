@@ -17,8 +17,8 @@ from confluent_kafka import Consumer, TopicPartition
 from hypothesis import HealthCheck, Phase, settings
 
 import tablecast as tc
+from tablecast.contract.partitioner import partition_for
 from tablecast.kafka.config import client_conf
-from tablecast.kafka.partitioner import partition_for
 from tablecast.kafka.topics import end_offsets, ensure_topic
 from tablecast.pipeline.run.pipeline import Pipeline
 from tablecast.serde import Serde

@@ -14,8 +14,8 @@ import pytest
 from confluent_kafka import Producer
 
 import tablecast as tc
-from tablecast.kafka.partitioner import PRODUCER_CONFIG
-from tablecast.kafka.windowed import split_window_key
+from tablecast.contract.partitioner import PRODUCER_CONFIG
+from tablecast.contract.window_keys import split_window_key
 
 from .test_pipeline_support import Running, read_topic, running_app
 

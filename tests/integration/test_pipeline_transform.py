@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import tablecast as tc
-from tablecast.kafka.partitioner import partition_for
+from tablecast.contract.partitioner import partition_for
 from tablecast.kafka.topics import dlq_topic, ensure_topic
 from tests import reference_model as ref
 

@@ -17,8 +17,8 @@ from confluent_kafka import Producer
 from pyspark.sql import functions as F
 
 import tablecast as tc
-from tablecast.kafka.indexes import HEADER
-from tablecast.kafka.partitioner import PRODUCER_CONFIG
+from tablecast.contract.index_codec import HEADER
+from tablecast.contract.partitioner import PRODUCER_CONFIG
 from tablecast.kafka.topics import dlq_topic
 
 from ..support.procs import NodeProcess, start_node

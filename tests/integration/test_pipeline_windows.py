@@ -16,8 +16,8 @@ import pytest
 from confluent_kafka import Producer
 
 import tablecast as tc
-from tablecast.kafka.partitioner import partition_for
-from tablecast.kafka.windowed import split_window_key
+from tablecast.contract.partitioner import partition_for
+from tablecast.contract.window_keys import split_window_key
 from tests import reference_model as ref
 from tests.support.procs import start_node
 

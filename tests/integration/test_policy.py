@@ -21,7 +21,7 @@ import pytest
 
 from tablecast import serde
 from tablecast.cluster.signing import Signer
-from tablecast.server.peers import SIGNATURE, signed_parts
+from tablecast.query.peer_pool import SIGNATURE, signed_parts
 
 from ..support.procs import NodeProcess, eventually, start_node
 from .kafka_io import produce

@@ -20,8 +20,8 @@ import pytest
 import tablecast
 from tablecast import serde
 from tablecast.cli.supervisor import children
-from tablecast.kafka.partitioner import partition_for
-from tablecast.server.readers.process import STATS_S
+from tablecast.contract.partitioner import partition_for
+from tablecast.http.readers.process import STATS_S
 
 from ..support.procs import NodeProcess, eventually, start_node
 from ..support.sse import Stream

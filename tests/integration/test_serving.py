@@ -14,8 +14,8 @@ import orjson
 import pytest
 
 from tablecast import serde
-from tablecast.kafka import positions
-from tablecast.kafka.partitioner import partition_for
+from tablecast.contract import positions
+from tablecast.contract.partitioner import partition_for
 
 from ..support.procs import NodeProcess, eventually, start_node
 from .tables import TableModel, make_table, write_windows
@@ -148,7 +148,7 @@ def test_queries_match_the_model_and_survive_kill_9(
 def test_kept_answers_follow_every_write(
     bootstrap: str, unique: str, logs: Path, engine: tuple[str, str]
 ) -> None:
-    """Plain key reads are answered from whole kept answers (server/answers.py): every
+    """Plain key reads are answered from whole kept answers (query/kept_answers.py): every
     answer must still be what the store holds at the position its header names, so a
     write to the key, or to another key of its partition, is seen by the next reads."""
     model = make_table(bootstrap, unique, "hot", 1, serde.string(), serde.json())

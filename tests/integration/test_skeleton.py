@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 import tablecast as tc
-from tablecast.kafka.partitioner import partition_for
+from tablecast.contract.partitioner import partition_for
 from tablecast.kafka.topics import dlq_topic, ensure_topic
 from tablecast.pipeline.run.pipeline import Pipeline
 

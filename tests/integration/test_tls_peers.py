@@ -14,7 +14,7 @@ import tablecast as tc
 from tablecast import serde
 from tablecast.cluster.signing import Signer
 from tablecast.kafka.secure import make_certificates
-from tablecast.server.peers import SIGNATURE, signed_parts
+from tablecast.query.peer_pool import SIGNATURE, signed_parts
 
 from ..support.procs import NodeProcess, eventually, start_node
 from .tables import make_table

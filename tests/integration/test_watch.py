@@ -23,8 +23,8 @@ import tablecast as tc
 from tablecast import serde
 from tablecast.kafka.broker import free_port
 from tablecast.live.events import SSE as SSE_ENCODER
+from tablecast.live.resume_token import parse
 from tablecast.live.sinks import Sink
-from tablecast.live.token import parse
 
 from ..support.procs import NodeProcess, eventually, start_node
 from ..support.sse import Stream, read_to_end
@@ -427,7 +427,7 @@ def test_the_feeds_end_offset_answers_while_the_feed_consumes(bootstrap: str, un
     turn (confluent-kafka lets one thread at a time into a client)."""
     from tablecast.cluster.validate import checker
     from tablecast.live.events import Renderer
-    from tablecast.live.feed import Feed, Source
+    from tablecast.live.topic_feed import Feed, Source
 
     model = make_table(bootstrap, unique, "kv", 2, serde.string(), serde.json(), store="memory")
     model.write(bootstrap, [(f"k{i}", {"n": i}) for i in range(30)])

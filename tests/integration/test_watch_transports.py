@@ -15,8 +15,8 @@ import orjson
 import pytest
 
 from tablecast import serde
+from tablecast.grpc.service import TablesStub
 from tablecast.kafka.broker import free_port
-from tablecast.live.rpc import TablesStub
 from tablecast.proto import tables_pb2 as pb
 
 from ..support.procs import NodeProcess, eventually, start_node

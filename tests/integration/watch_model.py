@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer, TopicPartition
 
-from tablecast.live.token import Token, parse
+from tablecast.live.resume_token import Token, parse
 
 Match = Callable[[str], bool]
 

@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 from tablecast import serde
 from tablecast.cluster.replica import Replica
-from tablecast.kafka.catalog import TableInfo
-from tablecast.server.cursor import Cursors
-from tablecast.server.router import Router
+from tablecast.contract.table_info import TableInfo
+from tablecast.query.cursor import Cursors
+from tablecast.query.reads import Router
 from tablecast.store import Views, Write
 from tablecast.store.memory import MemoryStore
 from tablecast.store.rocksdb import RocksDBStore

@@ -113,7 +113,7 @@ def start_node(
 def free_port_run(n: int) -> int:
     """The first of `n` consecutive loopback ports that are all free right now (for
     `tablecast dev --nodes n --port P`, whose node i listens on P + i)."""
-    from tablecast.server.listen import cannot_listen
+    from tablecast.http.listen import cannot_listen
 
     while True:
         first = free_port()

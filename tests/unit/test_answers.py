@@ -1,7 +1,7 @@
 """Kept answers of plain key reads are answered only while the read path would give the same.
 
 The HTTP hot path answers ``GET /v1/tables/{t}/keys/{k}`` from whole answers kept
-by URL path (server/answers.py). Each way the read path's answer can change must
+by URL path (query/kept_answers.py). Each way the read path's answer can change must
 make a kept answer unusable: an apply (of any key of the partition: the position
 header moves), a new topic end (the lag header), staleness, a release or reopen,
 another owner, a changed catalog entry, and a read that overlapped an apply must
@@ -16,16 +16,16 @@ import orjson
 import pytest
 
 from tablecast.cluster.replica import Replica
-from tablecast.server.answers import (
+from tablecast.query.cursor import Cursors
+from tablecast.query.errors import ApiError
+from tablecast.query.kept_answers import (
     ENTRY_OVERHEAD,
     JSON,
     WIRE_OVERHEAD,
     Answers,
 )
-from tablecast.server.cursor import Cursors
-from tablecast.server.errors import ApiError
-from tablecast.server.request import Request
-from tablecast.server.router import Router
+from tablecast.query.reads import Router
+from tablecast.query.request import Request
 from tablecast.store import Write
 from tablecast.store.memory import MemoryStore
 

@@ -21,14 +21,14 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from tablecast.cluster.node import Node, NodeConfig
+from tablecast.grpc.service import TablesStub, serve_grpc
+from tablecast.http.app import HttpApp
+from tablecast.http.readers.key_reads import Answerer
 from tablecast.kafka.broker import free_port
-from tablecast.live.rpc import TablesStub, serve_grpc
 from tablecast.proto import tables_pb2 as pb
-from tablecast.server import auth as auth_module
-from tablecast.server.app import HttpApp
-from tablecast.server.auth import Auth
-from tablecast.server.errors import ApiError
-from tablecast.server.readers.answer import Answerer
+from tablecast.query import auth as auth_module
+from tablecast.query.auth import Auth
+from tablecast.query.errors import ApiError
 
 SECRET = "unit-test-secret-0123456789abcdef0123"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 
 from bench.chaos.verifier import Deferred, Readers, Rec, Reference
-from tablecast.kafka.partitioner import partition_for
+from tablecast.contract.partitioner import partition_for
 
 PARTITIONS = 6
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import os
 import socket
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+import tablecast
 from tablecast.cli import main as cli
 from tablecast.kafka import config as kafka_config
 
@@ -198,5 +200,8 @@ def test_ctrl_c_is_130_without_a_line(
 
 def test_help_and_version_still_exit_0(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--version"]) == 0
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    assert capsys.readouterr().out.split() == ["tablecast", pyproject["project"]["version"]]
+    assert tablecast.__version__ == pyproject["project"]["version"]
     assert cli.main(["serve", "--help"]) == 0
     assert "usage: tablecast serve" in capsys.readouterr().out

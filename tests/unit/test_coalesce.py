@@ -1,4 +1,4 @@
-"""The forwarder's batches (tablecast.server.coalesce) against a small real HTTP peer: reads
+"""The forwarder's batches (tablecast.query.coalesce) against a small real HTTP peer: reads
 that leave together travel as one call, a lone one as before, and a peer that refuses the
 batch route gets each read alone with the answer it gives alone; each read's answer (or
 its failure) reaches its future or sink exactly once."""
@@ -13,8 +13,8 @@ import orjson
 import pytest
 
 from tablecast.cluster.membership import Member
-from tablecast.server import coalesce
-from tablecast.server.coalesce import (
+from tablecast.query import coalesce
+from tablecast.query.coalesce import (
     ANSWERS_PATH,
     Coalescer,
     decode_wires,
@@ -23,10 +23,10 @@ from tablecast.server.coalesce import (
     header_pairs,
     unwired,
 )
-from tablecast.server.errors import ApiError
-from tablecast.server.peers import PeerPool, PeerUnavailable, Response
-from tablecast.server.request import Request
-from tablecast.server.rpc import Rpc
+from tablecast.query.errors import ApiError
+from tablecast.query.peer_calls import Rpc
+from tablecast.query.peer_pool import PeerPool, PeerUnavailable, Response
+from tablecast.query.request import Request
 
 Handler = Callable[[str, str, bytes], Awaitable[tuple[int, bytes]]]
 

@@ -8,7 +8,7 @@ import sys
 
 SCRIPT = """
 import gc
-from tablecast.server.collector import NEVER, YOUNG, tune
+from tablecast.node.gc import NEVER, YOUNG, tune
 tune()
 young, _, old = gc.get_threshold()
 assert (young, old) == (YOUNG, NEVER), gc.get_threshold()
@@ -24,7 +24,7 @@ def test_tune_freezes_start_up_and_collects_young_objects_less_often() -> None:
 
 PERIODIC = """
 import asyncio, gc, logging, weakref
-from tablecast.server.collector import collect_periodically, tune
+from tablecast.node.gc import collect_periodically, tune
 
 logging.basicConfig(level=logging.DEBUG, format="%(message)s")
 tune()

@@ -9,10 +9,10 @@ import asyncio
 import pytest
 
 from tablecast import serde
-from tablecast.kafka.catalog import TableInfo
-from tablecast.server.consistency import TopicEnds, read_options
-from tablecast.server.errors import ApiError
-from tablecast.server.ratelimit import WaitSlots
+from tablecast.contract.table_info import TableInfo
+from tablecast.query.consistency import TopicEnds, read_options
+from tablecast.query.errors import ApiError
+from tablecast.query.ratelimit import WaitSlots
 
 INFO = TableInfo("t", "app.table.t", 4, serde.string().spec(), serde.json().spec())
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from tablecast.cluster.coordinator import Coordinator
 from tablecast.cluster.membership import Member
-from tablecast.kafka.catalog import TableInfo
+from tablecast.contract.table_info import TableInfo
 
 
 @dataclass

@@ -17,8 +17,8 @@ from tablecast import serde
 from tablecast.cluster import topicinfo
 from tablecast.cluster.ingest import Ingestor
 from tablecast.cluster.replica import Replica
+from tablecast.contract.table_info import TableInfo
 from tablecast.kafka.broker import free_port
-from tablecast.kafka.catalog import TableInfo
 from tablecast.store import Write
 from tablecast.store.rocksdb import RocksDBStore
 

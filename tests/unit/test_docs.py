@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tablecast.server import apidoc
+from tablecast.http import apidoc
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_http_api_reference_is_generated_from_the_openapi_document() -> None:
     committed = (ROOT / "docs" / "http-api.md").read_text()
     assert committed == apidoc.markdown(), (
-        "docs/http-api.md is stale: python -m tablecast.server.apidoc > docs/http-api.md"
+        "docs/http-api.md is stale: python -m tablecast.http.apidoc > docs/http-api.md"
     )
 
 

@@ -1,4 +1,4 @@
-"""The short path of plain forwarded reads (server/forwards.py) picks the peer the router
+"""The short path of plain forwarded reads (query/short_path.py) picks the peer the router
 would pick, in every ownership state; keeps what a path names only while the table is the
 catalog's; and a read its peer did not answer goes to the router's other choices."""
 
@@ -14,14 +14,14 @@ import pytest
 from tablecast import serde
 from tablecast.cluster.membership import Member
 from tablecast.cluster.replica import Replica
-from tablecast.kafka.catalog import TableInfo
-from tablecast.server.coalesce import Coalescer
-from tablecast.server.consistency import NO_OPTIONS
-from tablecast.server.cursor import Cursors
-from tablecast.server.forwards import Forwards
-from tablecast.server.request import Request
-from tablecast.server.router import Router
-from tablecast.server.routing import ME
+from tablecast.contract.table_info import TableInfo
+from tablecast.query.coalesce import Coalescer
+from tablecast.query.consistency import NO_OPTIONS
+from tablecast.query.cursor import Cursors
+from tablecast.query.ownership import ME
+from tablecast.query.reads import Router
+from tablecast.query.request import Request
+from tablecast.query.short_path import Forwards
 from tablecast.store import Write
 from tablecast.store.memory import MemoryStore
 

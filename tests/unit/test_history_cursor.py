@@ -1,4 +1,4 @@
-"""History cursors (server/router.py): a page continues where the last one stopped, and any
+"""History cursors (query/reads.py): a page continues where the last one stopped, and any
 cursor that does not name a history's last time is a 400, never a 500 — also one this app
 signed for another query of the same shape (an index page's)."""
 
@@ -10,9 +10,9 @@ from typing import Any
 import orjson
 import pytest
 
-from tablecast.server.errors import ApiError
-from tablecast.server.request import Request
-from tablecast.server.router import TIME_MAX, Router
+from tablecast.query.errors import ApiError
+from tablecast.query.reads import TIME_MAX, Router
+from tablecast.query.request import Request
 from tablecast.store import Write
 
 from ..support.nodes import history_router

@@ -1,4 +1,4 @@
-"""``/history?order=desc`` (server/router.py, server/local.py): newest first, pages that
+"""``/history?order=desc`` (query/reads.py, query/local.py): newest first, pages that
 continue in that order, and cursors that page their own order only."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from typing import Any
 import orjson
 import pytest
 
-from tablecast.server import params as route_params
-from tablecast.server.errors import ApiError
-from tablecast.server.local import newest_versions
-from tablecast.server.openapi import document
-from tablecast.server.request import Request
-from tablecast.server.router import Router
+from tablecast.http.openapi import document
+from tablecast.query import params as route_params
+from tablecast.query.errors import ApiError
+from tablecast.query.local import newest_versions
+from tablecast.query.reads import Router
+from tablecast.query.request import Request
 from tablecast.store import Write
 
 from ..support.nodes import history_router

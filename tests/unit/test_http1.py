@@ -1,4 +1,4 @@
-"""The event loop's HTTP/1.1 and WebSocket server (server/http1.py, http1_websocket.py), over
+"""The event loop's HTTP/1.1 and WebSocket server (http/http1.py, http1_websocket.py), over
 real sockets, with a small app in place of the node's (the node's own routes run on it in
 tests/integration: test_serving.py on both engines, the rest on the default)."""
 
@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from tablecast.server import http1, http1_websocket, listen
-from tablecast.server.http1 import LoopServer
+from tablecast.http import http1, http1_websocket, listen
+from tablecast.http.http1 import LoopServer
 from tests.support.ws import WebSocket
 
 JSON = [("content-type", "application/json")]

@@ -1,5 +1,7 @@
-"""The package's import graph: no cycles anywhere in tablecast/, and the pipeline's
-stages import only from the stages before them (DSL -> plan -> compile -> run).
+"""The package's import graph: no cycles anywhere in tablecast/, every package imports
+only from the layers below it (the tree follows the data: the record contract, Kafka,
+stores, the cluster, the read core, the front ends, the node process, the CLI), and the
+pipeline's stages import only from the stages before them (DSL -> plan -> compile -> run).
 
 Every import counts, wherever it stands: at module level, inside a function (a
 lazy import is still a dependency), and under ``if TYPE_CHECKING`` (a type named
@@ -33,9 +35,42 @@ def modules(root: Path = ROOT) -> dict[str, Path]:
     return out
 
 
-def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
-    """Module -> the tablecast modules it imports (a name imported from a package is
-    the submodule of that name when there is one, else the package)."""
+#: the package's layers, lowest first: a package imports only from its own layer and the
+#: layers before it. ``tablecast`` itself (the public API) may import anything.
+LAYERS: list[set[str]] = [
+    # pure data and functions: the record contract and what it is written with
+    {"contract", "serde", "windows", "jvm", "lifetime", "proto", "version"},
+    {"client"},
+    {"kafka"},
+    {"pipeline"},
+    {"store"},
+    {"cluster"},
+    # reads as values, routed, authorized and answered, whatever the transport
+    {"query"},
+    {"live"},
+    {"console"},
+    {"grpc"},
+    {"http"},
+    # a serving node's process puts the layers below together
+    {"node"},
+    {"cli"},
+    {"submit"},
+]
+
+
+def layer_of(module: str) -> int | None:
+    """The index in LAYERS of a module's top-level package (None for ``tablecast``)."""
+    top = module.split(".")[1] if "." in module else None
+    for i, layer in enumerate(LAYERS):
+        if top in layer:
+            return i
+    return None
+
+
+def import_edges(root: Path = ROOT) -> dict[str, list[tuple[str, int]]]:
+    """Module -> (tablecast module it imports, line of the import), for every import (a
+    name imported from a package is the submodule of that name when there is one, else
+    the package)."""
     mods = modules(root)
 
     def known(name: str) -> str | None:
@@ -43,13 +78,17 @@ def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
             name = name.rpartition(".")[0]
         return name or None
 
-    graph: dict[str, set[str]] = {}
+    edges: dict[str, list[tuple[str, int]]] = {}
     for mod, path in mods.items():
         package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
-        deps: set[str | None] = set()
+        deps: list[tuple[str | None, int]] = []
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
-                deps.update(known(a.name) for a in node.names if a.name.startswith("tablecast"))
+                deps.extend(
+                    (known(a.name), node.lineno)
+                    for a in node.names
+                    if a.name.startswith("tablecast")
+                )
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
@@ -59,9 +98,29 @@ def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
                     continue
                 for a in node.names:
                     full = f"{base}.{a.name}"
-                    deps.add(full if full in mods else known(base))
-        graph[mod] = {d for d in deps if d is not None and d != mod}
-    return graph
+                    deps.append((full if full in mods else known(base), node.lineno))
+        edges[mod] = sorted({(d, n) for d, n in deps if d is not None and d != mod})
+    return edges
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Module -> the tablecast modules it imports."""
+    return {mod: {d for d, _ in deps} for mod, deps in import_edges(root).items()}
+
+
+def upward_imports(root: Path = ROOT) -> list[str]:
+    """Each import of a module from a layer above its own, as ``file:line: a imports b``."""
+    wrong = []
+    for mod, deps in import_edges(root).items():
+        mine = layer_of(mod)
+        if mine is None:
+            continue
+        for dep, line in deps:
+            theirs = layer_of(dep)
+            if theirs is None or theirs > mine:
+                path = modules(root)[mod].relative_to(root.parent)
+                wrong.append(f"{path}:{line}: {mod} imports {dep} from a layer above")
+    return sorted(wrong)
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -119,8 +178,31 @@ def test_the_checker_finds_a_cycle(tmp_path: Path) -> None:
     assert cycles(import_graph(pkg)) == [["tablecast.a", "tablecast.sub.b"]]
 
 
+def test_the_checker_names_an_upward_import(tmp_path: Path) -> None:
+    pkg = tmp_path / "tablecast"
+    for sub in ("kafka", "store"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "store" / "base.py").write_text("from tablecast.kafka import topics\n")
+    (pkg / "kafka" / "topics.py").write_text("import os\n\n\ndef f():\n    import tablecast\n")
+    (pkg / "kafka" / "catalog.py").write_text("X = 1\n\nfrom tablecast.store.base import f\n")
+    assert upward_imports(pkg) == [
+        "tablecast/kafka/catalog.py:3: tablecast.kafka.catalog imports tablecast.store.base"
+        " from a layer above",
+        "tablecast/kafka/topics.py:5: tablecast.kafka.topics imports tablecast from a layer above",
+    ]
+
+
 def test_no_import_cycle_in_tablecast() -> None:
     assert cycles(import_graph()) == []
+
+
+def test_every_package_imports_only_from_its_layer_and_below() -> None:
+    assert not upward_imports(), "\n".join(upward_imports())
+    tops = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
+    tops |= {p.stem for p in ROOT.glob("*.py") if p.name != "__init__.py"}
+    assert tops == set().union(*LAYERS), "every package and module of tablecast/ has a layer"
 
 
 def test_pipeline_stages_import_only_earlier_stages() -> None:

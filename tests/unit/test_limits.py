@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from tablecast.cluster.offsetwait import AppliedWaiters
-from tablecast.server import ratelimit
-from tablecast.server.errors import ApiError
-from tablecast.server.ratelimit import SharedTokenBuckets, TokenBuckets, WaitSlots
+from tablecast.query import ratelimit
+from tablecast.query.errors import ApiError
+from tablecast.query.ratelimit import SharedTokenBuckets, TokenBuckets, WaitSlots
 
 
 def views(kind: str, tmp_path: Path, rate: float, burst: float | None = None) -> list[Any]:
@@ -85,8 +85,8 @@ def test_shared_buckets_reuse_refilled_slots_and_never_refuse_wrongly(
 
 COUNTER = """
 import sys
-from tablecast.server.errors import ApiError
-from tablecast.server.ratelimit import SharedTokenBuckets
+from tablecast.query.errors import ApiError
+from tablecast.query.ratelimit import SharedTokenBuckets
 b = SharedTokenBuckets(sys.argv[1], rate=0.001, burst=30000)
 sys.stdin.readline()  # all start together
 got = 0

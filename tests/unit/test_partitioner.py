@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tablecast.kafka.partitioner import murmur2, partition_for
+from tablecast.contract.partitioner import murmur2, partition_for
 
 # Kafka's UtilsTest.testMurmur2 vectors (clients/src/test/.../utils/UtilsTest.java)
 KAFKA_VECTORS = {

@@ -349,7 +349,7 @@ def _run_windowed(
 
 
 def _window_table(out: list[tuple[Any, ...]]) -> dict[tuple[str, int], tuple[Any, int]]:
-    from tablecast.kafka.windowed import split_window_key
+    from tablecast.contract.window_keys import split_window_key
 
     table: dict[tuple[str, int], tuple[Any, int]] = {}
     for r in out:
@@ -449,7 +449,7 @@ def _run_sessions(
 
 
 def _session_rows(out: list[tuple[Any, ...]]) -> list[tuple[tuple[str, int, int], Any]]:
-    from tablecast.kafka.windowed import split_session_key
+    from tablecast.contract.window_keys import split_session_key
 
     written = []
     for r in out:

@@ -13,7 +13,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import tablecast as tc
-from tablecast.kafka.windowed import session_key, split_session_key
+from tablecast.contract.window_keys import session_key, split_session_key
 from tablecast.pipeline.compile import envelope as env
 from tablecast.pipeline.compile.keyed import KeyState
 from tablecast.pipeline.compile.session import SessionAggregator, session_core
@@ -239,7 +239,7 @@ def test_emit_final_at_the_edge_of_grace_as_kafka_streams() -> None:
 def test_catalog_and_ingestion_take_session_tables() -> None:
     """A node accepts a session table's entry and checks its keys' 16-byte suffix."""
     from tablecast.cluster.validate import checker
-    from tablecast.kafka.catalog import BadEntry, TableInfo
+    from tablecast.contract.table_info import BadEntry, TableInfo
 
     app = tc.App("shop")
     grouped = app.stream("events", key=STR, value=JSON).group_by_key()

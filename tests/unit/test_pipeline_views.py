@@ -11,20 +11,20 @@ import orjson
 import pytest
 
 import tablecast as tc
-from tablecast.kafka import catalog
-from tablecast.kafka.indexes import BadIndex, decode_header
+from tablecast.contract.index_codec import BadIndex, decode_header
+from tablecast.contract.table_info import TableInfo
 from tablecast.pipeline.compile.index import header_of
 from tablecast.pipeline.plan import queries as planner
 from tablecast.pipeline.run.pipeline import table_info
 from tablecast.pipeline.run.trigger import blockers
 
 
-def entry(app: tc.App, name: str) -> catalog.TableInfo:
+def entry(app: tc.App, name: str) -> TableInfo:
     """The entry the pipeline publishes for `name`, passed through the nodes' check."""
     out = app.materialized[name]
     topic = planner.plan_output(app.id, out, list(app.materialized.values()))[-1].output.topic
     info = table_info(out, topic, 3)
-    return catalog.TableInfo.checked(name, info.to_json())
+    return TableInfo.checked(name, info.to_json())
 
 
 def test_the_catalog_entry_carries_history_and_index_names() -> None:

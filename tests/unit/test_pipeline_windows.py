@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tablecast as tc
-from tablecast.kafka.windowed import split_window_key
+from tablecast.contract.window_keys import split_window_key
 from tablecast.pipeline.compile import envelope as env
 from tablecast.pipeline.compile.aggregate import Aggregator
 from tablecast.pipeline.compile.keyed import KeyState

@@ -13,11 +13,11 @@ import orjson
 import pytest
 
 from tablecast import serde
-from tablecast.kafka.catalog import TableInfo
-from tablecast.server.auth import Auth
-from tablecast.server.errors import ApiError
-from tablecast.server.policy import Grants, Policy, PolicyError, Scope, prefix_end
-from tablecast.server.rpc import not_refused
+from tablecast.contract.table_info import TableInfo
+from tablecast.query.auth import Auth
+from tablecast.query.errors import ApiError
+from tablecast.query.peer_calls import not_refused
+from tablecast.query.policy import Grants, Policy, PolicyError, Scope, prefix_end
 
 POLICY = {
     "rules": [

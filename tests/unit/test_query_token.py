@@ -1,4 +1,4 @@
-"""``?access_token=`` of a watch (server/app.py): it goes on in the Authorization header of
+"""``?access_token=`` of a watch (http/app.py): it goes on in the Authorization header of
 peer calls, so a value that is no RFC 6750 bearer token is refused with 401 where it is
 read, before it can break a peer request's head."""
 
@@ -10,9 +10,9 @@ from urllib.parse import quote, urlencode
 import jwt
 import pytest
 
-from tablecast.server.app import _query_token
-from tablecast.server.auth import Auth
-from tablecast.server.errors import ApiError
+from tablecast.http.app import _query_token
+from tablecast.query.auth import Auth
+from tablecast.query.errors import ApiError
 
 SECRET = "unit-test-secret-0123456789abcdef0123"
 WATCH = "/v1/tables/kv/watch"

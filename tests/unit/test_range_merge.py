@@ -7,10 +7,10 @@ from typing import Any
 
 from tablecast import serde
 from tablecast.cluster.replica import Replica
-from tablecast.kafka.catalog import TableInfo
-from tablecast.server.local import MIN_CHUNK, read_page
-from tablecast.server.policy import Scope
-from tablecast.server.scans import Scan
+from tablecast.contract.table_info import TableInfo
+from tablecast.query.local import MIN_CHUNK, read_page
+from tablecast.query.policy import Scope
+from tablecast.query.scans import Scan
 from tablecast.store import MemoryStore, Write
 
 PARTITIONS = 12

@@ -1,4 +1,4 @@
-"""A read process's answers (server/readers/answer.py) against a real RocksDB store written
+"""A read process's answers (http/readers/key_reads.py) against a real RocksDB store written
 as a node writes it: which request heads it answers, exact positions as the store moves,
 kept answers that end with a move, and the node's feed going quiet."""
 
@@ -14,13 +14,13 @@ import orjson
 import pytest
 
 from tablecast import serde
-from tablecast.kafka.catalog import TableInfo
-from tablecast.kafka.partitioner import partition_for
-from tablecast.server.auth import Auth
-from tablecast.server.ratelimit import SharedTokenBuckets
-from tablecast.server.readers import answer as answer_module
-from tablecast.server.readers.answer import Answerer
-from tablecast.server.readers.heads import plain_get, relayed_body_length
+from tablecast.contract.partitioner import partition_for
+from tablecast.contract.table_info import TableInfo
+from tablecast.http.readers import key_reads as answer_module
+from tablecast.http.readers.heads import plain_get, relayed_body_length
+from tablecast.http.readers.key_reads import Answerer
+from tablecast.query.auth import Auth
+from tablecast.query.ratelimit import SharedTokenBuckets
 from tablecast.store import Write
 from tablecast.store.rocksdb import RocksDBStore
 
@@ -181,7 +181,7 @@ def test_a_quiet_feed_stops_the_answers(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 def test_a_request_it_cannot_pipe_to_the_node_gets_503_with_retry_after(tmp_path: Path) -> None:
-    from tablecast.server.readers.relay import ClientConnection, Clients
+    from tablecast.http.readers.relay import ClientConnection, Clients
 
     async def main() -> bytes:
         answerer = Answerer("node-1", 4096, tmp_path / "own", Auth())
@@ -213,10 +213,10 @@ def test_relay_directories_of_dead_nodes_are_removed(
     import os
     import socket
 
-    from tablecast.server.readers import supervise
+    from tablecast.node import read_processes
 
-    monkeypatch.setattr(supervise.tempfile, "gettempdir", lambda: str(tmp_path))
-    alive, dead, starting, old = (tmp_path / f"{supervise.RELAY_PREFIX}{n}" for n in "adso")
+    monkeypatch.setattr(read_processes.tempfile, "gettempdir", lambda: str(tmp_path))
+    alive, dead, starting, old = (tmp_path / f"{read_processes.RELAY_PREFIX}{n}" for n in "adso")
     for d in (alive, dead, starting, old):
         d.mkdir()
     listening = socket.socket(socket.AF_UNIX)
@@ -227,7 +227,7 @@ def test_relay_directories_of_dead_nodes_are_removed(
     gone.close()
     os.utime(old, (0, 0))  # made long ago, never got its socket
     try:
-        supervise.remove_dead_relays()
+        read_processes.remove_dead_relays()
         assert sorted(p.name[-1] for p in tmp_path.iterdir()) == ["a", "s"]
     finally:
         listening.close()
@@ -340,7 +340,7 @@ def test_a_connection_comes_back_after_each_request_the_node_answers(tmp_path: P
     """Pipelined on one connection: plain reads answered by the read process, the others by
     the node through one relay connection, each answer in its request's order; after a
     ``Connection: close`` the node has the connection for good."""
-    from tablecast.server.readers.relay import ClientConnection, Clients
+    from tablecast.http.readers.relay import ClientConnection, Clients
 
     node = Node(tmp_path / "store")
     node.write({"a": {"n": 1}})
@@ -409,7 +409,7 @@ class _CountingBuffer(bytearray):
 def test_a_head_trickled_a_byte_at_a_time_is_searched_once(tmp_path: Path) -> None:
     """Each packet's search for the head's end starts where the last one stopped, so a large
     head sent a byte at a time costs about its length in search, and is still answered."""
-    from tablecast.server.readers.relay import ClientConnection, Clients
+    from tablecast.http.readers.relay import ClientConnection, Clients
 
     node = Node(tmp_path / "store")
     node.write({"a": {"n": 1}})

@@ -15,10 +15,10 @@ import orjson
 
 from tablecast.cluster.membership import Member
 from tablecast.cluster.replica import Replica
-from tablecast.server.cursor import Cursors
-from tablecast.server.errors import ApiError
-from tablecast.server.request import Request
-from tablecast.server.router import Router
+from tablecast.query.cursor import Cursors
+from tablecast.query.errors import ApiError
+from tablecast.query.reads import Router
+from tablecast.query.request import Request
 from tablecast.store import Write
 from tablecast.store.memory import MemoryStore
 

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from tablecast.server.consistency import NO_OPTIONS, ReadOptions
-from tablecast.server.errors import ApiError
-from tablecast.server.request import Request
-from tablecast.server.routing import ME
-from tablecast.server.rpc import NO_REPLICA_GRACE_S, Rpc
+from tablecast.query.consistency import NO_OPTIONS, ReadOptions
+from tablecast.query.errors import ApiError
+from tablecast.query.ownership import ME
+from tablecast.query.peer_calls import NO_REPLICA_GRACE_S, Rpc
+from tablecast.query.request import Request
 
 
 class ViewCatchingUp:

@@ -12,8 +12,8 @@ import pytest
 
 from tablecast import serde
 from tablecast.cluster.validate import checker
-from tablecast.kafka.catalog import BadEntry, TableInfo
-from tablecast.kafka.windowed import window_key
+from tablecast.contract.table_info import BadEntry, TableInfo
+from tablecast.contract.window_keys import window_key
 from tablecast.store import PartitionStore, Record, StoreClosed, Write, open_store
 from tablecast.store.cache import CachedStore
 from tablecast.store.memory import MemoryStore

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tablecast.kafka import indexes as ix
+from tablecast.contract import index_codec as ix
 from tablecast.store import PartitionStore, Version, Views, Write, open_store
 
 HISTORY_MS = 50

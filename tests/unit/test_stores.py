@@ -150,7 +150,7 @@ def test_replica_reads_are_exact_at_the_position_they_report(make) -> None:  # t
     vanished after that position) and no earlier one. This is what an answer's
     ``X-Tablecast-Position`` promises, and what lets a 404 be judged exactly."""
     from tablecast.cluster.replica import Replica
-    from tablecast.kafka.catalog import TableInfo
+    from tablecast.contract.table_info import TableInfo
 
     info = TableInfo("t", "t-topic", 1, {"format": "bytes"}, {"format": "bytes"})
     replica = Replica(info, 0, make())

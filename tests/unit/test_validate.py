@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tablecast import serde
 from tablecast.cluster.validate import NOT_JSON, checker
-from tablecast.kafka.catalog import TableInfo
+from tablecast.contract.table_info import TableInfo
 from tablecast.serde import json_check
 
 check = json_check(NOT_JSON)

@@ -15,17 +15,17 @@ import pytest
 
 from tablecast import serde
 from tablecast.client.watch import Parser
-from tablecast.kafka.catalog import TableInfo
+from tablecast.contract.table_info import TableInfo
 from tablecast.live import hub as hub_module
 from tablecast.live import sinks, tcpdiag
 from tablecast.live.events import SSE, Change
-from tablecast.live.feed import Batch
 from tablecast.live.hub import Hub, Start, Watch
+from tablecast.live.resume_token import Token, parse
 from tablecast.live.selection import Selection
 from tablecast.live.sinks import Progress, QueueSink, Sink
-from tablecast.live.token import Token, parse
-from tablecast.server.errors import ApiError
-from tablecast.server.policy import Scope
+from tablecast.live.topic_feed import Batch
+from tablecast.query.errors import ApiError
+from tablecast.query.policy import Scope
 
 INFO = TableInfo("kv", "app.table.kv", 4, serde.string().spec(), serde.json().spec())
 

@@ -19,19 +19,19 @@ from tablecast import serde
 from tablecast.cluster.membership import Member
 from tablecast.cluster.node import NodeConfig
 from tablecast.cluster.replica import Replica
-from tablecast.kafka.catalog import TableInfo
+from tablecast.contract.table_info import TableInfo
+from tablecast.http.http1 import LoopServer
 from tablecast.live import sinks, tcpdiag
 from tablecast.live.events import SSE
 from tablecast.live.hub import Hub, Start, Watch
 from tablecast.live.selection import Selection
 from tablecast.live.service import Live
 from tablecast.live.sinks import StreamSink
-from tablecast.server.cursor import Cursors
-from tablecast.server.errors import ApiError
-from tablecast.server.http1 import LoopServer
-from tablecast.server.ratelimit import WaitSlots
-from tablecast.server.request import Request
-from tablecast.server.router import Router
+from tablecast.query.cursor import Cursors
+from tablecast.query.errors import ApiError
+from tablecast.query.ratelimit import WaitSlots
+from tablecast.query.reads import Router
+from tablecast.query.request import Request
 from tablecast.store import Write
 from tablecast.store.memory import MemoryStore
 from tests.support.ws import WebSocket

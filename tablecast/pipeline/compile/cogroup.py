@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from functools import reduce
 from typing import TYPE_CHECKING, Any
 
-from tablecast.kafka.windowed import window_key
+from tablecast.contract.window_keys import window_key
 from tablecast.pipeline.compile import envelope as env
 from tablecast.pipeline.compile.keyed import (
     ERR,

@@ -1,10 +1,10 @@
 """A table's secondary index values, computed per row into the ``tc-index`` record header.
 
-The header is the contract of :mod:`tablecast.kafka.indexes` (docs/table-topics.md):
+The header is the contract of :mod:`tablecast.contract.index_codec` (docs/table-topics.md):
 a JSON object from index name to a value, a list of values, or null. An index
 is a Column over key/value, evaluated in the JVM and serialized with
 ``to_json``, or a Python callable ``f(key, value)``, run in a pandas UDF and
-serialized with :func:`tablecast.kafka.indexes.encode_header` — the node's own
+serialized with :func:`tablecast.contract.index_codec.encode_header` — the node's own
 check, so a header the pipeline writes is one the node accepts. With both
 kinds, the two JSON objects are joined into one.
 
@@ -37,7 +37,7 @@ from pyspark.sql.types import (
     StringType,
 )
 
-from tablecast.kafka import indexes as contract
+from tablecast.contract import index_codec as contract
 from tablecast.pipeline.compile.columns import classic
 from tablecast.pipeline.compile.flow import Flow
 from tablecast.pipeline.compile.sink import present

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tablecast.kafka.windowed import session_key
+from tablecast.contract.window_keys import session_key
 from tablecast.pipeline.compile import envelope as env
 from tablecast.pipeline.compile.keyed import (
     OFF,

@@ -22,7 +22,7 @@ import pickle
 from collections.abc import Iterator
 from typing import Any
 
-from tablecast.kafka.windowed import window_key
+from tablecast.contract.window_keys import window_key
 from tablecast.pipeline.compile import envelope as env
 from tablecast.pipeline.compile.aggregate import Aggregator
 from tablecast.pipeline.compile.flow import Flow
@@ -167,7 +167,7 @@ def partition_column() -> Any:
 def task_udf(partitions: int) -> Any:
     from pyspark.sql.functions import pandas_udf
 
-    from tablecast.kafka.partitioner import Partitioner
+    from tablecast.contract.partitioner import Partitioner
 
     @pandas_udf("int")  # type: ignore[call-overload]
     def task(keys):  # type: ignore[no-untyped-def]

@@ -14,7 +14,7 @@ from typing import Any
 
 from pyspark.sql import Column
 
-from tablecast.kafka.indexes import NAME
+from tablecast.contract.index_codec import NAME
 from tablecast.pipeline.plan import nodes as plan
 from tablecast.windows import to_ms
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import orjson
 
+from tablecast.contract.table_info import TableInfo
 from tablecast.kafka import catalog
 from tablecast.kafka.topics import (
     TABLE_TOPIC_CONFIG,
@@ -190,10 +191,10 @@ def _ensure_outputs(bootstrap_servers: str, queries: list[planner.Query], count:
     return sizes
 
 
-def table_info(out: plan.Materialize, topic: str, partitions: int) -> catalog.TableInfo:
+def table_info(out: plan.Materialize, topic: str, partitions: int) -> TableInfo:
     """The catalog entry of a materialized table: what serving nodes read to serve it."""
     window = plan.window_of(out)
-    return catalog.TableInfo(
+    return TableInfo(
         name=out.name,
         topic=topic,
         partitions=partitions,

@@ -1,0 +1,172 @@
+"""A table's description: its topic, partitions, serdes, kind, store and views, as the
+catalog topic carries it (one JSON value per table) and every reader of the table
+topics needs it.
+
+Two optional fields of ``extra`` ask the nodes to keep more than the latest
+row per key: ``"history_ms": N`` (a positive integer) keeps every
+version of every key for N ms of record time, and ``"indexes": ["NAME", ...]``
+keeps the secondary indexes whose values the table's records carry in the
+header of :mod:`tablecast.contract.index_codec`. Both are for ``kv`` tables only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from typing import Any, Literal
+
+import orjson
+
+from tablecast import serde
+from tablecast.contract import index_codec
+from tablecast.contract.partitioner import Partitioner
+from tablecast.contract.views import Views
+
+KINDS = ("kv", "window")
+STORES = ("rocksdb", "memory")
+
+
+class BadEntry(ValueError):
+    """A catalog record that does not describe a table this version can serve."""
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    name: str
+    topic: str
+    partitions: int
+    key: dict[str, Any]
+    value: dict[str, Any]
+    kind: Literal["kv", "window"] = "kv"
+    is_global: bool = False
+    store: Literal["rocksdb", "memory"] = "rocksdb"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, data: bytes) -> TableInfo:
+        fields = orjson.loads(data)
+        known = {k: v for k, v in fields.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+    @classmethod
+    def checked(cls, name: str, data: bytes) -> TableInfo:
+        """The entry recorded under `name`, or :class:`BadEntry` saying what is wrong with it."""
+        try:
+            fields = orjson.loads(data)
+        except orjson.JSONDecodeError as e:
+            raise BadEntry(f"not JSON: {e}") from None
+        if not isinstance(fields, dict):
+            raise BadEntry("not a JSON object")
+        try:
+            info = cls(**{k: v for k, v in fields.items() if k in cls.__dataclass_fields__})
+        except TypeError as e:
+            raise BadEntry(str(e)) from None
+        problems = []
+        if info.name != name:
+            problems.append(f"name {info.name!r} differs from the record key {name!r}")
+        if not isinstance(info.topic, str) or not info.topic:
+            problems.append(f"topic {info.topic!r} is not a topic name")
+        p = info.partitions
+        if not isinstance(p, int) or isinstance(p, bool) or p <= 0:
+            problems.append(f"partitions {p!r} is not a positive integer")
+        if info.kind not in KINDS:
+            problems.append(f"kind {info.kind!r} is not one of {KINDS}")
+        if info.store not in STORES:
+            problems.append(f"store {info.store!r} is not one of {STORES}")
+        if not isinstance(info.is_global, bool):
+            problems.append("is_global is not a boolean")
+        if not isinstance(info.extra, dict):
+            problems.append("extra is not an object")
+        for side in ("key", "value"):
+            spec = getattr(info, side)
+            if not isinstance(spec, dict) or not isinstance(spec.get("format"), str):
+                problems.append(f"{side} {spec!r} is not a serde spec with a format")
+                continue
+            try:
+                getattr(info, f"{side}_serde")  # built now, once: a spec that cannot is refused
+            except Exception as e:  # fastavro raises many kinds on a bad schema
+                problems.append(f"{side} serde: {e}")
+        if info.kind == "window":
+            extra = info.extra if isinstance(info.extra, dict) else {}
+            # a session table's windows have no one size: their keys carry start and end
+            size = extra.get("session_gap_ms", extra.get("size_ms"))
+            if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+                problems.append("a window table needs extra.size_ms or session_gap_ms > 0")
+        if isinstance(info.extra, dict):
+            problems += _view_problems(info)
+        if problems:
+            raise BadEntry("; ".join(problems))
+        return info
+
+    @cached_property
+    def history_ms(self) -> int | None:
+        """How long every version of a key is kept (``extra["history_ms"]``); None: not kept."""
+        return self.extra.get("history_ms")
+
+    @cached_property
+    def indexes(self) -> tuple[str, ...]:
+        """The table's secondary indexes (``extra["indexes"]``): what the record header
+        :data:`tablecast.contract.index_codec.HEADER` carries values for."""
+        return tuple(self.extra.get("indexes", ()))
+
+    @cached_property
+    def views(self) -> Views:
+        """What a store of this table keeps besides the latest row per key."""
+        return Views(self.history_ms, self.indexes)
+
+    # rebuilt once per table, not per request: an Avro schema is costly to parse
+    @cached_property
+    def key_serde(self) -> serde.Serde:
+        return serde.from_spec(self.key)
+
+    @cached_property
+    def value_serde(self) -> serde.Serde:
+        return serde.from_spec(self.value)
+
+    @cached_property
+    def partition_of(self) -> Partitioner:
+        """serialized key -> partition, as Kafka's Java producer picks it."""
+        return Partitioner(self.partitions)
+
+    def public(self) -> dict[str, Any]:
+        """The table as `GET /v1/tables` lists it."""
+        out = {
+            "name": self.name,
+            "topic": self.topic,
+            "partitions": self.partitions,
+            "kind": self.kind,
+            "global": self.is_global,
+            "key_format": self.key["format"],
+            "value_format": self.value["format"],
+        }
+        if self.history_ms is not None:
+            out["history_ms"] = self.history_ms
+        if self.indexes:
+            out["indexes"] = list(self.indexes)
+        return out
+
+
+def _view_problems(info: TableInfo) -> list[str]:
+    """What is wrong with an entry's history and indexes (the contract in docs/table-topics.md)."""
+    problems = []
+    history = info.extra.get("history_ms")
+    if history is not None and (
+        not isinstance(history, int) or isinstance(history, bool) or history <= 0
+    ):
+        problems.append(f"extra.history_ms {history!r} is not a positive integer (ms)")
+    names = info.extra.get("indexes")
+    if names is not None:
+        if not isinstance(names, list) or not all(
+            isinstance(n, str) and index_codec.NAME.fullmatch(n) for n in names
+        ):
+            problems.append(
+                f"extra.indexes {names!r} is not a list of names (1-64 of A-Z a-z 0-9 _ . -)"
+            )
+        elif len(set(names)) != len(names):
+            problems.append(f"extra.indexes {names!r} names an index twice")
+    if (history is not None or names) and info.kind != "kv":
+        problems.append("history and indexes are kept for kv tables only")
+    return problems

@@ -1,0 +1,24 @@
+"""What a table's stores keep besides the latest row per key, as a table's description
+states it and a store records it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import orjson
+
+
+@dataclass(frozen=True)
+class Views:
+    """What a store keeps besides the latest row per key: every version
+    for `history_ms` by record timestamp, and the index entries of the named indexes."""
+
+    history_ms: int | None = None
+    indexes: tuple[str, ...] = ()
+
+    def fingerprint(self) -> bytes:
+        """How a store records which views it holds: one built for others starts over."""
+        return orjson.dumps([self.history_ms, sorted(self.indexes)])
+
+
+NO_VIEWS = Views()

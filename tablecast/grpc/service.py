@@ -1,0 +1,347 @@
+"""gRPC: service ``tablecast.v1.Tables`` (tablecast/proto/tables.proto) beside HTTP.
+
+Each call goes through the same code as its HTTP route: the router for Get,
+BatchGet and Range (forwarding to the owner included), the watch service for
+Watch, with the caller's bearer token from the ``authorization`` metadata, the
+rate limit and the auth policy applied exactly as for HTTP. The server runs
+on the node's event loop (grpc.aio), so a Watch is one more sink of the hub:
+its events are serialized once per change and shared like the SSE ones.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, Protocol
+from urllib.parse import urlencode
+
+import grpc
+import orjson
+
+from tablecast.live.events import ERROR, READY, Change, Encoder
+from tablecast.live.service import Live, query_pairs
+from tablecast.live.sinks import QueueSink
+from tablecast.proto import tables_pb2 as pb
+from tablecast.query.auth import Auth, Caller
+from tablecast.query.errors import ApiError
+from tablecast.query.peer_pool import SIGNATURE
+from tablecast.query.ratelimit import RateLimit
+from tablecast.query.reads import Router
+from tablecast.query.request import HOP, Request, subject_of
+
+log = logging.getLogger(__name__)
+
+
+class Node(Protocol):
+    """What the service reads with: the node's HTTP app is one."""
+
+    router: Router
+    live: Live
+    auth: Auth
+    rate: RateLimit | None
+
+    def unseen_caller(
+        self, authorization: str | None, scope: Any, charge: bool = True
+    ) -> Caller | Awaitable[Caller]: ...
+
+
+SERVICE = "tablecast.v1.Tables"
+#: the HTTP API's error codes as gRPC statuses
+STATUS = {
+    "bad_request": grpc.StatusCode.INVALID_ARGUMENT,
+    "unauthorized": grpc.StatusCode.UNAUTHENTICATED,
+    "forbidden": grpc.StatusCode.PERMISSION_DENIED,
+    "table_not_found": grpc.StatusCode.NOT_FOUND,
+    "key_not_found": grpc.StatusCode.NOT_FOUND,
+    "not_found": grpc.StatusCode.NOT_FOUND,
+    "rate_limited": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "payload_too_large": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "partition_unavailable": grpc.StatusCode.UNAVAILABLE,
+    "shutdown": grpc.StatusCode.UNAVAILABLE,
+    "timeout": grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+
+
+def key_text(key: Any) -> str:
+    """A key's JSON value in its text form (a URL path's): strings as they are, else JSON."""
+    return key if isinstance(key, str) else orjson.dumps(key).decode()
+
+
+class GrpcEncoder(Encoder):
+    """Watch events as serialized ``WatchEvent`` messages (the handler passes bytes through)."""
+
+    name = "grpc"
+
+    def encode(self, kind: str, token: str | None, change: Change | None, extra: Any = None) -> Any:
+        if kind == ERROR:
+            err = (extra or {}).get("error", {})
+            return (ERROR, err.get("code", "error"), err.get("message", ""))
+        event = pb.WatchEvent(event=kind, id=token or "")
+        if change is not None:
+            r = change.renderer
+            row = event.row
+            row.key = key_text(r.key_object(change.key))
+            row.value = change.value_json.decode()
+            row.partition = change.partition
+            row.offset = change.offset
+            row.timestamp = change.timestamp
+        elif kind == READY:
+            event.rows = int((extra or {}).get("rows", 0))
+        return event.SerializeToString()
+
+    def keep_alive(self, token: str | None) -> bytes:
+        return pb.WatchEvent(event="keep-alive", id=token or "").SerializeToString()
+
+
+GRPC = GrpcEncoder()
+
+
+class _Scope:
+    """What the router reads of a request's scope: the client's address (rate limits)."""
+
+    __slots__ = ("client",)
+
+    def __init__(self, peer: str) -> None:
+        # "ipv4:1.2.3.4:5678" or "ipv6:[::1]:5678"
+        self.client = peer.split(":", 1)[1] if peer.startswith(("ipv4:", "ipv6:")) else peer
+
+
+class Tables:
+    """The handlers; each turns the call into the HTTP route's request and back."""
+
+    def __init__(self, app: Node) -> None:
+        self.app = app
+        self.router = app.router
+        self.live = app.live
+
+    async def _request(self, context: grpc.aio.ServicerContext, params: dict[str, str]) -> Request:
+        metadata = {k: v for k, v in (context.invocation_metadata() or ())}
+        scope = _Scope(context.peer() or "")
+        app = self.app
+        caller = None
+        try:
+            if HOP in metadata or SIGNATURE in metadata:
+                # nodes forward to each other over HTTP, signed: a gRPC call always comes
+                # from a client, which the router must never take for a hop
+                raise ApiError(
+                    "forbidden",
+                    f"{HOP} and {SIGNATURE} are for the nodes' own calls over HTTP; "
+                    "a gRPC call is never forwarded",
+                )
+            if app.auth.enabled:
+                authorization = metadata.get("authorization")
+                caller = app.auth.remembered(authorization)
+                if caller is None:  # charged to the peer's address first, as on HTTP
+                    unseen = app.unseen_caller(authorization, scope)
+                    caller = unseen if isinstance(unseen, Caller) else await unseen
+            if app.rate is not None:
+                app.rate.take(subject_of(caller, scope))
+        except ApiError as e:
+            await _abort(context, e)
+        query = urlencode(params)
+        return Request(params, query, metadata, caller, scope)
+
+    async def _answer(self, context: grpc.aio.ServicerContext, answer: Any) -> tuple[dict, list]:  # type: ignore[type-arg]
+        """The router's answer as JSON and headers; an error answer aborts the call."""
+        try:
+            if not isinstance(answer, tuple):
+                answer = await answer
+        except ApiError as e:
+            await _abort(context, e)
+        status, body, headers = answer
+        doc = orjson.loads(body)
+        if status >= 400:
+            err = doc.get("error", {})
+            code = err.get("code", "internal")
+            await _abort(
+                context, ApiError(code if code in STATUS else "bad_request", err.get("message", ""))
+            )
+        return doc, headers
+
+    async def get(
+        self, request: pb.GetRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetResponse:
+        req = await self._request(context, _max_lag(request))
+        try:
+            answer = self.router.get_key(request.table, request.key, req)
+            if not isinstance(answer, tuple):
+                answer = await answer
+        except ApiError as e:
+            if e.code != "key_not_found":
+                await _abort(context, e)
+            return pb.GetResponse(found=False, **_freshness(e.headers))
+        if answer[0] == 404 and b'"key_not_found"' in answer[1]:
+            return pb.GetResponse(found=False, **_freshness(answer[2]))
+        doc, headers = await self._answer(context, answer)
+        row = pb.Row(
+            key=key_text(doc["key"]),
+            value=orjson.dumps(doc["value"]).decode(),
+            partition=doc["partition"],
+            offset=doc["offset"],
+            timestamp=doc["timestamp"],
+        )
+        return pb.GetResponse(found=True, row=row, **_freshness(headers))
+
+    async def batch_get(
+        self, request: pb.BatchGetRequest, context: grpc.aio.ServicerContext
+    ) -> pb.BatchGetResponse:
+        req = await self._request(context, _max_lag(request))
+        try:
+            info, _ = self.router.table(request.table, req)
+            local = self.router.local
+            keys = [info.key_serde.to_json(local.key_bytes(info, k)) for k in request.keys]
+        except ApiError as e:
+            await _abort(context, e)
+        body = orjson.dumps({"keys": keys})
+        doc, _ = await self._answer(context, self.router.fan.batch_get(request.table, body, req))
+        out = pb.BatchGetResponse()
+        for item in doc["results"]:
+            result = out.results.add(key=key_text(item["key"]), found=item["found"])
+            if item["found"]:
+                result.value = orjson.dumps(item["value"]).decode()
+            if item.get("forbidden"):
+                result.forbidden = True
+        return out
+
+    async def range(
+        self, request: pb.RangeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RangeResponse:
+        params: dict[str, str] = {}
+        for field, name in (("start", "from"), ("end", "to"), ("prefix", "prefix")):
+            if request.HasField(field):
+                params[name] = getattr(request, field)
+        if request.limit:
+            params["limit"] = str(request.limit)
+        if request.cursor:
+            params["cursor"] = request.cursor
+        req = await self._request(context, params)
+        doc, _ = await self._answer(context, self.router.fan.range(request.table, req))
+        out = pb.RangeResponse(next_cursor=doc["next_cursor"] or "")
+        for item in doc["items"]:
+            out.items.add(key=key_text(item["key"]), value=orjson.dumps(item["value"]).decode())
+        return out
+
+    async def watch(
+        self, request: pb.WatchRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        pairs = [("key", k) for k in request.keys]
+        for field, name in (("prefix", "prefix"), ("start", "from"), ("end", "to")):
+            if request.HasField(field):
+                pairs.append((name, getattr(request, field)))
+        if request.no_snapshot:
+            pairs.append(("snapshot", "false"))
+        req = await self._request(context, {})
+        req.query = urlencode(pairs)
+        try:
+            plan = await self.live.prepare(
+                request.table, req, query_pairs(req.query), request.since or None
+            )
+        except ApiError as e:
+            await _abort(context, e)
+        try:
+            sink = QueueSink(self.live.hub.touched, size=_size)
+            watch = self.live.begin(plan, GRPC, sink)
+            try:
+                async for event in sink.drain():
+                    if isinstance(event, tuple):  # the watch ended with an error
+                        _, code, message = event
+                        await _abort(
+                            context,
+                            ApiError(code if code in STATUS else "partition_unavailable", message),
+                        )
+                    yield event
+                if sink.reason is not None:
+                    await _abort(
+                        context,
+                        ApiError("partition_unavailable", f"the watch ended: {sink.reason}"),
+                    )
+            finally:
+                sink.close()
+                self.live.end(watch)
+        finally:
+            plan.release()
+
+
+def _max_lag(request: Any) -> dict[str, str]:
+    return {"max_lag": str(request.max_lag)} if request.HasField("max_lag") else {}
+
+
+def _size(event: Any) -> int:
+    return len(event) if isinstance(event, bytes) else 64
+
+
+def _freshness(headers: list[tuple[str, str]]) -> dict[str, Any]:
+    h = dict(headers)
+    out: dict[str, Any] = {}
+    if "x-tablecast-position" in h:
+        out["position"] = h["x-tablecast-position"]
+    if "x-tablecast-node" in h:
+        out["node"] = h["x-tablecast-node"]
+    if "x-tablecast-lag" in h:
+        out["lag"] = int(h["x-tablecast-lag"])
+    return out
+
+
+async def _abort(context: grpc.aio.ServicerContext, error: ApiError) -> Any:
+    status = STATUS.get(error.code, grpc.StatusCode.INTERNAL)
+    context.set_trailing_metadata((("tablecast-error", error.code),))
+    await context.abort(status, error.message)
+
+
+def handler(app: Node) -> grpc.GenericRpcHandler:
+    t = Tables(app)
+    return grpc.method_handlers_generic_handler(
+        SERVICE,
+        {
+            "Get": grpc.unary_unary_rpc_method_handler(
+                t.get, pb.GetRequest.FromString, pb.GetResponse.SerializeToString
+            ),
+            "BatchGet": grpc.unary_unary_rpc_method_handler(
+                t.batch_get, pb.BatchGetRequest.FromString, pb.BatchGetResponse.SerializeToString
+            ),
+            "Range": grpc.unary_unary_rpc_method_handler(
+                t.range, pb.RangeRequest.FromString, pb.RangeResponse.SerializeToString
+            ),
+            # events come serialized (once per change, shared by its watchers): passed through
+            "Watch": grpc.unary_stream_rpc_method_handler(
+                t.watch, pb.WatchRequest.FromString, lambda b: b
+            ),
+        },
+    )
+
+
+async def serve_grpc(
+    app: Node, host: str, port: int, tls: tuple[str, str] | None = None
+) -> grpc.aio.Server:
+    """Start the gRPC server on this event loop; the caller stops it."""
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((handler(app),))
+    address = f"{host}:{port}"
+    if tls is not None:
+        with open(tls[0], "rb") as cert, open(tls[1], "rb") as key:
+            creds = grpc.ssl_server_credentials([(key.read(), cert.read())])
+        server.add_secure_port(address, creds)
+    else:
+        server.add_insecure_port(address)
+    await server.start()
+    return server
+
+
+class TablesStub:
+    """A client stub for ``tablecast.v1.Tables`` on a grpc.aio channel (tests, and users who
+    do not generate their own from tables.proto)."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        path = f"/{SERVICE}/"
+        self.Get = channel.unary_unary(
+            path + "Get", pb.GetRequest.SerializeToString, pb.GetResponse.FromString
+        )
+        self.BatchGet = channel.unary_unary(
+            path + "BatchGet", pb.BatchGetRequest.SerializeToString, pb.BatchGetResponse.FromString
+        )
+        self.Range = channel.unary_unary(
+            path + "Range", pb.RangeRequest.SerializeToString, pb.RangeResponse.FromString
+        )
+        self.Watch = channel.unary_stream(
+            path + "Watch", pb.WatchRequest.SerializeToString, pb.WatchEvent.FromString
+        )

@@ -1,0 +1,697 @@
+"""The node's HTTP API (docs/http-api.md) as an RSGI application, served by the loop engine
+(:mod:`tablecast.http.http1`, the default) or by granian.
+
+RSGI is granian's native interface and measured fastest there (BENCHMARKS.md);
+the loop engine calls the same app through the part of RSGI it uses. There is
+no framework: :meth:`HttpApp.__call__` checks auth (and rate
+limits), matches the route, calls the :class:`Router` or a status handler, and
+turns :class:`ApiError` into the error JSON. No client input reaches the
+client as a stack trace.
+
+What the caller may read (``--auth-policy``) travels with the request as its
+verified token's grants; the router applies them wherever a store is read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from time import perf_counter
+from typing import Any
+from urllib.parse import parse_qsl, quote
+
+import orjson
+
+from tablecast.cluster.membership import Member
+from tablecast.cluster.node import Node
+from tablecast.cluster.signing import Signer
+from tablecast.console.api import NODE_ROUTE, Console
+from tablecast.http import openapi
+from tablecast.http.metrics import exposition
+from tablecast.live import snapshot, sse, websocket
+from tablecast.live.service import Live
+from tablecast.query import node_status, params, short_path
+from tablecast.query.auth import Auth, Caller, KeysNeeded
+from tablecast.query.coalesce import (
+    ANSWERS_PATH,
+    BATCH_PATH,
+    Sink,
+    decode_targets,
+    encode_answers,
+    encode_wires,
+    header_pairs,
+)
+from tablecast.query.consistency import AFTER_HEADER
+from tablecast.query.cursor import Cursors
+from tablecast.query.errors import ApiError
+from tablecast.query.kept_answers import JSON, Answers, Entry
+from tablecast.query.local import Answer
+from tablecast.query.peer_calls import plain_key_read
+from tablecast.query.peer_pool import SIGNATURE, PeerHosts, PeerPool, received_parts
+from tablecast.query.ratelimit import RateLimit, SharedTokenBuckets, TokenBuckets, WaitSlots
+from tablecast.query.reads import DEFAULT_WAITS_PER_CALLER, Router
+from tablecast.query.request import (
+    HOP,
+    ON_BEHALF,
+    Request,
+    Scope,
+    client_host,
+    path_segment,
+    subject_of,
+)
+from tablecast.query.short_path import Forwards
+from tablecast.query.stats import HttpStats
+
+log = logging.getLogger(__name__)
+
+PROMETHEUS = ("content-type", "text/plain; version=0.0.4; charset=utf-8")
+MAX_BODY = 1 << 20
+#: a request body must arrive within this long (granian's own timeout covers headers only)
+BODY_TIMEOUT_S = 10.0
+
+Handler = Callable[[Request, Any], Answer | Awaitable[Answer]]
+
+
+class HttpApp:
+    def __init__(
+        self,
+        node: Node,
+        auth: Auth | None = None,
+        rate_limit: float | None = None,
+        waits_per_caller: int = DEFAULT_WAITS_PER_CALLER,
+        auth_metrics: bool = False,
+        rate_table: Path | None = None,
+    ) -> None:
+        """`rate_table`: the file the callers' buckets are kept in, shared with the node's
+        read processes (None: kept in this process)."""
+        self.node = node
+        self.auth = auth or Auth()
+        self._auth_on = self.auth.enabled
+        self.signer = Signer(node.config.cluster_secret)
+        context = (
+            ssl.create_default_context(cafile=node.config.tls_ca) if node.config.tls_ca else None
+        )
+        self.peers = PeerPool(ssl_context=context, signer=self.signer)
+        self._peer_hosts = PeerHosts(lambda: (m.url for m in node.view.members.values()))
+        self._peer_checks = self.signer.enabled
+        self.rate: RateLimit | None = None
+        if rate_limit:
+            self.rate = (
+                SharedTokenBuckets(rate_table, rate_limit, create=True)
+                if rate_table is not None
+                else TokenBuckets(rate_limit)
+            )
+        self.waits = WaitSlots(waits_per_caller)
+        #: /metrics needs a token, and /readyz without one says only whether the node is ready
+        self._auth_metrics = auth_metrics and self._auth_on
+        self.router = Router(node, Cursors(node.config.app_id.encode()), self.peers, self.waits)
+        # a token's grants or a caller's rate limit make answers differ per caller: not kept
+        kept = node.config.answers_bytes
+        self._answers = (
+            Answers(node, kept) if kept > 0 and not self._auth_on and self.rate is None else None
+        )
+        self.router.answers = self._answers
+        coalescer = self.router.rpc.coalescer
+        # like kept answers: not with a token's grants or a caller's rate limit to apply
+        self._forwards = (
+            Forwards(node.ingestor, self.router.routing, coalescer)
+            if short_path.ENABLED and coalescer is not None and self._answers is not None
+            else None
+        )
+        self.router.forwards = self._forwards
+        self.live = Live(node, self.router)
+        self.stats = HttpStats()
+        self.console = Console(node, self.stats, self.peers, self._answers)
+        self._openapi = orjson.dumps(openapi.document())
+
+    async def __call__(self, scope: Any, proto: Any) -> None:
+        if not isinstance(scope, Scope):  # granian's, its path decoded
+            scope = Scope.of_decoded(scope)
+        if scope.proto != "http":
+            if scope.proto == "ws":
+                await self._websocket(scope, proto)
+            return
+        rest = self.begin(scope, proto)
+        if isinstance(rest, asyncio.Future):  # its callback answers, a failure too
+            await asyncio.wait((rest,))
+        elif rest is not None:
+            await rest
+
+    def begin(self, scope: Any, proto: Any, started: float = 0.0) -> Awaitable[None] | None:
+        """Answer an HTTP request now if it can be (None), or return what answers it later.
+
+        Most reads are answered without a task of their own; the HTTP server
+        awaits the rest (a read forwarded to a peer, a body to read, a wait, a
+        token whose signing key is being fetched). `started`: when a request
+        begun again after such a wait came in.
+        """
+        if scope.method == "GET" and not scope.query_string:
+            kept = self.kept(scope.path, scope.headers)
+            if kept is not None:
+                proto.response_bytes(200, kept.headers, kept.body)
+                return None
+        started = started or perf_counter()
+        route = "unmatched"
+        try:
+            path = scope.path
+            headers = scope.headers
+            query = scope.query_string
+            from_peer = self._peer_checks and (path.startswith("/internal/") or HOP in headers)
+            if from_peer and scope.method != "POST":  # a POST is checked with its body, once read
+                self._check_peer(scope.method, path, query, b"", headers)
+            if ON_BEHALF in headers:
+                scope = self._caller_scope(scope, from_peer)
+            # a signed hop was counted where the caller came in (a forged one is refused)
+            limited = self.rate is not None and not from_peer and path.startswith("/v1/")
+            caller = None
+            authorization = None
+            # a peer's POST is verified once its body's signature is (_signed_caller): a
+            # forged one gets no token checked, so it costs no signature check uncharged
+            if (
+                self._auth_on
+                and path.startswith(("/v1/", "/internal/", "/ui/api/"))
+                and not (from_peer and scope.method == "POST")
+            ):
+                authorization = headers.get("authorization") or _query_token(path, query)
+                caller = self.auth.remembered(authorization)
+                if caller is None:
+                    unseen = self.unseen_caller(authorization, scope, not from_peer)
+                    if not isinstance(unseen, Caller):  # its signing key is being fetched
+                        return self._begin_verified(unseen, scope, proto, started)
+                    caller = unseen
+            if limited:
+                self.rate.take(subject_of(caller, scope))  # type: ignore[union-attr]
+            key = None if query else plain_key_read(scope.method, path)
+            if key is not None:  # the hot path: GET one key, no query string
+                route = "key"
+                answer = self.router.get_key(
+                    key[0], key[1], Request(NO_PARAMS, "", headers, caller, scope), path
+                )
+            else:
+                route, handler = self.match(scope.method, path)
+                if route == "watch":
+                    # a stream: answered by the watch itself (it parses its own query, which
+                    # may name many keys); an error before the stream starts is raised there
+                    # the token goes on with its snapshot's peer calls, also when it came as
+                    # ?access_token=
+                    watch = Request(NO_PARAMS, query, headers, caller, scope, authorization)
+                    return self._stream(handler(watch, proto), scope, proto, started)
+                request = Request(_params(query), query, headers, caller, scope)
+                if request.params:
+                    params.check(route, request.params)
+                answer = handler(request, proto)
+            if isinstance(answer, asyncio.Future):  # a forwarded read (Rpc.forward): no task
+                answer.add_done_callback(
+                    lambda f: self._respond(route, _outcome(f, scope), proto, started)
+                )
+                return answer
+            if not isinstance(answer, tuple):
+                return self._later(answer, route, scope, proto, started)
+        except Exception as e:  # no client input may produce a stack trace or a hung request
+            answer = _failed(e, scope.method, scope.path)
+        self._respond(route, answer, proto, started)
+        return None
+
+    def _caller_scope(self, scope: Scope, signed: bool) -> Scope:
+        """A forwarded request's scope as its caller's (rate limits and waits count the
+        client that came to the forwarding node), when the hop is believed: signed with
+        the cluster secret, or without one, sent from a node's address. Any other request
+        is counted by its own address, whatever it says."""
+        behalf = scope.headers.get(ON_BEHALF)
+        if behalf is None or HOP not in scope.headers or len(behalf) > 45:
+            return scope
+        if not signed and (
+            self._peer_checks or not self._peer_hosts.holds(client_host(scope.client))
+        ):
+            return scope
+        try:
+            host = str(ipaddress.ip_address(behalf))
+        except ValueError:
+            return scope
+        return scope.on_behalf(host)
+
+    def unseen_caller(
+        self, authorization: str | None, scope: Any, charge: bool = True
+    ) -> Caller | Awaitable[Caller]:
+        """The caller of a token not remembered, or what waits for the JWKS fetch it needs
+        (401 for a bad token). A token not seen before costs a signature check: with a rate
+        limit the client's address pays for it first, so a flood of made-up tokens is cut
+        short on every route (`charge` False: a signed hop, counted where it came in)."""
+        if charge and self.rate is not None:
+            self.rate.take(subject_of(None, scope))
+        try:
+            return self.auth.caller(authorization)
+        except KeysNeeded:
+            return self.auth.caller_async(authorization)
+
+    async def _begin_verified(
+        self, pending: Awaitable[Caller], scope: Any, proto: Any, started: float
+    ) -> None:
+        """Begin again a request whose token waited for the JWKS: remembered now, or refused."""
+        try:
+            await pending
+        except Exception as e:  # as in begin(): every failure is an answer
+            self._respond("unmatched", _failed(e, scope.method, scope.path), proto, started)
+            return
+        rest = self.begin(scope, proto, started)
+        if isinstance(rest, asyncio.Future):
+            await asyncio.wait((rest,))
+        elif rest is not None:
+            await rest
+
+    async def _later(
+        self, pending: Awaitable[Answer], route: str, scope: Any, proto: Any, started: float
+    ) -> None:
+        try:
+            answer = await pending
+        except Exception as e:  # as in begin(): every failure is an answer
+            answer = _failed(e, scope.method, scope.path)
+        self._respond(route, answer, proto, started)
+
+    async def _stream(self, watch: Awaitable[None], scope: Any, proto: Any, started: float) -> None:
+        try:
+            await watch
+        except Exception as e:  # before the stream started: an answer like any other
+            self._respond("watch", _failed(e, scope.method, scope.path), proto, started)
+            return
+        self.stats.record("watch", 200, perf_counter() - started)
+
+    def _respond(self, route: str, answer: Answer, proto: Any, started: float) -> None:
+        code, body, extra = answer
+        if isinstance(extra, bytes):  # a peer's answer, its headers as their wire lines
+            write_lines = getattr(proto, "response_lines", None)  # the loop engine's
+            if write_lines is not None:
+                write_lines(code, extra, body)
+            else:
+                proto.response_bytes(code, header_pairs(extra), body)
+        elif route in OWN_TYPE and code < 400:  # the console's files say their own type
+            proto.response_bytes(code, extra, body)
+        else:
+            proto.response_bytes(code, [PROMETHEUS if route == "metrics" else JSON, *extra], body)
+        self.stats.record(route, code, perf_counter() - started)
+
+    def kept(self, path: str, headers: Any) -> Entry | None:
+        """The kept answer of a GET of `path` without a query string, if one is kept and
+        may be given as it is (counted as answered)."""
+        answers = self._answers
+        # a read after a position may have to wait; a hop's signature is checked
+        if answers is None or AFTER_HEADER in headers or (self._peer_checks and HOP in headers):
+            return None
+        started = perf_counter()
+        entry = answers.get(path)
+        if entry is None:
+            return None
+        self.stats.record("key", 200, perf_counter() - started)
+        return entry
+
+    def forward(self, path: str, headers: Any, sink: Sink) -> Member | None:
+        """Send a GET of `path` without a query string on the short path of plain reads of
+        a peer's partition (:mod:`tablecast.query.short_path`), its answer to `sink`: the
+        peer it went to; None when :meth:`begin` takes the request."""
+        forwards = self._forwards
+        if forwards is None or AFTER_HEADER in headers or HOP in headers:
+            return None
+        return short_path.send(path, sink)
+
+    def forwarded(self, status: int, started: float) -> None:
+        """Count a short-path forward its peer answered (the sink wrote the answer)."""
+        self.stats.record("key", status, perf_counter() - started)
+
+    def forward_failed(
+        self, scope: Any, proto: Any, failed: Member, started: float
+    ) -> Awaitable[None] | None:
+        """The router's way, for a short-path forward `failed` did not answer (unreachable,
+        or 503)."""
+        try:
+            found = plain_key_read(scope.method, scope.path)
+            assert found is not None  # the short path takes only these
+            req = Request(NO_PARAMS, "", scope.headers, None, scope)
+            answer = self.router.forward_failed(*found, req, failed)
+            if not isinstance(answer, tuple):
+                return self._later(answer, "key", scope, proto, started)
+        except Exception as e:  # as in begin(): every failure is an answer
+            answer = _failed(e, scope.method, scope.path)
+        self._respond("key", answer, proto, started)
+        return None
+
+    def match(self, method: str, path: str) -> tuple[str, Handler]:
+        """The route's name (for metrics) and its handler(request, proto)."""
+        r = self.router
+        # the path as received: split first, then each part decoded (a key's %2F is data)
+        parts = path.split("/", 5)  # "", "v1", "tables", t, "keys", rest (may hold "/")
+        n = len(parts)
+        if n > 2 and parts[1] == "v1":
+            if parts[2] == "tables" and n > 3:
+                table = path_segment(parts[3])
+                if n == 6 and parts[4] == "keys":
+                    _get(method)
+                    rest = parts[5]
+                    if rest.endswith("/windows"):
+                        key = path_segment(rest[:-8])
+                        return "windows", lambda q, _: r.windows(table, key, q)
+                    if rest.endswith("/metadata"):
+                        key = path_segment(rest[:-9])
+                        return "metadata", lambda q, _: r.metadata(table, key, q)
+                    if rest.endswith("/history"):
+                        key = path_segment(rest[:-8])
+                        return "history", lambda q, _: r.history(table, key, q)
+                    key = path_segment(rest)
+                    return "key", lambda q, _: r.get_key(table, key, q)
+                if n == 6 and parts[4] == "index":
+                    _get(method)
+                    name, slash, value = parts[5].partition("/")
+                    name = path_segment(name)
+                    if slash:
+                        value = path_segment(value)
+                        return "index_lookup", lambda q, _: r.fan.index(table, name, value, q)
+                    return "index_range", lambda q, _: r.fan.index(table, name, None, q)
+                if n == 5:
+                    what = parts[4]
+                    if what in _KEY_ROUTES:
+                        # ?key=: any key text, including one the decoded path cannot
+                        # carry (ending in /windows, /metadata or /history)
+                        _get(method)
+                        return _KEY_ROUTES[what], lambda q, _: self._by_query(what, table, q)
+                    if what == "keys:batchGet":
+                        if method != "POST":
+                            raise ApiError("method_not_allowed", "keys:batchGet takes POST")
+                        return "batch_get", lambda q, proto: self._batch_get(table, q, proto)
+                    _get(method)
+                    if what == "watch":
+                        return "watch", lambda q, proto: sse.stream(self.live, table, q, proto)
+                    if what == "range":
+                        return "range", lambda q, _: r.fan.range(table, q)
+                    if what == "count":
+                        return "count", lambda q, _: r.fan.count(table, q)
+            elif n == 3 and parts[2] == "tables":
+                _get(method)
+                return "tables", lambda q, _: (200, node_status.tables(self.node, q.grants), [])
+            elif n == 3 and parts[2] == "cluster":
+                _get(method)
+                return "cluster", lambda q, _: (200, node_status.cluster(self.node, q.grants), [])
+        elif n == 5 and parts[1] == "internal" and parts[2] == "tables":
+            _get(method)
+            table = path_segment(parts[3])
+            if parts[4] == "scan":
+                return "internal_scan", lambda q, _: r.fan.internal_scan(table, q)
+            if parts[4] == "count":
+                return "internal_count", lambda q, _: r.fan.internal_count(table, q)
+            if parts[4] == "snapshot":
+                return "internal_snapshot", lambda q, _: snapshot.answer_peer(r, table, q)
+        elif path in (ANSWERS_PATH, BATCH_PATH):
+            if method != "POST":
+                raise ApiError("method_not_allowed", f"{path} takes POST")
+            return "internal_batch", lambda q, proto: self._batch(q, proto, path)
+        elif parts[1] == "ui":
+            return self._console_route(method, path)
+        elif path == NODE_ROUTE:
+            _get(method)
+            return "internal_console", lambda q, _: self.console.this_node()
+        elif n == 2:
+            name = parts[1]
+            if name == "healthz":
+                return "healthz", lambda q, _: node_status.health(self.node, q.headers)
+            if name == "readyz":
+                return "readyz", lambda q, _: self._readiness(q)
+            if name == "metrics":
+                return "metrics", lambda q, _: self._metrics(q)
+            if name == "openapi.json":
+                return "openapi", lambda q, _: (200, self._openapi, [])
+        raise ApiError("not_found", f"no route for {method} {path}")
+
+    def _console_route(self, method: str, path: str) -> tuple[str, Handler]:
+        """/ui, /ui/static/<file> and /ui/api/<what>."""
+        _get(method)
+        c = self.console
+        if path in ("/ui", "/ui/"):
+            return "ui", lambda q, _: c.page("index.html", q)
+        if path.startswith("/ui/static/"):
+            name = path[len("/ui/static/") :]
+            return "ui", lambda q, _: c.page(name, q)
+        api = {
+            "/ui/api/node": lambda q, _: c.this_node(),
+            "/ui/api/nodes": lambda q, _: c.nodes(q),
+            "/ui/api/pipeline": lambda q, _: c.pipeline(q),
+            "/ui/api/deadletters": lambda q, _: c.dead_letters(q),
+        }.get(path)
+        if api is None:
+            raise ApiError("not_found", f"no route for {method} {path}")
+        return "ui_api", api
+
+    async def _websocket(self, scope: Any, proto: Any) -> None:
+        """A WebSocket: only the watch route speaks it; auth as for HTTP (or ?access_token=)."""
+        path, query, headers = scope.path, scope.query_string, scope.headers
+        parts = path.split("/")
+        if len(parts) != 5 or parts[1:3] != ["v1", "tables"] or parts[4] != "watch":
+            proto.close(404)  # before the upgrade: a plain 404
+            return
+        caller = None
+        try:
+            authorization = headers.get("authorization") or _query_token(path, query)
+            if self._auth_on:
+                caller = self.auth.remembered(authorization)
+                if caller is None:
+                    unseen = self.unseen_caller(authorization, scope)
+                    caller = unseen if isinstance(unseen, Caller) else await unseen
+            if self.rate is not None:
+                self.rate.take(subject_of(caller, scope))
+        except ApiError as e:
+            proto.close(e.status)
+            return
+        started = perf_counter()
+        try:
+            request = Request(NO_PARAMS, query, headers, caller, scope, authorization)
+            await websocket.serve(self.live, path_segment(parts[3]), request, proto)
+        except Exception:  # a broken socket must not reach the HTTP engine as a stack trace
+            log.exception("websocket watch failed")
+        self.stats.record("watch_websocket", 101, perf_counter() - started)
+
+    def _by_query(self, what: str, table: str, req: Request) -> Answer | Awaitable[Answer]:
+        key = req.params.get("key")
+        if key is None:
+            raise ApiError("bad_request", f"/{what} needs ?key=<the key's text form>")
+        if what == "windows":
+            return self.router.windows(table, key, req)
+        if what == "metadata":
+            return self.router.metadata(table, key, req)
+        if what == "history":
+            return self.router.history(table, key, req)
+        return self.router.get_key(table, key, req)
+
+    def _metrics(self, req: Request) -> Answer | Awaitable[Answer]:
+        if self._auth_metrics:
+            return self._verified(req.headers.get("authorization"), req.scope, self._exposition)
+        return self._exposition()
+
+    def _exposition(self) -> Answer:
+        coalescer = self.router.rpc.coalescer
+        metrics = exposition(self.node, self.stats, self.rate, self.waits, self.live.hub, coalescer)
+        return 200, metrics, []
+
+    def _readiness(self, req: Request) -> Answer | Awaitable[Answer]:
+        if self._auth_metrics:
+            authorization = req.headers.get("authorization")
+            if authorization is None:
+                # probes (a kubelet) cannot send an expiring token: the status code is all
+                # they need, and the body (partitions, lags, errors) is for token holders
+                code, _ = node_status.readiness(self.node)
+                return code, b'{"ready":true}' if code == 200 else b'{"ready":false}', []
+            return self._verified(authorization, req.scope, self._ready)
+        return self._ready()
+
+    def _ready(self) -> Answer:
+        code, body = node_status.readiness(self.node)
+        return code, body, []
+
+    def _verified(
+        self, authorization: str | None, scope: Any, answer: Callable[[], Answer]
+    ) -> Answer | Awaitable[Answer]:
+        """`answer()` once the request's token is verified (a status route's own check)."""
+        if self.auth.remembered(authorization) is None:
+            unseen = self.unseen_caller(authorization, scope)
+            if not isinstance(unseen, Caller):  # its signing key is being fetched
+                return _once_verified(unseen, answer)
+        return answer()
+
+    def _check_peer(self, method: str, path: str, query: str, body: bytes, headers: Any) -> None:
+        """Internal routes and forwarded requests answer only peers that sign with the secret."""
+        if not self.signer.verify(
+            headers.get(SIGNATURE), *received_parts(method, path, query, body)
+        ):
+            raise ApiError(
+                "forbidden", "internal calls and forwarded requests need a peer's signature"
+            )
+
+    async def _signed_caller(self, req: Request) -> None:
+        """The token of a peer's POST, verified now that its signature is."""
+        if not self._auth_on:
+            return
+        authorization = req.headers.get("authorization")
+        caller = self.auth.remembered(authorization)
+        if caller is None:
+            unseen = self.unseen_caller(authorization, req.scope, charge=False)
+            caller = unseen if isinstance(unseen, Caller) else await unseen
+        req.caller = caller
+
+    async def _batch_get(self, table: str, req: Request, proto: Any) -> Answer:
+        body = await _read_body(req, proto)
+        if self._peer_checks and req.forwarded:
+            self._check_peer(
+                "POST", f"/v1/tables/{quote(table, safe='')}/keys:batchGet", req.query, body,
+                req.headers,
+            )  # fmt: skip
+            await self._signed_caller(req)
+        return await self.router.fan.batch_get(table, body, req)
+
+    async def _batch(self, req: Request, proto: Any, path: str) -> Answer:
+        """Reads a peer forwarded together (:mod:`tablecast.query.coalesce`): each answered
+        as if it had come alone with the batch's headers, framed in one answer (as whole
+        responses on ANSWERS_PATH; on BATCH_PATH, the version before's, headers apart)."""
+        body = await _read_body(req, proto)
+        if self._peer_checks:
+            self._check_peer("POST", path, req.query, body, req.headers)
+            await self._signed_caller(req)
+        if not req.forwarded:
+            raise ApiError("bad_request", f"{path} takes reads a peer forwards")
+        started = perf_counter()
+        answers: list[Any] = []
+        routes: list[str] = []
+        targets = decode_targets(body)
+        for target in targets:
+            route = "key"
+            try:
+                if self.rate is not None and not self._peer_checks:  # as a lone unsigned hop
+                    self.rate.take(req.subject)
+                route, answer = self._hop(target, req)
+            except Exception as e:
+                answer = _failed(e, "GET", target)
+            routes.append(route)
+            answers.append(answer)
+        pending = [i for i, a in enumerate(answers) if not isinstance(a, tuple | Entry)]
+        if pending:  # a read that awaits (none of a plain key read here): all at once
+            done = await asyncio.gather(*(answers[i] for i in pending), return_exceptions=True)
+            for i, result in zip(pending, done, strict=True):
+                is_error = isinstance(result, Exception)
+                answers[i] = _failed(result, "GET", targets[i]) if is_error else result
+        took = perf_counter() - started
+        for route, answer in zip(routes, answers, strict=True):
+            self.stats.record(route, 200 if isinstance(answer, Entry) else answer[0], took)
+        if path == ANSWERS_PATH:
+            wires = [a.whole() if isinstance(a, Entry) else a for a in answers]
+            return 200, encode_wires(wires), [BINARY]
+        made = [(200, a.body, a.headers) if isinstance(a, Entry) else a for a in answers]
+        return 200, encode_answers(made), [BINARY]
+
+    def _hop(self, target: str, req: Request) -> tuple[str, Entry | Answer | Awaitable[Answer]]:
+        """One read of a batch: the route's name and its answer (a kept one as it is kept),
+        as :meth:`__call__` gives it a GET with the batch's headers (the path as sent, as
+        a server receives it)."""
+        path, _, query = target.partition("?")
+        answers = self._answers
+        if answers is not None and not query:
+            entry = answers.get(path)
+            if entry is not None:
+                return "key", entry
+        key = None if query else plain_key_read("GET", path)
+        if key is not None:
+            request = Request(NO_PARAMS, "", req.headers, req.caller, req.scope)
+            return "key", self.router.get_key(key[0], key[1], request, path)
+        route, handler = self.match("GET", path)
+        if route == "watch":  # a stream, not a read with one answer
+            raise ApiError("bad_request", "a batch reads no watch")
+        request = Request(_params(query), query, req.headers, req.caller, req.scope)
+        if request.params:
+            params.check(route, request.params)
+        return route, handler(request, None)
+
+
+async def _once_verified(pending: Awaitable[Caller], answer: Callable[[], Answer]) -> Answer:
+    await pending
+    return answer()
+
+
+def _outcome(done: asyncio.Future[Answer], scope: Any) -> Answer:
+    """The answer a finished future holds, or the one its failure makes."""
+    if done.cancelled():  # the node is stopping
+        return _failed(ApiError("internal", "the node stopped this read"), scope.method, scope.path)
+    e = done.exception()
+    return done.result() if e is None else _failed(e, scope.method, scope.path)  # type: ignore[arg-type]
+
+
+def _failed(e: Exception, method: str, target: str) -> Answer:
+    """The answer to a request that raised `e`: the error JSON, a 500 for a bug."""
+    if isinstance(e, ApiError):
+        return e.status, e.body(), e.headers
+    log.error("unhandled error on %s %s", method, target, exc_info=e)
+    return 500, ApiError("internal", "internal error").body(), []
+
+
+NO_PARAMS: dict[str, str] = {}
+BINARY = ("content-type", "application/octet-stream")
+#: routes whose answers carry their own content type
+OWN_TYPE = ("ui", "internal_batch")
+_KEY_ROUTES = {"keys": "key", "windows": "windows", "metadata": "metadata", "history": "history"}
+
+
+async def _read_body(req: Request, proto: Any) -> bytes:
+    """The request body, refused with 413 once it is over MAX_BODY (never read whole), and
+    with 408 if it does not arrive within BODY_TIMEOUT_S (a slow sender holds no reader)."""
+    too_large = ApiError("payload_too_large", f"the body is larger than {MAX_BODY} bytes")
+    declared = req.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY:
+        raise too_large
+    chunks, size = [], 0
+    try:
+        async with asyncio.timeout(BODY_TIMEOUT_S):
+            async for chunk in proto:
+                size += len(chunk)
+                if size > MAX_BODY:
+                    raise too_large
+                chunks.append(chunk)
+    except TimeoutError:
+        raise ApiError(
+            "request_timeout", f"the body did not arrive within {BODY_TIMEOUT_S:g} s"
+        ) from None
+    return b"".join(chunks)
+
+
+#: what a bearer token may hold (RFC 6750's b64token, "=" only at its end)
+_B64TOKEN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~+/")
+
+
+def _query_token(path: str, query: str) -> str | None:
+    """``?access_token=`` of a watch (RFC 6750 §2.3): browsers' EventSource and WebSocket
+    cannot send an Authorization header. 401 for a value that is no bearer token: it goes on
+    in the Authorization header of peer calls, where a CR, LF or non-Latin-1 character would
+    break the request's head (a JWT verifier may not catch them: base64 decoders skip them)."""
+    if not query or "access_token=" not in query or not path.endswith("/watch"):
+        return None
+    for name, value in parse_qsl(query, max_num_fields=2048):
+        if name == "access_token":
+            token = value.rstrip("=")
+            if not token or not _B64TOKEN.issuperset(token):
+                raise ApiError(
+                    "unauthorized",
+                    "?access_token= holds characters a bearer token cannot have",
+                    [("www-authenticate", 'Bearer error="invalid_token"')],
+                )
+            return "Bearer " + value
+    return None
+
+
+def _get(method: str) -> None:
+    if method != "GET":
+        raise ApiError("method_not_allowed", f"{method} is not allowed here; use GET")
+
+
+def _params(query: str) -> dict[str, str]:
+    if not query:
+        return {}
+    try:
+        return dict(parse_qsl(query, keep_blank_values=True, max_num_fields=64))
+    except ValueError as e:
+        raise ApiError("bad_request", f"bad query string: {e}") from None

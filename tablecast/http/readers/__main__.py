@@ -1,0 +1,3 @@
+from tablecast.http.readers.process import main
+
+main()

@@ -1,0 +1,237 @@
+"""One serving node as a process: the node's ingestion thread plus its HTTP server (the loop
+engine, or granian) on its event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tablecast.cluster.node import Node, NodeConfig
+from tablecast.http.app import HttpApp
+from tablecast.http.http1 import LISTEN_BACKLOG, LoopServer
+from tablecast.http.listen import connection_cap, tls_context
+from tablecast.node import gc
+from tablecast.query.auth import Auth
+from tablecast.query.ratelimit import SharedTokenBuckets
+from tablecast.query.reads import DEFAULT_WAITS_PER_CALLER
+
+if TYPE_CHECKING:
+    from tablecast.node.read_processes import ReadProcesses
+
+log = logging.getLogger(__name__)
+
+#: a request's headers must arrive within this long; granian runs the same timer on an idle
+#: keep-alive connection, so this is also how long one may sit idle (peers reuse theirs
+#: only well within it: see peers.MAX_IDLE_S)
+HEADER_TIMEOUT_MS = 10_000
+
+
+async def serve_rsgi(
+    app: Any,
+    host: str,
+    port: int,
+    tls: tuple[str, str] | None = None,
+    on_stop: Callable[[], None] | None = None,
+) -> None:
+    """Serve an RSGI app on this event loop until SIGINT/SIGTERM (`on_stop` runs first: open
+    streams end, or granian would wait for them).
+
+    The benchmarks serve their constant-body baseline through this same
+    function, so "the same HTTP stack" means the same settings too.
+    """
+    # granian is the [granian] extra: only nodes that serve with it import it
+    from granian.constants import Interfaces, SSLProtocols
+    from granian.http import HTTP1Settings
+    from granian.server.embed import Server
+
+    # TLS 1.2 at least (granian's default is 1.3 only, which older Java clients lack)
+    ssl_files = (
+        {"ssl_cert": Path(tls[0]), "ssl_key": Path(tls[1]), "ssl_protocol_min": SSLProtocols.tls12}
+        if tls
+        else {}
+    )
+    server = Server(
+        app,
+        address=host,
+        port=port,
+        interface=Interfaces.RSGI,
+        log_enabled=False,
+        backlog=LISTEN_BACKLOG,
+        backpressure=connection_cap(),
+        http1_settings=HTTP1Settings(header_read_timeout=HEADER_TIMEOUT_MS),
+        **ssl_files,  # type: ignore[arg-type]
+    )
+
+    def stop() -> None:
+        if on_stop is not None:
+            on_stop()
+        server.stop()
+
+    _on_stop_signals(stop)
+    await server.serve()
+
+
+def _on_stop_signals(stop: Callable[[], None]) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop)
+
+
+async def serve_loop(
+    app: HttpApp,
+    host: str,
+    port: int,
+    tls: tuple[str, str] | None = None,
+    on_stop: Callable[[], None] | None = None,
+    listeners: int | None = None,
+    readers: ReadProcesses | None = None,
+) -> None:
+    """Serve `app` with :mod:`tablecast.http.http1` until SIGINT/SIGTERM, with `readers`
+    beside it on the same port."""
+    context = tls_context(tls) if tls else None
+    server = LoopServer(app, context, connection_cap())
+    try:
+        await server.start(host, port, listeners=listeners, share=readers is not None)
+    except OSError as e:  # as granian reports it: the CLI's one line (cli/main.py)
+        if e.errno != errno.EADDRINUSE:
+            raise
+        raise RuntimeError(f"Address already in use: {host}:{port}") from None
+    log.info(
+        "HTTP/1.1 served on the event loop's thread (--http-engine loop), %d listening socket(s)",
+        server.listeners,
+    )
+    try:
+        if readers is not None:
+            await server.start_relay(readers.relay_path)
+            await readers.start(server.port, server.listeners)
+        stopping = asyncio.Event()
+        _on_stop_signals(stopping.set)
+        await stopping.wait()
+    finally:
+        if readers is not None:  # first: connections they hold are piped to this server
+            await readers.stop()
+    if on_stop is not None:
+        on_stop()
+    await server.stop()
+
+
+async def serve(
+    config: NodeConfig,
+    host: str,
+    port: int,
+    auth: Auth,
+    tls: tuple[str, str] | None = None,
+    limits: Limits | None = None,
+) -> None:
+    node = Node(config)
+    node.start()
+    scheme = "https" if tls else "http"
+    log.info(
+        "node %s serving app %r on %s://%s:%d", config.node_id, config.app_id, scheme, host, port
+    )
+    limits = limits or Limits()
+    # read processes spend a caller's tokens from the same table as the node
+    rate_table = rate_table_in(config.data_dir) if limits.processes > 1 and limits.rate else None
+    app = HttpApp(node, auth, limits.rate, limits.waits_per_caller, limits.auth_metrics, rate_table)
+    app.live.port = port
+    grpc = None
+    if limits.grpc_port is not None:
+        from tablecast.grpc.service import serve_grpc
+
+        grpc = await serve_grpc(app, host, limits.grpc_port, tls)
+        log.info("gRPC (tablecast.v1.Tables) on %s:%d", host, limits.grpc_port)
+    gc.tune()
+    collecting = asyncio.get_running_loop().create_task(gc.collect_periodically())
+    try:
+        if limits.http_engine == "loop":
+            await serve_loop(
+                app,
+                host,
+                port,
+                tls,
+                on_stop=app.live.hub.close_all,
+                listeners=limits.listeners,
+                readers=_readers(limits.processes, app, auth, tls, host),
+            )
+        else:
+            await serve_rsgi(app, host, port, tls, on_stop=app.live.hub.close_all)
+    finally:
+        collecting.cancel()
+        app.console.close()
+        if grpc is not None:
+            await grpc.stop(1.0)
+        app.live.hub.stop()
+        app.peers.close()
+        node.stop()
+        log.info("node %s stopped", config.node_id)
+
+
+def rate_table_in(data_dir: Path) -> Path:
+    """Where a node with read processes keeps its callers' token buckets."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return data_dir / "rate-buckets"
+
+
+def _readers(
+    processes: int, app: HttpApp, auth: Auth, tls: tuple[str, str] | None, host: str
+) -> ReadProcesses | None:
+    """The node's read processes besides itself (``--processes``), not started yet."""
+    if processes <= 1:
+        return None
+    from tablecast.node.read_bulletin import Feed
+    from tablecast.node.read_processes import ReadProcesses
+    from tablecast.store import rocksdb
+
+    node = app.node
+    settings = {
+        "host": host,
+        "tls": list(tls) if tls else None,
+        "node_id": node.id,
+        "max_key_bytes": node.config.max_key_bytes,
+        "answers_bytes": node.config.answers_bytes,
+        "block_cache_bytes": rocksdb.block_cache_bytes(),
+        **auth.settings(),
+    }
+    if isinstance(app.rate, SharedTokenBuckets):
+        settings["rate"] = {"limit": app.rate.rate, "table": str(app.rate.path)}
+    feed = Feed(node, app.router.local, app.router.routing)
+    home = node.config.data_dir / "readers"
+    return ReadProcesses(processes - 1, settings, feed, app.stats, home)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Limits per caller and on the status routes (--rate-limit, --max-waits, --auth-metrics)."""
+
+    #: requests per second per caller (None: no limit)
+    rate: float | None = None
+    waits_per_caller: int = DEFAULT_WAITS_PER_CALLER
+    #: /metrics needs a token; /readyz without one answers only its status
+    auth_metrics: bool = False
+    #: serve gRPC (tablecast.v1.Tables) on this port too
+    grpc_port: int | None = None
+    #: "loop": HTTP/1.1 on the event loop's thread (http/http1.py), or "granian" (HTTP/2 too)
+    http_engine: str = "loop"
+    #: the loop engine's listening sockets (None: as many as this kernel needs, see listen.py)
+    listeners: int | None = None
+    #: processes serving plain key reads, the node's own included (--processes)
+    processes: int = 1
+
+
+def run(
+    config: NodeConfig,
+    host: str,
+    port: int,
+    auth: Auth | None = None,
+    tls: tuple[str, str] | None = None,
+    limits: Limits | None = None,
+) -> None:
+    import uvloop
+
+    uvloop.run(serve(config, host, port, auth or Auth(), tls, limits))

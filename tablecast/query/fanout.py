@@ -1,0 +1,436 @@
+"""Reads of many partitions: batchGet, count, and paged reads — range, range as of a time,
+and index lookups and ranges — answered by the nodes that hold the partitions and merged.
+
+A paged read groups the partitions by the node that answers for them and asks
+each group first for its fair share of the page; while a group gave all it
+was asked and still ends before the page's last row, the first such group to
+end is asked again, from the page's start, for four times as many. Each
+group's rows so come from one read per partition, each exact at a position,
+and the answer's ``X-Tablecast-Position`` lists them all: the page is exactly what the table
+(or its history, or its index) held at those offsets, over the key range the
+page covers. The next page, from its cursor, may be at later offsets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from typing import Any, Protocol
+from urllib.parse import quote, urlencode
+
+import orjson
+
+from tablecast.cluster.membership import Member
+from tablecast.cluster.node import Node
+from tablecast.contract import index_codec
+from tablecast.contract.table_info import TableInfo
+from tablecast.query.consistency import ReadOptions, TopicEnds, reach
+from tablecast.query.cursor import Cursors
+from tablecast.query.errors import ApiError
+from tablecast.query.local import Answer, Local, Reflected, merged, short_pages
+from tablecast.query.ownership import Routing
+from tablecast.query.params import int_param, time_param
+from tablecast.query.peer_calls import Rpc, not_refused
+from tablecast.query.policy import Scope, prefix_end
+from tablecast.query.ratelimit import WaitSlots
+from tablecast.query.request import Request
+from tablecast.query.scans import (
+    AsOfScan,
+    IndexScan,
+    Row,
+    Scan,
+    require_history,
+    require_index,
+    scan_for,
+)
+from tablecast.serde import SerdeError
+
+
+class Tables(Protocol):
+    """What fan-out reads need of the router (which hands itself over)."""
+
+    node: Node
+    local: Local
+    routing: Routing
+    rpc: Rpc
+    cursors: Cursors
+    waits: WaitSlots
+    ends: TopicEnds
+
+    def table(self, name: str, req: Request) -> tuple[TableInfo, Scope | None]: ...
+
+
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 10_000
+MAX_BATCH = 1_000
+#: rows a page asks of each group of partitions beyond its fair share, so that a
+#: little unevenness in how keys spread costs no second request
+FAIR_SHARE_SLACK = 8
+EMPTY_PAGE = b'{"items":[],"next_cursor":null}'
+#: rows of a page, and what they reflect
+Paged = tuple[list[Row], Reflected]
+
+
+class FanOut:
+    def __init__(self, router: Tables) -> None:
+        self.router = router
+        self.local = router.local
+        self.routing = router.routing
+        self.rpc = router.rpc
+        self.cursors = router.cursors
+
+    async def _reach(
+        self, info: TableInfo, partitions: Iterable[int], opts: ReadOptions, req: Request
+    ) -> None:
+        """Wait until this node's replicas of `partitions` are as far as the caller asked."""
+        if opts.at_least:
+            wanted = opts.at_least
+            replicas = [
+                (self.local.require(info, p, opts), wanted[p]) for p in partitions if p in wanted
+            ]
+            await reach(replicas, opts, req.subject, self.router.waits, self.router.ends)
+
+    # -- batchGet and count ----------------------------------------------------------
+    async def batch_get(self, table: str, body: bytes, req: Request) -> Answer:
+        info, scope = self.router.table(table, req)
+        opts = req.options(info)
+        try:
+            request = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise ApiError("bad_request", 'the body must be JSON: {"keys": [...]}') from None
+        keys = request.get("keys") if isinstance(request, dict) else None
+        if not isinstance(keys, list):
+            raise ApiError("bad_request", 'the body must be {"keys": [...]}')
+        if len(keys) > MAX_BATCH:
+            raise ApiError("bad_request", f"at most {MAX_BATCH} keys per batch")
+        serde = info.key_serde
+        raws: list[bytes] = []
+        for key in keys:
+            try:
+                raws.append(serde.serialize(serde.from_json(key)))
+            except SerdeError as e:
+                raise ApiError(
+                    "bad_request", f"key {key!r} is not a {serde.format} key: {e}"
+                ) from None
+        results: list[Any] = [None] * len(keys)
+        by_partition: dict[int, list[int]] = {}
+        for i, raw in enumerate(raws):
+            if scope is not None and not scope.allows(raw):
+                # never read, never forwarded: a key outside the grants has no value to show
+                results[i] = {"key": keys[i], "found": False, "forbidden": True}
+            else:
+                by_partition.setdefault(info.partition_of(raw), []).append(i)
+        path = f"/v1/tables/{quote(table, safe='')}/keys:batchGet"
+        redirect = self.rpc.redirect_fan_out(info, sorted(by_partition), req, opts, path)
+        if redirect is not None:
+            return redirect
+        value_json = info.value_serde.to_json
+        reflected = Reflected(info.name)
+
+        async def here(parts: list[int]) -> bool:
+            await self._reach(info, parts, opts, req)
+            for p in parts:
+                idx = by_partition[p]
+                records, replica, position = self.local.multi_get(
+                    info, p, [raws[i] for i in idx], opts
+                )
+                reflected.add(replica, position)
+                for i, rec in zip(idx, records, strict=True):
+                    results[i] = (
+                        {"key": keys[i], "found": False}
+                        if rec is None
+                        else {"key": keys[i], "found": True, "value": value_json(rec.value)}
+                    )
+            return True
+
+        async def there(member: Member, parts: list[int]) -> bool | None:
+            idx = [i for p in parts for i in by_partition[p]]
+            q = opts.onward(info.name, parts)
+            answer = await self.rpc.ask(
+                member,
+                "POST",
+                path + ("?" + urlencode(q) if q else ""),
+                req,
+                orjson.dumps({"keys": [keys[i] for i in idx]}),
+                opts,
+            )
+            if answer is None or not_refused(answer)[0] != 200:
+                return None
+            for i, item in zip(idx, orjson.loads(answer[1])["results"], strict=True):
+                results[i] = item
+            reflected.add_answer(answer[2])
+            return True
+
+        await self.rpc.gather(info, sorted(by_partition), req, opts, here, there)
+        return 200, orjson.dumps({"results": results}), reflected.headers(self.local.node_header)
+
+    async def count(self, table: str, req: Request) -> Answer:
+        info, scope = self.router.table(table, req)
+        opts = req.options(info)
+        path = f"/v1/tables/{quote(table, safe='')}/count"
+        redirect = self.rpc.redirect_fan_out(info, range(info.partitions), req, opts, path)
+        if redirect is not None:
+            return redirect
+
+        async def here(parts: list[int]) -> tuple[int, Reflected]:
+            await self._reach(info, parts, opts, req)
+            return self.local.count(info, parts, opts, scope)
+
+        async def there(member: Member, parts: list[int]) -> tuple[int, Reflected] | None:
+            q = {"partitions": ",".join(map(str, parts)), **opts.onward(info.name, parts)}
+            answer = await self.rpc.ask(
+                member,
+                "GET",
+                f"/internal/tables/{quote(table, safe='')}/count?{urlencode(q)}",
+                req,
+                opts=opts,
+            )
+            if answer is None or not_refused(answer)[0] != 200:
+                return None
+            reflected = Reflected(info.name)
+            reflected.add_answer(answer[2])
+            return int(orjson.loads(answer[1])["count"]), reflected
+
+        counts = await self.rpc.gather(info, range(info.partitions), req, opts, here, there)
+        reflected = Reflected(info.name)
+        for _, r in counts:
+            reflected.merge(r)
+        body = orjson.dumps({"count": sum(n for n, _ in counts)})
+        return 200, body, reflected.headers(self.local.node_header)
+
+    # -- paged reads -------------------------------------------------------------------
+    async def range(self, table: str, req: Request) -> Answer:
+        info, scope = self.router.table(table, req)
+        if info.kind != "kv":
+            raise ApiError(
+                "bad_request", f"{table!r} is a window table: read /keys/{{key}}/windows"
+            )
+        params = req.params
+        limit_param(params)  # a bad limit is a 400 even where the page is empty
+        start = self.local.key_bytes(info, params["from"]) if "from" in params else None
+        end = self.local.key_bytes(info, params["to"]) if "to" in params else None
+        if "prefix" in params:
+            prefix = prefix_bytes(info, params["prefix"])
+            start = prefix if start is None else max(start, prefix)
+            after = prefix_end(prefix)
+            end = after if end is None else (end if after is None else min(end, after))
+        query = [params.get("from"), params.get("to"), params.get("prefix"), params.get("owned")]
+        at = time_param(params, "as_of", None)
+        scan: Scan
+        if at is None:
+            scan = Scan(info, scope)
+        else:
+            require_history(info)
+            scan = AsOfScan(info, scope, at)
+            query.append(str(at))  # a plain range's cursor stays as it always was
+        if scope is not None and not scope.clip(start, end):  # nothing granted in the range
+            return 200, EMPTY_PAGE, [self.local.node_header]
+        partitions = None
+        if params.get("owned") == "true":
+            # only what this node answers for as active: a job run beside every node
+            # then sees each key exactly once across the cluster
+            view = self.router.node.view
+            me = self.router.node.id
+            partitions = [
+                p for p in range(info.partitions) if view.effective_active((info.name, p)) == me
+            ]
+        path = f"/v1/tables/{quote(table, safe='')}/range"
+        return await self._paged(info, req, scan, start, end, query, path, partitions)
+
+    async def index(self, table: str, name: str, value_text: str | None, req: Request) -> Answer:
+        """``/index/NAME/VALUE``: the rows with that value, by key (items {key, value});
+        ``/index/NAME?from=&to=``: the rows with values in [from, to), by value then key
+        (items {index, key, value})."""
+        info, scope = self.router.table(table, req)
+        require_index(info, name)
+        params = req.params
+        t = quote(table, safe="")
+        if value_text is not None:
+            lo = _index_value(value_text, "the value")
+            hi = prefix_end(lo)
+            scan = IndexScan(info, scope, name, with_value=False)
+            query = [name, value_text]
+            path = f"/v1/tables/{t}/index/{quote(name, safe='')}/{quote(value_text, safe='')}"
+        else:
+            lo = _index_value(params["from"], "from") if "from" in params else None
+            hi = _index_value(params["to"], "to") if "to" in params else None
+            scan = IndexScan(info, scope, name, with_value=True)
+            query = [name, params.get("from"), params.get("to")]
+            path = f"/v1/tables/{t}/index/{quote(name, safe='')}"
+        return await self._paged(info, req, scan, lo, hi, query, path)
+
+    async def _paged(
+        self,
+        info: TableInfo,
+        req: Request,
+        scan: Scan,
+        lo: bytes | None,
+        hi: bytes | None,
+        query: list[str | None],
+        path: str,
+        partitions: list[int] | None = None,
+    ) -> Answer:
+        """One page of `scan` over [lo, hi) from the request's cursor, of its ``limit``."""
+        params = req.params
+        limit = limit_param(params)
+        opts = req.options(info)
+        if params.get("cursor"):
+            lo = self.cursors.decode(params["cursor"], query) + b"\x00"  # after the last row
+        if lo is not None and hi is not None and lo >= hi:
+            return 200, EMPTY_PAGE, [self.local.node_header]
+        if partitions is not None:  # only this node's own (range?owned=true)
+            await self._reach(info, partitions, opts, req)
+            rows, reflected = self.local.page(info, partitions, scan, lo, hi, limit + 1, opts)
+        else:
+            redirect = self.rpc.redirect_fan_out(info, range(info.partitions), req, opts, path)
+            if redirect is not None:
+                return redirect
+            rows, reflected = await self._page(info, req, opts, scan, lo, hi, limit + 1)
+        more = len(rows) > limit
+        rows = rows[:limit]
+        body = {
+            "items": [item for _, item in rows],
+            "next_cursor": self.cursors.encode(rows[-1][0], query) if more else None,
+        }
+        return 200, orjson.dumps(body), reflected.headers(self.local.node_header)
+
+    async def _page(
+        self,
+        info: TableInfo,
+        req: Request,
+        opts: ReadOptions,
+        scan: Scan,
+        lo: bytes | None,
+        hi: bytes | None,
+        n: int,
+    ) -> Paged:
+        """The first `n` rows in [lo, hi) over all partitions, and what they reflect."""
+        table = quote(info.name, safe="")
+
+        async def fetch(parts: list[int], want: int) -> Paged:
+            async def here(local: list[int]) -> Paged:
+                await self._reach(info, local, opts, req)
+                return self.local.page(info, local, scan, lo, hi, want, opts)
+
+            async def there(member: Member, remote: list[int]) -> Paged | None:
+                q = {
+                    "partitions": ",".join(map(str, remote)),
+                    "limit": str(want),
+                    "view": scan.view,
+                    **scan.params(),
+                    **opts.onward(info.name, remote),
+                }
+                if lo is not None:
+                    q["start"] = lo.hex()
+                if hi is not None:
+                    q["end"] = hi.hex()
+                answer = await self.rpc.ask(
+                    member, "GET", f"/internal/tables/{table}/scan?{urlencode(q)}", req, opts=opts
+                )
+                if answer is None or not_refused(answer)[0] != 200:
+                    return None
+                reflected = Reflected(info.name)
+                reflected.add_answer(answer[2])
+                items = orjson.loads(answer[1])["items"]
+                return [(bytes.fromhex(k), item) for k, item in items], reflected
+
+            parts_read = await self.rpc.gather(info, parts, req, opts, here, there)
+            reflected = Reflected(info.name)
+            for _, r in parts_read:
+                reflected.merge(r)
+            return merged([rows for rows, _ in parts_read], want), reflected
+
+        owners = self.routing.groups(info, range(info.partitions), req, opts)
+        groups = [parts for _, parts in owners]
+        share = [-(-n * len(ps) // info.partitions) + FAIR_SHARE_SLACK for ps in groups]
+        wants = [min(n, w) for w in share]
+        if len(groups) == 1:  # one node answers for all: no task per group
+            got = [await fetch(groups[0], wants[0])]
+        else:
+            got = await asyncio.gather(*(fetch(ps, w) for ps, w in zip(groups, wants, strict=True)))
+        pages = [rows for rows, _ in got]
+        reflects = [r for _, r in got]
+        todo = short_pages(pages, wants, n)
+        while todo:
+            i = todo[0]
+            wants[i] = min(n, wants[i] * 4)
+            pages[i], reflects[i] = await fetch(groups[i], wants[i])
+            todo = short_pages(pages, wants, n)
+        reflected = Reflected(info.name)
+        for r in reflects:
+            reflected.merge(r)
+        return merged(pages, n), reflected
+
+    # -- internal: what a fan-out asks of a peer, answered from local stores only --
+    # The caller's token came along: the caller's grants apply here, where the store is read.
+    async def internal_scan(self, table: str, req: Request) -> Answer:
+        info, scope = self.router.table(table, req)
+        opts = req.options(info)
+        params = req.params
+        parts = partitions_param(info, params)
+        try:
+            start = bytes.fromhex(params["start"]) if "start" in params else None
+            end = bytes.fromhex(params["end"]) if "end" in params else None
+        except ValueError:
+            raise ApiError("bad_request", "start and end are hex") from None
+        limit = min(int_param(params, "limit", DEFAULT_LIMIT), MAX_LIMIT + 1)
+        if limit < 1:
+            raise ApiError("bad_request", "limit must be at least 1")
+        scan = scan_for(info, scope, params, time_param(params, "as_of", None))
+        await self._reach(info, parts, opts, req)
+        rows, reflected = self.local.page(info, parts, scan, start, end, limit, opts)
+        if "view" in params:
+            items = [(k.hex(), item) for k, item in rows]
+        else:  # what nodes that name no view (older ones) read: rows as [key hex, value]
+            items = [(k.hex(), item["value"]) for k, item in rows]
+        return 200, orjson.dumps({"items": items}), reflected.headers(self.local.node_header)
+
+    async def internal_count(self, table: str, req: Request) -> Answer:
+        info, scope = self.router.table(table, req)
+        opts = req.options(info)
+        parts = partitions_param(info, req.params)
+        await self._reach(info, parts, opts, req)
+        total, reflected = self.local.count(info, parts, opts, scope)
+        return 200, orjson.dumps({"count": total}), reflected.headers(self.local.node_header)
+
+
+def _index_value(text: str, what: str) -> bytes:
+    try:
+        return index_codec.encode_value(index_codec.parse_text(text))
+    except index_codec.BadIndex as e:
+        raise ApiError("bad_request", f"{what} is not an index value: {e}") from None
+
+
+def limit_param(params: dict[str, str]) -> int:
+    limit: int = int_param(params, "limit", DEFAULT_LIMIT)
+    if not 1 <= limit <= MAX_LIMIT:
+        raise ApiError("bad_request", f"limit must be between 1 and {MAX_LIMIT}")
+    return limit
+
+
+def partitions_param(info: TableInfo, params: dict[str, str]) -> list[int]:
+    try:
+        parts = [int(x) for x in params.get("partitions", "").split(",") if x]
+    except ValueError:
+        raise ApiError("bad_request", "partitions is a comma-separated list of integers") from None
+    if any(not 0 <= p < info.partitions for p in parts):
+        raise ApiError("bad_request", f"{info.name!r} has partitions 0..{info.partitions - 1}")
+    if len(set(parts)) != len(parts):
+        raise ApiError("bad_request", "partitions names a partition twice")
+    return parts
+
+
+def prefix_bytes(info: TableInfo, text: str) -> bytes:
+    """A prefix of serialized keys: the text's UTF-8 bytes (string and compact-JSON keys)."""
+    fmt = info.key_serde.format
+    if fmt in ("string", "json"):
+        return text.encode()
+    if fmt == "bytes":
+        try:
+            return text.encode("latin-1")
+        except UnicodeEncodeError:
+            raise ApiError("bad_request", "a bytes prefix is latin-1 text") from None
+    raise ApiError("bad_request", f"prefix scans need string, json or bytes keys, not {fmt}")
+
+
+__all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "FanOut", "Scope", "limit_param"]

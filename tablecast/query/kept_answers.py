@@ -1,0 +1,168 @@
+"""Whole answers of plain point reads, kept by URL path and answered before anything else.
+
+A ``GET /v1/tables/{t}/keys/{k}`` with no query string, no token, no rate
+limit and no consistency header gets the same answer for as long as the
+partition's replica does not move: same body, same headers (the position it
+is exact at, the lag, which node answered). Parsing the path, serializing the
+key, hashing it to a partition, routing, reading the store and formatting the
+body cost a GET about 8 µs of the serving thread's Python; a hit here costs a
+dict lookup and a few attribute checks.
+
+An entry is valid while its replica is at the position and topic end it was
+read at, caught up, not stale, not released, and this node still answers for
+the partition as its first owner (or the table is global): any apply, any
+catalog change and any reassignment moves one of those, so a hit never shows
+an answer the normal path would not give. Like the store's read cache it is
+bounded by an estimate of its bytes and drops its oldest eighth when full
+(:func:`tablecast.store.cache.drop_oldest`), which keeps a hit to one dict lookup.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tablecast.cluster.node import Node
+from tablecast.cluster.replica import Replica
+from tablecast.contract.table_info import TableInfo
+from tablecast.query.answer_bytes import kept_alive
+from tablecast.query.local import Headers
+from tablecast.store.cache import drop_oldest
+
+#: per entry beyond the path's and body's bytes: the dict slot, the entry, its header list,
+#: and the str and bytes objects' own (377 bytes measured with tracemalloc; the rest margin)
+ENTRY_OVERHEAD = 400
+#: the whole response kept beside it once written or sent to a forwarder (Entry.wire): the
+#: body again after the head (175 bytes measured, longer with a long node id) in a bytes object
+WIRE_OVERHEAD = 300
+JSON = ("content-type", "application/json")
+
+
+class Entry:
+    __slots__ = (
+        "body",
+        "end",
+        "headers",
+        "info",
+        "position",
+        "replica",
+        "slot",
+        "wire",
+    )
+
+    def __init__(
+        self,
+        info: TableInfo,
+        replica: Replica,
+        position: int,
+        end: int,
+        headers: Headers,
+        body: bytes,
+    ) -> None:
+        self.info = info
+        self.replica = replica
+        self.slot = (info.name, replica.partition)
+        self.position = position
+        self.end = end
+        self.headers = headers
+        self.body = body
+        #: the whole HTTP/1.1 response, once the loop engine has written it (http/http1.py)
+        #: or a forwarder has been sent it (query/coalesce.py)
+        self.wire: bytes | None = None
+
+    def whole(self) -> bytes:
+        """The whole HTTP/1.1 response (made once)."""
+        wire = self.wire
+        if wire is None:
+            wire = self.wire = kept_alive(200, self.headers, self.body)
+        return wire
+
+
+class Answers:
+    def __init__(self, node: Node, max_bytes: int) -> None:
+        # read on every hit: the objects, not the node's property chains
+        self._ingestor = node.ingestor
+        self._coordinator = node.coordinator
+        self.me = node.id
+        self.max_bytes = max_bytes
+        self._entries: dict[str, Entry] = {}
+        self._bytes = 0
+        self.hits = 0
+
+    def get(self, path: str) -> Entry | None:
+        """The kept answer for `path` if it is still the one the read path would give."""
+        entry = self._entries.get(path)
+        if entry is None:
+            return None
+        replica = entry.replica
+        if (
+            replica.position != entry.position
+            or replica.end_offset != entry.end
+            or not self._answerable(entry.info, replica, entry.slot)
+        ):
+            return None
+        self.hits += 1
+        return entry
+
+    def _answerable(self, info: TableInfo, replica: Replica, slot: tuple[str, int]) -> bool:
+        """`replica` answers a plain read here, as the router would decide: caught up, not
+        stale, not released or reopening, its table as in the catalog, and this node the
+        partition's first owner (or the table global)."""
+        if (
+            replica.stale_since is not None
+            or not replica.caught_up
+            or replica.closed
+            or replica.reopening
+            or self._ingestor.tables.get(info.name) is not info  # dropped, or changed
+        ):
+            return False
+        if info.is_global:
+            return True
+        owners = self._coordinator.view.target.get(slot)
+        return bool(owners) and owners[0] == self.me  # type: ignore[index]
+
+    def keep(
+        self,
+        path: str,
+        info: TableInfo,
+        replica: Replica,
+        version: int,
+        end: int,
+        headers: Any,
+        body: bytes,
+    ) -> None:
+        """Remember a 200 answer read from `replica` whose seqlock stood at `version` and
+        topic end at `end` before the read.
+
+        The position is read after the answer: if the seqlock still stands at the same
+        even version no apply started since the read began, so the answer is exact at
+        that position, and with the same end its headers are those of that position."""
+        position = replica.position
+        if (
+            version & 1
+            or replica.version != version
+            or replica.end_offset != end
+            or not self._answerable(info, replica, (info.name, replica.partition))
+        ):
+            return
+        size = _size(path, body)
+        if size > self.max_bytes:
+            return
+        before = self._entries.pop(path, None)  # kept before, at an older position
+        if before is not None:
+            self._bytes -= _size(path, before.body)
+        while self._bytes + size > self.max_bytes:
+            if not self._entries:
+                self._bytes = 0
+                break
+            for old_path, gone in drop_oldest(self._entries):
+                self._bytes -= _size(old_path, gone.body)
+        self._entries[path] = Entry(info, replica, position, end, [JSON, *headers], body)
+        self._bytes += size
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def _size(path: str, body: bytes) -> int:
+    """An entry's bytes as estimated: the path, the body twice (alone and on the wire)."""
+    return len(path) + 2 * len(body) + ENTRY_OVERHEAD + WIRE_OVERHEAD

@@ -1,0 +1,330 @@
+"""The RPC layer: asking peers, forwarding a read to its owner or redirecting to it, and
+fanning a read of many partitions out to the nodes that answer for them.
+
+A peer that cannot be reached or answers 503 is skipped for the next choice
+at once, so a dead node costs a retry, not a failed query. When no choice is
+left, the read waits up to :data:`NO_REPLICA_GRACE_S` for the cluster view to
+name one before it answers 503: a replica that just became ready (a node back
+from a restart while another leaves) is only seen after its next heartbeat
+and tick, and a rolling restart must not fail reads for that. A 401 or 403 of a
+peer is the caller's answer (:func:`not_refused`): the nodes share one
+policy, so another node would refuse alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Awaitable, Callable, Iterable
+from time import monotonic
+from typing import TypeVar
+from urllib.parse import quote, urlencode
+
+import orjson
+
+from tablecast.cluster.membership import HEARTBEAT_S, Member
+from tablecast.cluster.node import TICK_S
+from tablecast.contract.table_info import TableInfo
+from tablecast.query import coalesce
+from tablecast.query.coalesce import (
+    PASS_HEADERS,
+    READ_PREFIX,
+    Coalescer,
+    RawResponse,
+    unwired,
+)
+from tablecast.query.consistency import NO_OPTIONS, ReadOptions
+from tablecast.query.errors import ApiError
+from tablecast.query.local import Answer, unavailable
+from tablecast.query.ownership import ME, Choice, Routing
+from tablecast.query.peer_pool import PeerPool, PeerUnavailable
+from tablecast.query.request import Request, path_segment
+
+FORWARD_TIMEOUT_S = 2.0
+#: how long an internal call may take beyond the wait for ``after`` it passes on
+WAIT_SLACK_S = 1.0
+#: two heartbeats and a tick: how stale the view may be about a replica that is ready
+NO_REPLICA_GRACE_S = 2 * HEARTBEAT_S + TICK_S
+T = TypeVar("T")
+
+
+class Rpc:
+    def __init__(self, peers: PeerPool, routing: Routing) -> None:
+        self.peers = peers
+        #: forwarded reads that leave together go as one call (off: TABLECAST_FORWARD_BATCH=0)
+        self.coalescer = Coalescer(peers) if coalesce.ENABLED else None
+        self.routing = routing
+
+    async def ask(
+        self,
+        member: Member,
+        method: str,
+        target: str,
+        req: Request,
+        body: bytes = b"",
+        opts: ReadOptions | None = None,
+        timeout: float = FORWARD_TIMEOUT_S,
+    ) -> Answer | None:
+        """A peer's answer, or None if it could not give one (unreachable, or 503)."""
+        waits = opts is not None and opts.at_least
+        if waits:  # it may wait for `after` that long first
+            timeout += opts.timeout_ms / 1000 + WAIT_SLACK_S  # type: ignore[union-attr]
+        try:
+            coalescer = self.coalescer
+            if (
+                coalescer is not None
+                and method == "GET"
+                and not waits
+                and target.startswith(READ_PREFIX)
+            ):
+                # reads that leave together go as one call (a wait for `after` never does)
+                status, headers, payload = await coalescer.get(
+                    member.url, target, req.onward_headers(), timeout
+                )
+            else:
+                status, headers, payload = await self.peers.request(
+                    member.url, method, target, req.onward_headers(), body, timeout
+                )
+        except PeerUnavailable:
+            return None
+        if status == 503:
+            return None
+        passed = [(k, v) for k, v in headers if k in PASS_HEADERS]
+        return status, payload, passed
+
+    async def elsewhere(
+        self,
+        info: TableInfo,
+        partition: int,
+        choices: list[Choice],
+        target: str,
+        req: Request,
+        opts: ReadOptions,
+        here: Callable[[], Answer | Awaitable[Answer]],
+    ) -> Answer:
+        """Redirect to, or forward to, the first choice that answers."""
+        if req.query and not opts.redirect:
+            target += ("&" if "?" in target else "?") + req.query
+        # monotonic(), not the loop's time: looking the loop up costs a getpid() system call
+        deadline = monotonic() + NO_REPLICA_GRACE_S
+        while True:
+            answer = await self._first_able(choices, target, req, opts, here)
+            if answer is not None:
+                return answer
+            choices = await self.fresh_choices(info, partition, req, opts, deadline)
+            if not choices:
+                raise unavailable(info, partition)
+
+    def forward(
+        self,
+        info: TableInfo,
+        partition: int,
+        choices: list[Choice],
+        target: str,
+        req: Request,
+        here: Callable[[], Answer | Awaitable[Answer]],
+    ) -> Answer | Awaitable[Answer]:
+        """:meth:`elsewhere` for a plain read (no options, no query string) whose first
+        choice is a peer: its answer as a future, without a task, its headers as the lines
+        they go on the wire with (a `bytes` third element: see :meth:`HttpApp._respond`).
+        Only when that peer gives no answer does :meth:`elsewhere` take the other choices."""
+        first = choices[0] if choices else None
+        coalescer = self.coalescer
+        waiter = None
+        if coalescer is not None and isinstance(first, Member) and not req.query:
+            waiter = coalescer.submit(first.url, target, req.onward_headers(), FORWARD_TIMEOUT_S)
+        if waiter is None:
+            return self.elsewhere(info, partition, choices, target, req, NO_OPTIONS, here)
+        out: asyncio.Future[Answer] = waiter.get_loop().create_future()
+
+        def answered(w: asyncio.Future[RawResponse]) -> None:
+            if not w.cancelled() and w.exception() is None and w.result()[0] != 503:
+                try:
+                    status, lines, body = unwired(w.result())
+                except PeerUnavailable:
+                    pass  # garbled: as if that peer had not answered
+                else:
+                    out.set_result((status, body, lines))
+                    return
+            # that peer could not answer: the other choices, as elsewhere() takes them
+            rest = self.elsewhere(info, partition, choices[1:], target, req, NO_OPTIONS, here)
+            task = out.get_loop().create_task(rest)
+            task.add_done_callback(lambda t: _settle(out, t))
+
+        waiter.add_done_callback(answered)
+        return out
+
+    async def _first_able(
+        self,
+        choices: list[Choice],
+        target: str,
+        req: Request,
+        opts: ReadOptions,
+        here: Callable[[], Answer | Awaitable[Answer]],
+    ) -> Answer | None:
+        """The first choice's answer (a redirect to the first peer), None if none gave one."""
+        if opts.redirect:
+            peers = [c for c in choices if isinstance(c, Member)]
+            if peers:
+                return self.redirect(peers[0], target, req)
+            # only this node can answer: it does (asking no peer; none is left to ask)
+        for choice in choices:
+            if choice == ME:  # the active is gone and this node holds a standby
+                try:
+                    return await maybe(here())
+                except ApiError as e:
+                    if e.code != "partition_unavailable":
+                        raise
+                    continue  # released under this read: the next choice
+            answer = await self.ask(choice, "GET", target, req, opts=opts)  # type: ignore[arg-type]
+            if answer is not None:
+                return answer
+        return None
+
+    async def fresh_choices(
+        self, info: TableInfo, partition: int, req: Request, opts: ReadOptions, deadline: float
+    ) -> list[Choice]:
+        """The choices of the next views until one names any, or [] at `deadline` (and at
+        once for a forwarded read: its forwarder moves on to its own next choice)."""
+        while not req.forwarded and monotonic() < deadline:
+            await asyncio.sleep(TICK_S)
+            choices = self.routing.choices(info, partition, req, opts)
+            if choices:
+                return choices
+        return []
+
+    @staticmethod
+    def redirect(member: Member, path: str, req: Request) -> Answer:
+        """307 to the same read on `member` (without ``redirect``, so it answers there)."""
+        onward = {k: v for k, v in req.params.items() if k != "redirect"}
+        location = member.url + path + ("?" + urlencode(onward) if onward else "")
+        return 307, b'{"redirect":' + orjson.dumps(location) + b"}", [("location", location)]
+
+    def redirect_fan_out(
+        self, info: TableInfo, partitions: Iterable[int], req: Request, opts: ReadOptions, path: str
+    ) -> Answer | None:
+        """With ``redirect=true``, the 307 for a read of many partitions when one other
+        node answers for all of them; None when this node answers (no single owner)."""
+        if not opts.redirect:
+            return None
+        groups = self.routing.groups(info, partitions, req, opts)
+        if len(groups) == 1 and isinstance(groups[0][0], Member):
+            return self.redirect(groups[0][0], path, req)
+        return None
+
+    async def gather(
+        self,
+        info: TableInfo,
+        partitions: Iterable[int],
+        req: Request,
+        opts: ReadOptions,
+        here: Callable[[list[int]], T | Awaitable[T]],
+        there: Callable[[Member, list[int]], Awaitable[T | None]],
+    ) -> list[T]:
+        """One result per group of partitions answered together, each by its first able
+        choice: this node (`here`), or a peer (`there`; None moves on to the next choice)."""
+        routing = self.routing
+        pending = {p: routing.choices(info, p, req, opts) for p in partitions}
+        results: list[T] = []
+        deadline = monotonic() + NO_REPLICA_GRACE_S
+        while pending:
+            groups: dict[str, list[int]] = {}
+            for p, choices in list(pending.items()):
+                if not choices:
+                    choices = pending[p] = await self.fresh_choices(info, p, req, opts, deadline)
+                if not choices:
+                    raise unavailable(info, p)
+                first = choices[0]
+                groups.setdefault(first if isinstance(first, str) else first.id, []).append(p)
+            local = groups.pop(ME, [])
+            if local:
+                try:
+                    results.append(await maybe(here(local)))
+                    for p in local:
+                        del pending[p]
+                except ApiError as e:
+                    if e.code != "partition_unavailable":
+                        raise
+                    for p in local:  # released under this read: the next choice
+                        pending[p] = pending[p][1:]
+            if not groups:
+                continue  # all answered here (or moved on to their next choice)
+            by_id = {c.id: c for cs in pending.values() for c in cs if isinstance(c, Member)}
+            remote = list(groups.items())
+            answers = await asyncio.gather(*(there(by_id[nid], parts) for nid, parts in remote))
+            for (_, parts), answer in zip(remote, answers, strict=True):
+                for p in parts:
+                    if answer is None:
+                        pending[p] = pending[p][1:]  # that peer failed: the next choice
+                    else:
+                        del pending[p]
+                if answer is not None:
+                    results.append(answer)
+        return results
+
+
+def _settle(out: asyncio.Future[T], done: asyncio.Future[T]) -> None:
+    """`out` as `done` came out."""
+    if done.cancelled():
+        out.cancel()
+    elif (e := done.exception()) is not None:
+        out.set_exception(e)
+    else:
+        out.set_result(done.result())
+
+
+async def maybe(answer: T | Awaitable[T]) -> T:
+    return await answer if isinstance(answer, Awaitable) else answer  # type: ignore[return-value]
+
+
+def key_target(table: str, key_text: str, sub: str) -> str:
+    """The path a key read is forwarded to (the request's query string follows it).
+
+    A key whose text ends like a sub-route goes as ``?key=``: an owner on granian
+    sees the path decoded, where its ``%2F`` would be a separator.
+    """
+    t = _quoted(table)
+    if key_text.endswith(KEY_SUB_ROUTES):
+        return f"/v1/tables/{t}/{sub or 'keys'}?key={quote(key_text, safe='')}"
+    return f"/v1/tables/{t}/keys/{_quoted(key_text)}" + (f"/{sub}" if sub else "")
+
+
+#: text that quote(..., safe="") leaves as it is (RFC 3986's unreserved characters)
+_UNRESERVED = re.compile(r"[A-Za-z0-9_.~-]*").fullmatch
+
+
+def _quoted(text: str) -> str:
+    # on every forwarded read: most keys need no quoting, and the check is cheaper
+    return text if _UNRESERVED(text) else quote(text, safe="")
+
+
+#: what a key's path may end with to name a route of that key rather than the key itself
+KEY_SUB_ROUTES = ("/windows", "/metadata", "/history")
+
+
+def plain_key_read(method: str, path: str) -> tuple[str, str] | None:
+    """(table, key text) when the request is a GET /v1/tables/{t}/keys/{key}; `path` as
+    received (:class:`~tablecast.query.request.Scope`), its parts decoded here."""
+    if method != "GET" or not path.startswith("/v1/tables/"):
+        return None
+    parts = path.split("/", 5)
+    if len(parts) != 6 or parts[4] != "keys":
+        return None
+    rest = parts[5]
+    if rest.endswith(KEY_SUB_ROUTES):
+        return None
+    return path_segment(parts[3]), path_segment(rest)
+
+
+def not_refused(answer: Answer) -> Answer:
+    """A peer's answer, unless it refused the caller: a 401 or 403 is raised as the peer
+    gave it. The reading node judged the caller, and another node would judge alike (the
+    nodes share one policy), so a fan-out must not take it for a node to route around."""
+    status, body, _ = answer
+    if status not in (401, 403):
+        return answer
+    try:
+        error = orjson.loads(body)["error"]
+        raise ApiError("unauthorized" if status == 401 else "forbidden", str(error["message"]))
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        raise ApiError("forbidden", "a node refused this caller") from None

@@ -1,0 +1,377 @@
+"""Any node answers any read: the read routes, on top of ownership, store lookup and RPC.
+
+The parts, as Kafka Streams separates them: :mod:`routing` says which node
+answers for a partition, :mod:`local` reads this node's stores (exact at a
+position), :mod:`rpc` forwards, redirects and fans out to peers, and
+:mod:`consistency` reads every route's consistency options (``max_lag``,
+``max_staleness_ms``, ``after``, ``min_offset``, ``timeout_ms``, ``redirect``)
+in one place. This module has the routes that read one partition (a key, its
+windows, its history); :mod:`fanout` has those that read many (batchGet,
+range, count, index).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Awaitable, Callable, Mapping
+
+import orjson
+
+from tablecast.cluster.membership import Member
+from tablecast.cluster.node import Node
+from tablecast.cluster.replica import Replica
+from tablecast.contract.table_info import TableInfo
+from tablecast.query.consistency import (
+    NO_OPTIONS,
+    ReadOptions,
+    TopicEnds,
+    reach,
+)
+from tablecast.query.cursor import Cursors
+from tablecast.query.errors import ApiError
+from tablecast.query.fanout import DEFAULT_LIMIT, MAX_LIMIT, FanOut, limit_param
+from tablecast.query.kept_answers import Answers
+from tablecast.query.local import Answer, Headers, Local
+from tablecast.query.ownership import ME, Routing
+from tablecast.query.params import time_param
+from tablecast.query.peer_calls import Rpc, key_target, maybe
+from tablecast.query.peer_pool import PeerPool
+from tablecast.query.policy import Scope
+from tablecast.query.ratelimit import WaitSlots
+from tablecast.query.request import Request
+from tablecast.query.scans import require_history
+from tablecast.query.short_path import Forwards
+
+#: reads of one caller that may wait for an offset at once (serve --max-waits)
+DEFAULT_WAITS_PER_CALLER = 16
+#: window starts are int64 and the scan's bound is the end + 1: later times mean "no bound"
+WINDOW_TIME_MAX = 2**62
+#: history bounds: the least and the largest record timestamp
+TIME_MIN, TIME_MAX = -(2**63), 2**63 - 1
+_TS = struct.Struct(">q")
+
+Read = Callable[[Replica], Answer]
+
+
+class Router:
+    def __init__(
+        self, node: Node, cursors: Cursors, peers: PeerPool, waits: WaitSlots | None = None
+    ) -> None:
+        self.node = node
+        self.local = Local(node)
+        self.routing = Routing(node, self.local)
+        self.rpc = Rpc(peers, self.routing)
+        self.cursors = cursors
+        #: whole answers of plain key reads, when the server keeps them
+        self.answers: Answers | None = None
+        #: the short path of plain forwarded reads, when the server has it
+        self.forwards: Forwards | None = None
+        self.waits = waits or WaitSlots(DEFAULT_WAITS_PER_CALLER)
+        #: partition ends as the broker says them, for positions callers name (after, resumes)
+        self.ends = TopicEnds(lambda: node.config.bootstrap_servers)
+        self.fan = FanOut(self)
+
+    def table(self, name: str, req: Request) -> tuple[TableInfo, Scope | None]:
+        """The table and what of it the caller may read (None: all of it); 403 when nothing.
+
+        Every node a request passes applies this, and so does the node that
+        reads the store: a forwarding node is never trusted to have filtered.
+        """
+        grants = req.grants
+        if grants is None:
+            return self.local.table(name), None
+        return grants.table_scope(name, self.local.table)
+
+    def _key(self, table: str, key_text: str, req: Request) -> tuple[TableInfo, bytes]:
+        """The table and the key's bytes, for a key the caller may read."""
+        info, scope = self.table(table, req)
+        raw = self.local.key_bytes(info, key_text)
+        if scope is not None and not scope.allows(raw):
+            raise forbidden_key(table, key_text)
+        return info, raw
+
+    # -- reads of one partition ------------------------------------------------
+    def get_key(
+        self, table: str, key_text: str, req: Request, keep_as: str | None = None
+    ) -> Answer | Awaitable[Answer]:
+        """One key's entry. `keep_as`: the URL path to remember a plain local answer under
+        in :attr:`answers` (the HTTP hot path; see :mod:`tablecast.query.kept_answers`), whose
+        caller also takes a peer's answer with its headers as wire lines (:meth:`Rpc.forward`)."""
+        caller = req.caller
+        if caller is None or caller.grants is None:  # the hot path without a policy: no call
+            info, scope = self.local.table(table), None
+        else:
+            info, scope = caller.grants.table_scope(table, self.local.table)
+        if info.kind != "kv":
+            raise ApiError(
+                "bad_request", f"{table!r} is a window table: read /keys/{{key}}/windows"
+            )
+        raw = self.local.key_bytes(info, key_text)
+        if scope is not None and not scope.allows(raw):
+            raise forbidden_key(table, key_text)
+        partition = info.partition_of(raw)
+        opts = req.options(info)
+        local = self.local
+        if opts is NO_OPTIONS:
+            replica = local.readable(info, partition, opts)
+            if replica is not None and self.routing.answers_here(info, partition, req, opts):
+                # the hot path: one replica lookup, no choice list, no closure
+                try:
+                    if keep_as is None or self.answers is None:
+                        return local.read_key(info, raw, partition, replica, key_text)
+                    version, end = replica.version, replica.end_offset
+                    answer = local.read_key(info, raw, partition, replica, key_text)
+                    self.answers.keep(keep_as, info, replica, version, end, answer[2], answer[1])
+                    return answer
+                except ApiError as e:
+                    if e.code != "partition_unavailable":
+                        raise
+                    # its store closed under this read (released, or reopened after a
+                    # failed write): routed below, peers first
+        as_of = time_param(req.params, "as_of", None) if opts is not NO_OPTIONS else None
+        read: Read
+        if as_of is None:
+            read = lambda r: local.read_key(info, raw, partition, r, key_text)  # noqa: E731
+        else:
+            require_history(info)
+            read = lambda r: local.read_as_of(info, raw, r, as_of, key_text)  # noqa: E731
+        target = key_target(table, key_text, "")
+        wire = keep_as is not None and opts is NO_OPTIONS
+        if wire and self.forwards is not None:
+            # the next read of this path skips the router when a peer answers it
+            self.forwards.remember(keep_as, info, partition, target)  # type: ignore[arg-type]
+        return self.one_partition(info, partition, req, opts, target, read, wire)
+
+    def forward_failed(
+        self, table: str, key_text: str, req: Request, failed: Member
+    ) -> Answer | Awaitable[Answer]:
+        """A plain read the short path (:mod:`tablecast.query.short_path`) sent to `failed`,
+        which gave no answer (unreachable, or 503): the other choices, as
+        :meth:`Rpc.forward` takes them when its first choice fails."""
+        info = self.local.table(table)
+        raw = self.local.key_bytes(info, key_text)
+        partition = info.partition_of(raw)
+        local = self.local
+        choices = [
+            c
+            for c in self.routing.choices(info, partition, req, NO_OPTIONS)
+            if not (isinstance(c, Member) and c.id == failed.id)
+        ]
+
+        def here() -> Answer:
+            replica = local.require(info, partition, NO_OPTIONS)
+            return local.read_key(info, raw, partition, replica, key_text)
+
+        target = key_target(table, key_text, "")
+        return self.rpc.elsewhere(info, partition, choices, target, req, NO_OPTIONS, here)
+
+    def windows(self, table: str, key_text: str, req: Request) -> Answer | Awaitable[Answer]:
+        info, raw = self._key(table, key_text, req)
+        if info.kind != "window":
+            raise ApiError("bad_request", f"{table!r} is not a window table")
+        time_from = min(time_param(req.params, "from", 0), WINDOW_TIME_MAX)
+        time_to = min(time_param(req.params, "to", WINDOW_TIME_MAX), WINDOW_TIME_MAX)
+        local = self.local
+        return self.one_partition(
+            info,
+            info.partition_of(raw),
+            req,
+            req.options(info),
+            key_target(table, key_text, "windows"),
+            lambda r: local.windows(info, raw, r, time_from, time_to),
+        )
+
+    def history(self, table: str, key_text: str, req: Request) -> Answer | Awaitable[Answer]:
+        """Versions of one key, oldest first (``order=desc``: newest first): ``{"items":
+        [{"value", "timestamp", "offset"}], "next_cursor"}``; a delete is a version with a
+        null value."""
+        info, raw = self._key(table, key_text, req)
+        require_history(info)
+        params = req.params
+        start = time_param(params, "from", TIME_MIN)
+        end = time_param(params, "to", TIME_MAX)
+        limit = limit_param(params)
+        newest_first = order_param(params)
+        query = history_query(key_text, params.get("from"), params.get("to"), newest_first)
+        if params.get("cursor"):
+            last = self._history_cursor(params["cursor"], key_text, params, newest_first)
+            if newest_first:
+                # the next page holds the versions before the last one shown
+                end = _TS.unpack(last)[0]
+            else:
+                # a last version at the greatest time leaves nothing after it: an empty
+                # page, not a start past what a store can encode
+                start = min(_TS.unpack(last)[0] + 1, TIME_MAX)
+        vj = info.value_serde.to_json
+        cursors = self.cursors
+
+        def read(replica: Replica) -> Answer:
+            versions, headers = self.local.history(
+                info, raw, replica, start, end, limit + 1, newest_first
+            )
+            more = len(versions) > limit
+            shown = versions[:limit]
+            body = {
+                "items": [
+                    {
+                        "value": None if v.value is None else vj(v.value),
+                        "timestamp": v.timestamp,
+                        "offset": v.offset,
+                    }
+                    for v in shown
+                ],
+                "next_cursor": cursors.encode(_TS.pack(shown[-1].timestamp), query)
+                if more
+                else None,
+            }
+            return 200, orjson.dumps(body), headers
+
+        return self.one_partition(
+            info,
+            info.partition_of(raw),
+            req,
+            req.options(info),
+            key_target(table, key_text, "history"),
+            read,
+        )
+
+    def _history_cursor(
+        self, cursor: str, key_text: str, params: Mapping[str, str], newest_first: bool
+    ) -> bytes:
+        """The last timestamp (8 bytes) a history cursor names; 400 for any other cursor,
+        naming the order when it was made for the other one (it pages its own order only)."""
+        frm, to = params.get("from"), params.get("to")
+        try:
+            last = self.cursors.decode(cursor, history_query(key_text, frm, to, newest_first))
+        except ApiError:
+            if not self._signed_for(cursor, history_query(key_text, frm, to, not newest_first)):
+                raise
+            made = "asc" if newest_first else "desc"
+            raise ApiError(
+                "bad_request", f"the cursor continues order={made}: give order={made} with it"
+            ) from None
+        if len(last) != _TS.size:
+            # an index page's cursor has a query of the same shape and passes the
+            # signature check: only a timestamp's 8 bytes continue a history
+            raise ApiError("bad_request", "invalid cursor")
+        return last
+
+    def _signed_for(self, cursor: str, query: list[str | None]) -> bool:
+        try:
+            self.cursors.decode(cursor, query)
+        except ApiError:
+            return False
+        return True
+
+    def one_partition(
+        self,
+        info: TableInfo,
+        partition: int,
+        req: Request,
+        opts: ReadOptions,
+        target: str,
+        read: Read,
+        wire: bool = False,
+    ) -> Answer | Awaitable[Answer]:
+        """A read of one partition wherever it is answered: here (once the replica is as far
+        as ``after``/``min_offset`` ask), forwarded to its owner, or redirected there.
+        `wire`: a plain read whose caller takes a forwarded answer as :meth:`Rpc.forward`
+        gives it."""
+        if opts.min_offset_partition not in (None, partition):
+            raise ApiError(
+                "bad_request",
+                f"min_offset names partition {opts.min_offset_partition}; "
+                f"the key is in {partition}",
+            )
+        want = opts.at_least.get(partition) if opts.at_least else None
+        replica = self.local.readable(info, partition, opts)
+        tried_here = False
+        if replica is not None and self.routing.answers_here(info, partition, req, opts):
+            if want is not None and replica.position < want:
+                again = lambda: self.one_partition(info, partition, req, opts, target, read)  # noqa: E731
+                return self._after(replica, want, req, opts, read, again)
+            try:
+                return read(replica)
+            except ApiError as e:
+                if e.code != "partition_unavailable":
+                    raise
+                # its store closed under this read (released, or reopened after a failed
+                # write): a peer holding the partition answers, or this node once it can
+                tried_here = True
+        choices = self.routing.choices(info, partition, req, opts)
+
+        def here() -> Answer | Awaitable[Answer]:
+            replica = self.local.require(info, partition, opts)
+            if want is not None and replica.position < want:
+                return self._after(replica, want, req, opts, read, None)
+            return read(replica)
+
+        if choices and choices[0] == ME and not tried_here:
+            return here()
+        if wire:
+            return self.rpc.forward(info, partition, choices, target, req, here)
+        return self.rpc.elsewhere(info, partition, choices, target, req, opts, here)
+
+    async def _after(
+        self,
+        replica: Replica,
+        want: int,
+        req: Request,
+        opts: ReadOptions,
+        read: Read,
+        again: Callable[[], Answer | Awaitable[Answer]] | None,
+    ) -> Answer:
+        """`read` once the replica has reached position `want`; if it is released (or its
+        store reopened) meanwhile, the read routed `again` (or partition_unavailable, for
+        the caller to move on)."""
+        try:
+            await reach([(replica, want)], opts, req.subject, self.waits, self.ends)
+            return read(replica)
+        except ApiError:
+            if not (replica.closed or replica.reopening) or again is None:
+                raise
+        return await maybe(again())
+
+    # -- where a key lives -----------------------------------------------------
+    def metadata(self, table: str, key_text: str, req: Request) -> Answer:
+        info, raw = self._key(table, key_text, req)
+        partition = info.partition_of(raw)
+        slot = (info.name, partition)
+        view = self.node.view
+        active_id = view.effective_active(slot)
+        members = view.members
+        active = (
+            {"node": active_id, "url": members[active_id].url} if active_id in members else None
+        )
+        standbys = []
+        for m in view.candidates(slot):
+            if m.id != active_id:
+                state = m.replicas.get(slot, {})
+                standbys.append({"node": m.id, "url": m.url, "lag": state.get("lag", 0)})
+        body = {"partition": partition, "active": active, "standbys": standbys}
+        return 200, orjson.dumps(body), []
+
+
+def order_param(params: Mapping[str, str]) -> bool:
+    """``order`` of a history read: True for ``desc`` (newest first), False for ``asc``."""
+    order = params.get("order", "asc")
+    if order not in ("asc", "desc"):
+        raise ApiError("bad_request", f"order must be asc or desc, not {order!r}")
+    return order == "desc"
+
+
+def history_query(
+    key_text: str, time_from: str | None, time_to: str | None, newest_first: bool
+) -> list[str | None]:
+    """What a history cursor is signed for. An ascending one keeps the shape cursors had
+    before there was an order, so those stay valid; a descending one names its order, so
+    neither continues the other."""
+    query = [key_text, time_from, time_to]
+    return [*query, "desc"] if newest_first else query
+
+
+def forbidden_key(table: str, key_text: str) -> ApiError:
+    return ApiError("forbidden", f"this token may not read key {key_text!r} of {table!r}")
+
+
+__all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "Headers", "Request", "Router"]

@@ -1,1 +1,0 @@
-"""The HTTP side of a serving node: routes, handlers and the server process."""

@@ -1,3 +1,0 @@
-from tablecast.server.readers.process import main
-
-main()
