@@ -101,8 +101,8 @@ def forwarded(
 ) -> dict[str, Any]:
     """Node A on core 0 takes every request; node B owns a share of the partitions, on `b_cpu`;
     node A1 (core 0 too, idle unless asked) is A with forwarded reads sent one by one
-    (TABLECAST_FORWARD_BATCH=0), node A2 (core 0 too) is A with every forwarded read taken
-    the router's way, as before the short path (TABLECAST_FORWARD_SHORT=0).
+    (``--forwarding one-by-one``), node A2 (core 0 too) is A with every forwarded read taken
+    the router's way, as before the short path (``--forwarding batched``).
 
     wrk (core 1) sends A only keys A owns (local), A only keys B owns (each forwarded A → B,
     those waiting at once as one batch), and A1 only keys B owns (each forwarded alone),
@@ -116,8 +116,8 @@ def forwarded(
     tag = f"fwd{b_cpu}"
     a, url_a = stack.node(stack.dir / f"{tag}-a")
     b, url_b = stack.node(stack.dir / f"{tag}-b", cpus=b_cpu)
-    alone, url_alone = stack.node(stack.dir / f"{tag}-a1", env={"TABLECAST_FORWARD_BATCH": "0"})
-    routed, url_routed = stack.node(stack.dir / f"{tag}-a2", env={"TABLECAST_FORWARD_SHORT": "0"})
+    alone, url_alone = stack.node(stack.dir / f"{tag}-a1", None, "--forwarding", "one-by-one")
+    routed, url_routed = stack.node(stack.dir / f"{tag}-a2", None, "--forwarding", "batched")
     nodes = ((url_a, a), (url_b, b), (url_alone, alone), (url_routed, routed))
     for url, proc in nodes:
         wait_http(url + "/readyz", timeout=300, proc=proc)
@@ -385,9 +385,9 @@ def render(r: dict[str, Any], args: argparse.Namespace) -> str:
 **Forwarded vs local GET, measured**: four nodes, wrk (64 connections, core 1) sending node A
 only keys whose active is A (local), A only keys whose active is B (every request forwarded
 A → B on the short path of plain forwarded reads; forwards waiting at the same moment leave
-as one batch), A2 only keys whose active is B (A2 is A with `TABLECAST_FORWARD_SHORT=0`:
+as one batch), A2 only keys whose active is B (A2 is A with `--forwarding batched`:
 every forwarded read the router's way, batched, as before the short path), or A1 only keys
-whose active is B (A1 is A with `TABLECAST_FORWARD_BATCH=0`: each forward alone over a pooled
+whose active is B (A1 is A with `--forwarding one-by-one`: each forward alone over a pooled
 keep-alive connection, the router's way, as before batches); {args.keys:,} keys, 12 partitions,
 {len(o["ratios"])} alternating rounds of {args.seconds} s (the order flips each round). The
 ratios are each round's; a target counts as met only when its whole interquartile range

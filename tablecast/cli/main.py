@@ -35,6 +35,7 @@ from tablecast.cli.options import (
     resolve,
 )
 from tablecast.http.listen import MOST_ASKED
+from tablecast.query.forwarding import FORWARDING
 
 DEFAULT_BOOTSTRAP = "localhost:9092"
 #: read processes beside a node: more than cores anyone has, fewer than files RocksDB opens
@@ -388,6 +389,15 @@ def build_parser() -> Parser:
         help="loop: HTTP/1.1 and WebSocket parsed on the event loop's own thread, "
         "the faster for reads; or granian: HTTP/1.1, HTTP/2 and WebSocket in Rust on a thread "
         "of its own (HTTP/2 carries many watches on one connection)",
+    )
+    option(
+        p,
+        "--forwarding",
+        "short",
+        choices=FORWARDING,
+        help="how reads another node answers leave: short (those leaving together as one "
+        "batch, plain key GETs straight from the HTTP parser into it), batched (every read "
+        "through the router), one-by-one (each alone); the last two are for comparison",
     )
     option(
         p,
@@ -787,6 +797,7 @@ def _serve(args: argparse.Namespace) -> int:
         args.http_engine,
         args.listeners,
         args.processes,
+        args.forwarding,
     )
     try:
         serve.run(config, args.host, args.port, auth, tls, limits)

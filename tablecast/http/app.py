@@ -34,7 +34,7 @@ from tablecast.http import openapi
 from tablecast.http.metrics import exposition
 from tablecast.live import snapshot, sse, websocket
 from tablecast.live.service import Live
-from tablecast.query import node_status, params, short_path
+from tablecast.query import node_status, params
 from tablecast.query.auth import Auth, Caller, KeysNeeded
 from tablecast.query.coalesce import (
     ANSWERS_PATH,
@@ -63,7 +63,6 @@ from tablecast.query.request import (
     path_segment,
     subject_of,
 )
-from tablecast.query.short_path import Forwards
 from tablecast.query.stats import HttpStats
 
 log = logging.getLogger(__name__)
@@ -85,9 +84,12 @@ class HttpApp:
         waits_per_caller: int = DEFAULT_WAITS_PER_CALLER,
         auth_metrics: bool = False,
         rate_table: Path | None = None,
+        forwarding: str = "short",
+        port: int | None = None,
     ) -> None:
         """`rate_table`: the file the callers' buckets are kept in, shared with the node's
-        read processes (None: kept in this process)."""
+        read processes (None: kept in this process); `forwarding`: one of
+        :data:`~tablecast.query.forwarding.FORWARDING`; `port`: the port it is served on."""
         self.node = node
         self.auth = auth or Auth()
         self._auth_on = self.auth.enabled
@@ -108,22 +110,22 @@ class HttpApp:
         self.waits = WaitSlots(waits_per_caller)
         #: /metrics needs a token, and /readyz without one says only whether the node is ready
         self._auth_metrics = auth_metrics and self._auth_on
-        self.router = Router(node, Cursors(node.config.app_id.encode()), self.peers, self.waits)
         # a token's grants or a caller's rate limit make answers differ per caller: not kept
+        # (nor, as it is for the same reads, the short path of forwarded ones)
         kept = node.config.answers_bytes
         self._answers = (
             Answers(node, kept) if kept > 0 and not self._auth_on and self.rate is None else None
         )
-        self.router.answers = self._answers
-        coalescer = self.router.rpc.coalescer
-        # like kept answers: not with a token's grants or a caller's rate limit to apply
-        self._forwards = (
-            Forwards(node.ingestor, self.router.routing, coalescer)
-            if short_path.ENABLED and coalescer is not None and self._answers is not None
-            else None
+        self.router = Router(
+            node,
+            Cursors(node.config.app_id.encode()),
+            self.peers,
+            self.waits,
+            self._answers,
+            forwarding,
         )
-        self.router.forwards = self._forwards
-        self.live = Live(node, self.router)
+        self._forwards = self.router.forwards
+        self.live = Live(node, self.router, port)
         self.stats = HttpStats()
         self.console = Console(node, self.stats, self.peers, self._answers)
         self._openapi = orjson.dumps(openapi.document())
@@ -315,7 +317,7 @@ class HttpApp:
         forwards = self._forwards
         if forwards is None or AFTER_HEADER in headers or HOP in headers:
             return None
-        return short_path.send(path, sink)
+        return forwards.send(path, sink)
 
     def forwarded(self, status: int, started: float) -> None:
         """Count a short-path forward its peer answered (the sink wrote the answer)."""

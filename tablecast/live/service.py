@@ -70,15 +70,15 @@ class Plan:
 
 
 class Live:
-    def __init__(self, node: Node, router: Router) -> None:
+    def __init__(self, node: Node, router: Router, port: int | None = None) -> None:
+        """`port`: the node's HTTP port, for the check of slow SSE clients (None: off)."""
         self.node = node
         self.router = router
         c = node.config
         self.hub = Hub(
             c.bootstrap_servers, f"tablecast-watch-{c.app_id}-{c.node_id}", lambda: node.tables
         )
-        #: the HTTP port, for the slow-SSE-client check (set by the process that serves)
-        self.port: int | None = None
+        self.port = port
         self.slots = WatchSlots(c.watches_per_caller)
 
     async def prepare(

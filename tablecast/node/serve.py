@@ -138,8 +138,16 @@ async def serve(
     limits = limits or Limits()
     # read processes spend a caller's tokens from the same table as the node
     rate_table = rate_table_in(config.data_dir) if limits.processes > 1 and limits.rate else None
-    app = HttpApp(node, auth, limits.rate, limits.waits_per_caller, limits.auth_metrics, rate_table)
-    app.live.port = port
+    app = HttpApp(
+        node,
+        auth,
+        limits.rate,
+        limits.waits_per_caller,
+        limits.auth_metrics,
+        rate_table,
+        limits.forwarding,
+        port,
+    )
     grpc = None
     if limits.grpc_port is not None:
         from tablecast.grpc.service import serve_grpc
@@ -222,6 +230,8 @@ class Limits:
     listeners: int | None = None
     #: processes serving plain key reads, the node's own included (--processes)
     processes: int = 1
+    #: how forwarded reads leave (--forwarding): one of tablecast.query.forwarding.FORWARDING
+    forwarding: str = "short"
 
 
 def run(

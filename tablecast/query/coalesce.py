@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import struct
 from collections.abc import Sequence
 from typing import Protocol
@@ -45,8 +44,6 @@ log = logging.getLogger(__name__)
 ANSWERS_PATH = "/internal/answers"
 #: the route of the version before (header lines and body apart), still answered
 BATCH_PATH = "/internal/reads"
-#: TABLECAST_FORWARD_BATCH=0 sends every forwarded read alone (for comparison)
-ENABLED = os.environ.get("TABLECAST_FORWARD_BATCH", "1") != "0"
 #: reads per batch at most: a full one takes no more, the next read opens another
 MAX_READS = 64
 #: what each read of a batch may ask for: the routes a read of one partition forwards

@@ -25,7 +25,6 @@ import orjson
 from tablecast.cluster.membership import HEARTBEAT_S, Member
 from tablecast.cluster.node import TICK_S
 from tablecast.contract.table_info import TableInfo
-from tablecast.query import coalesce
 from tablecast.query.coalesce import (
     PASS_HEADERS,
     READ_PREFIX,
@@ -49,10 +48,10 @@ T = TypeVar("T")
 
 
 class Rpc:
-    def __init__(self, peers: PeerPool, routing: Routing) -> None:
+    def __init__(self, peers: PeerPool, routing: Routing, batch: bool = True) -> None:
         self.peers = peers
-        #: forwarded reads that leave together go as one call (off: TABLECAST_FORWARD_BATCH=0)
-        self.coalescer = Coalescer(peers) if coalesce.ENABLED else None
+        #: forwarded reads that leave together go as one call (`batch` False: one by one)
+        self.coalescer = Coalescer(peers) if batch else None
         self.routing = routing
 
     async def ask(

@@ -30,6 +30,7 @@ from tablecast.query.consistency import (
 from tablecast.query.cursor import Cursors
 from tablecast.query.errors import ApiError
 from tablecast.query.fanout import DEFAULT_LIMIT, MAX_LIMIT, FanOut, limit_param
+from tablecast.query.forwarding import FORWARDING
 from tablecast.query.kept_answers import Answers
 from tablecast.query.local import Answer, Headers, Local
 from tablecast.query.ownership import ME, Routing
@@ -55,17 +56,31 @@ Read = Callable[[Replica], Answer]
 
 class Router:
     def __init__(
-        self, node: Node, cursors: Cursors, peers: PeerPool, waits: WaitSlots | None = None
+        self,
+        node: Node,
+        cursors: Cursors,
+        peers: PeerPool,
+        waits: WaitSlots | None = None,
+        answers: Answers | None = None,
+        forwarding: str = "short",
     ) -> None:
+        """`answers`: whole answers of plain key reads, kept (None: not kept). The short
+        path of `forwarding` needs them: it is for the same reads."""
+        if forwarding not in FORWARDING:
+            raise ValueError(f"forwarding {forwarding!r} is not one of {FORWARDING}")
         self.node = node
         self.local = Local(node)
         self.routing = Routing(node, self.local)
-        self.rpc = Rpc(peers, self.routing)
+        self.rpc = Rpc(peers, self.routing, batch=forwarding != "one-by-one")
         self.cursors = cursors
-        #: whole answers of plain key reads, when the server keeps them
-        self.answers: Answers | None = None
-        #: the short path of plain forwarded reads, when the server has it
-        self.forwards: Forwards | None = None
+        self.answers = answers
+        coalescer = self.rpc.coalescer
+        #: the short path of plain forwarded reads (:mod:`tablecast.query.short_path`)
+        self.forwards = (
+            Forwards(node.ingestor, self.routing, coalescer)
+            if forwarding == "short" and coalescer is not None and answers is not None
+            else None
+        )
         self.waits = waits or WaitSlots(DEFAULT_WAITS_PER_CALLER)
         #: partition ends as the broker says them, for positions callers name (after, resumes)
         self.ends = TopicEnds(lambda: node.config.bootstrap_servers)

@@ -22,8 +22,6 @@ peer could not answer (unreachable, 503) goes the router's way after all
 
 from __future__ import annotations
 
-import os
-
 from tablecast.cluster.ingest import Ingestor
 from tablecast.cluster.membership import Member
 from tablecast.contract.table_info import TableInfo
@@ -33,8 +31,6 @@ from tablecast.query.peer_calls import FORWARD_TIMEOUT_S
 from tablecast.query.request import HOP
 from tablecast.store.cache import drop_oldest
 
-#: TABLECAST_FORWARD_SHORT=0 sends every forwarded read the router's way (for comparison)
-ENABLED = os.environ.get("TABLECAST_FORWARD_SHORT", "1") != "0"
 #: what every such read carries onward: the hop mark (no token, no position: none came)
 ONWARD = [(HOP, "1")]
 #: plans kept at most (about 300 bytes each); the oldest eighth goes when full

@@ -40,8 +40,8 @@ def _setup(max_bytes: int = 1 << 20) -> tuple[Router, Answers, Replica, OneRepli
     replica.apply([Write(b"k", orjson.dumps("v0"), 0, 0), Write(b"j", b"1", 1, 0)])
     replica.end_offset = replica.position
     node = OneReplicaNode(INFO, replica)
-    router = Router(node, Cursors(b"s" * 32), None)  # type: ignore[arg-type]
-    answers = router.answers = Answers(node, max_bytes)  # type: ignore[arg-type]
+    answers = Answers(node, max_bytes)  # type: ignore[arg-type]
+    router = Router(node, Cursors(b"s" * 32), None, answers=answers)  # type: ignore[arg-type]
     return router, answers, replica, node
 
 

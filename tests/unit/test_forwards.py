@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -13,15 +14,17 @@ import pytest
 
 from tablecast import serde
 from tablecast.cluster.membership import Member
+from tablecast.cluster.node import Node as ClusterNode
+from tablecast.cluster.node import NodeConfig
 from tablecast.cluster.replica import Replica
 from tablecast.contract.table_info import TableInfo
-from tablecast.query.coalesce import Coalescer
+from tablecast.http.app import HttpApp
 from tablecast.query.consistency import NO_OPTIONS
 from tablecast.query.cursor import Cursors
+from tablecast.query.kept_answers import Answers
 from tablecast.query.ownership import ME
 from tablecast.query.reads import Router
 from tablecast.query.request import Request
-from tablecast.query.short_path import Forwards
 from tablecast.store import Write
 from tablecast.store.memory import MemoryStore
 
@@ -65,6 +68,7 @@ class Node:
         self.ingestor.tables = self.tables
         self.config = type("Config", (), {"max_key_bytes": 1024})()
         self.view = view
+        self.coordinator = type("Coordinator", (), {"view": view})()
 
 
 class Sink:
@@ -80,11 +84,15 @@ class Sink:
         self.answer.set_exception(error)
 
 
-def _setup(view: View, info: TableInfo = INFO) -> tuple[Router, Replica, Peers]:
+def _setup(
+    view: View, info: TableInfo = INFO, forwarding: str = "short"
+) -> tuple[Router, Replica, Peers]:
     replica = Replica(info, 0, MemoryStore(), caught_up=True, restored=True)
     replica.apply([Write(b"k", orjson.dumps("here"), 0, 0)])
     peers = Peers()
-    router = Router(Node(replica, view, info), Cursors(b"s" * 32), peers)  # type: ignore[arg-type]
+    node = Node(replica, view, info)
+    answers = Answers(node, 1 << 20)  # type: ignore[arg-type]
+    router = Router(node, Cursors(b"s" * 32), peers, None, answers, forwarding)  # type: ignore[arg-type]
     return router, replica, peers
 
 
@@ -114,6 +122,23 @@ def test_the_peer_is_the_routers_first_choice(
     assert router.routing.first_peer(INFO, 0) == expected
 
 
+@pytest.mark.parametrize(
+    ("forwarding", "batched", "short"),
+    [("short", True, True), ("batched", True, False), ("one-by-one", False, False)],
+)
+def test_forwarding_chooses_batches_and_the_short_path(
+    forwarding: str, batched: bool, short: bool
+) -> None:
+    router, _, _ = _setup(View({("t", 0): ["peer1"]}, [PEER1]), forwarding=forwarding)
+    assert (router.rpc.coalescer is not None) == batched
+    assert (router.forwards is not None) == short
+
+
+def test_forwarding_is_one_of_three() -> None:
+    with pytest.raises(ValueError, match="forwarding 'fast'"):
+        _setup(View({("t", 0): ["peer1"]}, [PEER1]), forwarding="fast")
+
+
 def test_a_global_table_is_never_forwarded_on_the_short_path() -> None:
     info = TableInfo(**{**orjson.loads(INFO.to_json()), "is_global": True})
     router, replica, _ = _setup(View({("t", 0): ["peer1"]}, [PEER1]), info)
@@ -129,8 +154,8 @@ def test_a_path_takes_the_short_path_once_the_router_forwarded_it() -> None:
         router, replica, peers = _setup(View({("t", 0): ["peer1"]}, [PEER1]))
         replica.closed = True
         node = router.node
-        forwards = Forwards(node.ingestor, router.routing, Coalescer(peers))  # type: ignore[arg-type]
-        router.forwards = forwards
+        forwards = router.forwards
+        assert forwards is not None
         path = "/v1/tables/t/keys/a%2Fb"
         assert forwards.send(path, Sink()) is None
         answer = router.get_key("t", "a/b", Request({}, "", {}), path)
@@ -172,3 +197,19 @@ def test_a_read_its_peer_did_not_answer_goes_to_the_other_choices() -> None:
     status, body, _ = asyncio.run(main())
     assert (status, body) == (200, b'{"from":"http://127.0.0.1:3"}')
     assert peers.asked == ["http://127.0.0.1:3/v1/tables/t/keys/k"]  # not peer1 again
+
+
+def test_a_node_takes_its_forwarding_and_port_at_construction(tmp_path: Path) -> None:
+    """`serve --forwarding` reaches the router through the app's constructor, and the port
+    the watches' slow-client check needs through the watch service's: nothing is set on
+    them afterwards."""
+    config = NodeConfig("unit", "127.0.0.1:9", "http://127.0.0.1:9", "node-1", tmp_path / "n")
+    for forwarding, batched, short in (
+        ("short", True, True),
+        ("batched", True, False),
+        ("one-by-one", False, False),
+    ):
+        app = HttpApp(ClusterNode(config), forwarding=forwarding, port=8080)
+        assert (app.router.rpc.coalescer is not None) == batched
+        assert (app.router.forwards is not None) == short
+        assert app.live.port == 8080
