@@ -622,7 +622,7 @@ def _java(compiler: bool) -> None:
 
 def _kafka(args: argparse.Namespace) -> int:
     from tablecast.kafka.broker import Broker
-    from tablecast.kafka.cluster import KafkaCluster
+    from tablecast.kafka.dev_cluster import KafkaCluster
 
     data_dir = Path(args.data_dir)
     brokers: tuple[Broker, ...]
@@ -754,7 +754,8 @@ def _serve(args: argparse.Namespace) -> int:
         ) from None
     from importlib.util import find_spec
 
-    if args.grpc_port is not None and (find_spec("grpc") is None or find_spec("google") is None):
+    grpc_parts = ("grpc", "google", "grpc_health", "grpc_reflection")
+    if args.grpc_port is not None and any(find_spec(m) is None for m in grpc_parts):
         raise Failure("--grpc-port needs grpcio and protobuf: pip install 'tablecast[grpc]'")
     if args.http_engine == "granian" and find_spec("granian") is None:
         raise Failure("--http-engine granian needs granian: pip install 'tablecast[granian]'")

@@ -10,14 +10,19 @@ its events are serialized once per change and shared like the SSE ones.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 from urllib.parse import urlencode
 
 import grpc
 import orjson
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
 
+from tablecast.cluster.node import Node as ClusterNode
 from tablecast.live.events import ERROR, READY, Change, Encoder
 from tablecast.live.service import Live, query_pairs
 from tablecast.live.sinks import QueueSink
@@ -35,6 +40,7 @@ log = logging.getLogger(__name__)
 class Node(Protocol):
     """What the service reads with: the node's HTTP app is one."""
 
+    node: ClusterNode
     router: Router
     live: Live
     auth: Auth
@@ -46,6 +52,14 @@ class Node(Protocol):
 
 
 SERVICE = "tablecast.v1.Tables"
+HealthServicer = health_aio.HealthServicer
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+#: the names grpc.health.v1 answers for: the whole server ("") and the service
+HEALTH_NAMES = ("", SERVICE)
+#: how often the health status is brought in line with the node's readiness
+HEALTH_POLL_S = 0.5
 #: the HTTP API's error codes as gRPC statuses
 STATUS = {
     "bad_request": grpc.StatusCode.INVALID_ARGUMENT,
@@ -310,12 +324,50 @@ def handler(app: Node) -> grpc.GenericRpcHandler:
     )
 
 
-async def serve_grpc(
-    app: Node, host: str, port: int, tls: tuple[str, str] | None = None
-) -> grpc.aio.Server:
-    """Start the gRPC server on this event loop; the caller stops it."""
+class Served:
+    """A running gRPC server, and the task that keeps its health status the node's."""
+
+    def __init__(
+        self, server: grpc.aio.Server, health: HealthServicer, ready: Callable[[], bool]
+    ) -> None:
+        self.server = server
+        self.health = health
+        self._following = asyncio.get_running_loop().create_task(self._follow(ready))
+
+    async def _follow(self, ready: Callable[[], bool]) -> None:
+        """SERVING while the node is ready (as /readyz says), NOT_SERVING while not."""
+        last = None
+        while True:
+            now = ready()
+            if now != last:
+                status = SERVING if now else NOT_SERVING
+                for name in HEALTH_NAMES:
+                    await self.health.set(name, status)
+                last = now
+            await asyncio.sleep(HEALTH_POLL_S)
+
+    async def stop(self, grace: float) -> None:
+        self._following.cancel()
+        await self.health.enter_graceful_shutdown()  # watchers see NOT_SERVING first
+        await self.server.stop(grace)
+
+
+async def serve_grpc(app: Node, host: str, port: int, tls: tuple[str, str] | None = None) -> Served:
+    """Start the gRPC server on this event loop, with server reflection (grpcurl, grpcui and
+    Postman list and call the service without the proto file) and the standard health
+    service (Kubernetes' gRPC probes); the caller stops it."""
     server = grpc.aio.server()
     server.add_generic_rpc_handlers((handler(app),))
+    health = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection(
+        (
+            SERVICE,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ),
+        server,
+    )
     address = f"{host}:{port}"
     if tls is not None:
         with open(tls[0], "rb") as cert, open(tls[1], "rb") as key:
@@ -324,7 +376,7 @@ async def serve_grpc(
     else:
         server.add_insecure_port(address)
     await server.start()
-    return server
+    return Served(server, health, lambda: app.node.ready)
 
 
 class TablesStub:

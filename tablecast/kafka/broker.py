@@ -54,7 +54,7 @@ class Broker:
     port: int = DEFAULT_PORT
     #: SASL_SSL (SCRAM-SHA-512) only, with a CA of its own; see :mod:`tablecast.kafka.secure`
     secure: bool = False
-    #: as one of several brokers (see :mod:`tablecast.kafka.cluster`): its id, every voter's
+    #: as one of several brokers (see :mod:`tablecast.kafka.dev_cluster`): its id, every voter's
     #: (id, controller port), the shared cluster id and TLS material, and the RF of internal topics
     node_id: int = 1
     voters: tuple[tuple[int, int], ...] = ()

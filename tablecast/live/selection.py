@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from tablecast.contract.table_info import TableInfo
-from tablecast.query.policy import Scope, Span
+from tablecast.query.policy import KeyScope, Span
 
 #: keys one watch may name (each is a query parameter)
 MAX_KEYS = 1_000
@@ -36,7 +36,7 @@ class Selection:
 
     @classmethod
     def of_span(
-        cls, info: TableInfo, start: bytes | None, end: bytes | None, scope: Scope | None
+        cls, info: TableInfo, start: bytes | None, end: bytes | None, scope: KeyScope | None
     ) -> Selection:
         """[start, end) within the caller's grants (every partition: keys spread over all)."""
         spans: Sequence[Span] = [(start, end)] if scope is None else scope.clip(start, end)

@@ -33,7 +33,7 @@ from tablecast.query.fanout import partitions_param
 from tablecast.query.local import unavailable
 from tablecast.query.ownership import ME
 from tablecast.query.peer_calls import not_refused
-from tablecast.query.policy import Scope, Span
+from tablecast.query.policy import KeyScope, Span
 from tablecast.query.reads import Router
 from tablecast.query.request import Request
 from tablecast.store import Record, StoreClosed
@@ -265,7 +265,7 @@ async def answer_peer(router: Router, table: str, req: Request) -> tuple[int, by
     return 200, orjson.dumps({"positions": positions, "rows": rows}), []
 
 
-def _clip_all(spans: Sequence[Span], scope: Scope | None) -> list[Span]:
+def _clip_all(spans: Sequence[Span], scope: KeyScope | None) -> list[Span]:
     if scope is None:
         return list(spans)
     return [s for lo, hi in spans for s in scope.clip(lo, hi)]

@@ -31,7 +31,7 @@ from tablecast.query.local import Answer, Local, Reflected, merged, short_pages
 from tablecast.query.ownership import Routing
 from tablecast.query.params import int_param, time_param
 from tablecast.query.peer_calls import Rpc, not_refused
-from tablecast.query.policy import Scope, prefix_end
+from tablecast.query.policy import KeyScope, prefix_end
 from tablecast.query.ratelimit import WaitSlots
 from tablecast.query.request import Request
 from tablecast.query.scans import (
@@ -57,7 +57,7 @@ class Tables(Protocol):
     waits: WaitSlots
     ends: TopicEnds
 
-    def table(self, name: str, req: Request) -> tuple[TableInfo, Scope | None]: ...
+    def table(self, name: str, req: Request) -> tuple[TableInfo, KeyScope | None]: ...
 
 
 DEFAULT_LIMIT = 100
@@ -433,4 +433,4 @@ def prefix_bytes(info: TableInfo, text: str) -> bytes:
     raise ApiError("bad_request", f"prefix scans need string, json or bytes keys, not {fmt}")
 
 
-__all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "FanOut", "Scope", "limit_param"]
+__all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "FanOut", "KeyScope", "limit_param"]

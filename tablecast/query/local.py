@@ -28,7 +28,7 @@ from tablecast.contract.window_keys import (
 )
 from tablecast.query.consistency import ReadOptions, may_answer
 from tablecast.query.errors import ApiError
-from tablecast.query.policy import Scope
+from tablecast.query.policy import KeyScope
 from tablecast.query.scans import Row, Scan, check_floor
 from tablecast.serde import SerdeError
 from tablecast.store import PartitionStore, Record, StoreClosed, Version
@@ -281,7 +281,7 @@ class Local:
         return rows, reflected
 
     def count(
-        self, info: TableInfo, partitions: Iterable[int], opts: ReadOptions, scope: Scope | None
+        self, info: TableInfo, partitions: Iterable[int], opts: ReadOptions, scope: KeyScope | None
     ) -> tuple[int, Reflected]:
         """Keys in these local partitions; with a `scope`, only those the caller may read."""
         total = 0
@@ -408,7 +408,7 @@ class Reflected:
         return out
 
 
-def _count_spans(store: PartitionStore, scope: Scope) -> int:
+def _count_spans(store: PartitionStore, scope: KeyScope) -> int:
     return sum(store.count_range(lo, hi) for lo, hi in scope.spans)
 
 

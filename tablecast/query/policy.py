@@ -20,7 +20,7 @@ Avro keys only ``"*"`` grants anything.
 A token's grants are compiled once, when the token is first verified, and kept
 beside it in the verified-token cache (:class:`tablecast.query.auth.Auth`);
 per table they are turned once into sorted, disjoint key intervals
-(:class:`Scope`) that point reads test with one ``bytes.startswith`` and that
+(:class:`KeyScope`) that point reads test with one ``bytes.startswith`` and that
 range scans and counts intersect their bounds with.
 """
 
@@ -188,7 +188,7 @@ class Grants:
         #: table (or "*") -> None for every key, else the key prefixes
         self._tables = tables
         #: table -> (the catalog entry it was made for, its scope)
-        self._scopes: dict[str, tuple[TableInfo, Scope | None]] = {}
+        self._scopes: dict[str, tuple[TableInfo, KeyScope | None]] = {}
 
     def allows_table(self, name: str) -> bool:
         return name in self._tables or EVERY in self._tables
@@ -205,7 +205,7 @@ class Grants:
 
     def table_scope(
         self, name: str, lookup: Callable[[str], TableInfo]
-    ) -> tuple[TableInfo, Scope | None]:
+    ) -> tuple[TableInfo, KeyScope | None]:
         """The table `lookup(name)` and the token's readable part of it (None: all of it).
 
         403 before the lookup when the token may read none of it, so no 404 tells a
@@ -222,7 +222,7 @@ class Grants:
         if own is None or every is None:
             scope = None
         else:
-            scope = Scope.of(own | every, info.key_serde.format)
+            scope = KeyScope.of(own | every, info.key_serde.format)
         if len(self._scopes) < 1024:  # a token names few tables; bound it all the same
             self._scopes[name] = (info, scope)
         return info, scope
@@ -231,7 +231,7 @@ class Grants:
         return f"Grants({self._tables!r})"
 
 
-class Scope:
+class KeyScope:
     """The keys of one table a token may read: sorted, disjoint [start, end) spans of
     serialized keys, one per granted prefix that no shorter granted prefix covers."""
 
@@ -246,7 +246,7 @@ class Scope:
         self.spans = tuple((p, prefix_end(p)) for p in kept)
 
     @classmethod
-    def of(cls, prefixes: Iterable[str], key_format: str) -> Scope:
+    def of(cls, prefixes: Iterable[str], key_format: str) -> KeyScope:
         """Prefixes as serialized key bytes; none apply to keys that are not text or bytes."""
         if key_format in ("string", "json"):
             return cls(p.encode() for p in prefixes)

@@ -37,7 +37,7 @@ from tablecast.query.ownership import ME, Routing
 from tablecast.query.params import time_param
 from tablecast.query.peer_calls import Rpc, key_target, maybe
 from tablecast.query.peer_pool import PeerPool
-from tablecast.query.policy import Scope
+from tablecast.query.policy import KeyScope
 from tablecast.query.ratelimit import WaitSlots
 from tablecast.query.request import Request
 from tablecast.query.scans import require_history
@@ -86,7 +86,7 @@ class Router:
         self.ends = TopicEnds(lambda: node.config.bootstrap_servers)
         self.fan = FanOut(self)
 
-    def table(self, name: str, req: Request) -> tuple[TableInfo, Scope | None]:
+    def table(self, name: str, req: Request) -> tuple[TableInfo, KeyScope | None]:
         """The table and what of it the caller may read (None: all of it); 403 when nothing.
 
         Every node a request passes applies this, and so does the node that

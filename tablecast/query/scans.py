@@ -16,7 +16,7 @@ from typing import Any
 from tablecast.contract import index_codec
 from tablecast.contract.table_info import TableInfo
 from tablecast.query.errors import ApiError
-from tablecast.query.policy import Scope, Span
+from tablecast.query.policy import KeyScope, Span
 from tablecast.store import PartitionStore
 
 #: (sort key, the item the answer shows)
@@ -31,7 +31,7 @@ class Scan:
     #: what an internal call names it by (``view=``), with its own parameters
     view = "rows"
 
-    def __init__(self, info: TableInfo, scope: Scope | None) -> None:
+    def __init__(self, info: TableInfo, scope: KeyScope | None) -> None:
         self.info = info
         self.scope = scope
         self._value = info.value_serde.to_json
@@ -60,7 +60,7 @@ class AsOfScan(Scan):
 
     view = "as_of"
 
-    def __init__(self, info: TableInfo, scope: Scope | None, at: int) -> None:
+    def __init__(self, info: TableInfo, scope: KeyScope | None, at: int) -> None:
         super().__init__(info, scope)
         self.at = at
 
@@ -86,7 +86,7 @@ class IndexScan(Scan):
     view = "index"
 
     def __init__(
-        self, info: TableInfo, scope: Scope | None, name: str, with_value: bool = True
+        self, info: TableInfo, scope: KeyScope | None, name: str, with_value: bool = True
     ) -> None:
         super().__init__(info, scope)
         self.name = name
@@ -128,7 +128,9 @@ def check_floor(info: TableInfo, store: PartitionStore, at: int) -> None:
         )
 
 
-def scan_for(info: TableInfo, scope: Scope | None, params: dict[str, str], at: int | None) -> Scan:
+def scan_for(
+    info: TableInfo, scope: KeyScope | None, params: dict[str, str], at: int | None
+) -> Scan:
     """The scan an internal call asks for (``view=rows|as_of|index``)."""
     view = params.get("view", "rows")
     if view == "rows":

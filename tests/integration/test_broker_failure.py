@@ -27,7 +27,7 @@ from confluent_kafka.admin import AdminClient
 
 import tablecast as tc
 from tablecast.cli.supervisor import stop_process
-from tablecast.kafka.cluster import KafkaCluster
+from tablecast.kafka.dev_cluster import KafkaCluster
 from tablecast.kafka.topics import ensure_topic
 
 from ..support.procs import eventually, start_node

@@ -427,3 +427,39 @@ def test_a_caller_has_at_most_so_many_watches_open(nodes) -> None:  # type: igno
     finally:
         for s in held:
             s.close()
+
+
+def test_grpc_reflection_and_health_answer_without_a_token(nodes) -> None:  # type: ignore[no-untyped-def]
+    """What grpcurl, grpcui and Kubernetes' gRPC probes ask: the services listed and
+    described by server reflection, no proto file at hand, and grpc.health.v1 saying
+    SERVING for the server and the service of a ready node; no token needed for either."""
+    from google.protobuf.descriptor_pool import DescriptorPool
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+        ProtoReflectionDescriptorDatabase,
+    )
+
+    node = nodes[0][0]
+    with grpc.insecure_channel(node.grpc) as channel:
+        db = ProtoReflectionDescriptorDatabase(channel)
+        assert set(db.get_services()) == {
+            "tablecast.v1.Tables",
+            "grpc.health.v1.Health",
+            "grpc.reflection.v1alpha.ServerReflection",
+        }
+        pool = DescriptorPool(db)
+        service = pool.FindServiceByName("tablecast.v1.Tables")
+        assert [m.name for m in service.methods] == ["Get", "BatchGet", "Range", "Watch"]
+        get = pool.FindMessageTypeByName("tablecast.v1.GetRequest")
+        assert [f.name for f in get.fields] == ["table", "key", "max_lag"]
+        health = health_pb2_grpc.HealthStub(channel)
+
+        def serving(name: str) -> bool:  # the status follows readiness within half a second
+            answer = health.Check(health_pb2.HealthCheckRequest(service=name), timeout=10)
+            return answer.status == health_pb2.HealthCheckResponse.SERVING
+
+        for name in ("", "tablecast.v1.Tables"):
+            eventually(lambda name=name: serving(name), timeout=10)  # type: ignore[misc]
+        with pytest.raises(grpc.RpcError) as unknown:
+            health.Check(health_pb2.HealthCheckRequest(service="nothing.Here"), timeout=10)
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND

@@ -48,10 +48,12 @@ class Stream:
             with httpx.stream(
                 "GET", self.url, params=self.params, headers=self.headers, timeout=60
             ) as r:
-                self.status = r.status_code
+                # a refusal's body first: whoever sees the status may read the body at once
                 if r.status_code != 200:
                     self.body = r.read()
+                    self.status = r.status_code
                     return
+                self.status = r.status_code
                 kind, data, ident = "", [], None
                 for line in r.iter_lines():
                     if self._stop.is_set():

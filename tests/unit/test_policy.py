@@ -17,7 +17,7 @@ from tablecast.contract.table_info import TableInfo
 from tablecast.query.auth import Auth
 from tablecast.query.errors import ApiError
 from tablecast.query.peer_calls import not_refused
-from tablecast.query.policy import Grants, Policy, PolicyError, Scope, prefix_end
+from tablecast.query.policy import Grants, KeyScope, Policy, PolicyError, prefix_end
 
 POLICY = {
     "rules": [
@@ -42,12 +42,12 @@ def _table(name: str, key: Any = None) -> TableInfo:
     )
 
 
-def _of(grants: Grants, info: TableInfo) -> Scope | None:
+def _of(grants: Grants, info: TableInfo) -> KeyScope | None:
     """The grants' scope of one table (the router passes its catalog lookup instead)."""
     return grants.table_scope(info.name, lambda _: info)[1]
 
 
-def _scope(policy: Policy, claims: dict[str, Any], table: str, key: Any = None) -> Scope | None:
+def _scope(policy: Policy, claims: dict[str, Any], table: str, key: Any = None) -> KeyScope | None:
     return _of(policy.grants(claims), _table(table, key))
 
 
@@ -151,7 +151,7 @@ def test_templates_fill_any_claim_and_keep_literal_text() -> None:
 
 
 def test_scope_spans_merge_covered_prefixes_and_clip_ranges() -> None:
-    s = Scope([b"ab", b"a", b"b/", b"b/x", b"c\xff"])
+    s = KeyScope([b"ab", b"a", b"b/", b"b/x", b"c\xff"])
     assert s.prefixes == (b"a", b"b/", b"c\xff")
     assert s.spans == ((b"a", b"b"), (b"b/", b"b0"), (b"c\xff", b"d"))
     assert s.allows(b"abc") and s.allows(b"b/1") and not s.allows(b"b") and not s.allows(b"")
@@ -159,7 +159,7 @@ def test_scope_spans_merge_covered_prefixes_and_clip_ranges() -> None:
     assert s.clip(b"a5", b"b/5") == [(b"a5", b"b"), (b"b/", b"b/5")]
     assert s.clip(b"b0", None) == [(b"c\xff", b"d")]
     assert s.clip(b"x", None) == [] and s.clip(None, b"a") == []
-    assert Scope([b"\xff"]).spans == ((b"\xff", None),)
+    assert KeyScope([b"\xff"]).spans == ((b"\xff", None),)
     assert prefix_end(b"a\xff\xff") == b"b" and prefix_end(b"\xff") is None
 
 

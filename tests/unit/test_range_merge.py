@@ -9,7 +9,7 @@ from tablecast import serde
 from tablecast.cluster.replica import Replica
 from tablecast.contract.table_info import TableInfo
 from tablecast.query.local import MIN_CHUNK, read_page
-from tablecast.query.policy import Scope
+from tablecast.query.policy import KeyScope
 from tablecast.query.scans import Scan
 from tablecast.store import MemoryStore, Write
 
@@ -39,7 +39,7 @@ def _replicas(keys_of: dict[int, list[bytes]]) -> list[Replica]:
     return out
 
 
-def _page(replicas: list[Replica], limit: int, scope: Scope | None = None) -> list[bytes]:
+def _page(replicas: list[Replica], limit: int, scope: KeyScope | None = None) -> list[bytes]:
     rows, positions = read_page(INFO, replicas, Scan(INFO, scope), None, None, limit)
     assert positions == [r.position for r in replicas]
     return [k for k, _ in rows]
@@ -69,6 +69,6 @@ def test_only_the_granted_spans_are_read() -> None:
     keys = {p: [b"%s/%03d" % (u, p * 100 + i) for u in (b"al", b"bo") for i in range(50)]
             for p in range(PARTITIONS)}  # fmt: skip
     replicas = _replicas(keys)
-    page = _page(replicas, 100, Scope([b"bo/"]))
+    page = _page(replicas, 100, KeyScope([b"bo/"]))
     assert page == sorted(k for ks in keys.values() for k in ks if k.startswith(b"bo/"))[:100]
     assert _read(replicas) <= 2 * 100 + PARTITIONS * MIN_CHUNK

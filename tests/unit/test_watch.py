@@ -25,7 +25,7 @@ from tablecast.live.selection import Selection
 from tablecast.live.sinks import Progress, QueueSink, Sink
 from tablecast.live.topic_feed import Batch
 from tablecast.query.errors import ApiError
-from tablecast.query.policy import Scope
+from tablecast.query.policy import KeyScope
 
 INFO = TableInfo("kv", "app.table.kv", 4, serde.string().spec(), serde.json().spec())
 
@@ -68,11 +68,11 @@ def test_selections_of_keys_and_spans() -> None:
     assert [spans.matches(k) for k in (b"a", b"b", b"c\xff", b"d")] == [False, True, True, False]
     assert spans.above(b"c").spans == ((b"c\x00", b"d"),)
     assert not spans.above(b"d").spans
-    granted = Selection.of_span(INFO, None, None, Scope([b"alice/", b"carol/"]))
+    granted = Selection.of_span(INFO, None, None, KeyScope([b"alice/", b"carol/"]))
     assert (
         granted.matches(b"alice/1") and not granted.matches(b"bob/1") and granted.matches(b"carol/")
     )
-    assert Selection.of_span(INFO, b"x", b"y", Scope([b"alice/"])).empty
+    assert Selection.of_span(INFO, b"x", b"y", KeyScope([b"alice/"])).empty
 
 
 def test_the_client_parser_follows_eventsource() -> None:
