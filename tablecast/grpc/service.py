@@ -37,7 +37,7 @@ from tablecast.query.request import HOP, Request, subject_of
 log = logging.getLogger(__name__)
 
 
-class Node(Protocol):
+class NodeApp(Protocol):
     """What the service reads with: the node's HTTP app is one."""
 
     node: ClusterNode
@@ -123,7 +123,7 @@ class _Scope:
 class Tables:
     """The handlers; each turns the call into the HTTP route's request and back."""
 
-    def __init__(self, app: Node) -> None:
+    def __init__(self, app: NodeApp) -> None:
         self.app = app
         self.router = app.router
         self.live = app.live
@@ -302,7 +302,7 @@ async def _abort(context: grpc.aio.ServicerContext, error: ApiError) -> Any:
     await context.abort(status, error.message)
 
 
-def handler(app: Node) -> grpc.GenericRpcHandler:
+def handler(app: NodeApp) -> grpc.GenericRpcHandler:
     t = Tables(app)
     return grpc.method_handlers_generic_handler(
         SERVICE,
@@ -352,7 +352,9 @@ class Served:
         await self.server.stop(grace)
 
 
-async def serve_grpc(app: Node, host: str, port: int, tls: tuple[str, str] | None = None) -> Served:
+async def serve_grpc(
+    app: NodeApp, host: str, port: int, tls: tuple[str, str] | None = None
+) -> Served:
     """Start the gRPC server on this event loop, with server reflection (grpcurl, grpcui and
     Postman list and call the service without the proto file) and the standard health
     service (Kubernetes' gRPC probes); the caller stops it."""
