@@ -8,6 +8,11 @@ microsecond when there are none), and between two catch-ups it reads one
 unchanging state. The applied offset lives in the same database as the rows and
 is written in the same batch (:mod:`tablecast.store.rocksdb`), so every read is
 exact at the position it reports, however far behind the primary it is.
+
+A catch-up that finds the primary flushed a memtable opens the store afresh: a
+secondary stops reading a write-ahead log once it is flushed, and what it had
+read of that log stays in its memtable, hiding the newer values in the file
+(the rows, and the applied offset with them) until the primary writes again.
 """
 
 from __future__ import annotations
@@ -28,11 +33,22 @@ class SecondaryStore:
         self.path = path
         self._own = own_dir
         own_dir.mkdir(parents=True, exist_ok=True)
+        self._db = self._open()
+        self._closed = False
+        self._flushed = self._flush_mark()
+        self.applied_offset = self._applied()
+
+    def _open(self) -> Rdict:
         opts = _options()
         opts.create_if_missing(False)  # a store that is not there is not made here
         opts.set_max_open_files(-1)  # a secondary must keep every file it reads open
-        self._db = Rdict(str(path), opts, access_type=AccessType.secondary(str(own_dir)))
-        self.applied_offset = self._applied()
+        return Rdict(str(self.path), opts, access_type=AccessType.secondary(str(self._own)))
+
+    def _flush_mark(self) -> tuple[int | None, int | None]:
+        """What changes when the primary's flush reaches the files this instance reads:
+        the oldest log still needed, and the files' size."""
+        prop = self._db.property_int_value
+        return prop("rocksdb.min-log-number-to-keep"), prop("rocksdb.total-sst-files-size")
 
     def _applied(self) -> int:
         meta = self._db.get(META)
@@ -41,6 +57,13 @@ class SecondaryStore:
     def catch_up(self) -> int:
         """Read what the primary wrote since the last catch-up; the applied offset now."""
         self._db.try_catch_up_with_primary()
+        mark = self._flush_mark()
+        if mark != self._flushed:
+            self._db.close()
+            self._closed = True
+            self._db = self._open()  # raises if the store is gone: the caller closes this
+            self._closed = False
+            self._flushed = self._flush_mark()
         self.applied_offset = self._applied()
         return self.applied_offset
 
@@ -50,6 +73,8 @@ class SecondaryStore:
 
     def close(self) -> None:
         try:
-            self._db.close()
+            if not self._closed:
+                self._closed = True
+                self._db.close()
         finally:
             shutil.rmtree(self._own, ignore_errors=True)
