@@ -4,7 +4,7 @@
 RSGI is granian's native interface and measured fastest there (BENCHMARKS.md);
 the loop engine calls the same app through the part of RSGI it uses. There is
 no framework: :meth:`HttpApp.__call__` checks auth (and rate
-limits), matches the route, calls the :class:`Router` or a status handler, and
+limits), matches the route (:mod:`tablecast.http.routes`), calls its endpoint, and
 turns :class:`ApiError` into the error JSON. No client input reaches the
 client as a stack trace.
 
@@ -19,6 +19,7 @@ import ipaddress
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from time import perf_counter
 from typing import Any
@@ -29,16 +30,16 @@ import orjson
 from tablecast.cluster.membership import Member
 from tablecast.cluster.node import Node
 from tablecast.cluster.signing import Signer
-from tablecast.console.api import NODE_ROUTE, Console
+from tablecast.console.api import Console
 from tablecast.http import openapi
 from tablecast.http.metrics import exposition
+from tablecast.http.routes import ROUTES, Route, Routes
 from tablecast.live import snapshot, sse, websocket
 from tablecast.live.service import Live
-from tablecast.query import node_status, params
+from tablecast.query import node_status
 from tablecast.query.auth import Auth, Caller, KeysNeeded
 from tablecast.query.coalesce import (
     ANSWERS_PATH,
-    BATCH_PATH,
     Sink,
     decode_targets,
     encode_answers,
@@ -60,7 +61,6 @@ from tablecast.query.request import (
     Request,
     Scope,
     client_host,
-    path_segment,
     subject_of,
 )
 from tablecast.query.stats import HttpStats
@@ -73,6 +73,9 @@ MAX_BODY = 1 << 20
 BODY_TIMEOUT_S = 10.0
 
 Handler = Callable[[Request, Any], Answer | Awaitable[Answer]]
+#: a route's path parameters, decoded
+Args = dict[str, str]
+Reply = Answer | Awaitable[Answer]
 
 
 class HttpApp:
@@ -128,7 +131,8 @@ class HttpApp:
         self.live = Live(node, self.router, port)
         self.stats = HttpStats()
         self.console = Console(node, self.stats, self.peers, self._answers)
-        self._openapi = orjson.dumps(openapi.document())
+        self.routes = Routes(ROUTES)
+        self._openapi_json = orjson.dumps(openapi.document(ROUTES))
 
     async def __call__(self, scope: Any, proto: Any) -> None:
         if not isinstance(scope, Scope):  # granian's, its path decoded
@@ -194,7 +198,8 @@ class HttpApp:
                     key[0], key[1], Request(NO_PARAMS, "", headers, caller, scope), path
                 )
             else:
-                route, handler = self.match(scope.method, path)
+                found, handler = self.match(scope.method, path)
+                route = found.name
                 if route == "watch":
                     # a stream: answered by the watch itself (it parses its own query, which
                     # may name many keys); an error before the stream starts is raised there
@@ -204,7 +209,7 @@ class HttpApp:
                     return self._stream(handler(watch, proto), scope, proto, started)
                 request = Request(_params(query), query, headers, caller, scope)
                 if request.params:
-                    params.check(route, request.params)
+                    self.routes.check(found, request.params)
                 answer = handler(request, proto)
             if isinstance(answer, asyncio.Future):  # a forwarded read (Rpc.forward): no task
                 answer.add_done_callback(
@@ -340,115 +345,92 @@ class HttpApp:
         self._respond("key", answer, proto, started)
         return None
 
-    def match(self, method: str, path: str) -> tuple[str, Handler]:
-        """The route's name (for metrics) and its handler(request, proto)."""
-        r = self.router
-        # the path as received: split first, then each part decoded (a key's %2F is data)
-        parts = path.split("/", 5)  # "", "v1", "tables", t, "keys", rest (may hold "/")
-        n = len(parts)
-        if n > 2 and parts[1] == "v1":
-            if parts[2] == "tables" and n > 3:
-                table = path_segment(parts[3])
-                if n == 6 and parts[4] == "keys":
-                    _get(method)
-                    rest = parts[5]
-                    if rest.endswith("/windows"):
-                        key = path_segment(rest[:-8])
-                        return "windows", lambda q, _: r.windows(table, key, q)
-                    if rest.endswith("/metadata"):
-                        key = path_segment(rest[:-9])
-                        return "metadata", lambda q, _: r.metadata(table, key, q)
-                    if rest.endswith("/history"):
-                        key = path_segment(rest[:-8])
-                        return "history", lambda q, _: r.history(table, key, q)
-                    key = path_segment(rest)
-                    return "key", lambda q, _: r.get_key(table, key, q)
-                if n == 6 and parts[4] == "index":
-                    _get(method)
-                    name, slash, value = parts[5].partition("/")
-                    name = path_segment(name)
-                    if slash:
-                        value = path_segment(value)
-                        return "index_lookup", lambda q, _: r.fan.index(table, name, value, q)
-                    return "index_range", lambda q, _: r.fan.index(table, name, None, q)
-                if n == 5:
-                    what = parts[4]
-                    if what in _KEY_ROUTES:
-                        # ?key=: any key text, including one the decoded path cannot
-                        # carry (ending in /windows, /metadata or /history)
-                        _get(method)
-                        return _KEY_ROUTES[what], lambda q, _: self._by_query(what, table, q)
-                    if what == "keys:batchGet":
-                        if method != "POST":
-                            raise ApiError("method_not_allowed", "keys:batchGet takes POST")
-                        return "batch_get", lambda q, proto: self._batch_get(table, q, proto)
-                    _get(method)
-                    if what == "watch":
-                        return "watch", lambda q, proto: sse.stream(self.live, table, q, proto)
-                    if what == "range":
-                        return "range", lambda q, _: r.fan.range(table, q)
-                    if what == "count":
-                        return "count", lambda q, _: r.fan.count(table, q)
-            elif n == 3 and parts[2] == "tables":
-                _get(method)
-                return "tables", lambda q, _: (200, node_status.tables(self.node, q.grants), [])
-            elif n == 3 and parts[2] == "cluster":
-                _get(method)
-                return "cluster", lambda q, _: (200, node_status.cluster(self.node, q.grants), [])
-        elif n == 5 and parts[1] == "internal" and parts[2] == "tables":
-            _get(method)
-            table = path_segment(parts[3])
-            if parts[4] == "scan":
-                return "internal_scan", lambda q, _: r.fan.internal_scan(table, q)
-            if parts[4] == "count":
-                return "internal_count", lambda q, _: r.fan.internal_count(table, q)
-            if parts[4] == "snapshot":
-                return "internal_snapshot", lambda q, _: snapshot.answer_peer(r, table, q)
-        elif path in (ANSWERS_PATH, BATCH_PATH):
-            if method != "POST":
-                raise ApiError("method_not_allowed", f"{path} takes POST")
-            return "internal_batch", lambda q, proto: self._batch(q, proto, path)
-        elif parts[1] == "ui":
-            return self._console_route(method, path)
-        elif path == NODE_ROUTE:
-            _get(method)
-            return "internal_console", lambda q, _: self.console.this_node()
-        elif n == 2:
-            name = parts[1]
-            if name == "healthz":
-                return "healthz", lambda q, _: node_status.health(self.node, q.headers)
-            if name == "readyz":
-                return "readyz", lambda q, _: self._readiness(q)
-            if name == "metrics":
-                return "metrics", lambda q, _: self._metrics(q)
-            if name == "openapi.json":
-                return "openapi", lambda q, _: (200, self._openapi, [])
-        raise ApiError("not_found", f"no route for {method} {path}")
+    def match(self, method: str, path: str) -> tuple[Route, Handler]:
+        """The route of `path` (:mod:`tablecast.http.routes`) and its handler(request, proto)."""
+        route, args = self.routes.match(method, path)
+        return route, partial(getattr(self, "_" + route.endpoint), args)
 
-    def _console_route(self, method: str, path: str) -> tuple[str, Handler]:
-        """/ui, /ui/static/<file> and /ui/api/<what>."""
-        _get(method)
-        c = self.console
-        if path in ("/ui", "/ui/"):
-            return "ui", lambda q, _: c.page("index.html", q)
-        if path.startswith("/ui/static/"):
-            name = path[len("/ui/static/") :]
-            return "ui", lambda q, _: c.page(name, q)
-        api = {
-            "/ui/api/node": lambda q, _: c.this_node(),
-            "/ui/api/nodes": lambda q, _: c.nodes(q),
-            "/ui/api/pipeline": lambda q, _: c.pipeline(q),
-            "/ui/api/deadletters": lambda q, _: c.dead_letters(q),
-        }.get(path)
-        if api is None:
-            raise ApiError("not_found", f"no route for {method} {path}")
-        return "ui_api", api
+    # -- the endpoints: endpoint(path parameters, request, proto) --------------------------
+    def _key(self, args: Args, q: Request, proto: Any) -> Reply:
+        return self.router.get_key(args["table"], _key_of(args, q), q)
+
+    def _windows(self, args: Args, q: Request, proto: Any) -> Reply:
+        return self.router.windows(args["table"], _key_of(args, q), q)
+
+    def _metadata(self, args: Args, q: Request, proto: Any) -> Reply:
+        return self.router.metadata(args["table"], _key_of(args, q), q)
+
+    def _history(self, args: Args, q: Request, proto: Any) -> Reply:
+        return self.router.history(args["table"], _key_of(args, q), q)
+
+    def _range(self, args: Args, q: Request, proto: Any) -> Reply:
+        return self.router.fan.range(args["table"], q)
+
+    def _count(self, args: Args, q: Request, proto: Any) -> Reply:
+        return self.router.fan.count(args["table"], q)
+
+    def _index_lookup(self, args: Args, q: Request, proto: Any) -> Reply:
+        return self.router.fan.index(args["table"], args["index"], args["value"], q)
+
+    def _index_range(self, args: Args, q: Request, proto: Any) -> Reply:
+        return self.router.fan.index(args["table"], args["index"], None, q)
+
+    def _batch_get(self, args: Args, q: Request, proto: Any) -> Reply:
+        return self._read_many(args["table"], q, proto)
+
+    def _watch(self, args: Args, q: Request, proto: Any) -> Any:
+        return sse.stream(self.live, args["table"], q, proto)
+
+    def _tables(self, args: Args, q: Request, proto: Any) -> Reply:
+        return 200, node_status.tables(self.node, q.grants), []
+
+    def _cluster(self, args: Args, q: Request, proto: Any) -> Reply:
+        return 200, node_status.cluster(self.node, q.grants), []
+
+    def _health(self, args: Args, q: Request, proto: Any) -> Reply:
+        return node_status.health(self.node, q.headers)
+
+    def _openapi(self, args: Args, q: Request, proto: Any) -> Reply:
+        return 200, self._openapi_json, []
+
+    def _internal_scan(self, args: Args, q: Request, proto: Any) -> Reply:
+        return self.router.fan.internal_scan(args["table"], q)
+
+    def _internal_count(self, args: Args, q: Request, proto: Any) -> Reply:
+        return self.router.fan.internal_count(args["table"], q)
+
+    def _internal_snapshot(self, args: Args, q: Request, proto: Any) -> Reply:
+        return snapshot.answer_peer(self.router, args["table"], q)
+
+    def _internal_batch(self, args: Args, q: Request, proto: Any) -> Reply:
+        return self._batch(q, proto, q.scope.path)
+
+    def _ui_index(self, args: Args, q: Request, proto: Any) -> Reply:
+        return self.console.page("index.html", q)
+
+    def _ui_file(self, args: Args, q: Request, proto: Any) -> Reply:
+        return self.console.page(args["name"], q)
+
+    def _console_node(self, args: Args, q: Request, proto: Any) -> Reply:
+        return self.console.this_node()
+
+    def _console_nodes(self, args: Args, q: Request, proto: Any) -> Reply:
+        return self.console.nodes(q)
+
+    def _console_pipeline(self, args: Args, q: Request, proto: Any) -> Reply:
+        return self.console.pipeline(q)
+
+    def _console_dead_letters(self, args: Args, q: Request, proto: Any) -> Reply:
+        return self.console.dead_letters(q)
 
     async def _websocket(self, scope: Any, proto: Any) -> None:
         """A WebSocket: only the watch route speaks it; auth as for HTTP (or ?access_token=)."""
         path, query, headers = scope.path, scope.query_string, scope.headers
-        parts = path.split("/")
-        if len(parts) != 5 or parts[1:3] != ["v1", "tables"] or parts[4] != "watch":
+        try:
+            route, args = self.routes.match("GET", path)
+        except ApiError:
+            route = None
+        if route is None or route.name != "watch":
             proto.close(404)  # before the upgrade: a plain 404
             return
         caller = None
@@ -467,24 +449,12 @@ class HttpApp:
         started = perf_counter()
         try:
             request = Request(NO_PARAMS, query, headers, caller, scope, authorization)
-            await websocket.serve(self.live, path_segment(parts[3]), request, proto)
+            await websocket.serve(self.live, args["table"], request, proto)
         except Exception:  # a broken socket must not reach the HTTP engine as a stack trace
             log.exception("websocket watch failed")
         self.stats.record("watch_websocket", 101, perf_counter() - started)
 
-    def _by_query(self, what: str, table: str, req: Request) -> Answer | Awaitable[Answer]:
-        key = req.params.get("key")
-        if key is None:
-            raise ApiError("bad_request", f"/{what} needs ?key=<the key's text form>")
-        if what == "windows":
-            return self.router.windows(table, key, req)
-        if what == "metadata":
-            return self.router.metadata(table, key, req)
-        if what == "history":
-            return self.router.history(table, key, req)
-        return self.router.get_key(table, key, req)
-
-    def _metrics(self, req: Request) -> Answer | Awaitable[Answer]:
+    def _metrics(self, args: Args, req: Request, proto: Any) -> Reply:
         if self._auth_metrics:
             return self._verified(req.headers.get("authorization"), req.scope, self._exposition)
         return self._exposition()
@@ -494,7 +464,7 @@ class HttpApp:
         metrics = exposition(self.node, self.stats, self.rate, self.waits, self.live.hub, coalescer)
         return 200, metrics, []
 
-    def _readiness(self, req: Request) -> Answer | Awaitable[Answer]:
+    def _readiness(self, args: Args, req: Request, proto: Any) -> Reply:
         if self._auth_metrics:
             authorization = req.headers.get("authorization")
             if authorization is None:
@@ -539,7 +509,7 @@ class HttpApp:
             caller = unseen if isinstance(unseen, Caller) else await unseen
         req.caller = caller
 
-    async def _batch_get(self, table: str, req: Request, proto: Any) -> Answer:
+    async def _read_many(self, table: str, req: Request, proto: Any) -> Answer:
         body = await _read_body(req, proto)
         if self._peer_checks and req.forwarded:
             self._check_peer(
@@ -602,13 +572,13 @@ class HttpApp:
         if key is not None:
             request = Request(NO_PARAMS, "", req.headers, req.caller, req.scope)
             return "key", self.router.get_key(key[0], key[1], request, path)
-        route, handler = self.match("GET", path)
-        if route == "watch":  # a stream, not a read with one answer
+        found, handler = self.match("GET", path)
+        if found.name == "watch":  # a stream, not a read with one answer
             raise ApiError("bad_request", "a batch reads no watch")
         request = Request(_params(query), query, req.headers, req.caller, req.scope)
         if request.params:
-            params.check(route, request.params)
-        return route, handler(request, None)
+            self.routes.check(found, request.params)
+        return found.name, handler(request, None)
 
 
 async def _once_verified(pending: Awaitable[Caller], answer: Callable[[], Answer]) -> Answer:
@@ -636,7 +606,16 @@ NO_PARAMS: dict[str, str] = {}
 BINARY = ("content-type", "application/octet-stream")
 #: routes whose answers carry their own content type
 OWN_TYPE = ("ui", "internal_batch")
-_KEY_ROUTES = {"keys": "key", "windows": "windows", "metadata": "metadata", "history": "history"}
+
+
+def _key_of(args: Args, req: Request) -> str:
+    """The key of a key route: in its path, or (any key text) as ?key=."""
+    key = args.get("key")
+    if key is None:
+        key = req.params.get("key")
+        if key is None:
+            raise ApiError("bad_request", "this route needs ?key=<the key's text form>")
+    return key
 
 
 async def _read_body(req: Request, proto: Any) -> bytes:
@@ -683,11 +662,6 @@ def _query_token(path: str, query: str) -> str | None:
                 )
             return "Bearer " + value
     return None
-
-
-def _get(method: str) -> None:
-    if method != "GET":
-        raise ApiError("method_not_allowed", f"{method} is not allowed here; use GET")
 
 
 def _params(query: str) -> dict[str, str]:

@@ -283,7 +283,10 @@ def test_a_jwks_fetch_that_hangs_holds_up_no_other_request(
         assert took < 0.2, f"the JWKS fetch held the event loop for {took:.2f} s"
         assert rest is not None and waiting.status is None
         task = asyncio.ensure_future(rest)
-        await asyncio.sleep(0.1)
+        for _ in range(80):  # the fetch's worker thread connects (later on a busy machine)
+            await asyncio.sleep(0.01)
+            if idp.connections > connections:
+                break
         assert idp.connections == connections + 1 and not task.done()  # under way
         for path, token, status in (
             ("/healthz", None, 200),

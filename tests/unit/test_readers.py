@@ -432,6 +432,7 @@ def test_a_head_trickled_a_byte_at_a_time_is_searched_once(tmp_path: Path) -> No
             assert max(buffer.searches) <= 4, max(buffer.searches)
             assert len(buffer.searches) == len(raw) - 1
             assert conn.scanned == len(raw) - 1
+            answerer.update(node.feed())  # a feed line as fresh as the node keeps it
             conn.data_received(raw[-1:])
             assert conn.scanned == 0 and not buffer  # found, answered, taken off
             reader, writer = await asyncio.open_connection(sock=theirs)
