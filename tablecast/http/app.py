@@ -132,6 +132,7 @@ class HttpApp:
         self.stats = HttpStats()
         self.console = Console(node, self.stats, self.peers, self._answers)
         self.routes = Routes(ROUTES)
+        self._endpoints = {route: getattr(self, "_" + route.endpoint) for route in ROUTES}
         self._openapi_json = orjson.dumps(openapi.document(ROUTES))
 
     async def __call__(self, scope: Any, proto: Any) -> None:
@@ -348,7 +349,7 @@ class HttpApp:
     def match(self, method: str, path: str) -> tuple[Route, Handler]:
         """The route of `path` (:mod:`tablecast.http.routes`) and its handler(request, proto)."""
         route, args = self.routes.match(method, path)
-        return route, partial(getattr(self, "_" + route.endpoint), args)
+        return route, partial(self._endpoints[route], args)
 
     # -- the endpoints: endpoint(path parameters, request, proto) --------------------------
     def _key(self, args: Args, q: Request, proto: Any) -> Reply:

@@ -47,7 +47,7 @@ class Param:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # each declared once: equal when the same
 class Route:
     #: what /metrics calls it; routes of one name take the same query parameters
     name: str
