@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tablecast.cluster.coordinator import Coordinator
 from tablecast.cluster.ingest import Ingestor
+from tablecast.cluster.ingest_metrics import IngestMetrics
 from tablecast.cluster.membership import Member, Membership
 from tablecast.cluster.replica import Replica
 from tablecast.cluster.signing import Signer
@@ -50,6 +51,8 @@ class NodeConfig:
 class Node:
     config: NodeConfig
     ingestor: Ingestor = field(init=False)
+    #: its figures for /metrics (parts with Kafka consumers of their own add theirs)
+    ingest_metrics: IngestMetrics = field(init=False)
     membership: Membership = field(init=False)
     coordinator: Coordinator = field(init=False)
 
@@ -64,6 +67,7 @@ class Node:
             stored_slots=self._stored_slots,
             drop_released_after_s=c.drop_released_after_s,
         )
+        self.ingest_metrics = IngestMetrics(self.ingestor)
         self.membership = Membership(
             c.bootstrap_servers, c.app_id, self._me, c.node_id, c.cluster_secret, c.tls_ca
         )

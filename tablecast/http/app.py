@@ -26,13 +26,13 @@ from typing import Any
 from urllib.parse import parse_qsl, quote
 
 import orjson
+from prometheus_client import CollectorRegistry, generate_latest
 
 from tablecast.cluster.membership import Member
 from tablecast.cluster.node import Node
 from tablecast.cluster.signing import Signer
 from tablecast.console.api import Console
 from tablecast.http import openapi
-from tablecast.http.metrics import exposition
 from tablecast.http.routes import ROUTES, Route, Routes
 from tablecast.live import snapshot, sse, websocket
 from tablecast.live.service import Live
@@ -53,7 +53,13 @@ from tablecast.query.kept_answers import JSON, Answers, Entry
 from tablecast.query.local import Answer
 from tablecast.query.peer_calls import plain_key_read
 from tablecast.query.peer_pool import SIGNATURE, PeerHosts, PeerPool, received_parts
-from tablecast.query.ratelimit import RateLimit, SharedTokenBuckets, TokenBuckets, WaitSlots
+from tablecast.query.ratelimit import (
+    RateLimit,
+    Refusals,
+    SharedTokenBuckets,
+    TokenBuckets,
+    WaitSlots,
+)
 from tablecast.query.reads import DEFAULT_WAITS_PER_CALLER, Router
 from tablecast.query.request import (
     HOP,
@@ -131,6 +137,17 @@ class HttpApp:
         self.live = Live(node, self.router, port)
         self.stats = HttpStats()
         self.console = Console(node, self.stats, self.peers, self._answers)
+        # each part of the node reports its own figures (a prometheus-client collector)
+        self.metrics = CollectorRegistry(auto_describe=False)
+        coalescer = self.router.rpc.coalescer
+        for part in (
+            self.stats,
+            Refusals(self.rate, self.waits),
+            node.ingest_metrics,
+            self.live.hub,
+            *((coalescer,) if coalescer is not None else ()),
+        ):
+            self.metrics.register(part)  # type: ignore[arg-type]
         self.routes = Routes(ROUTES)
         self._endpoints = {route: getattr(self, "_" + route.endpoint) for route in ROUTES}
         self._openapi_json = orjson.dumps(openapi.document(ROUTES))
@@ -461,9 +478,7 @@ class HttpApp:
         return self._exposition()
 
     def _exposition(self) -> Answer:
-        coalescer = self.router.rpc.coalescer
-        metrics = exposition(self.node, self.stats, self.rate, self.waits, self.live.hub, coalescer)
-        return 200, metrics, []
+        return 200, generate_latest(self.metrics), []
 
     def _readiness(self, args: Args, req: Request, proto: Any) -> Reply:
         if self._auth_metrics:

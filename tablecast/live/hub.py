@@ -35,11 +35,13 @@ import logging
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, TypeVar
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from tablecast.cluster.validate import checker
 from tablecast.contract.table_info import TableInfo
@@ -776,3 +778,51 @@ class Hub:
                 if pf.users == 0 and pf.idle_since is not None and now - pf.idle_since > GRACE_S:
                     del self.parts[slot]
                     self.feed.unassign(*slot)
+
+    def collect(self) -> Iterator[Metric]:
+        """Watches and the feed, for ``/metrics`` (a prometheus-client collector)."""
+        open_ = GaugeMetricFamily(
+            "tablecast_watches", "open watches, by transport", labels=["transport"]
+        )
+        counts = self.open_by_transport()
+        for transport in ("sse", "websocket", "grpc"):
+            open_.add_metric([transport], counts.get(transport, 0))
+        yield open_
+        closed = CounterMetricFamily(
+            "tablecast_watch_closed",
+            "watches ended, by why (client: the client left; slow_consumer: cut off for being "
+            "too far behind; shutdown; unauthorized: the token expired)",
+            labels=["reason"],
+        )
+        for reason, n in sorted(self.closed.items()):
+            closed.add_metric([reason], n)
+        yield closed
+        yield from _counters(
+            ("tablecast_watch_events", "change events delivered to watches", self.delivered),
+            ("tablecast_watch_opened", "watches opened", self.opened),
+            (
+                "tablecast_watch_catch_ups",
+                "watches that read the topic privately first",
+                self.catch_ups,
+            ),
+            ("tablecast_watch_feed_records", "records the watch feed read", self.feed.records),
+        )
+        fed = GaugeMetricFamily(
+            "tablecast_watch_feed_partitions", "table partitions the watch feed reads"
+        )
+        fed.add_metric([], len(self.parts))
+        yield fed
+        ring = GaugeMetricFamily(
+            "tablecast_watch_ring_bytes",
+            "recent records the feed keeps for joining watches (estimate)",
+        )
+        ring.add_metric([], sum(pf.ring_bytes for pf in list(self.parts.values())))
+        yield ring
+
+
+def _counters(*rows: tuple[str, str, float]) -> Iterator[Metric]:
+    """One unlabelled counter per (name, help, value)."""
+    for name, text, value in rows:
+        counter = CounterMetricFamily(name, text)
+        counter.add_metric([], value)
+        yield counter

@@ -78,6 +78,7 @@ class Live:
         self.hub = Hub(
             c.bootstrap_servers, f"tablecast-watch-{c.app_id}-{c.node_id}", lambda: node.tables
         )
+        node.ingest_metrics.renewals["watch_feed"] = lambda: self.hub.feed.consumers_renewed
         self.port = port
         self.slots = WatchSlots(c.watches_per_caller)
 

@@ -29,10 +29,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 import orjson
+from prometheus_client.core import CounterMetricFamily, Metric
 
 from tablecast.query.answer_bytes import kept_alive, sized_head, split
 from tablecast.query.errors import ApiError
@@ -231,6 +232,19 @@ class Coalescer:
             return await self.pool.request(base_url, "GET", target, headers, b"", timeout)
         status, lines, body = unwired(await waiter)
         return status, header_pairs(lines), body
+
+    def collect(self) -> Iterator[Metric]:
+        """What it sent, for ``/metrics`` (a prometheus-client collector)."""
+        batches = CounterMetricFamily(
+            "tablecast_forward_batches", "batches of forwarded reads sent"
+        )
+        batches.add_metric([], self.batches)
+        yield batches
+        reads = CounterMetricFamily(
+            "tablecast_forward_batched_reads", "forwarded reads sent in a batch"
+        )
+        reads.add_metric([], self.batched_reads)
+        yield reads
 
     def submit(
         self, base_url: str, target: str, headers: list[tuple[str, str]], timeout: float

@@ -24,8 +24,11 @@ import mmap
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
+
+from prometheus_client.core import CounterMetricFamily, Metric
 
 from tablecast.query.errors import ApiError
 
@@ -216,3 +219,20 @@ class WaitSlots(CallerSlots):
             f"{n} reads of this caller already wait for an offset (at most "
             f"{self.per_caller}); try again when one has answered"
         )
+
+
+class Refusals:
+    """The requests both limits refused, for ``/metrics`` (a prometheus-client collector)."""
+
+    def __init__(self, rate: RateLimit | None, waits: WaitSlots | None) -> None:
+        self.rate, self.waits = rate, waits
+
+    def collect(self) -> Iterator[Metric]:
+        limited = CounterMetricFamily(
+            "tablecast_rate_limited",
+            "requests refused with 429: over --rate-limit, or too many offset waits of one caller",
+            labels=["limit"],
+        )
+        limited.add_metric(["rate"], self.rate.refused if self.rate else 0)
+        limited.add_metric(["waits"], self.waits.refused if self.waits else 0)
+        yield limited

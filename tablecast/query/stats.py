@@ -1,14 +1,16 @@
 """Request figures every front end records: requests by route and status, and their
 latency in fixed buckets. The hot path only bumps plain Python counters (a dict
-increment and a bisect); ``/metrics`` reads them at scrape time.
+increment and a bisect); ``/metrics`` reads them at scrape time (:meth:`HttpStats.collect`).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
 from collections import defaultdict
+from collections.abc import Iterator
 
 import orjson
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -56,3 +58,29 @@ class HttpStats:
                 mine[i] += n
         for route, seconds in got["seconds"].items():
             self.seconds[route] += seconds
+
+    def collect(self) -> Iterator[Metric]:
+        """The figures as Prometheus metrics (a prometheus-client collector)."""
+        requests = CounterMetricFamily(
+            "tablecast_http_requests",
+            "HTTP requests by route and status",
+            labels=["route", "status"],
+        )
+        for (route, status), n in sorted(self.requests.items()):
+            requests.add_metric([route, str(status)], n)
+        yield requests
+        yield CounterMetricFamily(
+            "tablecast_http_requests_by_read_processes",
+            "of tablecast_http_requests, those the node's read processes answered",
+            value=self.by_readers,
+        )
+        latency = HistogramMetricFamily(
+            "tablecast_http_request_duration_seconds", "time to answer, by route", labels=["route"]
+        )
+        for route, counts in sorted(self.buckets.items()):
+            cumulative, running = [], 0
+            for bound, n in zip((*map(str, BUCKETS), "+Inf"), counts, strict=True):
+                running += n
+                cumulative.append((bound, running))
+            latency.add_metric([route], cumulative, self.seconds[route])
+        yield latency

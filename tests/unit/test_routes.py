@@ -1,15 +1,20 @@
 """The route table (tablecast/http/routes.py): what each path matches, the parameters each
-route takes, and that the table and the app and the OpenAPI document agree."""
+route takes, and that the table and the app and the OpenAPI document agree; and the figures
+of /metrics, which each part of the node reports itself."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from tablecast.cluster.node import Node, NodeConfig
 from tablecast.http.app import HttpApp
 from tablecast.http.openapi import document
 from tablecast.http.routes import ROUTES, Routes
+from tablecast.query.auth import Auth
 from tablecast.query.errors import ApiError
 
 ROUTING = Routes()
@@ -101,3 +106,27 @@ def test_the_document_holds_every_documented_route_and_no_other() -> None:
     documented = {(r.documented_path, r.method.lower()) for r in ROUTES if r.summary}
     assert {(p, m) for p, ops in paths.items() for m in ops} == documented
     assert not any(p.startswith(("/internal", "/ui")) for p in paths)
+
+
+def test_metrics_hold_each_part_of_the_node_once(tmp_path: Path) -> None:
+    """Each part of the node reports its own figures; together one valid exposition."""
+    config = NodeConfig("unit", "127.0.0.1:9", "http://127.0.0.1:9", "node-1", tmp_path / "n")
+    app = HttpApp(Node(config), Auth(), rate_limit=5.0, forwarding="batched")
+    status, body, _ = app._exposition()
+    families = [f.name for f in text_string_to_metric_families(body.decode())]
+    assert status == 200 and len(families) == len(set(families))
+    for name in (
+        "tablecast_http_requests",  # the request figures
+        "tablecast_rate_limited",  # the limits
+        "tablecast_replica_lag",  # the ingestion
+        "tablecast_watches",  # the watches
+        "tablecast_forward_batches",  # the forwarding batches
+    ):
+        assert name in families, name
+    renewed = [
+        s.labels["consumer"]
+        for f in text_string_to_metric_families(body.decode())
+        if f.name == "tablecast_kafka_consumers_renewed"
+        for s in f.samples
+    ]
+    assert sorted(renewed) == ["catalog", "table", "watch_feed"]
