@@ -281,6 +281,16 @@ def build_parser() -> Parser:
     )
     option(
         p,
+        "--leave-timeout",
+        20.0,
+        type=float,
+        check=at_least(0),
+        metavar="S",
+        help="on SIGTERM, answer on for at most this many seconds while the other nodes take "
+        "this node's partitions over (a second SIGTERM stops at once; 0: stop at once)",
+    )
+    option(
+        p,
         "--auth-jwt-secret",
         metavar="S",
         help="HS256 secret: every /v1 request needs a bearer JWT",
@@ -783,6 +793,7 @@ def _serve(args: argparse.Namespace) -> int:
         cluster_secret=cluster_secret,
         tls_ca=args.tls_ca,
         drop_released_after_s=args.drop_released_after,
+        leave_timeout_s=args.leave_timeout,
     )
     if policy is not None:
         logging.getLogger("tablecast").info(

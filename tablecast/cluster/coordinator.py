@@ -27,6 +27,9 @@ from tablecast.cluster.view import ClusterView
 log = logging.getLogger(__name__)
 
 RELEASE_GRACE_S = 3.0
+#: a leaving node lets a partition go once its new active has been caught up this long:
+#: two heartbeats and a tick, so every node's view says so and reads go there
+LEAVING_GRACE_S = 1.2
 
 
 class Coordinator:
@@ -45,25 +48,27 @@ class Coordinator:
 
     def tick(self) -> ClusterView:
         members = self.membership.alive()
+        staying = {n: m for n, m in members.items() if not m.leaving}
         tables = list(self.ingestor.tables.values())
         global_tables = frozenset(t.name for t in tables if t.is_global)
         slots = tuple(
             sorted((t.name, p) for t in tables if not t.is_global for p in range(t.partitions))
         )
-        key = (frozenset(members), slots)
+        key = (frozenset(staying), slots)
         if key != self._assigned_for and not self._keep_assignment(key[0]):
-            self._target = assign(members, slots, self.standby_replicas)
+            self._target = assign(staying, slots, self.standby_replicas)
             self._assigned_for = key
             mine = sum(self.node_id in owners for owners in self._target.values())
             log.info(
                 "assignment for %d member(s): this node holds %d of %d partition(s)",
-                len(members),
+                len(staying),
                 mine,
                 len(slots),
             )
         view = ClusterView(members, self._target, global_tables)
         self.view = view
-        self.ingestor.desired = self._desired(view, tables)
+        leaving = self.node_id not in staying
+        self.ingestor.desired = self._desired(view, tables, leaving)
         return view
 
     def _keep_assignment(self, members: frozenset[str]) -> bool:
@@ -80,7 +85,8 @@ class Coordinator:
             )
         return True
 
-    def _desired(self, view: ClusterView, tables: list) -> set[Slot]:  # type: ignore[type-arg]
+    def _desired(self, view: ClusterView, tables: list, leaving: bool) -> set[Slot]:  # type: ignore[type-arg]
+        grace = LEAVING_GRACE_S if leaving else RELEASE_GRACE_S
         want = {slot for slot, owners in view.target.items() if self.node_id in owners}
         want |= {(t.name, p) for t in tables if t.is_global for p in range(t.partitions)}
         now = time.monotonic()
@@ -91,7 +97,7 @@ class Coordinator:
             owners = view.target[slot]
             if owners and view.caught_up(owners[0], slot):
                 since = self._handed_over_since.setdefault(slot, now)
-                if now - since >= RELEASE_GRACE_S:
+                if now - since >= grace:
                     continue  # the new active has served long enough: let go
             else:
                 self._handed_over_since.pop(slot, None)

@@ -73,6 +73,8 @@ class Member:
     replicas: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
     ready: bool = False
     seen: float = 0.0  # monotonic time of the last heartbeat received
+    #: stopping: the others assign its partitions without it while it still answers
+    leaving: bool = False
 
 
 def _encode(member: Member) -> bytes:
@@ -81,6 +83,7 @@ def _encode(member: Member) -> bytes:
             "id": member.id,
             "url": member.url,
             "ready": member.ready,
+            "leaving": member.leaving,
             "replicas": [
                 {"table": t, "partition": p, **state} for (t, p), state in member.replicas.items()
             ],
@@ -99,7 +102,9 @@ def _decode(data: bytes) -> Member:
     url = raw["url"]
     if not isinstance(raw["id"], str) or not isinstance(url, str):
         raise TypeError("id and url must be strings")
-    return Member(raw["id"], url, replicas, bool(raw.get("ready")))
+    return Member(
+        raw["id"], url, replicas, bool(raw.get("ready")), leaving=bool(raw.get("leaving"))
+    )
 
 
 class Membership:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +46,8 @@ class NodeConfig:
     #: a released partition's store is deleted from disk this long after the release
     #: (taken back sooner, it resumes from where it was)
     drop_released_after_s: float = 600.0
+    #: a stopping node hands its partitions over for at most this long (serve --leave-timeout)
+    leave_timeout_s: float = 20.0
 
 
 @dataclass
@@ -80,6 +83,9 @@ class Node:
         self._thread = threading.Thread(
             target=self._coordinate, name="tablecast-coordinator", daemon=True
         )
+        #: set by leave(): the others assign without this node, which answers on meanwhile
+        self.leaving = False
+        self._leave_now = threading.Event()
 
     def store_path(self, table: str, partition: int) -> Path:
         return self.config.data_dir / "stores" / table / str(partition)
@@ -110,7 +116,9 @@ class Node:
 
     def _me(self) -> Member:
         replicas = {slot: r.state() for slot, r in self.ingestor.replicas.items()}
-        return Member(self.config.node_id, self.config.url, replicas, self.ready)
+        return Member(
+            self.config.node_id, self.config.url, replicas, self.ready, leaving=self.leaving
+        )
 
     def _coordinate(self) -> None:
         while not self._stop.wait(TICK_S):
@@ -135,7 +143,7 @@ class Node:
     def ready(self) -> bool:
         """Catalog read, every table assigned, and each partition this node must serve caught up."""
         ingestor = self.ingestor
-        if not ingestor.catalog.loaded:
+        if self.leaving or not ingestor.catalog.loaded:
             return False
         # list(): one step under the GIL, while the ingest thread may add entries
         known = list(ingestor.catalog.tables)
@@ -162,6 +170,39 @@ class Node:
         self.coordinator.tick()
         self.ingestor.start()
         self._thread.start()
+
+    def leave(self) -> None:
+        """Hand this node's partitions over, then leave the cluster (blocking: a thread).
+
+        Its heartbeats say it is leaving, so every node assigns its partitions to the
+        others (their standbys answer at once), while it goes on answering and holds each
+        partition until its new active has been caught up for a moment (the coordinator's
+        grace); then its tombstone goes out. At most ``leave_timeout_s``; :meth:`hurry`
+        ends it sooner. Reads keep being answered throughout: by this node, until the
+        others route them elsewhere."""
+        self.leaving = True
+        deadline = time.monotonic() + self.config.leave_timeout_s
+        while self._hands_over() and not self._leave_now.wait(TICK_S):
+            if time.monotonic() > deadline:
+                log.warning("leaving before every partition was handed over (--leave-timeout)")
+                break
+        self.membership.leave()
+
+    def hurry(self) -> None:
+        """Leave now, whatever is still to hand over (a second SIGTERM)."""
+        self._leave_now.set()
+
+    def _hands_over(self) -> bool:
+        """Whether this node still holds a partition another node is taking over."""
+        if not self.membership.kafka_reachable:
+            return False  # the others cannot hear that it leaves
+        if not any(not m.leaving and n != self.id for n, m in self.membership.alive().items()):
+            return False  # nobody to hand over to
+        tables = self.ingestor.tables
+        return any(
+            (info := tables.get(table)) is not None and not info.is_global
+            for table, _ in list(self.ingestor.replicas)
+        )
 
     def stop(self) -> None:
         # leave first: the others reassign while this node is still closing its stores

@@ -7,7 +7,7 @@ import asyncio
 import errno
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,9 +38,10 @@ async def serve_rsgi(
     port: int,
     tls: tuple[str, str] | None = None,
     on_stop: Callable[[], None] | None = None,
+    leaving: Leaving | None = None,
 ) -> None:
-    """Serve an RSGI app on this event loop until SIGINT/SIGTERM (`on_stop` runs first: open
-    streams end, or granian would wait for them).
+    """Serve an RSGI app on this event loop until SIGINT/SIGTERM (after `leaving`, if given;
+    `on_stop` runs next: open streams end, or granian would wait for them).
 
     The benchmarks serve their constant-body baseline through this same
     function, so "the same HTTP stack" means the same settings too.
@@ -68,19 +69,43 @@ async def serve_rsgi(
         **ssl_files,  # type: ignore[arg-type]
     )
 
-    def stop() -> None:
+    async def stop() -> None:
+        if leaving is not None:
+            await leaving.leave()
         if on_stop is not None:
             on_stop()
         server.stop()
 
-    _on_stop_signals(stop)
+    stopping: list[asyncio.Task[None]] = []  # the loop keeps only weak references to tasks
+    loop = asyncio.get_running_loop()
+    _on_stop_signals(lambda: stopping.append(loop.create_task(stop())), leaving)
     await server.serve()
 
 
-def _on_stop_signals(stop: Callable[[], None]) -> None:
+@dataclass
+class Leaving:
+    """How a node leaves on SIGINT/SIGTERM: `leave` hands its partitions over while it still
+    answers (:meth:`tablecast.cluster.node.Node.leave`); a second signal calls `hurry`."""
+
+    leave: Callable[[], Awaitable[None]]
+    hurry: Callable[[], None]
+
+
+def _on_stop_signals(stop: Callable[[], None], leaving: Leaving | None = None) -> None:
     loop = asyncio.get_running_loop()
+    signalled = False
+
+    def on_signal() -> None:
+        nonlocal signalled
+        if signalled:
+            if leaving is not None:
+                leaving.hurry()
+            return
+        signalled = True
+        stop()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop)
+        loop.add_signal_handler(sig, on_signal)
 
 
 async def serve_loop(
@@ -91,9 +116,10 @@ async def serve_loop(
     on_stop: Callable[[], None] | None = None,
     listeners: int | None = None,
     readers: ReadProcesses | None = None,
+    leaving: Leaving | None = None,
 ) -> None:
-    """Serve `app` with :mod:`tablecast.http.http1` until SIGINT/SIGTERM, with `readers`
-    beside it on the same port."""
+    """Serve `app` with :mod:`tablecast.http.http1` until SIGINT/SIGTERM (and, if given,
+    `leaving`), with `readers` beside it on the same port."""
     context = tls_context(tls) if tls else None
     server = LoopServer(app, context, connection_cap())
     try:
@@ -111,8 +137,10 @@ async def serve_loop(
             await server.start_relay(readers.relay_path)
             await readers.start(server.port, server.listeners)
         stopping = asyncio.Event()
-        _on_stop_signals(stopping.set)
+        _on_stop_signals(stopping.set, leaving)
         await stopping.wait()
+        if leaving is not None:
+            await leaving.leave()
     finally:
         if readers is not None:  # first: connections they hold are piped to this server
             await readers.stop()
@@ -156,6 +184,7 @@ async def serve(
         log.info("gRPC (tablecast.v1.Tables) on %s:%d", host, limits.grpc_port)
     gc.tune()
     collecting = asyncio.get_running_loop().create_task(gc.collect_periodically())
+    leaving = Leaving(lambda: asyncio.to_thread(node.leave), node.hurry)
     try:
         if limits.http_engine == "loop":
             await serve_loop(
@@ -166,9 +195,10 @@ async def serve(
                 on_stop=app.live.hub.close_all,
                 listeners=limits.listeners,
                 readers=_readers(limits.processes, app, auth, tls, host),
+                leaving=leaving,
             )
         else:
-            await serve_rsgi(app, host, port, tls, on_stop=app.live.hub.close_all)
+            await serve_rsgi(app, host, port, tls, app.live.hub.close_all, leaving)
     finally:
         collecting.cancel()
         app.console.close()

@@ -85,7 +85,7 @@ def cluster(node: Node, grants: Grants | None = None) -> bytes:
             {
                 "id": member.id,
                 "url": member.url,
-                "state": "ready" if member.ready else "restoring",
+                "state": "leaving" if member.leaving else "ready" if member.ready else "restoring",
                 "kafka": how.get("kafka", "unknown"),
                 "heartbeat_age_ms": how.get("heartbeat_age_ms"),
                 "direct_check_age_ms": how.get("direct_check_age_ms"),
