@@ -35,6 +35,7 @@ BENCHES = {
     "checkpoints": "bench.checkpoints",
     "processes": "bench.processes",
     "builds": "bench.builds",
+    "rolling": "bench.rolling",
 }
 # the pipeline benchmark is written by another change; run it once its module exists
 if importlib.util.find_spec("bench.pipeline") is not None:
@@ -48,6 +49,7 @@ QUICK = {
     "https": ["--seconds", "2", "--keys", "20000", "--rounds", "3"],
     "auth": ["--seconds", "2", "--keys", "20000", "--rounds", "3"],
     "chaos": ["--minutes", "3"],
+    "rolling": ["--nodes", "3", "--partitions", "6", "--keys", "2000"],
     "console": ["--rounds", "3", "--keys", "200"],
 }
 

@@ -1,0 +1,217 @@
+"""A rolling restart at scale: N nodes of one app, reads from a load balancer, no read lost.
+
+python -m bench rolling [--nodes 30] [--partitions 30] [--keys 30000] [--restart 3]
+
+N serving nodes (one standby per partition) on this machine; clients read
+random keys through a load balancer that polls every node's ``/readyz`` every
+0.2 s and sends reads only to nodes that answered 200 (a stopping node
+included, until it says it is not ready). Nothing is retried: a read not
+answered 200 with the right value counts as failed, whatever the cause (a
+503, a refused connection). Then `--restart` nodes are restarted one after
+the other: SIGTERM, wait until it has exited, start it again 2 s later on the
+same port and data, wait until it is ready.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+import resource
+import signal
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import httpx
+
+from bench.common import answers_200, command, facts_line, machine, publish, rss_bytes
+from bench.stack import Stack, short_key, value_of
+from tablecast.kafka.broker import free_port
+
+log = logging.getLogger("bench")
+TABLE = "rolling"
+POLL_S = 0.2
+CLIENTS = 3
+
+
+class Balancer:
+    """Readers behind a load balancer that routes by ``/readyz`` and retries nothing."""
+
+    def __init__(self, urls: list[str], keys: int) -> None:
+        self.urls, self.keys = urls, keys
+        self.routable = list(urls)
+        self.ok = 0
+        self.failed: Counter[str] = Counter()
+        self.samples: list[str] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._probe, daemon=True)] + [
+            threading.Thread(target=self._read, args=(i,), daemon=True) for i in range(CLIENTS)
+        ]
+
+    def __enter__(self) -> Balancer:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(30)
+
+    def _probe(self) -> None:
+        with httpx.Client(timeout=1) as http:
+            while not self._stop.wait(POLL_S):
+                ready = []
+                for url in self.urls:
+                    try:
+                        if http.get(f"{url}/readyz").status_code == 200:
+                            ready.append(url)
+                    except httpx.HTTPError:
+                        pass
+                self.routable = ready
+
+    def _fail(self, kind: str, text: str) -> None:
+        self.failed[kind] += 1
+        if len(self.samples) < 20:
+            self.samples.append(text)
+
+    def _read(self, seed: int) -> None:
+        rng = random.Random(seed)
+        with httpx.Client(timeout=10) as http:
+            while not self._stop.is_set():
+                i = rng.randrange(self.keys)
+                urls = self.routable
+                if not urls:
+                    self._fail("no node ready", "no node ready")
+                    time.sleep(POLL_S)
+                    continue
+                url = rng.choice(urls)
+                try:
+                    r = http.get(f"{url}/v1/tables/{TABLE}/keys/{short_key(i).decode()}")
+                except httpx.TransportError as e:
+                    self._fail(type(e).__name__, f"{url}: {e!r}")
+                    continue
+                if r.status_code != 200:
+                    self._fail(str(r.status_code), f"{url}: {r.status_code} {r.text[:200]}")
+                elif r.content.find(value_of(i)) < 0:
+                    self._fail("wrong", f"{url}: {r.text[:200]}")
+                else:
+                    self.ok += 1
+
+
+def main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench rolling")
+    p.add_argument("--nodes", type=int, default=30)
+    p.add_argument("--partitions", type=int, default=30)
+    p.add_argument("--keys", type=int, default=30_000)
+    p.add_argument("--restart", type=int, default=3, help="nodes restarted one after another")
+    args = p.parse_args(argv)
+    # 30 nodes and their clients keep more sockets open than a default shell allows
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
+    with Stack() as stack:
+        stack.table(TABLE, args.keys, args.partitions)
+        ports = [free_port() for _ in range(args.nodes)]
+        procs: dict[int, Any] = {}
+
+        def start(i: int) -> None:
+            procs[i], _ = stack.node(
+                stack.dir / f"data-{i}",
+                ports[i],
+                "--standby-replicas",
+                "1",
+                "--cache-mb",
+                "8",
+                "--answers-mb",
+                "8",
+                "--block-cache-mb",
+                "16",
+                cpus=None,  # type: ignore[arg-type]
+            )
+
+        urls = [f"http://127.0.0.1:{port}" for port in ports]
+        started = time.monotonic()
+        for i in range(args.nodes):
+            start(i)
+        ready_s = _all_ready(urls, 600)
+        log.info("%d nodes ready in %.0f s", args.nodes, ready_s)
+        rss_mib = sorted(rss_bytes(procs[i].pid) / 2**20 for i in range(args.nodes))
+        restarts: list[dict[str, float]] = []
+        with Balancer(urls, args.keys) as load:
+            time.sleep(5)
+            for i in random.Random(7).sample(range(args.nodes), args.restart):
+                t0 = time.monotonic()
+                procs[i].send_signal(signal.SIGTERM)
+                procs[i].wait(60)
+                stopped = time.monotonic() - t0
+                stack.procs.remove(procs[i])
+                time.sleep(2)
+                start(i)
+                back = _all_ready([urls[i]], 300)
+                log.info(
+                    "node %d: stopped in %.1f s, ready %.1f s after its start", i, stopped, back
+                )
+                restarts.append({"node": i, "stop_s": round(stopped, 2), "ready_s": round(back, 2)})
+            time.sleep(5)
+        result = {
+            "command": command(),
+            "machine": machine(),
+            "nodes": args.nodes,
+            "partitions": args.partitions,
+            "keys": args.keys,
+            "ready_s": round(ready_s, 1),
+            "started_to_ready_s": round(time.monotonic() - started, 1),
+            "rss_mib_median": round(rss_mib[len(rss_mib) // 2], 1),
+            "restarts": restarts,
+            "reads": load.ok + sum(load.failed.values()),
+            "ok": load.ok,
+            "failed": dict(load.failed),
+            "samples": load.samples,
+        }
+    publish("rolling", result, render(result))
+
+
+def _all_ready(urls: list[str], timeout: float) -> float:
+    started = time.monotonic()
+    waiting = list(urls)
+    while waiting:
+        if time.monotonic() - started > timeout:
+            raise TimeoutError(f"{len(waiting)} node(s) not ready: {waiting[:3]}")
+        waiting = [u for u in waiting if not answers_200(f"{u}/readyz")]
+        if waiting:
+            time.sleep(0.5)
+    return time.monotonic() - started
+
+
+def render(r: dict[str, Any]) -> str:
+    failed = sum(r["failed"].values())
+    stops = ", ".join(f"{x['stop_s']:.1f}" for x in r["restarts"])
+    lines = [
+        "## Rolling restart at scale",
+        "",
+        f"`{r['command']}` — {facts_line(r['machine'])}.",
+        "",
+        f"{r['nodes']} nodes of one app on this machine, {r['partitions']} partitions with "
+        f"one standby each, {r['keys']:,} keys; ready {r['ready_s']} s after the last start, "
+        f"median RSS {r['rss_mib_median']} MiB a node. Readers (3 threads) go through a load "
+        f"balancer that polls every node's /readyz every {POLL_S} s and retries nothing. "
+        f"{len(r['restarts'])} nodes restarted one after another (SIGTERM, wait for the exit, "
+        f"start again 2 s later, wait until ready); each took {stops} s from SIGTERM to exit "
+        "(it hands its partitions over first).",
+        "",
+        "| reads | answered 200, right value | failed | of them 503 | target |",
+        "|---|---|---|---|---|",
+        f"| {r['reads']:,} | {r['ok']:,} | {failed} | {r['failed'].get('503', 0)} | "
+        f"0 failed: {'met' if failed == 0 else '**missed**'} |",
+    ]
+    if r["failed"]:
+        lines += ["", f"Failed by kind: {r['failed']}; first: {r['samples'][:5]}"]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])
