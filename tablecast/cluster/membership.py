@@ -60,6 +60,9 @@ HEARTBEAT_S = 0.5
 KAFKA_SILENT_S = 2.0
 #: Kafka takes our heartbeats but none comes back for this long: the reader is stuck, renew it
 STUCK_READER_S = 8.0
+#: the others' heartbeats come but Kafka has taken none of ours for this long: the writer is
+#: stuck, renew it
+STUCK_WRITER_S = 8.0
 __all__ = ["DEAD_AFTER_S", "HEARTBEAT_S", "Member", "Membership"]
 
 INC, SEQ, SIG = "tc-inc", "tc-seq", "tc-sig"
@@ -134,11 +137,21 @@ class Membership:
         self._rejected_from: set[bytes] = set()
         self._echo = time.monotonic()  # our own last heartbeat read back from Kafka
         self._delivered = 0.0  # the last heartbeat Kafka acknowledged
+        self._heard_others = 0.0  # the last live record of another node read
         self._app_id = app_id
         self._kafka_lost_logged = False
-        self._producer = Producer(
+        self._producer = self._new_producer()
+        self._writer_since = time.monotonic()
+        self._consumer = self._new_consumer()
+        self._stop = threading.Event()
+        self._left = False
+        self._thread = threading.Thread(target=self._run, name="tablecast-membership", daemon=True)
+        self.on_change: Callable[[], None] = lambda: None
+
+    def _new_producer(self) -> Producer:
+        return Producer(
             client_conf(
-                bootstrap_servers,
+                self._bootstrap,
                 # a heartbeat queued through an outage is stale by the time it could go
                 {
                     "linger.ms": 0,
@@ -148,11 +161,6 @@ class Membership:
                 },
             )
         )
-        self._consumer = self._new_consumer()
-        self._stop = threading.Event()
-        self._left = False
-        self._thread = threading.Thread(target=self._run, name="tablecast-membership", daemon=True)
-        self.on_change: Callable[[], None] = lambda: None
 
     def _new_consumer(self) -> Consumer:
         return Consumer(
@@ -167,6 +175,20 @@ class Membership:
                 },
             )
         )
+
+    def _renew_stuck_writer(self, now: float) -> None:
+        """The others' heartbeats come through Kafka but none of ours is acknowledged: Kafka
+        works and this node's producer does not (seen after a broker restart): start a
+        fresh one."""
+        if (
+            now - self._heard_others > KAFKA_SILENT_S
+            or now - max(self._delivered, self._writer_since) < STUCK_WRITER_S
+        ):
+            return
+        log.warning("membership writer stuck (the others' heartbeats come, ours do not go)")
+        old, self._producer = self._producer, self._new_producer()
+        self._writer_since = now
+        old.purge()  # what it holds is stale; nothing to wait for when it is dropped
 
     def _renew_stuck_reader(self, now: float) -> None:
         """Kafka acknowledges our heartbeats but we read none back: start a fresh reader.
@@ -297,6 +319,7 @@ class Membership:
                 self._prune()
                 self._note_kafka()
                 self._renew_stuck_reader(time.monotonic())
+                self._renew_stuck_writer(time.monotonic())
             except Exception:  # a hiccup talking to Kafka must not end membership
                 log.exception("membership loop error; retrying")
                 self._stop.wait(0.5)
@@ -403,6 +426,8 @@ class Membership:
             if incarnation == self.incarnation and value is not None:
                 self._echo = now  # our heartbeat made the round trip: Kafka works for us
             return False
+        if live:
+            self._heard_others = now
         if value is None:
             with self._lock:
                 gone = self._liveness.left(node, incarnation)

@@ -58,6 +58,7 @@ class Node:
     def __init__(self, replica: Replica, tmp: Path, watches: int) -> None:
         self.tables = {"t": INFO}
         self.ingestor = type("Ingestor", (), {"replicas": {("t", 0): replica}})()
+        self.ingest_metrics = type("IngestMetrics", (), {"renewals": {}})()
         self.config = NodeConfig(
             "unit", "127.0.0.1:1", "http://127.0.0.1:1", "me", tmp, watches_per_caller=watches
         )
