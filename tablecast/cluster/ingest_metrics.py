@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from tablecast.cluster.ingest import Ingestor
+from tablecast.metric_families import counters
 from tablecast.store import StoreClosed
 
 
@@ -82,7 +83,7 @@ class IngestMetrics:
         for (table, reason), n in sorted(ingest.bad_records.items()):
             bad.add_metric([table, reason], n)
         yield bad
-        yield from _counters(
+        yield from counters(
             ("tablecast_store_write_failures", "store writes that failed", ingest.write_failures),
             (
                 "tablecast_catalog_bad_entries",
@@ -114,11 +115,3 @@ class IngestMetrics:
         )
         left_out.add_metric([], len(ingest.left_out) + len(ingest.catalog.bad))
         yield left_out
-
-
-def _counters(*rows: tuple[str, str, float]) -> Iterator[Metric]:
-    """One unlabelled counter per (name, help, value)."""
-    for name, text, value in rows:
-        counter = CounterMetricFamily(name, text)
-        counter.add_metric([], value)
-        yield counter

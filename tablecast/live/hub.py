@@ -51,6 +51,7 @@ from tablecast.live.resume_token import Token
 from tablecast.live.selection import Selection
 from tablecast.live.sinks import SLOW, Progress, Sink, StreamSink
 from tablecast.live.topic_feed import Batch, CatchUp, Feed, Source
+from tablecast.metric_families import counters
 
 log = logging.getLogger(__name__)
 
@@ -797,7 +798,7 @@ class Hub:
         for reason, n in sorted(self.closed.items()):
             closed.add_metric([reason], n)
         yield closed
-        yield from _counters(
+        yield from counters(
             ("tablecast_watch_events", "change events delivered to watches", self.delivered),
             ("tablecast_watch_opened", "watches opened", self.opened),
             (
@@ -818,11 +819,3 @@ class Hub:
         )
         ring.add_metric([], sum(pf.ring_bytes for pf in list(self.parts.values())))
         yield ring
-
-
-def _counters(*rows: tuple[str, str, float]) -> Iterator[Metric]:
-    """One unlabelled counter per (name, help, value)."""
-    for name, text, value in rows:
-        counter = CounterMetricFamily(name, text)
-        counter.add_metric([], value)
-        yield counter

@@ -39,7 +39,7 @@ def modules(root: Path = ROOT) -> dict[str, Path]:
 #: layers before it. ``tablecast`` itself (the public API) may import anything.
 LAYERS: list[set[str]] = [
     # pure data and functions: the record contract and what it is written with
-    {"contract", "serde", "windows", "jvm", "lifetime", "proto", "version"},
+    {"contract", "serde", "windows", "jvm", "lifetime", "metric_families", "proto", "version"},
     {"client"},
     {"kafka"},
     {"pipeline"},
