@@ -51,6 +51,7 @@ from confluent_kafka import (
 
 from tablecast.cluster.fetchwatch import FetchWatch
 from tablecast.cluster.replica import FRESH_S, STALL_S, Replica
+from tablecast.cluster.replica_lifecycle import Freshness, Writes
 from tablecast.cluster.topicinfo import TopicInfo
 from tablecast.cluster.validate import Check, checker
 from tablecast.contract import index_codec
@@ -563,8 +564,8 @@ class Ingestor:
         replica.stale_since = None
         # the end may lie past the last record (compacted away): reads waiting for it are due
         replica.waiters.advanced(replica.position - 1)
-        if not replica.restored and replica.position >= replica.restore_target:
-            replica.restored = replica.caught_up = True
+        if replica.freshness is Freshness.WARMING and replica.position >= replica.restore_target:
+            replica.move(Freshness.CURRENT)
             log.info(
                 "table %r partition %d caught up at offset %d",
                 replica.table.name,
@@ -616,7 +617,7 @@ class Ingestor:
                 # behind an end the broker keeps confirming: this replica is falling behind
                 # (an unreachable broker confirms nothing, so an outage keeps it serving)
                 if fresh and not at_end and now - r.current_at > STALL_S:
-                    r.caught_up = False
+                    r.move(Freshness.BEHIND)
                     log.warning(
                         "table %r partition %d is falling behind (lag %d%s); "
                         "it no longer counts as caught up",
@@ -626,7 +627,7 @@ class Ingestor:
                         f", store writes failing: {r.failed}" if r.failed else "",
                     )
             elif at_end and fresh and r.failed is None:
-                r.caught_up = True
+                r.move(Freshness.CURRENT)
                 log.info("table %r partition %d is caught up again", r.table.name, r.partition)
             if r.stale_since is None and now - r.synced_at >= SYNC_EVERY_S and r.failed is None:
                 try:
@@ -639,7 +640,7 @@ class Ingestor:
     def _write_failed(self, replica: Replica, writes: list[Write], error: Exception) -> None:
         first = replica.failed is None
         replica.failures += 1
-        replica.failed = f"{type(error).__name__}: {error}"[:500]
+        replica.error = f"{type(error).__name__}: {error}"[:500]
         replica.failed_offset = writes[0].offset
         replica.end_offset = max(replica.end_offset, writes[-1].offset + 1)
         self.write_failures += 1
@@ -647,7 +648,7 @@ class Ingestor:
         replica.retry_at = time.monotonic() + delay
         # off the consumer: what it had fetched beyond the failed batch is dropped, and
         # the partition is assigned again at the failed batch when it is retried
-        replica.paused = True
+        replica.move(Writes.FAILED)
         self._consumer.incremental_unassign(
             [TopicPartition(replica.table.topic, replica.partition)]
         )
@@ -674,7 +675,7 @@ class Ingestor:
             replica.failures,
             replica.failed_offset,
         )
-        replica.failed = None
+        replica.move(Writes.WRITING)
         replica.failures = 0
 
     def _retry_failed(self, now: float) -> None:
@@ -693,7 +694,7 @@ class Ingestor:
             if not self._reopen(replica):
                 replica.retry_at = now + min(MAX_BACKOFF_S, 2.0 ** min(replica.failures, 5))
                 continue
-            replica.paused = False
+            replica.move(Writes.RETRYING)
             self._consumer.incremental_assign(
                 [TopicPartition(replica.table.topic, replica.partition, replica.position)]
             )
@@ -712,14 +713,14 @@ class Ingestor:
         # closing first: RocksDB allows one open instance per directory. Until the new store
         # is in place (also while a failed reopen is retried) reads go to a peer holding the
         # partition, or wait the routing's grace for this one
-        replica.reopening = True
+        if replica.writes is not Writes.REOPENING:  # else a reopen that failed, tried again
+            replica.move(Writes.REOPENING)
         try:
             replica.store.close()
             replica.store = self._new_replica(replica.table, replica.partition, False).store
         except Exception as e:
             log.warning("reopening the store of %s/%d failed: %s", *_slot(replica), e)
             return False
-        replica.reopening = False
         return True
 
     def _note_progress(self) -> None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from tablecast.cluster.offsetwait import AppliedWaiters
+from tablecast.cluster.replica_lifecycle import FAILING, PAUSED, Freshness, Writes, check
 from tablecast.contract.table_info import TableInfo
 from tablecast.store import PartitionStore, Write
 
@@ -40,11 +41,11 @@ class Replica:
     position: int = 0
     #: the topic's high watermark as last seen
     end_offset: int = 0
-    #: the high watermark when restoring began, and whether it has been reached
+    #: the high watermark when restoring began
     restore_target: int = 0
-    caught_up: bool = False
-    #: reached its restore target once: what it holds is a whole prefix of the topic
-    restored: bool = False
+    #: its two state machines (tablecast.cluster.replica_lifecycle): moved by :meth:`move`
+    freshness: Freshness = Freshness.WARMING
+    writes: Writes = Writes.WRITING
     #: monotonic times: the broker last confirmed end_offset; the replica was last at that end;
     #: it was opened; its store last recorded being in sync
     end_seen_at: float = 0.0
@@ -53,17 +54,12 @@ class Replica:
     synced_at: float = 0.0
     #: since when (monotonic) answers from it are stale; None while it is current
     stale_since: float | None = None
-    #: the last store write failed with this error (cleared by the next write that succeeds)
-    failed: str | None = None
+    #: the last failed store write's error, and the offset its batch began at
+    error: str = ""
     failed_offset: int = -1
-    #: the partition is taken off the consumer until `retry_at` (monotonic)
-    paused: bool = False
+    #: while writes fail: when (monotonic) to try again, and how many tries failed
     retry_at: float = 0.0
     failures: int = 0
-    #: released: its store is (being) closed and reads must go elsewhere
-    closed: bool = False
-    #: its store is being closed and opened again (after a failed write): reads go elsewhere
-    reopening: bool = False
     #: reads waiting for an offset to be applied (``min_offset``), woken by the ingest thread
     waiters: AppliedWaiters = field(default_factory=AppliedWaiters)
     #: a seqlock over (store contents, position): odd while a batch is being applied.
@@ -76,6 +72,15 @@ class Replica:
     position_header: tuple[int, tuple[str, str]] | None = None
     #: held while a batch is applied: the fallback of a read that keeps meeting applies
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: caught up, and neither released nor reopening: what a plain read asks, kept by move()
+    #: as one attribute for the read path
+    serving: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        self._note_serving()
+
+    def _note_serving(self) -> None:
+        self.serving = self.freshness is Freshness.CURRENT and self.writes is not Writes.REOPENING
 
     def apply(self, writes: Sequence[Write]) -> None:
         """Apply a batch of the topic's next records to the store and move the position past
@@ -107,10 +112,53 @@ class Replica:
         with self.lock:
             return read(), self.position
 
+    def move(self, to: Freshness | Writes) -> None:
+        """Take one of its state machines to `to`; IllegalMove if that machine does not
+        allow it from where it is."""
+        if isinstance(to, Freshness):
+            check(self.freshness, to)
+            self.freshness = to
+        else:
+            check(self.writes, to)
+            self.writes = to
+        self._note_serving()
+
     def release(self) -> None:
         """Mark it released: readers holding it go elsewhere, waiting ones look again."""
-        self.closed = True
+        if self.freshness is not Freshness.RELEASED:
+            self.move(Freshness.RELEASED)
+            self.move(Writes.RELEASED)
         self.waiters.wake_all()
+
+    # -- what readers, routing and the heartbeat ask of it -----------------------------
+    @property
+    def caught_up(self) -> bool:
+        return self.freshness is Freshness.CURRENT
+
+    @property
+    def restored(self) -> bool:
+        """It reached its restore target once: what it holds is a whole prefix of the topic."""
+        return self.freshness is Freshness.CURRENT or self.freshness is Freshness.BEHIND
+
+    @property
+    def closed(self) -> bool:
+        """Released: its store is (being) closed and reads must go elsewhere."""
+        return self.freshness is Freshness.RELEASED
+
+    @property
+    def reopening(self) -> bool:
+        """Its store is being closed and opened again (after a failed write)."""
+        return self.writes is Writes.REOPENING
+
+    @property
+    def paused(self) -> bool:
+        """Taken off the consumer (after a failed write) until it is retried."""
+        return self.writes in PAUSED
+
+    @property
+    def failed(self) -> str | None:
+        """The error of its last store write while writes fail; None while they work."""
+        return self.error if self.writes in FAILING else None
 
     @property
     def lag(self) -> int:

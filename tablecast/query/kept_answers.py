@@ -109,9 +109,7 @@ class Answers:
         partition's first owner (or the table global)."""
         if (
             replica.stale_since is not None
-            or not replica.caught_up
-            or replica.closed
-            or replica.reopening
+            or not replica.serving
             or self._ingestor.tables.get(info.name) is not info  # dropped, or changed
         ):
             return False

@@ -105,10 +105,12 @@ class Local:
         :func:`tablecast.query.consistency.may_answer`)."""
         slot = (info.name, partition)
         replica = self.node.ingestor.replicas.get(slot)
-        if replica is None or replica.closed or replica.reopening:
+        if replica is None:
             return None
-        if replica.caught_up and opts.max_staleness_ms is None:  # nearly always
+        if replica.serving and opts.max_staleness_ms is None:  # nearly always
             return replica
+        if replica.closed or replica.reopening:
+            return None
         if may_answer(replica, opts, False):
             return replica
         if (

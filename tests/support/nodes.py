@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 from tablecast import serde
 from tablecast.cluster.replica import Replica
+from tablecast.cluster.replica_lifecycle import Freshness
 from tablecast.contract.table_info import TableInfo
 from tablecast.query.cursor import Cursors
 from tablecast.query.reads import Router
@@ -55,7 +56,7 @@ def history_router(store: str, tmp_path: Path, writes: list[Write]) -> Iterator[
     "rocksdb") that has applied `writes` and is caught up."""
     views = Views(HISTORY_MS, ())
     kept = MemoryStore(views) if store == "memory" else RocksDBStore(tmp_path, views)
-    replica = Replica(HISTORY_INFO, 0, kept, caught_up=True, restored=True)
+    replica = Replica(HISTORY_INFO, 0, kept, freshness=Freshness.CURRENT)
     replica.apply(writes)
     replica.end_offset = replica.position
     try:

@@ -16,6 +16,7 @@ import orjson
 import pytest
 
 from tablecast.cluster.replica import Replica
+from tablecast.cluster.replica_lifecycle import Freshness, Writes
 from tablecast.query.cursor import Cursors
 from tablecast.query.errors import ApiError
 from tablecast.query.kept_answers import (
@@ -36,7 +37,7 @@ PATH = "/v1/tables/t/keys/k"
 
 
 def _setup(max_bytes: int = 1 << 20) -> tuple[Router, Answers, Replica, OneReplicaNode]:
-    replica = Replica(INFO, 0, MemoryStore(), caught_up=True, restored=True)
+    replica = Replica(INFO, 0, MemoryStore(), freshness=Freshness.CURRENT)
     replica.apply([Write(b"k", orjson.dumps("v0"), 0, 0), Write(b"j", b"1", 1, 0)])
     replica.end_offset = replica.position
     node = OneReplicaNode(INFO, replica)
@@ -91,9 +92,9 @@ def test_a_new_topic_end_ends_it_lag_is_in_the_headers() -> None:
     "change",
     [
         lambda r, n: setattr(r, "stale_since", 1.0),
-        lambda r, n: setattr(r, "caught_up", False),
+        lambda r, n: r.move(Freshness.BEHIND),
         lambda r, n: r.release(),
-        lambda r, n: setattr(r, "reopening", True),
+        lambda r, n: [r.move(Writes.FAILED), r.move(Writes.REOPENING)],
         lambda r, n: n.view.target.__setitem__(("t", 0), ["peer", "me"]),
         lambda r, n: n.ingestor.tables.__setitem__("t", dataclasses.replace(INFO)),
         lambda r, n: n.ingestor.tables.pop("t"),

@@ -17,6 +17,7 @@ from tablecast.cluster.membership import Member
 from tablecast.cluster.node import Node as ClusterNode
 from tablecast.cluster.node import NodeConfig
 from tablecast.cluster.replica import Replica
+from tablecast.cluster.replica_lifecycle import Freshness
 from tablecast.contract.table_info import TableInfo
 from tablecast.http.app import HttpApp
 from tablecast.query.consistency import NO_OPTIONS
@@ -87,7 +88,7 @@ class Sink:
 def _setup(
     view: View, info: TableInfo = INFO, forwarding: str = "short"
 ) -> tuple[Router, Replica, Peers]:
-    replica = Replica(info, 0, MemoryStore(), caught_up=True, restored=True)
+    replica = Replica(info, 0, MemoryStore(), freshness=Freshness.CURRENT)
     replica.apply([Write(b"k", orjson.dumps("here"), 0, 0)])
     peers = Peers()
     node = Node(replica, view, info)
@@ -114,7 +115,8 @@ def test_the_peer_is_the_routers_first_choice(
     owners: list[str], held: list[Member], readable: bool
 ) -> None:
     router, replica, _ = _setup(View({("t", 0): owners}, held))
-    replica.closed = not readable
+    if not readable:
+        replica.release()
     choices = router.routing.choices(INFO, 0, Request({}, "", {}), NO_OPTIONS)
     first = choices[0] if choices else None
     expected = first if isinstance(first, Member) else None
@@ -142,7 +144,7 @@ def test_forwarding_is_one_of_three() -> None:
 def test_a_global_table_is_never_forwarded_on_the_short_path() -> None:
     info = TableInfo(**{**orjson.loads(INFO.to_json()), "is_global": True})
     router, replica, _ = _setup(View({("t", 0): ["peer1"]}, [PEER1]), info)
-    replica.closed = True
+    replica.release()
     assert router.routing.first_peer(info, 0) is None
 
 
@@ -152,7 +154,7 @@ def test_a_path_takes_the_short_path_once_the_router_forwarded_it() -> None:
 
     async def main() -> None:
         router, replica, peers = _setup(View({("t", 0): ["peer1"]}, [PEER1]))
-        replica.closed = True
+        replica.release()
         node = router.node
         forwards = router.forwards
         assert forwards is not None
@@ -171,10 +173,11 @@ def test_a_path_takes_the_short_path_once_the_router_forwarded_it() -> None:
         assert peers.asked == ["http://127.0.0.1:2/v1/tables/t/keys/a%2Fb"] * 2
         # the partition is this node's now: the router's way
         node.view.target = {("t", 0): [ME_ID, "peer1"]}
-        replica.closed = False
+        replica = Replica(INFO, 0, replica.store, freshness=Freshness.CURRENT)
+        node.ingestor.replicas[("t", 0)] = replica
         assert forwards.send(path, Sink()) is None
         # the table changed in the catalog: the plan is dropped
-        replica.closed = True
+        replica.release()
         sink = Sink()
         assert forwards.send(path, sink) is not None
         await sink.answer
@@ -188,7 +191,7 @@ def test_a_path_takes_the_short_path_once_the_router_forwarded_it() -> None:
 
 def test_a_read_its_peer_did_not_answer_goes_to_the_other_choices() -> None:
     router, replica, peers = _setup(View({("t", 0): ["peer1"]}, [PEER1, PEER2]))
-    replica.closed = True
+    replica.release()
     peers.down.add(PEER1.url)
 
     async def main() -> Any:

@@ -15,6 +15,7 @@ import orjson
 
 from tablecast.cluster.membership import Member
 from tablecast.cluster.replica import Replica
+from tablecast.cluster.replica_lifecycle import Freshness, Writes
 from tablecast.query.cursor import Cursors
 from tablecast.query.errors import ApiError
 from tablecast.query.reads import Router
@@ -65,7 +66,7 @@ class Node:
 
 def _setup() -> tuple[Router, Replica, Peers]:
     store = MemoryStore()
-    replica = Replica(INFO, 0, store, caught_up=True, restored=True)
+    replica = Replica(INFO, 0, store, freshness=Freshness.CURRENT)
     replica.apply([Write(b"k", orjson.dumps("here"), 0, 0)])
     peers = Peers()
     router = Router(Node(replica), Cursors(b"s" * 32), peers)  # type: ignore[arg-type]
@@ -79,6 +80,13 @@ def _get(router: Router) -> Any:
     return answer
 
 
+def reopen(replica: Replica) -> None:
+    """What the ingest thread does after a failed write: its store is closed and opened
+    again."""
+    replica.move(Writes.FAILED)
+    replica.move(Writes.REOPENING)
+
+
 def test_a_store_closed_under_a_read_sends_it_to_the_peer() -> None:
     router, replica, peers = _setup()
     assert orjson.loads(_get(router)[1])["value"] == "here"
@@ -87,7 +95,7 @@ def test_a_store_closed_under_a_read_sends_it_to_the_peer() -> None:
 
     def reopened_meanwhile(key: bytes) -> Any:
         # the ingest thread's reopen, between the read's replica lookup and its store read
-        replica.reopening = True
+        reopen(replica)
         store.close()
         return get(key)
 
@@ -99,10 +107,10 @@ def test_a_store_closed_under_a_read_sends_it_to_the_peer() -> None:
 
 def test_a_replica_being_reopened_is_not_read_at_all() -> None:
     router, replica, peers = _setup()
-    replica.reopening = True
+    reopen(replica)
     status, body, _ = _get(router)
     assert status == 200 and body == PEER_BODY
-    replica.reopening = False
+    replica.move(Writes.RETRYING)  # its store is open again
     assert orjson.loads(_get(router)[1])["value"] == "here"
     assert len(peers.asked) == 1
 
@@ -110,7 +118,7 @@ def test_a_replica_being_reopened_is_not_read_at_all() -> None:
 def test_a_closed_store_and_no_peer_is_still_503_after_the_grace() -> None:
     router, replica, peers = _setup()
     router.node.view.candidates = lambda slot: []  # type: ignore[method-assign]
-    replica.reopening = True  # and it stays so: opening the store again failed
+    reopen(replica)  # and it stays so: opening the store again failed
     replica.store.close()
     try:
         _get(router)

@@ -19,6 +19,7 @@ from tablecast import serde
 from tablecast.cluster.membership import Member
 from tablecast.cluster.node import NodeConfig
 from tablecast.cluster.replica import Replica
+from tablecast.cluster.replica_lifecycle import Freshness
 from tablecast.contract.table_info import TableInfo
 from tablecast.http.http1 import LoopServer
 from tablecast.live import sinks, tcpdiag
@@ -73,7 +74,7 @@ class Client:
 
 
 def _live(tmp: Path, watches: int = 64, waits: int = 16) -> tuple[Live, Replica]:
-    replica = Replica(INFO, 0, MemoryStore(), caught_up=True, restored=True)
+    replica = Replica(INFO, 0, MemoryStore(), freshness=Freshness.CURRENT)
     replica.apply([Write(b"k%d" % i, orjson.dumps(i), i, i) for i in range(3)])
     node = Node(replica, tmp, watches)
     router = Router(node, Cursors(b"s" * 32), None, WaitSlots(waits))  # type: ignore[arg-type]
