@@ -1,11 +1,12 @@
 """Ingestion: one consumer thread per node keeps the node's replicas current.
 
-It follows the catalog for tables, holds exactly the partitions the
-coordinator puts in :attr:`Ingestor.desired` (restoring new ones from their
-store's applied offset, dropping released ones), reads them in batches
-(``consume(n)`` is tens of times faster than one ``poll`` per record), applies
-each partition's slice of a batch to its store in one call, and marks a
-replica caught up when it reaches the end of its partition.
+It follows the catalog for tables (:mod:`tablecast.cluster.catalog_follow`),
+holds exactly the partitions the coordinator puts in :attr:`Ingestor.desired`
+(restoring new ones from their store's applied offset, dropping released ones),
+reads them in batches (``consume(n)`` is tens of times faster than one ``poll``
+per record), applies each partition's slice of a batch to its store in one
+call, and judges each replica's freshness (:mod:`tablecast.cluster.freshness`):
+caught up once it reaches the end of its partition.
 
 What can go wrong is contained per partition:
 
@@ -16,7 +17,8 @@ What can go wrong is contained per partition:
 - a store write that fails (disk full, an I/O error) stops that partition at the
   failed batch: it is taken off the consumer, keeps answering from what it
   holds, and is retried with backoff (a RocksDB store is reopened once the disk
-  has room), so it resumes with no gap when the cause clears;
+  has room), so it resumes with no gap when the cause clears
+  (:mod:`tablecast.cluster.write_recovery`);
 - a catalog entry whose topic is missing or has another partition count is
   left out until it is right, and a partition that cannot be opened is retried;
 - a replica behind a topic end the broker keeps confirming stops counting as
@@ -31,15 +33,12 @@ another thread can iterate them safely.
 from __future__ import annotations
 
 import logging
-import shutil
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from functools import partial
-from pathlib import Path
 
-import orjson
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
@@ -49,9 +48,10 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from tablecast.cluster import freshness, write_recovery
+from tablecast.cluster.catalog_follow import CatalogFollower
 from tablecast.cluster.fetchwatch import FetchWatch
-from tablecast.cluster.replica import FRESH_S, STALL_S, Replica
-from tablecast.cluster.replica_lifecycle import Freshness, Writes
+from tablecast.cluster.replica import Replica
 from tablecast.cluster.topicinfo import TopicInfo
 from tablecast.cluster.validate import Check, checker
 from tablecast.contract import index_codec
@@ -61,7 +61,7 @@ from tablecast.kafka import batches
 from tablecast.kafka.catalog import CatalogReader
 from tablecast.kafka.config import client_conf
 from tablecast.kafka.deafness import DeafCheck, close_in_background
-from tablecast.store import Write
+from tablecast.store import PartitionStore, Write
 
 log = logging.getLogger(__name__)
 
@@ -77,13 +77,6 @@ FAILED_ENDS_EVERY_S = 1.0
 PROGRESS_EVERY_S = 5.0
 #: how long a partition end below a store's offset must persist before the store is wiped
 SHORT_END_CONFIRM_S = 15.0
-#: a store's in-sync time is written at most this often while it is current
-SYNC_EVERY_S = 30.0
-#: retries of a failed write wait 1, 2, 4 ... up to this many seconds (a retry while
-#: the disk is still full costs one statfs)
-MAX_BACKOFF_S = 10.0
-#: free bytes a RocksDB store's disk needs before it is reopened after a failed write
-REOPEN_FREE_BYTES = 8 * 1024 * 1024
 #: bad records logged line by line per table; later ones are only counted
 BAD_LOGGED_PER_TABLE = 100
 OPEN_RETRY_S = 2.0
@@ -101,7 +94,6 @@ class Ingestor:
         drop_released_after_s: float = 600.0,
     ) -> None:
         self.bootstrap_servers = bootstrap_servers
-        self.catalog = CatalogReader(bootstrap_servers, app_id)
         self._new_replica = new_replica
         self._drop_store = drop_store
         self._stored_slots = stored_slots
@@ -114,10 +106,8 @@ class Ingestor:
         self._checks: dict[str, Check] = {}
         #: topic -> the table's index names, for tables that have indexes
         self._indexed: dict[str, tuple[str, ...]] = {}
-        self._catalog_seen: dict[str, TableInfo] = {}
-        #: catalog entries left out, with why (logged once per reason)
-        self.left_out: dict[str, str] = {}
         self._topics = TopicInfo(bootstrap_servers)
+        self.follower = CatalogFollower(CatalogReader(bootstrap_servers, app_id), self._topics)
         self._group = f"tablecast-node-{app_id}-{node_id}"
         self._consumer = self._new_consumer()
         self._fetches = FetchWatch()
@@ -204,49 +194,23 @@ class Ingestor:
 
     # -- tables ----------------------------------------------------------------
     def _follow_catalog(self) -> None:
-        known = self.catalog.poll(timeout=0.0 if self.catalog.loaded else 1.0)
-        if known == self._catalog_seen and not self.left_out:
+        usable = self.follower.usable(self.tables)
+        if usable is None:
             return
-        unverified = [i for n, i in known.items() if self.tables.get(n) != i]
-        counts: dict[str, int | None] = {}
-        if unverified:
-            try:
-                counts = self._topics.partitions([i.topic for i in unverified])
-            except Exception as e:  # Kafka unreachable: keep what is known, ask again later
-                log.debug("cannot list topics: %s", e)
-                return
-        usable: dict[str, TableInfo] = {}
-        left_out: dict[str, str] = {}
-        for name, info in known.items():
-            if self.tables.get(name) == info:
-                usable[name] = info
-                continue
-            count = counts.get(info.topic)
-            if count is None:
-                left_out[name] = f"its topic {info.topic} does not exist"
-            elif count != info.partitions:
-                left_out[name] = (
-                    f"the catalog says {info.partitions} partitions, topic {info.topic} has {count}"
-                )
-            else:
-                usable[name] = info
-        for name, why in left_out.items():
-            if self.left_out.get(name) != why:
-                log.warning("table %r is left out until fixed: %s", name, why)
-        for name in self.left_out.keys() - left_out.keys():
-            if name in usable:
-                log.info("table %r is usable now", name)
-        self.left_out = left_out
-        self._catalog_seen = dict(known)
-        if usable != self.tables:
-            for name in usable.keys() - self.tables.keys():
-                info = usable[name]
-                log.info("table %r (%d partitions) from %s", name, info.partitions, info.topic)
-            self._checks = {i.topic: checker(i) for i in usable.values()}
-            self._by_topic = {t.topic: t for t in usable.values()}
-            self._indexed = {i.topic: i.indexes for i in usable.values() if i.indexes}
-            self._restart_changed_views(usable)
-            self.tables = usable
+        self._checks = {i.topic: checker(i) for i in usable.values()}
+        self._by_topic = {t.topic: t for t in usable.values()}
+        self._indexed = {i.topic: i.indexes for i in usable.values() if i.indexes}
+        self._restart_changed_views(usable)
+        self.tables = usable
+
+    @property
+    def catalog(self) -> CatalogReader:
+        return self.follower.catalog
+
+    @property
+    def left_out(self) -> dict[str, str]:
+        """Catalog entries left out, with why (tablecast.cluster.catalog_follow)."""
+        return self.follower.left_out
 
     def _restart_changed_views(self, usable: dict[str, TableInfo]) -> None:
         """A table whose history or indexes the catalog changed is restored from its topic:
@@ -462,7 +426,7 @@ class Ingestor:
                 self._write_failed(replica, writes, e)
                 continue
             if replica.failed is not None:
-                self._recovered(replica)
+                write_recovery.recovered(replica)
             replica.end_offset = max(replica.end_offset, replica.position)
             self.records_applied += len(writes)
             # waiters count in offsets applied: everything below the position is
@@ -555,128 +519,31 @@ class Ingestor:
 
     def _reached_end(self, topic: str, partition: int, offset: int) -> None:
         replica = self._replica(topic, partition)
-        if replica is None or replica.paused:
-            return
-        now = time.monotonic()
-        replica.position = max(replica.position, offset)
-        replica.end_offset = max(replica.end_offset, offset)
-        replica.end_seen_at = replica.current_at = now
-        replica.stale_since = None
-        # the end may lie past the last record (compacted away): reads waiting for it are due
-        replica.waiters.advanced(replica.position - 1)
-        if replica.freshness is Freshness.WARMING and replica.position >= replica.restore_target:
-            replica.move(Freshness.CURRENT)
-            log.info(
-                "table %r partition %d caught up at offset %d",
-                replica.table.name,
-                partition,
-                offset,
-            )
+        if replica is not None and not replica.paused:
+            freshness.reached_end(replica, offset, time.monotonic())
 
     def _on_stats(self, text: str) -> None:
-        """librdkafka's statistics (on this thread, inside consume): each partition's high
-        watermark as of the last fetch, trusted while its leader's connection is up."""
-        try:
-            stats = orjson.loads(text)
-            up = {
-                b.get("nodeid") for b in stats.get("brokers", {}).values() if b.get("state") == "UP"
-            }
-            now = time.monotonic()
-            for topic, t in stats.get("topics", {}).items():
-                info = self._by_topic.get(topic)
-                if info is None:
-                    continue
-                for part in t.get("partitions", {}).values():
-                    slot = (info.name, part.get("partition", -1))
-                    replica = self.replicas.get(slot)
-                    hi = part.get("hi_offset", -1)
-                    if replica is None or replica.paused:
-                        continue
-                    leader_up, state = part.get("leader") in up, part.get("fetch_state", "")
-                    self._fetches.observe(slot, now, leader_up, state, hi, replica.position)
-                    if hi < 0 or not leader_up or state != "active":
-                        continue
-                    replica.end_offset = max(replica.end_offset, hi)
-                    replica.end_seen_at = now
-        except Exception as e:  # statistics are advisory: never let them break consuming
-            log.debug("unreadable consumer statistics: %s", e)
+        """librdkafka's statistics (on this thread, inside consume)."""
+        freshness.note_statistics(
+            text, self._by_topic, self.replicas, self._fetches, time.monotonic()
+        )
 
     # -- freshness -----------------------------------------------------------------
     def _assess(self, now: float) -> None:
         """Staleness and caught-up state of every replica, from what the broker last confirmed."""
         wall_ms = time.time() * 1000
-        for r in list(self.replicas.values()):
-            fresh = now - r.end_seen_at <= FRESH_S
-            at_end = r.position >= r.end_offset
-            if at_end and r.end_seen_at > r.current_at:
-                r.current_at = r.end_seen_at
-            r.stale_since = None if (at_end and fresh) else (r.current_at or r.opened_at)
-            if not r.restored:
-                continue
-            if r.caught_up:
-                # behind an end the broker keeps confirming: this replica is falling behind
-                # (an unreachable broker confirms nothing, so an outage keeps it serving)
-                if fresh and not at_end and now - r.current_at > STALL_S:
-                    r.move(Freshness.BEHIND)
-                    log.warning(
-                        "table %r partition %d is falling behind (lag %d%s); "
-                        "it no longer counts as caught up",
-                        r.table.name,
-                        r.partition,
-                        r.lag,
-                        f", store writes failing: {r.failed}" if r.failed else "",
-                    )
-            elif at_end and fresh and r.failed is None:
-                r.move(Freshness.CURRENT)
-                log.info("table %r partition %d is caught up again", r.table.name, r.partition)
-            if r.stale_since is None and now - r.synced_at >= SYNC_EVERY_S and r.failed is None:
-                try:
-                    r.store.mark_synced(int(wall_ms - (now - r.current_at) * 1000))
-                    r.synced_at = now
-                except Exception as e:  # a store that cannot write says so on its next apply
-                    log.debug("cannot record the sync time of %s/%d: %s", *_slot(r), e)
+        for replica in list(self.replicas.values()):
+            freshness.judge(replica, now, wall_ms)
 
-    # -- failed writes -------------------------------------------------------------
+    # -- failed writes (tablecast.cluster.write_recovery) ---------------------------
     def _write_failed(self, replica: Replica, writes: list[Write], error: Exception) -> None:
-        first = replica.failed is None
-        replica.failures += 1
-        replica.error = f"{type(error).__name__}: {error}"[:500]
-        replica.failed_offset = writes[0].offset
-        replica.end_offset = max(replica.end_offset, writes[-1].offset + 1)
+        write_recovery.failed(replica, writes, error)
         self.write_failures += 1
-        delay = min(MAX_BACKOFF_S, 2.0 ** min(replica.failures - 1, 5))
-        replica.retry_at = time.monotonic() + delay
         # off the consumer: what it had fetched beyond the failed batch is dropped, and
         # the partition is assigned again at the failed batch when it is retried
-        replica.move(Writes.FAILED)
         self._consumer.incremental_unassign(
             [TopicPartition(replica.table.topic, replica.partition)]
         )
-        if first:
-            log.error(
-                "table %r partition %d: writing offsets %d..%d to the store failed: %s; "
-                "the partition stops there, keeps answering from what it holds, "
-                "and is retried until the write succeeds",
-                replica.table.name,
-                replica.partition,
-                writes[0].offset,
-                writes[-1].offset,
-                replica.failed,
-            )
-        else:
-            log.debug("%s/%d: retry failed: %s", *_slot(replica), replica.failed)
-
-    def _recovered(self, replica: Replica) -> None:
-        log.info(
-            "table %r partition %d: store writes work again after %d failure(s); "
-            "continuing from offset %d",
-            replica.table.name,
-            replica.partition,
-            replica.failures,
-            replica.failed_offset,
-        )
-        replica.move(Writes.WRITING)
-        replica.failures = 0
 
     def _retry_failed(self, now: float) -> None:
         for replica in list(self.replicas.values()):
@@ -689,39 +556,14 @@ class Ingestor:
                 replica.end_seen_at = now
             except Exception as e:
                 log.debug("end of %s/%d unknown: %s", *_slot(replica), e)
-            if replica.retry_at > now:
-                continue
-            if not self._reopen(replica):
-                replica.retry_at = now + min(MAX_BACKOFF_S, 2.0 ** min(replica.failures, 5))
-                continue
-            replica.move(Writes.RETRYING)
-            self._consumer.incremental_assign(
-                [TopicPartition(replica.table.topic, replica.partition, replica.position)]
-            )
+            reopen = partial(self._reopened_store, replica)
+            if write_recovery.retry(replica, now, reopen):
+                self._consumer.incremental_assign(
+                    [TopicPartition(replica.table.topic, replica.partition, replica.position)]
+                )
 
-    def _reopen(self, replica: Replica) -> bool:
-        """A RocksDB store refuses writes after a failed one until reopened; reopen it once
-        its disk has room again. False: not yet."""
-        path = durable_path(replica.store)
-        if path is None:
-            return True  # a memory store has nothing to reopen
-        try:
-            if shutil.disk_usage(path).free < REOPEN_FREE_BYTES:
-                return False
-        except OSError:
-            return False
-        # closing first: RocksDB allows one open instance per directory. Until the new store
-        # is in place (also while a failed reopen is retried) reads go to a peer holding the
-        # partition, or wait the routing's grace for this one
-        if replica.writes is not Writes.REOPENING:  # else a reopen that failed, tried again
-            replica.move(Writes.REOPENING)
-        try:
-            replica.store.close()
-            replica.store = self._new_replica(replica.table, replica.partition, False).store
-        except Exception as e:
-            log.warning("reopening the store of %s/%d failed: %s", *_slot(replica), e)
-            return False
-        return True
+    def _reopened_store(self, replica: Replica) -> PartitionStore:
+        return self._new_replica(replica.table, replica.partition, False).store
 
     def _note_progress(self) -> None:
         restoring = [r for r in self.replicas.values() if not r.restored]
@@ -736,13 +578,6 @@ class Ingestor:
             total,
             100.0 * done / max(total, 1),
         )
-
-
-def durable_path(store: object) -> Path | None:
-    """Where a RocksDB store (behind its read cache or not) keeps its files; None for memory."""
-    inner = getattr(store, "inner", store)  # a read cache in front of the durable store
-    path = getattr(inner, "path", None)
-    return path if isinstance(path, Path) else None
 
 
 def _slot(replica: Replica) -> Slot:

@@ -1,13 +1,6 @@
-"""A replica: one node's copy of one table partition, how far behind the topic it is, and how fresh.
-
-Freshness is judged against what the broker last said the topic's end was:
-``end_seen_at`` is when the broker last confirmed ``end_offset`` (a fetch
-reaching the end, or the consumer's statistics), ``current_at`` the time of the
-latest such confirmation at which the replica had applied everything up to it.
-So a replica cut off from Kafka keeps its ``caught_up`` (it answers from what
-it holds) while its staleness grows, whereas one whose own writes fail falls
-behind a topic end the broker keeps confirming, and stops counting as caught up.
-"""
+"""A replica: one node's copy of one table partition, how far behind the topic it is, and how
+fresh (judged by :mod:`tablecast.cluster.freshness`; its states are
+:mod:`tablecast.cluster.replica_lifecycle`'s)."""
 
 from __future__ import annotations
 
@@ -22,10 +15,6 @@ from tablecast.cluster.replica_lifecycle import FAILING, PAUSED, Freshness, Writ
 from tablecast.contract.table_info import TableInfo
 from tablecast.store import PartitionStore, Write
 
-#: an end confirmed by the broker this recently is fresh (statistics come every second)
-FRESH_S = 2.5
-#: a caught-up replica behind a fresh topic end for this long stops counting as caught up
-STALL_S = 5.0
 #: tries of a read without the apply lock before it takes the lock
 OPTIMISTIC_TRIES = 3
 

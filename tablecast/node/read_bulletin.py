@@ -20,8 +20,8 @@ from typing import Any
 
 import orjson
 
-from tablecast.cluster.ingest import durable_path
 from tablecast.cluster.node import Node
+from tablecast.cluster.write_recovery import durable_path
 from tablecast.query.consistency import NO_OPTIONS
 from tablecast.query.local import Local
 from tablecast.query.ownership import PLAIN, Routing
