@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 import tablecast as tc
 from tablecast import serde
 
-from ..support.procs import eventually, start_node
+from ..support.procs import eventually, start_node, stop_all
 from .tables import make_table
 
 pytestmark = pytest.mark.integration
@@ -64,8 +64,7 @@ def test_hs256_on_two_nodes_and_forwarding(bootstrap: str, unique: str, logs: Pa
             assert client.get("kv", "k7")["value"] == {"i": 7}
             assert client.count("kv") == 60
     finally:
-        for n in nodes:
-            n.stop()
+        stop_all(nodes)
 
 
 def test_jwks_file(bootstrap: str, unique: str, logs: Path, tmp_path: Path) -> None:

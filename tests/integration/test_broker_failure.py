@@ -30,7 +30,7 @@ from tablecast.cli.supervisor import stop_process
 from tablecast.kafka.dev_cluster import KafkaCluster
 from tablecast.kafka.topics import ensure_topic
 
-from ..support.procs import eventually, start_node
+from ..support.procs import eventually, start_node, stop_all
 
 pytestmark = pytest.mark.integration
 
@@ -182,8 +182,7 @@ def test_leader_broker_stops_and_returns(unique: str, tmp_path: Path) -> None:
         assert failed == 0, (outcomes, why)
     finally:
         stop.set()
-        for n in nodes:
-            n.stop()
+        stop_all(nodes)
         for p in procs:
             stop_process(p, signal.SIGTERM, 60)
         cluster.stop()

@@ -24,7 +24,7 @@ import pytest
 from tablecast import serde
 from tablecast.client import Client
 
-from ..support.procs import NodeProcess, eventually, start_node
+from ..support.procs import NodeProcess, eventually, start_node, stop_all
 from .tables import Logged, make_table, write_logged, write_windows
 
 pytestmark = pytest.mark.integration
@@ -120,8 +120,7 @@ def cluster(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         with httpx.Client(timeout=30.0) as http:
             yield Cluster(nodes, ids, base, http)
     finally:
-        for n in nodes:
-            n.stop()
+        stop_all(nodes)
 
 
 def _pages(http: httpx.Client, url: str, params: dict[str, str]) -> tuple[list[Any], set[str]]:

@@ -19,7 +19,7 @@ import tablecast as tc
 from tablecast import serde
 from tablecast.kafka.broker import free_port
 
-from ..support.procs import NodeProcess, eventually, start_node
+from ..support.procs import NodeProcess, eventually, start_node, stop_all
 from .tables import TableModel, make_table
 
 pytestmark = pytest.mark.integration
@@ -186,8 +186,7 @@ def cluster(bootstrap: str, unique: str, logs: Path):  # type: ignore[no-untyped
         eventually(lambda: c.settled(3), timeout=60)
         yield c, model
     finally:
-        for node in c.starting:
-            node.stop()
+        stop_all(c.starting)
 
 
 def test_every_node_answers_every_key_identically(cluster) -> None:  # type: ignore[no-untyped-def]
@@ -379,5 +378,4 @@ def test_two_nodes_started_together_answer_every_read_once_ready(
         assert reads > 20
         assert not failures, failures[:5]
     finally:
-        for node in nodes:
-            node.stop()
+        stop_all(nodes)

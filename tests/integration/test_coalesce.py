@@ -19,7 +19,7 @@ from tablecast.query.coalesce import ANSWERS_PATH, BATCH_PATH
 from tablecast.query.peer_pool import PeerPool
 from tablecast.query.request import HOP
 
-from ..support.procs import NodeProcess, eventually, start_node
+from ..support.procs import NodeProcess, eventually, start_node, stop_all
 from .tables import make_table
 
 pytestmark = pytest.mark.integration
@@ -169,5 +169,4 @@ def test_reads_forwarded_together_answer_as_alone(
             )
             assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden", r.text
     finally:
-        for node in nodes:
-            node.stop()
+        stop_all(nodes)

@@ -46,7 +46,7 @@ from tablecast.kafka.topics import STATUS_CONFIG, dlq_topic, ensure_topic, statu
 from tablecast.proto import tables_pb2 as pb
 from tablecast.query.auth import JWKS_TIMEOUT_S
 
-from ..support.procs import NodeProcess, eventually, start_node
+from ..support.procs import NodeProcess, eventually, start_node, stop_all
 from ..support.sse import Stream, read_to_end
 from ..support.ws import WebSocket
 from .tables import TableModel, make_table
@@ -380,8 +380,7 @@ def cluster(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             node.wait_caught_up(bootstrap, "live", live.info.topic)
         yield Cluster(nodes, {"loop": f"127.0.0.1:{grpc_port}"}, kv, big, live, app)
     finally:
-        for node in nodes.values():
-            node.stop()
+        stop_all(nodes.values())
 
 
 # -- the cases ---------------------------------------------------------------------------
@@ -1103,8 +1102,7 @@ def open_cluster(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> It
         time.sleep(1.5)  # the buckets the settling spent refill
         yield Open(a, b, keys, kv)
     finally:
-        for node in (a, b):
-            node.stop()
+        stop_all((a, b))
 
 
 def _from(host: str) -> httpx.Client:
@@ -1207,8 +1205,7 @@ def slow_idp(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             node.wait_ready()
         yield SlowIdp(nodes, f"127.0.0.1:{grpc_port}")
     finally:
-        for node in nodes.values():
-            node.stop()
+        stop_all(nodes.values())
         stop.set()
         acceptor.join(5)
         for s in [*held, idp]:

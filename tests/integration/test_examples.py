@@ -20,7 +20,7 @@ import tablecast as tc
 from tablecast.cli.appfile import load_module
 from tablecast.kafka.topics import COMPACTED, ensure_topic, table_topic
 
-from ..support.procs import NodeProcess, start_node
+from ..support.procs import NodeProcess, start_node, stop_all
 from .kafka_io import produce, read_all
 
 pytestmark = pytest.mark.integration
@@ -56,8 +56,7 @@ class Run:
                 node.wait_caught_up(self.bootstrap, table, table_topic(self.app.id, table))
 
     def stop(self) -> None:
-        for node in self.nodes:
-            node.stop()
+        stop_all(self.nodes)
         self.pipeline.stop()
 
 

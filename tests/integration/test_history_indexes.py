@@ -23,7 +23,7 @@ from tablecast import serde
 from tablecast.contract import index_codec
 from tablecast.contract.partitioner import partition_for
 
-from ..support.procs import NodeProcess, eventually, start_node
+from ..support.procs import NodeProcess, eventually, start_node, stop_all
 from .history_model import TopicModel, position, value_of
 from .tables import Logged, make_table, write_logged
 
@@ -87,8 +87,7 @@ class Cluster:
         return node
 
     def stop(self) -> None:
-        for n in self.nodes:
-            n.stop()
+        stop_all(self.nodes)
 
 
 def _base() -> int:

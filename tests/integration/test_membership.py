@@ -27,7 +27,7 @@ from tablecast.kafka.broker import free_port
 from tablecast.kafka.topics import members_topic
 
 from ..support.apt import FAKETIME_LIB, faketime
-from ..support.procs import NodeProcess, eventually, start_node
+from ..support.procs import NodeProcess, eventually, start_node, stop_all
 from .tables import make_table
 
 pytestmark = pytest.mark.integration
@@ -150,8 +150,7 @@ def test_forged_member_records_and_tombstones_are_ignored(
         eventually(lambda: "ghost" in members(nodes[0]), timeout=10)
     finally:
         ghost.close()
-        for n in nodes:
-            n.stop()
+        stop_all(nodes)
 
 
 def test_a_replayed_record_does_not_bring_a_killed_node_back(
@@ -183,8 +182,7 @@ def test_a_replayed_record_does_not_bring_a_killed_node_back(
         never(lambda: victim_id in members(extra[0]), 4.0)
         assert members(extra[0]) == {node_id(n) for n in (*nodes, *extra)}
     finally:
-        for n in (*nodes, *extra):
-            n.stop()
+        stop_all((*nodes, *extra))
 
 
 def read_records(bootstrap: str, topic: str, key: str) -> list[tuple]:  # type: ignore[type-arg]
@@ -253,8 +251,7 @@ def test_nodes_with_clocks_30_s_apart_see_each_other(
         for n in nodes:
             assert n.get("/readyz").status_code == 200
     finally:
-        for n in nodes:
-            n.stop()
+        stop_all(nodes)
 
 
 def latest_timestamps(bootstrap: str, topic: str) -> dict[str, int]:

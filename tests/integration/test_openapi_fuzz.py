@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 
 from tablecast import serde
 
-from ..support.procs import NodeProcess, eventually, start_node
+from ..support.procs import NodeProcess, eventually, start_node, stop_all
 from . import policy_oracle
 from .tables import Logged, make_table, write_logged
 
@@ -121,8 +121,7 @@ def two_nodes(request, bootstrap: str, tmp_path_factory: pytest.TempPathFactory)
         eventually(lambda: len({_owner(n, "k1") for n in nodes}) == 1, timeout=30)
         yield nodes, headers, mode
     finally:
-        for n in nodes:
-            n.stop()
+        stop_all(nodes)
 
 
 def _owner(node: NodeProcess, key: str) -> str | None:

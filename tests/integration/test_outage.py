@@ -26,7 +26,7 @@ import pytest
 from tablecast import serde
 from tablecast.kafka.broker import Broker, free_port
 
-from ..support.procs import NodeProcess, eventually, start_node
+from ..support.procs import NodeProcess, eventually, start_node, stop_all
 from .tables import TableModel, make_table
 
 pytestmark = pytest.mark.integration
@@ -187,8 +187,7 @@ def test_reads_and_readiness_survive_a_kafka_outage(own_broker: Broker, unique: 
         assert settled(nodes[0], 3)
         assert [restores(n) for n in nodes] == before
     finally:
-        for n in nodes:
-            n.stop()
+        stop_all(nodes)
 
 
 def test_sigterm_leaves_at_once(bootstrap: str, unique: str, logs: Path) -> None:
@@ -228,8 +227,7 @@ def test_sigterm_leaves_at_once(bootstrap: str, unique: str, logs: Path) -> None
         log = nodes[0].log_file.read_text()
         assert f"node {leaving_id} left" in log and f"node {leaving_id} is dead" not in log
     finally:
-        for n in [*nodes, leaving]:
-            n.stop()
+        stop_all([*nodes, leaving])
 
 
 def test_a_starting_pipeline_waits_out_a_broker_outage(own_broker: Broker, unique: str) -> None:

@@ -31,7 +31,7 @@ from tablecast.kafka.topics import ensure_topic
 from tablecast.pipeline.run.pipeline import Pipeline
 from tests import reference_model as ref
 
-from ..support.procs import eventually, start_node
+from ..support.procs import eventually, start_node, stop_all
 from .kafka_io import produce
 from .test_pipeline_support import CUMULATIVE, read_table, read_topic
 
@@ -345,8 +345,7 @@ def test_every_node_answers_every_key_of_a_global_table_itself(
             absent = node.get("/v1/tables/products/keys/nope")
             assert absent.status_code == 404
     finally:
-        for node in nodes:
-            node.stop()
+        stop_all(nodes)
 
 
 def test_joined_records_written_twice_are_counted_once(joins: Joins, bootstrap: str) -> None:

@@ -23,7 +23,7 @@ from tablecast import serde
 from tablecast.cluster.signing import Signer
 from tablecast.query.peer_pool import SIGNATURE, signed_parts
 
-from ..support.procs import NodeProcess, eventually, start_node
+from ..support.procs import NodeProcess, eventually, start_node, stop_all
 from .kafka_io import produce
 from .tables import TableModel, make_table, write_windows
 
@@ -114,8 +114,7 @@ def cluster(bootstrap: str, tmp_path_factory: pytest.TempPathFactory):  # type: 
         _both_serve(nodes, "alice/01", ADMIN)
         yield nodes, kv, audit
     finally:
-        for n in nodes:
-            n.stop()
+        stop_all(nodes)
 
 
 def test_key_reads_answer_only_granted_keys_on_every_node(cluster) -> None:  # type: ignore[no-untyped-def]
@@ -306,8 +305,7 @@ def test_a_peer_with_the_cluster_secret_gets_only_the_callers_rows(
                         rows.update((bytes.fromhex(k).decode(), v) for k, v in r.json()["items"])
         assert rows == _rows(kv, "alice")
     finally:
-        for n in nodes:
-            n.stop()
+        stop_all(nodes)
 
 
 def test_rate_limits_wait_caps_and_auth_on_metrics(

@@ -23,7 +23,7 @@ from tablecast.cli.supervisor import children
 from tablecast.contract.partitioner import partition_for
 from tablecast.http.readers.process import STATS_S
 
-from ..support.procs import NodeProcess, eventually, start_node
+from ..support.procs import NodeProcess, eventually, start_node, stop_all
 from ..support.sse import Stream
 from ..support.ws import WebSocket
 from .tables import TableModel, make_table
@@ -265,8 +265,7 @@ def test_read_processes_over_tls_with_a_policy_on_two_nodes(
         # to the node from its first forwarded read on made it ~1/16 (measured 32)
         assert sum(after) - sum(before) > 60, (before, after)
     finally:
-        for n in nodes:
-            n.stop()
+        stop_all(nodes)
 
 
 def test_read_processes_spend_from_the_nodes_rate_limit(

@@ -16,7 +16,7 @@ from tablecast.cluster.signing import Signer
 from tablecast.kafka.secure import make_certificates
 from tablecast.query.peer_pool import SIGNATURE, signed_parts
 
-from ..support.procs import NodeProcess, eventually, start_node
+from ..support.procs import NodeProcess, eventually, start_node, stop_all
 from .tables import make_table
 
 pytestmark = pytest.mark.integration
@@ -50,8 +50,7 @@ def tls_cluster(bootstrap: str, unique: str, logs: Path, tmp_path: Path):  # typ
             n.wait_ready()
         yield nodes, ca
     finally:
-        for n in nodes:
-            n.stop()
+        stop_all(nodes)
 
 
 def test_nodes_forward_over_https(tls_cluster: tuple[list[NodeProcess], str]) -> None:

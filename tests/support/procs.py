@@ -6,13 +6,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from tablecast.cli.supervisor import stop_process
+from tablecast.cli.supervisor import reap, stop_process
 from tablecast.kafka.broker import free_port
 
 
@@ -77,6 +78,19 @@ class NodeProcess:
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         stop_process(self.proc, sig, 30)
+
+
+def stop_all(nodes: Iterable[NodeProcess], timeout: float = 30.0) -> None:
+    """SIGTERM to every node at once, then each reaped (SIGKILL past `timeout`): nodes
+    stopped together leave at once, where one stopped after another first hands its
+    partitions over to those still running."""
+    nodes = list(nodes)
+    for node in nodes:
+        if node.proc.poll() is None:
+            node.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for node in nodes:
+        reap(node.proc, max(0.1, deadline - time.monotonic()))
 
 
 def start_node(
