@@ -155,6 +155,12 @@ def main(argv: list[str]) -> None:
                 )
                 restarts.append({"node": i, "stop_s": round(stopped, 2), "ready_s": round(back, 2)})
             time.sleep(5)
+        # all at once, as a cluster is shut down: one after another, each would hand its
+        # partitions over to the rest first
+        for proc in procs.values():
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs.values():
+            proc.wait(60)
         result = {
             "command": command(),
             "machine": machine(),

@@ -22,6 +22,9 @@ from tablecast.store import open_store
 log = logging.getLogger(__name__)
 
 TICK_S = 0.1
+#: a leaving node answers at least this long after it said it is not ready (while another
+#: node can take its reads): load balancers polling /readyz stop sending it reads meanwhile
+LEAVE_NOTICE_S = 2.0
 
 
 @dataclass
@@ -174,15 +177,22 @@ class Node:
     def leave(self) -> None:
         """Hand this node's partitions over, then leave the cluster (blocking: a thread).
 
-        Its heartbeats say it is leaving, so every node assigns its partitions to the
-        others (their standbys answer at once), while it goes on answering and holds each
-        partition until its new active has been caught up for a moment (the coordinator's
-        grace); then its tombstone goes out. At most ``leave_timeout_s``; :meth:`hurry`
-        ends it sooner. Reads keep being answered throughout: by this node, until the
-        others route them elsewhere."""
+        Its heartbeats say it is leaving and ``/readyz`` that it is not ready, so every
+        node assigns its partitions to the others (their standbys answer at once), while
+        it goes on answering: it holds each partition until its new active has been
+        caught up for a moment (the coordinator's grace), and answers for at least
+        ``LEAVE_NOTICE_S`` while another node can take its reads, so a load balancer
+        polling ``/readyz`` stops sending it any first. Then its tombstone goes out. At
+        most ``leave_timeout_s``; :meth:`hurry` ends it sooner."""
         self.leaving = True
-        deadline = time.monotonic() + self.config.leave_timeout_s
-        while self._hands_over() and not self._leave_now.wait(TICK_S):
+        started = time.monotonic()
+        deadline = started + self.config.leave_timeout_s
+        while not self._leave_now.wait(TICK_S):
+            if not self._others_take_over():
+                break  # nobody could take its reads: leave at once
+            noticed = time.monotonic() - started >= LEAVE_NOTICE_S
+            if noticed and not self._holds_partitions():
+                break
             if time.monotonic() > deadline:
                 log.warning("leaving before every partition was handed over (--leave-timeout)")
                 break
@@ -192,12 +202,15 @@ class Node:
         """Leave now, whatever is still to hand over (a second SIGTERM)."""
         self._leave_now.set()
 
-    def _hands_over(self) -> bool:
-        """Whether this node still holds a partition another node is taking over."""
+    def _others_take_over(self) -> bool:
+        """Whether another node can take this one's partitions and reads: one that is not
+        leaving, and Kafka to tell it that this one is."""
         if not self.membership.kafka_reachable:
-            return False  # the others cannot hear that it leaves
-        if not any(not m.leaving and n != self.id for n, m in self.membership.alive().items()):
-            return False  # nobody to hand over to
+            return False
+        return any(not m.leaving and n != self.id for n, m in self.membership.alive().items())
+
+    def _holds_partitions(self) -> bool:
+        """Whether it still holds a partition of a table that is not global."""
         tables = self.ingestor.tables
         return any(
             (info := tables.get(table)) is not None and not info.is_global
