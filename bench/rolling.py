@@ -5,7 +5,8 @@ python -m bench rolling [--nodes 30] [--partitions 30] [--keys 30000] [--restart
 N serving nodes (one standby per partition) on this machine; clients read
 random keys through a load balancer that polls every node's ``/readyz`` every
 0.2 s and sends reads only to nodes that answered 200 (a stopping node
-included, until it says it is not ready). Nothing is retried: a read not
+included, until it says it is not ready; with none ready, it fails open to the
+nodes that answer, as Envoy's panic mode does). Nothing is retried: a read not
 answered 200 with the right value counts as failed, whatever the cause (a
 503, a refused connection). Then `--restart` nodes are restarted one after
 the other: SIGTERM, wait until it has exited, start it again 2 s later on the
@@ -42,6 +43,10 @@ class Balancer:
     def __init__(self, urls: list[str], keys: int) -> None:
         self.urls, self.keys = urls, keys
         self.routable = list(urls)
+        #: each node's last probe: its /readyz status, "timeout", or the connection's error
+        self.probed: dict[str, str] = {}
+        #: reads sent while no node said it was ready (see _read)
+        self.failed_open = 0
         self.ok = 0
         self.failed: Counter[str] = Counter()
         self.samples: list[str] = []
@@ -61,15 +66,22 @@ class Balancer:
             t.join(30)
 
     def _probe(self) -> None:
+        """A node is routable once /readyz answers 200 and until it answers otherwise or
+        refuses the connection; a probe that times out (a loaded machine) changes nothing,
+        as a load balancer counts several failed probes before it drops a target."""
         with httpx.Client(timeout=1) as http:
             while not self._stop.wait(POLL_S):
                 ready = []
                 for url in self.urls:
                     try:
-                        if http.get(f"{url}/readyz").status_code == 200:
-                            ready.append(url)
-                    except httpx.HTTPError:
-                        pass
+                        outcome = str(http.get(f"{url}/readyz").status_code)
+                    except httpx.TimeoutException:
+                        outcome = "timeout"
+                    except httpx.HTTPError as e:
+                        outcome = type(e).__name__
+                    self.probed[url] = outcome
+                    if outcome == "200" or (outcome == "timeout" and url in self.routable):
+                        ready.append(url)
                 self.routable = ready
 
     def _fail(self, kind: str, text: str) -> None:
@@ -83,8 +95,12 @@ class Balancer:
             while not self._stop.is_set():
                 i = rng.randrange(self.keys)
                 urls = self.routable
+                if not urls:  # fail open, as Envoy's panic mode or an ALB does: to the
+                    # nodes that answered their last probe at all
+                    urls = [u for u, got in self.probed.items() if got.isdigit()]
+                    self.failed_open += 1
                 if not urls:
-                    self._fail("no node ready", "no node ready")
+                    self._fail("no node answers", f"no node answers: {self.probed}")
                     time.sleep(POLL_S)
                     continue
                 url = rng.choice(urls)
@@ -174,6 +190,7 @@ def main(argv: list[str]) -> None:
             "reads": load.ok + sum(load.failed.values()),
             "ok": load.ok,
             "failed": dict(load.failed),
+            "failed_open": load.failed_open,
             "samples": load.samples,
         }
     publish("rolling", result, render(result))
@@ -202,7 +219,9 @@ def render(r: dict[str, Any]) -> str:
         f"{r['nodes']} nodes of one app on this machine, {r['partitions']} partitions with "
         f"one standby each, {r['keys']:,} keys; ready {r['ready_s']} s after the last start, "
         f"median RSS {r['rss_mib_median']} MiB a node. Readers (3 threads) go through a load "
-        f"balancer that polls every node's /readyz every {POLL_S} s and retries nothing. "
+        f"balancer that polls every node's /readyz every {POLL_S} s and retries nothing "
+        f"(it failed open for {r.get('failed_open', 0)} reads, sent while no node said it "
+        "was ready). "
         f"{len(r['restarts'])} nodes restarted one after another (SIGTERM, wait for the exit, "
         f"start again 2 s later, wait until ready); each took {stops} s from SIGTERM to exit "
         "(it hands its partitions over first).",
