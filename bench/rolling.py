@@ -20,101 +20,17 @@ import logging
 import random
 import resource
 import signal
-import threading
 import time
-from collections import Counter
 from typing import Any
 
-import httpx
-
+from bench.balancer import POLL_S, Balancer
 from bench.common import answers_200, command, facts_line, machine, publish, rss_bytes
 from bench.stack import Stack, short_key, value_of
 from tablecast.kafka.broker import free_port
 
 log = logging.getLogger("bench")
 TABLE = "rolling"
-POLL_S = 0.2
 CLIENTS = 3
-
-
-class Balancer:
-    """Readers behind a load balancer that routes by ``/readyz`` and retries nothing."""
-
-    def __init__(self, urls: list[str], keys: int) -> None:
-        self.urls, self.keys = urls, keys
-        self.routable = list(urls)
-        #: each node's last probe: its /readyz status, "timeout", or the connection's error
-        self.probed: dict[str, str] = {}
-        #: reads sent while no node said it was ready (see _read)
-        self.failed_open = 0
-        self.ok = 0
-        self.failed: Counter[str] = Counter()
-        self.samples: list[str] = []
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._probe, daemon=True)] + [
-            threading.Thread(target=self._read, args=(i,), daemon=True) for i in range(CLIENTS)
-        ]
-
-    def __enter__(self) -> Balancer:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(30)
-
-    def _probe(self) -> None:
-        """A node is routable once /readyz answers 200 and until it answers otherwise or
-        refuses the connection; a probe that times out (a loaded machine) changes nothing,
-        as a load balancer counts several failed probes before it drops a target."""
-        with httpx.Client(timeout=1) as http:
-            while not self._stop.wait(POLL_S):
-                ready = []
-                for url in self.urls:
-                    try:
-                        outcome = str(http.get(f"{url}/readyz").status_code)
-                    except httpx.TimeoutException:
-                        outcome = "timeout"
-                    except httpx.HTTPError as e:
-                        outcome = type(e).__name__
-                    self.probed[url] = outcome
-                    if outcome == "200" or (outcome == "timeout" and url in self.routable):
-                        ready.append(url)
-                self.routable = ready
-
-    def _fail(self, kind: str, text: str) -> None:
-        self.failed[kind] += 1
-        if len(self.samples) < 20:
-            self.samples.append(text)
-
-    def _read(self, seed: int) -> None:
-        rng = random.Random(seed)
-        with httpx.Client(timeout=10) as http:
-            while not self._stop.is_set():
-                i = rng.randrange(self.keys)
-                urls = self.routable
-                if not urls:  # fail open, as Envoy's panic mode or an ALB does: to the
-                    # nodes that answered their last probe at all
-                    urls = [u for u, got in self.probed.items() if got.isdigit()]
-                    self.failed_open += 1
-                if not urls:
-                    self._fail("no node answers", f"no node answers: {self.probed}")
-                    time.sleep(POLL_S)
-                    continue
-                url = rng.choice(urls)
-                try:
-                    r = http.get(f"{url}/v1/tables/{TABLE}/keys/{short_key(i).decode()}")
-                except httpx.TransportError as e:
-                    self._fail(type(e).__name__, f"{url}: {e!r}")
-                    continue
-                if r.status_code != 200:
-                    self._fail(str(r.status_code), f"{url}: {r.status_code} {r.text[:200]}")
-                elif r.content.find(value_of(i)) < 0:
-                    self._fail("wrong", f"{url}: {r.text[:200]}")
-                else:
-                    self.ok += 1
 
 
 def main(argv: list[str]) -> None:
@@ -155,7 +71,10 @@ def main(argv: list[str]) -> None:
         log.info("%d nodes ready in %.0f s", args.nodes, ready_s)
         rss_mib = sorted(rss_bytes(procs[i].pid) / 2**20 for i in range(args.nodes))
         restarts: list[dict[str, float]] = []
-        with Balancer(urls, args.keys) as load:
+        keys = [short_key(i).decode() for i in range(args.keys)]
+        with Balancer(
+            lambda: urls, TABLE, keys, lambda key, r: value_of(int(key[1:])) in r.content, CLIENTS
+        ) as load:
             time.sleep(5)
             for i in random.Random(7).sample(range(args.nodes), args.restart):
                 t0 = time.monotonic()

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 import tablecast as tc
+from bench.balancer import Balancer
 from tablecast import serde
 from tablecast.kafka.broker import free_port
 
@@ -259,94 +260,19 @@ def test_kill_9_join_and_rolling_restart_lose_no_query(cluster) -> None:  # type
     load.assert_clean()
 
 
-class Balanced:
-    """Plain HTTP clients behind a load balancer: it polls every node's /readyz (every 0.2 s,
-    as a Kubernetes readiness probe would, faster) and sends reads only to nodes that
-    answered 200, a stopping one included until it says it is not ready; with none ready
-    it fails open (to every node that answers). Nothing is retried: any read not answered
-    200 with the right value counts, a refused connection and a 503 alike."""
-
-    POLL_S = 0.2
-
-    def __init__(self, cluster: Cluster, model: TableModel, clients: int = 2) -> None:
-        self.cluster, self.model = cluster, model
-        self.keys = [k.decode() for k in model.rows]
-        self.ok = 0
-        self.failed: list[str] = []
-        self.routable: list[str] = cluster.live_urls()
-        #: each node's last probe: its /readyz status, "timeout", or the connection's error
-        self.probed: dict[str, str] = {}
-        #: reads sent while no node said it was ready (see _read)
-        self.failed_open = 0
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._probe, daemon=True)] + [
-            threading.Thread(target=self._read, args=(i,), daemon=True) for i in range(clients)
-        ]
-
-    def __enter__(self) -> Balanced:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(30)
-
-    def _probe(self) -> None:
-        """A node is routable once /readyz answers 200 and until it answers otherwise or
-        refuses the connection; a probe that times out (a loaded machine) changes nothing,
-        as a load balancer counts several failed probes before it drops a target."""
-        with httpx.Client(timeout=1) as http:
-            while not self._stop.wait(self.POLL_S):
-                ready = []
-                for url in self.cluster.live_urls():
-                    try:
-                        outcome = str(http.get(f"{url}/readyz").status_code)
-                    except httpx.TimeoutException:
-                        outcome = "timeout"
-                    except httpx.HTTPError as e:
-                        outcome = type(e).__name__
-                    self.probed[url] = outcome
-                    if outcome == "200" or (outcome == "timeout" and url in self.routable):
-                        ready.append(url)
-                self.routable = ready
-
-    def _read(self, seed: int) -> None:
-        rng = random.Random(seed)
-        with httpx.Client(timeout=10) as http:
-            while not self._stop.is_set():
-                key = rng.choice(self.keys)
-                urls = self.routable
-                if not urls:  # fail open, as Envoy's panic mode or an ALB does: to the
-                    # nodes that answered their last probe at all
-                    urls = [u for u, got in self.probed.items() if got.isdigit()]
-                    self.failed_open += 1
-                if not urls:
-                    self.failed.append(f"no node answers: {self.probed}")
-                    time.sleep(self.POLL_S)
-                    continue
-                url = rng.choice(urls)
-                try:
-                    r = http.get(f"{url}/v1/tables/kv/keys/{quote(key, safe='')}")
-                except httpx.TransportError as e:
-                    self.failed.append(f"{url} {key}: {e!r}")
-                    continue
-                if r.status_code != 200:
-                    self.failed.append(f"{url} {key}: {r.status_code} {r.text}")
-                elif r.json()["value"] != self.model.rows[key.encode()]:
-                    self.failed.append(f"{url} {key}: wrong {r.text}")
-                else:
-                    self.ok += 1
-
-
 def test_a_rolling_restart_hands_over_before_each_node_stops(cluster) -> None:  # type: ignore[no-untyped-def]
     """SIGTERM: the node says it is not ready, its partitions go to the others (standbys
     answer at once) while it still answers, and it stops only then: reads a load balancer
     sent it before it heard are answered. Each node comes back 2 s after it stopped and
     gets reads once ready. Not one read fails."""
     c, model = cluster
-    with Balanced(c, model) as load:
+    keys = [k.decode() for k in model.rows]
+
+    def right(key: str, answer: httpx.Response) -> bool:
+        return answer.json()["value"] == model.rows[key.encode()]
+
+    # a load balancer polling /readyz, retrying nothing (bench/balancer.py)
+    with Balancer(c.live_urls, "kv", keys, right) as load:
         time.sleep(1)
         for name in ("a", "b", "c"):
             c.nodes[name].stop()  # SIGTERM, and wait until it has exited
@@ -356,7 +282,7 @@ def test_a_rolling_restart_hands_over_before_each_node_stops(cluster) -> None:  
             c.start(name)  # in the load balancer's list once ready
             eventually(lambda: c.settled(3), timeout=90)
         time.sleep(1)
-    assert not load.failed, (len(load.failed), load.failed[:10])
+    assert not load.failed, (load.failed, load.samples[:10])
     # while a node leaves, the two left each restore the partitions it held, and a node
     # that is to be active for one it has not restored yet says it is not ready
     print(
