@@ -102,13 +102,13 @@ say "tablecast demo --port $port --kafka-port $kport ..."
 "$work/venv/bin/tablecast" demo --port "$port" --kafka-port "$kport" --data-dir "$work/demo" \
   > "$work/demo.out" 2> "$work/demo.err" < /dev/null &
 demo_pid=$!
-for _ in $(seq 1 240); do
+for _ in $(seq 1 480); do
   grep -q "curl .*/keys/" "$work/demo.out" 2>/dev/null && break
   kill -0 "$demo_pid" 2>/dev/null || { echo "FAIL: demo exited"; tail -40 "$work/demo.err"; exit 1; }
   sleep 1
 done
 grep -q "curl .*/keys/" "$work/demo.out" || {
-  echo "FAIL: no curl lines after 240 s"; tail -40 "$work/demo.err"; exit 1; }
+  echo "FAIL: no curl lines after 480 s"; tail -40 "$work/demo.err"; exit 1; }
 say "the demo printed:"
 grep "curl " "$work/demo.out"
 status=0

@@ -30,6 +30,9 @@ from typing import Any, BinaryIO
 from urllib.parse import quote, urlencode
 
 import grpc
+import h2.config
+import h2.connection
+import h2.events
 import httpx
 import jwt
 import orjson
@@ -176,17 +179,58 @@ class Http:
                 )
             )
             return
-        async with httpx.AsyncClient(
-            base_url=self.url(cluster), http1=False, http2=True, timeout=15,
-            headers={"authorization": f"Bearer {token}"},
-        ) as http:  # fmt: skip
+        host, port = self.url(cluster).split("://")[1].split(":")
+        await _h2_streams(host, int(port), paths, token, stop, codes)
 
-            async def reader(i: int) -> None:
-                while not stop.is_set():
-                    codes.append(_outcome(await http.get(paths[i % len(paths)])).code)
-                    i += FLOOD_AT_ONCE
 
-            await asyncio.gather(*(reader(i) for i in range(FLOOD_AT_ONCE)))
+async def _h2_streams(
+    host: str, port: int, paths: list[str], token: str, stop: threading.Event, codes: list[str]
+) -> None:
+    """GETs of `paths` in turn as FLOOD_AT_ONCE streams of one HTTP/2 connection (prior
+    knowledge), sent together and then awaited, until `stop`: each answer's code to `codes`.
+    The h2 state machine costs the client far less than a full HTTP client, so the flood
+    outpaces the limit even on a busy machine."""
+    reader, writer = await asyncio.open_connection(host, port)
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    writer.write(conn.data_to_send())
+    answers: dict[int, tuple[int, bytearray]] = {}
+    i = 0
+    try:
+        while not stop.is_set():
+            at_once = min(FLOOD_AT_ONCE, conn.remote_settings.max_concurrent_streams)
+            for _ in range(at_once):
+                stream = conn.get_next_available_stream_id()
+                answers[stream] = (0, bytearray())
+                path = paths[i % len(paths)]
+                i += 1
+                conn.send_headers(
+                    stream,
+                    [(":method", "GET"), (":scheme", "http"), (":authority", host),
+                     (":path", path), ("authorization", f"Bearer {token}")],
+                    end_stream=True,
+                )  # fmt: skip
+            writer.write(conn.data_to_send())
+            while answers:
+                data = await reader.read(65536)
+                assert data, "the server closed the connection"
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.ResponseReceived):
+                        status = int(dict(event.headers)[b":status"])
+                        answers[event.stream_id] = (status, answers[event.stream_id][1])
+                    elif isinstance(event, h2.events.DataReceived):
+                        answers[event.stream_id][1].extend(event.data)
+                        conn.acknowledge_received_data(
+                            event.flow_controlled_length, event.stream_id
+                        )
+                    elif isinstance(event, h2.events.StreamEnded):
+                        status, body = answers.pop(event.stream_id)
+                        codes.append("ok" if status == 200 else orjson.loads(body)["error"]["code"])
+                    elif isinstance(event, h2.events.StreamReset):
+                        raise AssertionError(f"stream {event.stream_id} reset: {event}")
+                writer.write(conn.data_to_send())
+    finally:
+        writer.close()
 
 
 async def _pipelined(
