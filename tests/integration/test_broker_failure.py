@@ -30,7 +30,7 @@ from tablecast.cli.supervisor import stop_process
 from tablecast.kafka.dev_cluster import KafkaCluster
 from tablecast.kafka.topics import ensure_topic
 
-from ..support.procs import eventually, start_node, stop_all
+from ..support.procs import eventually, start_node, stop_all, tls
 
 pytestmark = pytest.mark.integration
 
@@ -167,7 +167,7 @@ def test_leader_broker_stops_and_returns(unique: str, tmp_path: Path) -> None:
 
         def converged() -> bool:
             for key, seq in list(acked.items()):
-                r = httpx.get(f"{nodes[0].url}/v1/tables/kv/keys/{key}", timeout=10)
+                r = httpx.get(f"{nodes[0].url}/v1/tables/kv/keys/{key}", timeout=10, verify=tls())
                 if r.status_code != 200 or r.json()["value"]["seq"] != seq:
                     return False
             return True

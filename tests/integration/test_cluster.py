@@ -20,7 +20,7 @@ from bench.balancer import Balancer
 from tablecast import serde
 from tablecast.kafka.broker import free_port
 
-from ..support.procs import NodeProcess, eventually, start_node, stop_all
+from ..support.procs import NodeProcess, eventually, start_node, stop_all, tls
 from .tables import TableModel, make_table
 
 pytestmark = pytest.mark.integration
@@ -68,7 +68,7 @@ class Cluster:
 
     def settled(self, expect_nodes: int) -> bool:
         url = self.live_urls()[0]
-        nodes = httpx.get(f"{url}/v1/cluster", timeout=5).json()["nodes"]
+        nodes = httpx.get(f"{url}/v1/cluster", timeout=5, verify=tls()).json()["nodes"]
         if len(nodes) != expect_nodes:
             return False
         roles = Counter(

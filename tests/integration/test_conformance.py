@@ -49,7 +49,7 @@ from tablecast.kafka.topics import STATUS_CONFIG, dlq_topic, ensure_topic, statu
 from tablecast.proto import tables_pb2 as pb
 from tablecast.query.auth import JWKS_TIMEOUT_S
 
-from ..support.procs import NodeProcess, eventually, start_node, stop_all
+from ..support.procs import NodeProcess, eventually, start_node, stop_all, tls
 from ..support.sse import Stream, read_to_end
 from ..support.ws import WebSocket
 from .tables import TableModel, make_table
@@ -139,7 +139,7 @@ class Http:
         if token is not None:
             sent["authorization"] = f"Bearer {token}"
         # a new connection each time: with read processes, the kernel spreads them
-        with httpx.Client(http1=not self.http2, http2=self.http2, timeout=15) as http:
+        with httpx.Client(http1=not self.http2, http2=self.http2, timeout=15, verify=tls()) as http:
             return http.request(method, self.url(cluster) + path, headers=sent, **kw)
 
     def get(

@@ -20,7 +20,7 @@ import tablecast as tc
 from tablecast.cli.appfile import load_module
 from tablecast.kafka.topics import COMPACTED, ensure_topic, table_topic
 
-from ..support.procs import NodeProcess, start_node, stop_all
+from ..support.procs import NodeProcess, start_node, stop_all, tls
 from .kafka_io import produce, read_all
 
 pytestmark = pytest.mark.integration
@@ -105,7 +105,9 @@ def test_share_holders_and_the_weekly_email(bootstrap: str, unique: str, run_of:
         for node in nodes:  # every node answers every client the same
             for c, ids in want.items():
                 assert (
-                    httpx.get(f"{node.url}/v1/tables/us-share-holders/keys/{c}").json()["value"]
+                    httpx.get(
+                        f"{node.url}/v1/tables/us-share-holders/keys/{c}", verify=tls()
+                    ).json()["value"]
                     == ids
                 )
     # the weekly e-mail, run beside each of the 3 nodes: every client mailed exactly once
@@ -190,7 +192,7 @@ def test_avro_activity_across_two_nodes_with_auth(bootstrap: str, unique: str, r
     for user, total in totals.items():
         own = bearer(sub=user)
         answers = [
-            httpx.get(f"{n.url}/v1/tables/activity/keys/{user}", headers=h)
+            httpx.get(f"{n.url}/v1/tables/activity/keys/{user}", headers=h, verify=tls())
             for n in nodes
             for h in (own, admin)
         ]
@@ -198,13 +200,13 @@ def test_avro_activity_across_two_nodes_with_auth(bootstrap: str, unique: str, r
         served_by |= {a.headers["x-tablecast-node"] for a in answers}
         for n in nodes:  # the user's own row and nobody else's, on every route
             other = next(u for u in totals if u != user)
-            r = httpx.get(f"{n.url}/v1/tables/activity/keys/{other}", headers=own)
+            r = httpx.get(f"{n.url}/v1/tables/activity/keys/{other}", headers=own, verify=tls())
             assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
-            page = httpx.get(f"{n.url}/v1/tables/activity/range", headers=own).json()
+            page = httpx.get(f"{n.url}/v1/tables/activity/range", headers=own, verify=tls()).json()
             assert page["items"] == [{"key": user, "value": total}]
-            assert httpx.get(f"{n.url}/v1/tables/activity/count", headers=own).json() == {
-                "count": 1
-            }
+            assert httpx.get(
+                f"{n.url}/v1/tables/activity/count", headers=own, verify=tls()
+            ).json() == {"count": 1}
     assert len(served_by) == 2  # some answers were forwarded, the token with them
     everything = httpx.get(
         f"{nodes[1].url}/v1/tables/activity/range", params={"limit": 1000}, headers=admin

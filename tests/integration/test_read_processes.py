@@ -23,7 +23,7 @@ from tablecast.cli.supervisor import children
 from tablecast.contract.partitioner import partition_for
 from tablecast.http.readers.process import STATS_S
 
-from ..support.procs import NodeProcess, eventually, start_node, stop_all
+from ..support.procs import NodeProcess, eventually, start_node, stop_all, tls
 from ..support.sse import Stream
 from ..support.ws import WebSocket
 from .tables import TableModel, make_table
@@ -50,7 +50,9 @@ def check_reads(node: NodeProcess, model: TableModel, rng: random.Random) -> Non
     keys = sorted(model.rows)
     for _ in range(CONNECTIONS):
         raw = rng.choice([*keys, b"nope"])
-        r = httpx.get(f"{node.url}/v1/tables/{name}/keys/{quote(raw.decode(), safe='')}")
+        r = httpx.get(
+            f"{node.url}/v1/tables/{name}/keys/{quote(raw.decode(), safe='')}", verify=tls()
+        )
         partition = partition_for(raw, PARTITIONS)
         assert r.headers["x-tablecast-position"].startswith(f"{name}@{partition}:")
         if raw not in model.rows:
@@ -69,20 +71,24 @@ def check_reads(node: NodeProcess, model: TableModel, rng: random.Random) -> Non
 def check_piped(node: NodeProcess, model: TableModel) -> None:
     """What read processes do not answer reaches the node through them: every answer right."""
     name = model.info.name
-    with httpx.Client(base_url=node.url) as keep_alive:  # one connection, key reads then others
+    with httpx.Client(
+        base_url=node.url, verify=tls()
+    ) as keep_alive:  # one connection, key reads then others
         for _ in range(3):
             assert keep_alive.get(f"/v1/tables/{name}/count").json() == {"count": len(model.rows)}
             assert keep_alive.get(f"/v1/tables/{name}/keys/nope").status_code == 404
     for _ in range(CONNECTIONS // 4):
-        r = httpx.get(f"{node.url}/v1/tables/{name}/count")
+        r = httpx.get(f"{node.url}/v1/tables/{name}/count", verify=tls())
         assert r.json() == {"count": len(model.rows)}, r.text
-        r = httpx.get(f"{node.url}/v1/tables/no-such-table/keys/a")
+        r = httpx.get(f"{node.url}/v1/tables/no-such-table/keys/a", verify=tls())
         assert r.status_code == 404 and r.json()["error"]["code"] == "table_not_found"
         r = httpx.post(
-            f"{node.url}/v1/tables/{name}/keys:batchGet", content=b'{"keys": ["k001", "zz"]}'
+            f"{node.url}/v1/tables/{name}/keys:batchGet",
+            content=b'{"keys": ["k001", "zz"]}',
+            verify=tls(),
         )
         assert r.status_code == 200, r.text
-        r = httpx.get(f"{node.url}/v1/tables/{name}/keys/k001?max_lag=0")
+        r = httpx.get(f"{node.url}/v1/tables/{name}/keys/k001?max_lag=0", verify=tls())
         assert r.status_code in (200, 404), r.text
 
 

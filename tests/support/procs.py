@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -15,6 +17,18 @@ import httpx
 
 from tablecast.cli.supervisor import reap, stop_process
 from tablecast.kafka.broker import free_port
+
+
+@functools.cache
+def tls(verify: bool | str = True) -> ssl.SSLContext | bool:
+    """What to pass httpx as ``verify`` (True, False, or a CA file): a context made once.
+    httpx otherwise builds one per client from certifi's bundle, a few milliseconds of
+    CPU each, which tests that make a client per request spent by the minute."""
+    if verify is False:
+        return False
+    import certifi
+
+    return ssl.create_default_context(cafile=certifi.where() if verify is True else verify)
 
 
 @dataclass
@@ -30,7 +44,8 @@ class NodeProcess:
 
     def get(self, path: str, **kw: Any) -> httpx.Response:
         headers = {**self.headers, **kw.pop("headers", {})}
-        return httpx.get(self.url + path, timeout=10.0, headers=headers, verify=self.verify, **kw)
+        verify = tls(self.verify if isinstance(self.verify, bool) else str(self.verify))
+        return httpx.get(self.url + path, timeout=10.0, headers=headers, verify=verify, **kw)
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
