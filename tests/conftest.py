@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import itertools
 import os
 import shutil
@@ -96,65 +95,36 @@ def _no_jvm_in_the_fast_lane() -> Iterator[None]:
         subprocess.Popen.__init__ = real  # type: ignore[method-assign]
 
 
-#: where the run's shared brokers live (set by the process that runs the session)
-SHARED_DIR = "tablecast_shared_dir"
-_shared_key = pytest.StashKey[Path]()
+@pytest.fixture(scope="session")
+def broker() -> Iterator[Broker]:
+    """A real single-node KRaft broker on a free port, stopped at the end of the session.
 
-
-def pytest_configure(config: pytest.Config) -> None:
-    """The run's shared brokers get one directory, made by the process that runs the
-    session (xdist's controller, or pytest alone) and handed to its workers. Its data lives
-    outside pytest's numbered temp dirs: another pytest session on the machine prunes old
-    ones, and a broker whose log dir vanishes halts."""
-    if not hasattr(config, "workerinput"):
-        config.stash[_shared_key] = Path(tempfile.mkdtemp(prefix="tablecast-test-kafka-"))
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node: Any) -> None:
-    node.workerinput[SHARED_DIR] = str(node.config.stash[_shared_key])
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    """The process that made the directory stops its brokers once every worker is done."""
-    shared = config.stash.get(_shared_key, None)
-    if shared is None:
-        return
-    for port_file in shared.glob("*/port"):
-        Broker(port_file.parent, int(port_file.read_text())).stop()
-    if not os.environ.get("TABLECAST_KEEP_TEST_BROKER"):
-        shutil.rmtree(shared, ignore_errors=True)
-
-
-def _shared_broker(config: pytest.Config, name: str, secure: bool = False) -> Broker:
-    """A broker every worker of the run shares, started by the first that asks for it:
-    one broker's start and idle work instead of one per worker, on a CPU-bound machine."""
-    workerinput = getattr(config, "workerinput", None)
-    shared = Path(workerinput[SHARED_DIR]) if workerinput else config.stash[_shared_key]
-    data = shared / name
-    data.mkdir(exist_ok=True)
-    with open(shared / f"{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one worker starts it; the others wait and reuse it
-        port_file = data / "port"
-        if not port_file.exists():
-            port_file.write_text(str(free_port()))
-        b = Broker(data, int(port_file.read_text()), secure=secure)
-        b.start()  # reuses the broker another worker started
-    return b
+    Its data lives outside pytest's numbered temp dirs: another pytest session
+    on the machine prunes old ones, and a broker whose log dir vanishes halts.
+    """
+    data = Path(tempfile.mkdtemp(prefix="tablecast-test-kafka-"))
+    b = Broker(data, free_port())
+    b.start()
+    try:
+        yield b
+    finally:
+        b.stop()
+        if not os.environ.get("TABLECAST_KEEP_TEST_BROKER"):
+            shutil.rmtree(data, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
-def broker(pytestconfig: pytest.Config) -> Broker:
-    """A real single-node KRaft broker on a free port, shared by the run's workers and
-    stopped when the run ends."""
-    return _shared_broker(pytestconfig, "plain")
-
-
-@pytest.fixture(scope="session")
-def secure_broker(pytestconfig: pytest.Config) -> Broker:
+def secure_broker() -> Iterator[Broker]:
     """A broker that speaks SASL_SSL (SCRAM-SHA-512) only; its client settings are in
     ``secure_broker.client_properties`` (pass as --kafka-config)."""
-    return _shared_broker(pytestconfig, "secure", secure=True)
+    data = Path(tempfile.mkdtemp(prefix="tablecast-test-kafka-secure-"))
+    b = Broker(data, free_port(), secure=True)
+    b.start()
+    try:
+        yield b
+    finally:
+        b.stop()
+        shutil.rmtree(data, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

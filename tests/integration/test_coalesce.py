@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import re
 import struct
+from collections import Counter
 from pathlib import Path
 from urllib.parse import quote
 
@@ -144,6 +145,18 @@ def test_reads_forwarded_together_answer_as_alone(
             return set(owners.values()) == {a.url, b.url}
 
         eventually(owners_split, timeout=60)
+
+        def handed_over() -> bool:
+            """Each partition held by its owner alone: until the node that held them all
+            releases the ones it handed over, it answers their max_lag=0 reads itself."""
+            held = Counter(
+                (r["table"], r["partition"])
+                for n in a.get("/v1/cluster").json()["nodes"]
+                for r in n["replicas"]
+            )
+            return sorted(held.values()) == [1] * PARTITIONS
+
+        eventually(handed_over, timeout=60)
         owned: dict[str, list[str]] = {a.url: [], b.url: []}
         for k, url in owners.items():
             assert url is not None
