@@ -23,8 +23,12 @@ def produce(
     assert p.flush(60) == 0
 
 
-def read_all(bootstrap: str, topic: str, expect: int, timeout: float = 60.0) -> list[Message]:
-    """Read `topic` from the start until `expect` records arrived (or fail after `timeout`)."""
+def read_all(
+    bootstrap: str, topic: str, expect: int, timeout: float = 60.0, to_the_end: bool = False
+) -> list[Message]:
+    """Read `topic` from the start until `expect` records arrived (or fail after `timeout`);
+    `to_the_end`: then on until a poll finds nothing more (a topic that may hold more than
+    `expect`, all written already)."""
     c = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -39,6 +43,11 @@ def read_all(bootstrap: str, topic: str, expect: int, timeout: float = 60.0) -> 
     try:
         while len(out) < expect and time.monotonic() < deadline:
             out.extend(m for m in c.consume(1000, 0.5) if m.error() is None)
+        while to_the_end and len(out) >= expect and time.monotonic() < deadline:
+            more = [m for m in c.consume(1000, 1.0) if m.error() is None]
+            if not more:
+                break
+            out.extend(more)
     finally:
         c.close()
     assert len(out) >= expect, f"{topic}: {len(out)} of {expect} records after {timeout}s"

@@ -285,7 +285,7 @@ def test_point_of_sale(bootstrap: str, unique: str, run_of: Any) -> None:
     assert len({(x["invoice"], x["item"], x["qty"]) for x in lines}) <= len(lines)
     assert all(x["card"].startswith("*" * 12) for x in lines)
     # the latest notification of each card carries its final points
-    notes = read_all(bootstrap, f"{unique}-notifications", len(rewards))
+    notes = read_all(bootstrap, f"{unique}-notifications", len(rewards), to_the_end=True)
     last = {
         m.key().decode(): orjson.loads(m.value())["points"]
         for m in sorted(notes, key=lambda m: m.offset())
