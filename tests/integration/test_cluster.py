@@ -215,8 +215,15 @@ def test_every_node_answers_every_key_identically(cluster) -> None:  # type: ign
         "results"
     ]
     assert [g["found"] for g in got] == [True, False, True, True]
-    meta = node.get("/v1/tables/kv/keys/key-3/metadata").json()
-    assert meta["active"] and len(meta["standbys"]) == 1
+    # the active and its one standby, once a replica the assignment moved is released
+    meta = eventually(
+        lambda: (
+            (m := node.get("/v1/tables/kv/keys/key-3/metadata").json())["active"]
+            and len(m["standbys"]) == 1
+            and m
+        ),
+        timeout=30,
+    )
     # a job beside every node over what it owns sees every key exactly once
     with tc.Client(c.live_urls()) as client:
         seen = Counter(
