@@ -13,18 +13,20 @@ read not answered 200 with the right value counts as failed, whatever the cause
 from __future__ import annotations
 
 import random
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from functools import partial
 from urllib.parse import quote
 
 import httpx
 
+from bench.background import Background
+
 POLL_S = 0.2
 
 
-class Balancer:
+class Balancer(Background):
     def __init__(
         self,
         urls: Callable[[], list[str]],
@@ -45,20 +47,7 @@ class Balancer:
         #: failed reads by kind (a status, an error's name, "wrong"), and the first ones
         self.failed: Counter[str] = Counter()
         self.samples: list[str] = []
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._probe, daemon=True)] + [
-            threading.Thread(target=self._read, args=(i,), daemon=True) for i in range(clients)
-        ]
-
-    def __enter__(self) -> Balancer:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(30)
+        super().__init__(self._probe, *(partial(self._read, i) for i in range(clients)))
 
     def _probe(self) -> None:
         with httpx.Client(timeout=1) as http:

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 import tablecast as tc
+from bench.background import Background
 from bench.balancer import Balancer
 from tablecast import serde
 from tablecast.kafka.broker import free_port
@@ -82,7 +83,7 @@ class Cluster:
         )
 
 
-class Load:
+class Load(Background):
     """Clients querying random keys without pause, counting failures and wrong answers."""
 
     def __init__(self, cluster: Cluster, model: TableModel) -> None:
@@ -90,22 +91,7 @@ class Load:
         self.keys = [k.decode() for k in model.rows]
         self.ok = self.failed = self.wrong = 0
         self.errors: list[str] = []
-        self._stop = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._smart, daemon=True),
-            threading.Thread(target=self._plain, daemon=True),
-            threading.Thread(target=self._monotonic, daemon=True),
-        ]
-
-    def __enter__(self) -> Load:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(30)
+        super().__init__(self._smart, self._plain, self._monotonic)
 
     def _check(self, key: str, value: object) -> None:
         if value == self.model.rows[key.encode()]:

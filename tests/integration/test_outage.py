@@ -23,6 +23,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 
+from bench.background import Background
 from tablecast import serde
 from tablecast.kafka.broker import Broker, free_port
 
@@ -49,7 +50,7 @@ def settled(node: NodeProcess, expect: int, standbys: int = 0) -> bool:
     )
 
 
-class Reader:
+class Reader(Background):
     """Reads random keys from random nodes without pause; probes every node's /readyz."""
 
     def __init__(self, nodes: list[NodeProcess], model: TableModel) -> None:
@@ -60,19 +61,7 @@ class Reader:
         self.errors: list[str] = []
         self.unready: list[str] = []
         self.readyz_seen: list[dict] = []
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._read, daemon=True)]
-        self._threads.append(threading.Thread(target=self._ready, daemon=True))
-
-    def __enter__(self) -> Reader:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(30)
+        super().__init__(self._read, self._ready)
 
     def _read(self) -> None:
         rng = random.Random(7)
