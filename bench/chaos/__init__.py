@@ -65,6 +65,45 @@ def converge(
             time.sleep(5)
 
 
+def diagnose(cluster: Cluster, diffs: list[str], limit: int = 10) -> list[str]:
+    """For keys a node still answers wrong after the soak: what its plain read says it is
+    exact at (a read process may have answered it), what the node itself answers (a
+    ``Connection: close`` request, which read processes hand to the node), and the
+    replicas the node reports for the key's partition."""
+    out: list[str] = []
+    with httpx.Client(timeout=10) as http:
+        for d in diffs[:limit]:
+            url, key = d.split()[0], d.split()[1].rstrip(":")
+            path = f"{url}/v1/tables/{TABLE}/keys/{quote(key)}"
+            try:
+                plain = http.get(path)
+                own = http.get(path, headers={"connection": "close"})
+                partition = own.json().get("partition") if own.status_code == 200 else None
+                cluster_view = http.get(f"{url}/v1/cluster").json()
+            except (httpx.HTTPError, ValueError) as e:
+                out.append(f"{url} {key}: {e!r}")
+                continue
+            replicas = [
+                (n["id"], n["state"], r)
+                for n in cluster_view.get("nodes", [])
+                for r in n.get("replicas", [])
+                if partition is None or r.get("partition") == partition
+            ]
+
+            def said(r: httpx.Response) -> str:
+                h = r.headers
+                return (
+                    f"{r.status_code} {r.text[:80]} position={h.get('x-tablecast-position')} "
+                    f"lag={h.get('x-tablecast-lag')} node={h.get('x-tablecast-node')}"
+                )
+
+            out.append(
+                f"{url} {key}: plain {said(plain)}; node's own {said(own)}; "
+                f"replicas of partition {partition}: {replicas}"
+            )
+    return out
+
+
 def run(minutes: float, seed: int, work: Path) -> dict[str, Any]:
     rng = random.Random(seed)
     cluster = Cluster(work)
@@ -103,6 +142,7 @@ def run(minutes: float, seed: int, work: Path) -> dict[str, Any]:
             k for k in injector.malformed_keys if ref.by_key[k][-1].value is MALFORMED
         }
         converged, diffs = converge(cluster, expected, malformed_unhealed, 180)
+        diagnosis = [] if converged else diagnose(cluster, diffs)
         readers.judge_deferred(ref.catch_up(60))
         lost_keys = sorted({d.split()[1].rstrip(":") for d in diffs})
         t = readers.tally
@@ -131,6 +171,7 @@ def run(minutes: float, seed: int, work: Path) -> dict[str, Any]:
             "lost": len(lost_keys),
             "lost_samples": diffs[:50],
             "converged": converged,
+            "diagnosis": diagnosis,
             "acked": producer.acked_n,
             "produce_failed": producer.failed,
             "longest_unavailable_s": longest_gaps(t),

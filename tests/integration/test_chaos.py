@@ -38,7 +38,7 @@ def test_chaos_soak_never_lies_and_never_loses(tmp_path: Path, minutes: float) -
     # node0 ran with a read process, whose answers are among those judged
     assert r["by_read_process"] is not None
     print(f"reads answered by node0's read process: {r['by_read_process']}")
-    assert r["lost"] == 0 and r["converged"], r["lost_samples"][:10]
+    assert r["lost"] == 0 and r["converged"], (r["lost_samples"][:10], r["diagnosis"])
     # the failed answers' own messages and the faults' times say which fault they came with
     # (pytest.fail: an assertion's message would be cut short)
     timeline = [(e["fault"], e["start_s"], e["end_s"]) for e in r["faults"]]

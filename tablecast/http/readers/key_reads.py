@@ -5,7 +5,8 @@ from its secondary instances of the node's stores.
 received) and returns the whole HTTP answer, or None when the request is not
 one it answers the way the node would: a method other than GET, a query
 string, a body, an upgrade, a forwarded hop, a key it cannot parse, a key outside
-the caller's grant, a table or partition not in the feed, an ``X-Tablecast-After``
+the caller's grant, a table or partition not in the feed (or whose store has not
+seen all the node applied), an ``X-Tablecast-After``
 its store has not reached yet (the node waits for it), a caller over its rate limit
 (the node refuses it: the node and its read processes spend tokens from one table,
 :class:`~tablecast.query.ratelimit.SharedTokenBuckets`).
@@ -45,6 +46,9 @@ KEPT_OVERHEAD = 250
 #: a feed line older than this (the node stuck, or gone): answer nothing, the node decides;
 #: what the last one said about the topic's end and staleness no longer holds
 FEED_TIMEOUT_S = 0.5
+#: a secondary instance that has not seen what the node applied for this long after its
+#: catch-ups is opened afresh (meanwhile the node answers its partition's reads)
+REOPEN_BEHIND_S = 1.0
 
 
 @dataclass
@@ -65,6 +69,9 @@ class Slot:
     token: tuple[str, str] = ("", "")
     #: False once closed: answers kept from it are gone
     open: bool = True
+    #: since when (perf_counter) a catch-up left the store short of what the node applied;
+    #: while it is, the node answers (its own replica has those records)
+    behind_since: float | None = None
 
     def caught_up_to(self) -> None:
         """Note where the store stands after a catch-up."""
@@ -98,6 +105,7 @@ class Kept:
         slot = self.slot
         return (
             slot.open
+            and slot.behind_since is None
             and slot.position == self.position
             and slot.end_offset == self.end
             and slot.staleness_ms == self.staleness
@@ -134,8 +142,10 @@ class Answerer:
 
     # -- the feed -----------------------------------------------------------------
     def update(self, msg: dict[str, Any]) -> None:
-        """Take the node's latest feed line: open, catch up and close stores to match it."""
-        self.fed_at = perf_counter()
+        """Take the node's latest feed line: open, catch up and close stores to match it.
+        Answers go on only once a line is taken whole: a line that fails part-way leaves
+        the feed as quiet, and the node answers."""
+        now = perf_counter()
         if "tables" in msg:
             self.tables = {t["name"]: TableInfo(**t) for t in msg["tables"]}
             self._forget_kept()  # a table's formats may have changed
@@ -160,9 +170,25 @@ class Answerer:
                     log.warning("catching up with %s/%d failed: %s", table, partition, e)
                     self._close(slot_id)
                     continue
+            if applied <= slot.store.applied_offset:
+                slot.behind_since = None
+            elif slot.behind_since is None:
+                slot.behind_since = now
+            elif now - slot.behind_since > REOPEN_BEHIND_S:
+                # the primary's writes do not reach this instance: a fresh one reads them
+                log.warning(
+                    "the store of %s/%d stays at offset %d, the node's at %d: opening it again",
+                    table,
+                    partition,
+                    slot.store.applied_offset,
+                    applied,
+                )
+                self._close(slot_id)
+                continue
             slot.caught_up_to()
         for gone in [s for s in self.slots if s not in fed]:
             self._close(gone)
+        self.fed_at = now
 
     def _table(self, name: str) -> TableInfo:
         info = self.tables.get(name)
@@ -251,7 +277,7 @@ class Answerer:
             return None
         partition = info.partition_of(raw)
         slot = self.slots.get((table, partition))
-        if slot is None:
+        if slot is None or slot.behind_since is not None:
             return None
         after = headers.get(AFTER)
         if after is not None and not _reached(after, table, info.partitions, partition, slot):
