@@ -36,6 +36,7 @@ BENCHES = {
     "processes": "bench.processes",
     "builds": "bench.builds",
     "rolling": "bench.rolling",
+    "grpc_get": "bench.grpc_get",
 }
 # the pipeline benchmark is written by another change; run it once its module exists
 if importlib.util.find_spec("bench.pipeline") is not None:
