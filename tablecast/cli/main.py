@@ -800,19 +800,22 @@ def _serve(args: argparse.Namespace) -> int:
             "auth policy %s: %d rule(s)", args.auth_policy, len(policy.rules)
         )
     auth = Auth(secret, args.auth_jwks, args.auth_audience, args.auth_issuer, policy)
-    tls = (args.tls_cert, args.tls_key) if args.tls_cert else None
-    limits = serve.Limits(
-        args.rate_limit,
-        args.max_waits,
-        args.auth_metrics,
-        args.grpc_port,
-        args.http_engine,
-        args.listeners,
-        args.processes,
-        args.forwarding,
+    settings = serve.ServeSettings(
+        node=config,
+        host=args.host,
+        port=args.port,
+        tls=(args.tls_cert, args.tls_key) if args.tls_cert else None,
+        rate=args.rate_limit,
+        waits_per_caller=args.max_waits,
+        auth_metrics=args.auth_metrics,
+        grpc_port=args.grpc_port,
+        http_engine=args.http_engine,
+        listeners=args.listeners,
+        processes=args.processes,
+        forwarding=args.forwarding,
     )
     try:
-        serve.run(config, args.host, args.port, auth, tls, limits)
+        serve.run(settings, auth)
     except RuntimeError as e:  # granian's bind, when the port was taken after the check above
         if "Address already in use" not in str(e):
             raise

@@ -27,7 +27,7 @@ TICK_S = 0.1
 LEAVE_NOTICE_S = 2.0
 
 
-@dataclass
+@dataclass(frozen=True)
 class NodeConfig:
     app_id: str
     bootstrap_servers: str

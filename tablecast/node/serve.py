@@ -149,52 +149,49 @@ async def serve_loop(
     await server.stop()
 
 
-async def serve(
-    config: NodeConfig,
-    host: str,
-    port: int,
-    auth: Auth,
-    tls: tuple[str, str] | None = None,
-    limits: Limits | None = None,
-) -> None:
+async def serve(settings: ServeSettings, auth: Auth) -> None:
+    """Run a node with these `settings` and `auth` until SIGINT/SIGTERM."""
+    config = settings.node
     node = Node(config)
     node.start()
+    host, port, tls = settings.host, settings.port, settings.tls
     scheme = "https" if tls else "http"
     log.info(
         "node %s serving app %r on %s://%s:%d", config.node_id, config.app_id, scheme, host, port
     )
-    limits = limits or Limits()
     # read processes spend a caller's tokens from the same table as the node
-    rate_table = rate_table_in(config.data_dir) if limits.processes > 1 and limits.rate else None
+    rate_table = (
+        rate_table_in(config.data_dir) if settings.processes > 1 and settings.rate else None
+    )
     app = HttpApp(
         node,
         auth,
-        limits.rate,
-        limits.waits_per_caller,
-        limits.auth_metrics,
+        settings.rate,
+        settings.waits_per_caller,
+        settings.auth_metrics,
         rate_table,
-        limits.forwarding,
+        settings.forwarding,
         port,
     )
     grpc = None
-    if limits.grpc_port is not None:
+    if settings.grpc_port is not None:
         from tablecast.grpc.service import serve_grpc
 
-        grpc = await serve_grpc(app, host, limits.grpc_port, tls)
-        log.info("gRPC (tablecast.v1.Tables) on %s:%d", host, limits.grpc_port)
+        grpc = await serve_grpc(app, host, settings.grpc_port, tls)
+        log.info("gRPC (tablecast.v1.Tables) on %s:%d", host, settings.grpc_port)
     gc.tune()
     collecting = asyncio.get_running_loop().create_task(gc.collect_periodically())
     leaving = Leaving(lambda: asyncio.to_thread(node.leave), node.hurry)
     try:
-        if limits.http_engine == "loop":
+        if settings.http_engine == "loop":
             await serve_loop(
                 app,
                 host,
                 port,
                 tls,
                 on_stop=app.live.hub.close_all,
-                listeners=limits.listeners,
-                readers=_readers(limits.processes, app, auth, tls, host),
+                listeners=settings.listeners,
+                readers=_readers(settings.processes, app, auth, tls, host),
                 leaving=leaving,
             )
         else:
@@ -244,15 +241,23 @@ def _readers(
 
 
 @dataclass(frozen=True)
-class Limits:
-    """Limits per caller and on the status routes (--rate-limit, --max-waits, --auth-metrics)."""
+class ServeSettings:
+    """Everything ``tablecast serve`` starts a node with, read once from its flags, its
+    ``TABLECAST_SERVE_*`` variables and ``--config`` file (:mod:`tablecast.cli.main`)."""
 
-    #: requests per second per caller (None: no limit)
+    #: what the node's cluster side needs: its app, Kafka, its URL and id, its data, caches
+    node: NodeConfig
+    host: str = "127.0.0.1"
+    port: int = 8080
+    #: certificate and key files: HTTPS (and TLS gRPC) instead of plain
+    tls: tuple[str, str] | None = None
+    #: requests per second per caller (--rate-limit; None: no limit)
     rate: float | None = None
+    #: reads of one caller that may wait for an offset at once (--max-waits)
     waits_per_caller: int = DEFAULT_WAITS_PER_CALLER
-    #: /metrics needs a token; /readyz without one answers only its status
+    #: /metrics needs a token; /readyz without one answers only its status (--auth-metrics)
     auth_metrics: bool = False
-    #: serve gRPC (tablecast.v1.Tables) on this port too
+    #: serve gRPC (tablecast.v1.Tables) on this port too (--grpc-port)
     grpc_port: int | None = None
     #: "loop": HTTP/1.1 on the event loop's thread (http/http1.py), or "granian" (HTTP/2 too)
     http_engine: str = "loop"
@@ -264,14 +269,7 @@ class Limits:
     forwarding: str = "short"
 
 
-def run(
-    config: NodeConfig,
-    host: str,
-    port: int,
-    auth: Auth | None = None,
-    tls: tuple[str, str] | None = None,
-    limits: Limits | None = None,
-) -> None:
+def run(settings: ServeSettings, auth: Auth | None = None) -> None:
     import uvloop
 
-    uvloop.run(serve(config, host, port, auth or Auth(), tls, limits))
+    uvloop.run(serve(settings, auth or Auth()))
