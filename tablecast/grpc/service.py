@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 from urllib.parse import urlencode
 
@@ -27,12 +27,11 @@ from tablecast.live.events import ERROR, READY, Change, Encoder
 from tablecast.live.service import Live, query_pairs
 from tablecast.live.sinks import QueueSink
 from tablecast.proto import tables_pb2 as pb
-from tablecast.query.auth import Auth, Caller
 from tablecast.query.errors import ApiError
+from tablecast.query.gate import Gate
 from tablecast.query.peer_pool import SIGNATURE
-from tablecast.query.ratelimit import RateLimit
 from tablecast.query.reads import Router
-from tablecast.query.request import HOP, Request, subject_of
+from tablecast.query.request import HOP, Request
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +42,7 @@ class NodeApp(Protocol):
     node: ClusterNode
     router: Router
     live: Live
-    auth: Auth
-    rate: RateLimit | None
-
-    def unseen_caller(
-        self, authorization: str | None, scope: Any, charge: bool = True
-    ) -> Caller | Awaitable[Caller]: ...
+    gate: Gate
 
 
 SERVICE = "tablecast.v1.Tables"
@@ -131,7 +125,6 @@ class Tables:
     async def _request(self, context: grpc.aio.ServicerContext, params: dict[str, str]) -> Request:
         metadata = {k: v for k, v in (context.invocation_metadata() or ())}
         scope = _Scope(context.peer() or "")
-        app = self.app
         caller = None
         try:
             if HOP in metadata or SIGNATURE in metadata:
@@ -142,14 +135,7 @@ class Tables:
                     f"{HOP} and {SIGNATURE} are for the nodes' own calls over HTTP; "
                     "a gRPC call is never forwarded",
                 )
-            if app.auth.enabled:
-                authorization = metadata.get("authorization")
-                caller = app.auth.remembered(authorization)
-                if caller is None:  # charged to the peer's address first, as on HTTP
-                    unseen = app.unseen_caller(authorization, scope)
-                    caller = unseen if isinstance(unseen, Caller) else await unseen
-            if app.rate is not None:
-                app.rate.take(subject_of(caller, scope))
+            caller = await self.app.gate.admit(metadata.get("authorization"), scope)
         except ApiError as e:
             await _abort(context, e)
         query = urlencode(params)

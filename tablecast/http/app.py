@@ -37,7 +37,7 @@ from tablecast.http.routes import ROUTES, Route, Routes
 from tablecast.live import snapshot, sse, websocket
 from tablecast.live.service import Live
 from tablecast.query import node_status
-from tablecast.query.auth import Auth, Caller, KeysNeeded
+from tablecast.query.auth import Auth, Caller
 from tablecast.query.coalesce import (
     ANSWERS_PATH,
     Sink,
@@ -49,6 +49,7 @@ from tablecast.query.coalesce import (
 from tablecast.query.consistency import AFTER_HEADER
 from tablecast.query.cursor import Cursors
 from tablecast.query.errors import ApiError
+from tablecast.query.gate import Gate
 from tablecast.query.kept_answers import JSON, Answers, Entry
 from tablecast.query.local import Answer
 from tablecast.query.peer_calls import plain_key_read
@@ -67,7 +68,6 @@ from tablecast.query.request import (
     Request,
     Scope,
     client_host,
-    subject_of,
 )
 from tablecast.query.stats import HttpStats
 
@@ -116,6 +116,7 @@ class HttpApp:
                 if rate_table is not None
                 else TokenBuckets(rate_limit)
             )
+        self.gate = Gate(self.auth, self.rate)
         self.waits = WaitSlots(waits_per_caller)
         #: /metrics needs a token, and /readyz without one says only whether the node is ready
         self._auth_metrics = auth_metrics and self._auth_on
@@ -201,14 +202,12 @@ class HttpApp:
                 and not (from_peer and scope.method == "POST")
             ):
                 authorization = headers.get("authorization") or _query_token(path, query)
-                caller = self.auth.remembered(authorization)
-                if caller is None:
-                    unseen = self.unseen_caller(authorization, scope, not from_peer)
-                    if not isinstance(unseen, Caller):  # its signing key is being fetched
-                        return self._begin_verified(unseen, scope, proto, started)
-                    caller = unseen
+                found = self.gate.caller(authorization, scope, not from_peer)
+                if found is not None and not isinstance(found, Caller):  # its key is fetched
+                    return self._begin_verified(found, scope, proto, started)
+                caller = found
             if limited:
-                self.rate.take(subject_of(caller, scope))  # type: ignore[union-attr]
+                self.gate.limit(caller, scope)
             key = None if query else plain_key_read(scope.method, path)
             if key is not None:  # the hot path: GET one key, no query string
                 route = "key"
@@ -258,20 +257,6 @@ class HttpApp:
         except ValueError:
             return scope
         return scope.on_behalf(host)
-
-    def unseen_caller(
-        self, authorization: str | None, scope: Any, charge: bool = True
-    ) -> Caller | Awaitable[Caller]:
-        """The caller of a token not remembered, or what waits for the JWKS fetch it needs
-        (401 for a bad token). A token not seen before costs a signature check: with a rate
-        limit the client's address pays for it first, so a flood of made-up tokens is cut
-        short on every route (`charge` False: a signed hop, counted where it came in)."""
-        if charge and self.rate is not None:
-            self.rate.take(subject_of(None, scope))
-        try:
-            return self.auth.caller(authorization)
-        except KeysNeeded:
-            return self.auth.caller_async(authorization)
 
     async def _begin_verified(
         self, pending: Awaitable[Caller], scope: Any, proto: Any, started: float
@@ -451,16 +436,9 @@ class HttpApp:
         if route is None or route.name != "watch":
             proto.close(404)  # before the upgrade: a plain 404
             return
-        caller = None
         try:
             authorization = headers.get("authorization") or _query_token(path, query)
-            if self._auth_on:
-                caller = self.auth.remembered(authorization)
-                if caller is None:
-                    unseen = self.unseen_caller(authorization, scope)
-                    caller = unseen if isinstance(unseen, Caller) else await unseen
-            if self.rate is not None:
-                self.rate.take(subject_of(caller, scope))
+            caller = await self.gate.admit(authorization, scope)
         except ApiError as e:
             proto.close(e.status)
             return
@@ -499,10 +477,9 @@ class HttpApp:
         self, authorization: str | None, scope: Any, answer: Callable[[], Answer]
     ) -> Answer | Awaitable[Answer]:
         """`answer()` once the request's token is verified (a status route's own check)."""
-        if self.auth.remembered(authorization) is None:
-            unseen = self.unseen_caller(authorization, scope)
-            if not isinstance(unseen, Caller):  # its signing key is being fetched
-                return _once_verified(unseen, answer)
+        found = self.gate.caller(authorization, scope)
+        if found is not None and not isinstance(found, Caller):  # its key is being fetched
+            return _once_verified(found, answer)
         return answer()
 
     def _check_peer(self, method: str, path: str, query: str, body: bytes, headers: Any) -> None:
@@ -518,12 +495,8 @@ class HttpApp:
         """The token of a peer's POST, verified now that its signature is."""
         if not self._auth_on:
             return
-        authorization = req.headers.get("authorization")
-        caller = self.auth.remembered(authorization)
-        if caller is None:
-            unseen = self.unseen_caller(authorization, req.scope, charge=False)
-            caller = unseen if isinstance(unseen, Caller) else await unseen
-        req.caller = caller
+        found = self.gate.caller(req.headers.get("authorization"), req.scope, charge=False)
+        req.caller = found if found is None or isinstance(found, Caller) else await found
 
     async def _read_many(self, table: str, req: Request, proto: Any) -> Answer:
         body = await _read_body(req, proto)
