@@ -25,21 +25,6 @@ import orjson
 
 from bench import common
 from bench.anchors import CONNECTIONS, key_script, on_load_core, rkey, tc_path
-from bench.common import (
-    LOAD_CPU,
-    command,
-    facts_line,
-    machine,
-    median,
-    pinned,
-    ratio_spread,
-    save,
-    settled,
-    wait_http,
-    with_cpu,
-    write_section,
-    wrk,
-)
 from bench.stack import Stack
 from tablecast.kafka.broker import free_port
 
@@ -78,8 +63,8 @@ def ghz_get(ghz: str, port: int, keys: int, seconds: int) -> dict[str, Any]:
     key = "key:{{printf `%%012d` (randomInt 0 %d)}}" % keys  # noqa: UP031
     data = orjson.dumps({"table": TABLE, "key": key}).decode()
     done = subprocess.run(
-        pinned(
-            LOAD_CPU,
+        common.pinned(
+            common.LOAD_CPU,
             [
                 ghz,
                 "--insecure",
@@ -137,16 +122,20 @@ def main(argv: list[str]) -> None:
     args = common.rounds_args("grpc_get", argv)
     common.ensure_tools({"wrk": "wrk"})
     ghz = ensure_ghz()
-    r: dict[str, Any] = {"machine": machine(), "command": command(), "args": vars(args)}
+    r: dict[str, Any] = {
+        "machine": common.machine(),
+        "command": common.command(),
+        "args": vars(args),
+    }
     with Stack() as stack, on_load_core():
         stack.table(TABLE, args.keys, PARTITIONS, app=APP, key_of=rkey)
         grpc_port = free_port()
         proc, url = stack.node(stack.dir / "node", None, "--grpc-port", str(grpc_port), app=APP)
-        wait_http(url + "/readyz", timeout=300, proc=proc)
+        common.wait_http(url + "/readyz", timeout=300, proc=proc)
         r["rounds"] = measure(ghz, url, grpc_port, proc.pid, args.keys, args.seconds, args.rounds)
         stack.stop(proc)
-    save("grpc_get", r)
-    write_section("grpc_get", render(r))
+    common.save("grpc_get", r)
+    common.write_section("grpc_get", render(r))
 
 
 def measure(
@@ -154,12 +143,12 @@ def measure(
 ) -> dict[str, list[dict[str, Any]]]:
     script = key_script(tc_path(TABLE), keys)
     # warm-ups: every key asked for at least once over each front end (caches of both)
-    wrk(url + "/", script, max(seconds, 10), CONNECTIONS)
+    common.wrk(url + "/", script, max(seconds, 10), CONNECTIONS)
     ghz_get(ghz, grpc_port, keys, max(seconds, 10))
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in NAMES}
 
     def run(name: str, how: Any, *args: Any) -> None:
-        out = with_cpu(how, *args, pids=(pid,))
+        out = common.with_cpu(how, *args, pids=(pid,))
         out["cpu_us_per_request"] = out["cpu_us_per_request"][0]
         runs[name].append(out)
 
@@ -167,7 +156,7 @@ def measure(
         first, second = ("http", "grpc") if n % 2 == 0 else ("grpc", "http")
         for name in (first, second):
             if name == "http":
-                run(name, wrk, url + "/", script, seconds, CONNECTIONS)
+                run(name, common.wrk, url + "/", script, seconds, CONNECTIONS)
             else:
                 run(name, ghz_get, ghz, grpc_port, keys, seconds)
         log.info("round %d: http %.0f/s, grpc %.0f/s", n + 1, runs["http"][-1]["rps"],
@@ -177,18 +166,18 @@ def measure(
 
 def render(r: dict[str, Any]) -> str:
     runs, args = r["rounds"], r["args"]
-    by_rps = ratio_spread(
+    by_rps = common.ratio_spread(
         [g["rps"] / h["rps"] for g, h in zip(runs["grpc"], runs["http"], strict=True)]
     )
-    by_cpu = ratio_spread(
+    by_cpu = common.ratio_spread(
         [
             h["cpu_us_per_request"] / g["cpu_us_per_request"]
             for g, h in zip(runs["grpc"], runs["http"], strict=True)
         ]
     )
     rows = "\n".join(
-        f"| {label} | {median(runs[n])['rps']:,.0f} | {median(runs[n])['p50_us'] / 1000:.2f} "
-        f"| {median(runs[n])['p99_us'] / 1000:.2f} "
+        f"| {label} | {common.median(runs[n])['rps']:,.0f} | {common.median(runs[n])['p50_us'] / 1000:.2f} "
+        f"| {common.median(runs[n])['p99_us'] / 1000:.2f} "
         f"| {statistics.median(x['cpu_us_per_request'] for x in runs[n]):.1f} |"
         for n, label in (("http", "HTTP/1.1 GET (wrk)"), ("grpc", "gRPC Get (ghz)"))
     )
@@ -202,12 +191,12 @@ def render(r: dict[str, Any]) -> str:
 
     def row(label: str, s: dict[str, Any], judged: bool) -> str:
         lo, hi = s["ratio_iqr"]
-        verdict = f"{settled(s['ratio_iqr'], TARGET)} (≥ {TARGET})" if judged else ""
+        verdict = f"{common.settled(s['ratio_iqr'], TARGET)} (≥ {TARGET})" if judged else ""
         return f"| {label} | {s['ratio_median']:.2f} | {lo:.2f}–{hi:.2f} | {verdict} |"
 
     return f"""## gRPC Get against HTTP GET, one node
 
-`{r["command"]}` — {facts_line(r["machine"])}.
+`{r["command"]}` — {common.facts_line(r["machine"])}.
 
 One node (the default HTTP engine, `--grpc-port`) on core 0, its load generator on core 1:
 wrk (1 thread, {CONNECTIONS} keep-alive connections) for HTTP, ghz (one CPU,

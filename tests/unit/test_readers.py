@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -163,80 +164,73 @@ def test_answers_spend_the_callers_tokens_and_leave_refusals_to_the_node(
         table.close()
 
 
-def test_a_quiet_feed_stops_the_answers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def fed(tmp_path: Path) -> Iterator[tuple[Node, Answerer]]:
+    """A node's store holding ``a``, and an answerer fed it once (tables too): answering."""
     node = Node(tmp_path / "store")
     node.write({"a": {"n": 1}})
     answerer = Answerer("node-1", 4096, tmp_path / "own", Auth(), kept_bytes=1 << 20)
     try:
         answerer.update(node.feed(tables=[orjson.loads(INFO.to_json())]))
-        assert answers(answerer, "a")[0] == 200
-        monkeypatch.setattr(answer_module, "FEED_TIMEOUT_S", 0.05)
-        time.sleep(0.1)
-        assert answerer.answer(head("/v1/tables/kv/keys/a")) is None  # kept or not
-        answerer.update(node.feed())
-        assert answers(answerer, "a")[0] == 200
+        assert answers(answerer, "a")[0] == 200  # kept from here on
+        yield node, answerer
     finally:
         answerer.close()
         node.store.close()
 
 
+def test_a_quiet_feed_stops_the_answers(
+    fed: tuple[Node, Answerer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node, answerer = fed
+    monkeypatch.setattr(answer_module, "FEED_TIMEOUT_S", 0.05)
+    time.sleep(0.1)
+    assert answerer.answer(head("/v1/tables/kv/keys/a")) is None  # kept or not
+    answerer.update(node.feed())
+    assert answers(answerer, "a")[0] == 200
+
+
 def test_a_store_short_of_what_the_node_applied_is_the_nodes_then_opened_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    fed: tuple[Node, Answerer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A secondary instance that does not see records the node says it applied answers
     nothing (kept answers neither): the node answers from its own replica, which has them.
     Still short after a while, it is opened afresh."""
-    node = Node(tmp_path / "store")
-    node.write({"a": {"n": 1}})
-    answerer = Answerer("node-1", 4096, tmp_path / "own", Auth(), kept_bytes=1 << 20)
+    node, answerer = fed
     monkeypatch.setattr(answer_module, "REOPEN_BEHIND_S", 0.05)
-    try:
-        answerer.update(node.feed(tables=[orjson.loads(INFO.to_json())]))
-        assert answers(answerer, "a")[0] == 200  # kept from here on
-        first = answerer.slots[("kv", 0)].store
+    first = answerer.slots[("kv", 0)].store
 
-        # the node says it applied two records more than any catch-up shows
-        ahead = node.feed()
-        ahead["slots"][0][4] += 2
-        ahead["slots"][0][5] += 2
-        answerer.update(ahead)
-        assert answerer.answer(head("/v1/tables/kv/keys/a")) is None
-        assert answerer.answer(head("/v1/tables/kv/keys/b")) is None
-        assert answerer.slots[("kv", 0)].store is first
+    # the node says it applied two records more than any catch-up shows
+    ahead = node.feed()
+    ahead["slots"][0][4] += 2
+    ahead["slots"][0][5] += 2
+    answerer.update(ahead)
+    assert answerer.answer(head("/v1/tables/kv/keys/a")) is None
+    assert answerer.answer(head("/v1/tables/kv/keys/b")) is None
+    assert answerer.slots[("kv", 0)].store is first
 
-        time.sleep(0.1)
-        answerer.update(ahead)  # still short: closed, to be opened again from the next line
-        assert ("kv", 0) not in answerer.slots
-        assert answerer.answer(head("/v1/tables/kv/keys/a")) is None
+    time.sleep(0.1)
+    answerer.update(ahead)  # still short: closed, to be opened again from the next line
+    assert ("kv", 0) not in answerer.slots
+    assert answerer.answer(head("/v1/tables/kv/keys/a")) is None
 
-        # the node's records reach the store: a new instance answers them
-        node.write({"a": {"n": 2}, "b": {"n": 3}})
-        answerer.update(node.feed())
-        assert answerer.slots[("kv", 0)].store is not first
-        status, headers, body = answers(answerer, "a")
-        assert (status, body["value"], headers["x-tablecast-position"]) == (200, {"n": 2}, "kv@0:3")
-    finally:
-        answerer.close()
-        node.store.close()
+    # the node's records reach the store: a new instance answers them
+    node.write({"a": {"n": 2}, "b": {"n": 3}})
+    answerer.update(node.feed())
+    assert answerer.slots[("kv", 0)].store is not first
+    status, headers, body = answers(answerer, "a")
+    assert (status, body["value"], headers["x-tablecast-position"]) == (200, {"n": 2}, "kv@0:3")
 
 
-def test_a_feed_line_it_cannot_take_stops_the_answers(tmp_path: Path) -> None:
+def test_a_feed_line_it_cannot_take_stops_the_answers(fed: tuple[Node, Answerer]) -> None:
     """A line that fails part-way leaves the answers as a quiet feed does: the node's."""
-    node = Node(tmp_path / "store")
-    node.write({"a": {"n": 1}})
-    answerer = Answerer("node-1", 4096, tmp_path / "own", Auth(), kept_bytes=1 << 20)
-    try:
-        answerer.update(node.feed(tables=[orjson.loads(INFO.to_json())]))
-        assert answers(answerer, "a")[0] == 200
-        answerer.fed_at -= answer_module.FEED_TIMEOUT_S  # the last good line, half a second ago
-        with pytest.raises(ValueError):
-            answerer.update({"slots": [["kv", 0]]})  # cut short: a slot without its fields
-        assert answerer.answer(head("/v1/tables/kv/keys/a")) is None
-        answerer.update(node.feed())
-        assert answers(answerer, "a")[0] == 200
-    finally:
-        answerer.close()
-        node.store.close()
+    node, answerer = fed
+    answerer.fed_at -= answer_module.FEED_TIMEOUT_S  # the last good line, half a second ago
+    with pytest.raises(ValueError):
+        answerer.update({"slots": [["kv", 0]]})  # cut short: a slot without its fields
+    assert answerer.answer(head("/v1/tables/kv/keys/a")) is None
+    answerer.update(node.feed())
+    assert answers(answerer, "a")[0] == 200
 
 
 def test_a_request_it_cannot_pipe_to_the_node_gets_503_with_retry_after(tmp_path: Path) -> None:
