@@ -163,8 +163,8 @@ The node's CPU per request (all its threads, /proc), median over rounds: auth of
 requests per CPU-second to auth off per round — JWT: {ratios("auth_cpu")}. JWT + policy:
 {ratios("policy_cpu")}.
 
-Target for JWT + policy ≥ {TARGET}× of auth off on one core: by req/s **{state}**; by
-requests per CPU-second **{cpu_state}** ("met" only when the whole interquartile range clears
+Target for JWT + policy ≥ {TARGET}× of auth off on one core: by req/s {state}; by
+requests per CPU-second {cpu_state} ("met" only when the whole interquartile range clears
 it). Req/s is what a user sees, but it moves with every time slice another process takes from
 the server core; CPU per request is the node's own cost and stays put, so it settles sooner.
 What could flatter us: one token reused by every connection, so after the first request no
