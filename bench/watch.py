@@ -317,8 +317,10 @@ def main(argv: list[str]) -> None:
         )
     with Stack() as stack:
         topic = stack.table("quotes", args.keys, partitions=12)
-        # granian: the HTTP/2 scenarios need it (the loop engine serves HTTP/1.1 only)
-        proc_a, url_a = stack.node(stack.dir / "node-a", None, "--http-engine", "granian")
+        # granian: the HTTP/2 scenarios need it (the loop engine serves HTTP/1.1 only); every
+        # watcher comes from one address, one caller to the node: its watch cap is lifted
+        node_args = ("--http-engine", "granian", "--max-watches", str(args.watchers + 1_000))
+        proc_a, url_a = stack.node(stack.dir / "node-a", None, *node_args)
         wait_http(url_a + "/readyz", timeout=300, proc=proc_a)
         producer = subprocess.Popen(
             pinned(
@@ -342,7 +344,7 @@ def main(argv: list[str]) -> None:
         script = random_key_script("/v1/tables/quotes/keys/", args.keys)
         wrk(url_a + "/", script, 2)
         result["get_rps"] = wrk(url_a + "/", script, 5)["rps"]
-        proc_b, url_b = stack.node(stack.dir / "node-b", None, "--http-engine", "granian")
+        proc_b, url_b = stack.node(stack.dir / "node-b", None, *node_args)
         wait_http(url_b + "/readyz", timeout=300, proc=proc_b)
         time.sleep(5)  # the hand-over settles
         second = "through a second node, HTTP/2"
