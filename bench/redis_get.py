@@ -123,9 +123,8 @@ def measure(
             out = with_cpu(how, *args, pids=(pid, *others))
             spent = out["cpu_us_per_request"]
             out["cpu_us_per_request"] = spent[0]
-            # what the idle servers beside it took of the core, per second of the run
-            seconds_run = out["requests"] / max(out["rps"], 1.0)
-            out["beside_cpu_share"] = sum(spent[1:]) * out["requests"] / 1e6 / seconds_run
+            # what the idle servers beside it took of the core: their CPU per request × req/s
+            out["beside_cpu_share"] = sum(spent[1:]) * out["rps"] / 1e6
             runs[f"{name}_beside"].append(out)
             return
         with stopped(others):

@@ -73,7 +73,8 @@ def diagnose(cluster: Cluster, diffs: list[str], limit: int = 10) -> list[str]:
     out: list[str] = []
     with httpx.Client(timeout=10) as http:
         for d in diffs[:limit]:
-            url, key = d.split()[0], d.split()[1].rstrip(":")
+            url, key = d.split()[:2]
+            key = key.rstrip(":")
             path = f"{url}/v1/tables/{TABLE}/keys/{quote(key)}"
             try:
                 plain = http.get(path)
@@ -89,19 +90,20 @@ def diagnose(cluster: Cluster, diffs: list[str], limit: int = 10) -> list[str]:
                 for r in n.get("replicas", [])
                 if partition is None or r.get("partition") == partition
             ]
-
-            def said(r: httpx.Response) -> str:
-                h = r.headers
-                return (
-                    f"{r.status_code} {r.text[:80]} position={h.get('x-tablecast-position')} "
-                    f"lag={h.get('x-tablecast-lag')} node={h.get('x-tablecast-node')}"
-                )
-
             out.append(
-                f"{url} {key}: plain {said(plain)}; node's own {said(own)}; "
+                f"{url} {key}: plain {_said(plain)}; node's own {_said(own)}; "
                 f"replicas of partition {partition}: {replicas}"
             )
     return out
+
+
+def _said(r: httpx.Response) -> str:
+    """An answer's status, the start of its body, and the position, lag and node it names."""
+    h = r.headers
+    return (
+        f"{r.status_code} {r.text[:80]} position={h.get('x-tablecast-position')} "
+        f"lag={h.get('x-tablecast-lag')} node={h.get('x-tablecast-node')}"
+    )
 
 
 def run(minutes: float, seed: int, work: Path) -> dict[str, Any]:
