@@ -113,8 +113,12 @@ def run(minutes: float, seed: int, work: Path) -> dict[str, Any]:
     readers: Readers | None = None
     producer: Producer | None = None
     events = []
+    #: seconds each phase took (a slow soak says where its time went)
+    phases: dict[str, float] = {}
+    began = time.monotonic()
     try:
         cluster.start()
+        phases["start"] = round(time.monotonic() - began, 1)
         producer = Producer(cluster.bootstrap, cluster.input_topic, RATE, seed)
         producer.start()
         ref = Reference(cluster.bootstrap, cluster.table_topic)
@@ -136,6 +140,7 @@ def run(minutes: float, seed: int, work: Path) -> dict[str, Any]:
             time.sleep(max(5.0, slot_end - time.monotonic()))
         producer.stop()
         readers.stop()
+        phases["faults"] = round(time.monotonic() - t0, 1)
         by_read_process = cluster.answered_by_read_processes()
         expected = {k: expected_value(v) for k, v in producer.acked.items()}
         expected = {k: v for k, v in expected.items() if v is not None}
@@ -143,9 +148,13 @@ def run(minutes: float, seed: int, work: Path) -> dict[str, Any]:
         malformed_unhealed = {
             k for k in injector.malformed_keys if ref.by_key[k][-1].value is MALFORMED
         }
+        mark = time.monotonic()
         converged, diffs = converge(cluster, expected, malformed_unhealed, 180)
+        phases["converge"] = round(time.monotonic() - mark, 1)
         diagnosis = [] if converged else diagnose(cluster, diffs)
+        mark = time.monotonic()
         readers.judge_deferred(ref.catch_up(60))
+        phases["catch_up"] = round(time.monotonic() - mark, 1)
         lost_keys = sorted({d.split()[1].rstrip(":") for d in diffs})
         t = readers.tally
         answered = t.queries - sum(t.failed.values())
@@ -180,6 +189,7 @@ def run(minutes: float, seed: int, work: Path) -> dict[str, Any]:
             "faults": [as_dict(e) for e in events],
             "notes": cluster.notes,
             "by_read_process": by_read_process,
+            "phases_s": phases,
         }
     finally:
         if producer is not None and not producer.stopping.is_set():

@@ -50,6 +50,7 @@ def test_chaos_soak_never_lies_and_never_loses(tmp_path: Path, minutes: float) -
             *r["failed_samples"][:10],
             *r["node_503_samples"][:10],
             f"faults {timeline}",
+            f"phases (s) {r['phases_s']}",
         ]
     )
     print(found)
