@@ -58,12 +58,24 @@ class Target:
     interceptor: str | None = None
     #: key buckets of its per-key steps (what its checkpoint's layout records)
     buckets: int = 1
+    #: whether the query runs in Real-time Mode (its tasks poll Kafka for their whole batch)
+    realtime: bool = False
+
+
+#: how long the broker may hold a micro-batch task's fetch for more data. At the topic's end a
+#: task's consumer waited that long behind a held fetch (in its offset lookup), so Kafka's
+#: 500 ms default was most of every small batch's time.
+MICRO_BATCH_FETCH_WAIT_MS = 10
 
 
 def _load(spark: SparkSession, ref: TopicRef, t: Target, headers: bool = False) -> DataFrame:
     """A topic as the envelope's columns (plus its headers if asked)."""
+    # a Real-time Mode task waits on its fetches for records as they come: Kafka's default
+    # there, or its idle tasks would ask the broker a hundred times a second
+    fetch_wait = {} if t.realtime else {"kafka.fetch.max.wait.ms": str(MICRO_BATCH_FETCH_WAIT_MS)}
     raw = (
         spark.readStream.format("kafka")
+        .options(**fetch_wait)  # before the user's Kafka settings, which win
         .options(**spark_options(t.bootstrap_servers))
         .option("subscribe", ref.topic)
         .option("startingOffsets", "earliest")

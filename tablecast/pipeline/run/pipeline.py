@@ -311,6 +311,7 @@ class Pipeline:
                         app.on_data_loss,
                         interceptor,
                         buckets.get(q.name, 1),
+                        trig.realtime,
                     )
                     started[q.name] = trig.apply(writer(spark, q, target)).start()
                     if trig.realtime:
