@@ -23,6 +23,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from tablecast.cluster.node import Node as ClusterNode
+from tablecast.contract.table_info import TableInfo
 from tablecast.live.events import ERROR, READY, Change, Encoder
 from tablecast.live.service import Live, query_pairs
 from tablecast.live.sinks import QueueSink
@@ -32,6 +33,7 @@ from tablecast.query.gate import Gate
 from tablecast.query.peer_pool import SIGNATURE
 from tablecast.query.reads import Router
 from tablecast.query.request import HOP, Request
+from tablecast.store import Record
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +106,23 @@ class GrpcEncoder(Encoder):
 GRPC = GrpcEncoder()
 
 
+def row_of(info: TableInfo, raw: bytes, partition: int, record: Record) -> pb.Row:
+    """A key's record as the ``Row`` message: key and value in their JSON text (SerdeError if
+    the stored value cannot be read as its format)."""
+    value = info.value_serde
+    if value.format == "json":  # kept as written, given compact as a forwarded answer's is
+        text = orjson.dumps(orjson.loads(record.value)).decode()
+    else:
+        text = orjson.dumps(value.to_json(record.value)).decode()
+    return pb.Row(
+        key=key_text(info.key_serde.to_json(raw)),
+        value=text,
+        partition=partition,
+        offset=record.offset,
+        timestamp=record.timestamp,
+    )
+
+
 class _Scope:
     """What the router reads of a request's scope: the client's address (rate limits)."""
 
@@ -163,13 +182,16 @@ class Tables:
     ) -> pb.GetResponse:
         req = await self._request(context, _max_lag(request))
         try:
-            answer = self.router.get_key(request.table, request.key, req)
+            answer = self.router.get_key(request.table, request.key, req, encode=row_of)
             if not isinstance(answer, tuple):
                 answer = await answer
         except ApiError as e:
             if e.code != "key_not_found":
                 await _abort(context, e)
             return pb.GetResponse(found=False, **_freshness(e.headers))
+        if isinstance(answer[1], pb.Row):  # read here: the message made of the record
+            return pb.GetResponse(found=True, row=answer[1], **_freshness(answer[2]))
+        # a peer's answer, which comes as its HTTP body
         if answer[0] == 404 and b'"key_not_found"' in answer[1]:
             return pb.GetResponse(found=False, **_freshness(answer[2]))
         doc, headers = await self._answer(context, answer)

@@ -12,7 +12,7 @@ import heapq
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from itertools import islice
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import orjson
 
@@ -35,6 +35,8 @@ from tablecast.store import PartitionStore, Record, StoreClosed, Version
 
 Headers = list[tuple[str, str]]
 Answer = tuple[int, bytes, Headers]
+#: what a front end makes of a key's record: (table, key bytes, partition, record) -> its body
+EncodeEntry = Callable[[TableInfo, bytes, int, Record], Any]
 
 RETRY_AFTER = [("retry-after", "1")]
 MAX_WINDOWS = 10_000
@@ -155,8 +157,15 @@ class Local:
         return [*fresh, token]
 
     def read_key(
-        self, info: TableInfo, raw: bytes, partition: int, replica: Replica, key_text: str
+        self,
+        info: TableInfo,
+        raw: bytes,
+        partition: int,
+        replica: Replica,
+        key_text: str,
+        encode: EncodeEntry = entry,
     ) -> Answer:
+        """The key's entry as `encode` makes it (the HTTP body unless told otherwise)."""
         try:
             record, position = replica.read(partial(replica.store.get, raw), raw)
         except StoreClosed:
@@ -168,7 +177,7 @@ class Local:
                 self.headers(replica, position),
             )
         try:
-            body = entry(info, raw, partition, record)
+            body = encode(info, raw, partition, record)
         except SerdeError:  # stored before values were checked at ingest: unreadable
             raise ApiError(
                 "key_not_found",

@@ -32,7 +32,7 @@ from tablecast.query.errors import ApiError
 from tablecast.query.fanout import DEFAULT_LIMIT, MAX_LIMIT, FanOut, limit_param
 from tablecast.query.forwarding import FORWARDING
 from tablecast.query.kept_answers import Answers
-from tablecast.query.local import Answer, Headers, Local
+from tablecast.query.local import Answer, EncodeEntry, Headers, Local, entry
 from tablecast.query.ownership import ME, Routing
 from tablecast.query.params import time_param
 from tablecast.query.peer_calls import Rpc, key_target, maybe
@@ -107,11 +107,19 @@ class Router:
 
     # -- reads of one partition ------------------------------------------------
     def get_key(
-        self, table: str, key_text: str, req: Request, keep_as: str | None = None
+        self,
+        table: str,
+        key_text: str,
+        req: Request,
+        keep_as: str | None = None,
+        encode: EncodeEntry = entry,
     ) -> Answer | Awaitable[Answer]:
         """One key's entry. `keep_as`: the URL path to remember a plain local answer under
         in :attr:`answers` (the HTTP hot path; see :mod:`tablecast.query.kept_answers`), whose
-        caller also takes a peer's answer with its headers as wire lines (:meth:`Rpc.forward`)."""
+        caller also takes a peer's answer with its headers as wire lines (:meth:`Rpc.forward`).
+        `encode`: what the body of an answer read here is made of the record (the HTTP
+        body unless told otherwise; gRPC makes its message); an answer of a peer, or of
+        ``as_of``, is always the HTTP body."""
         caller = req.caller
         if caller is None or caller.grants is None:  # the hot path without a policy: no call
             info, scope = self.local.table(table), None
@@ -133,7 +141,7 @@ class Router:
                 # the hot path: one replica lookup, no choice list, no closure
                 try:
                     if keep_as is None or self.answers is None:
-                        return local.read_key(info, raw, partition, replica, key_text)
+                        return local.read_key(info, raw, partition, replica, key_text, encode)
                     version, end = replica.version, replica.end_offset
                     answer = local.read_key(info, raw, partition, replica, key_text)
                     self.answers.keep(keep_as, info, replica, version, end, answer[2], answer[1])
@@ -146,7 +154,7 @@ class Router:
         as_of = time_param(req.params, "as_of", None) if opts is not NO_OPTIONS else None
         read: Read
         if as_of is None:
-            read = lambda r: local.read_key(info, raw, partition, r, key_text)  # noqa: E731
+            read = lambda r: local.read_key(info, raw, partition, r, key_text, encode)  # noqa: E731
         else:
             require_history(info)
             read = lambda r: local.read_as_of(info, raw, r, as_of, key_text)  # noqa: E731

@@ -1,0 +1,48 @@
+"""A key read answered on the node itself becomes gRPC's Row straight from the record, and
+says what the HTTP body of the same read says."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import orjson
+import pytest
+
+from tablecast import serde
+from tablecast.grpc.service import key_text, row_of
+from tablecast.proto import tables_pb2 as pb
+from tablecast.query.local import entry
+from tablecast.store import Record
+from tests.support.nodes import PLAIN_INFO
+
+POINT = {"type": "record", "name": "Point", "fields": [{"name": "x", "type": "long"}]}
+CASES = [
+    # (key serde, value serde, key bytes, stored value)
+    (serde.string(), serde.json(), b"card 7", b'{"points": 12,  "tier": ["gold"]}'),
+    (serde.long(), serde.json(), serde.long().serialize(42), b"[1, 2.5, null]"),
+    (serde.string(), serde.avro(POINT), b"p", serde.avro(POINT).serialize({"x": -3})),
+    (serde.string(), serde.string(), b"k", "caf\u00e9".encode()),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "raw", "stored"), CASES)
+def test_a_row_says_what_the_http_body_says(
+    key: serde.Serde, value: serde.Serde, raw: bytes, stored: bytes
+) -> None:
+    info = dataclasses.replace(PLAIN_INFO, key=key.spec(), value=value.spec())
+    record = Record(stored, 17, 1_700_000_000_000)
+    doc = orjson.loads(entry(info, raw, 0, record))
+    # what a forwarded read's Row is made of: the HTTP body, parsed
+    expected = pb.Row(
+        key=key_text(doc["key"]),
+        value=orjson.dumps(doc["value"]).decode(),
+        partition=doc["partition"],
+        offset=doc["offset"],
+        timestamp=doc["timestamp"],
+    )
+    assert row_of(info, raw, 0, record) == expected
+
+
+def test_a_json_value_comes_compact() -> None:
+    row = row_of(PLAIN_INFO, b"k", 0, Record(b'{ "a" : [1,  2] }', 3, 4))
+    assert (row.key, row.value, row.offset, row.timestamp) == ("k", '{"a":[1,2]}', 3, 4)
