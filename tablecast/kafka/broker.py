@@ -297,6 +297,17 @@ def free_port() -> int:
     return _free_port()
 
 
+def _last_error(log_file: Path) -> str:
+    """The log's last ERROR line, for the message of a start that failed (the log may be
+    gone by the time someone reads it, a test's temporary directory removed)."""
+    try:
+        lines = log_file.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    errors = [line for line in lines if " ERROR " in line or "Exception" in line]
+    return f"; its last error: {errors[-1][:500]}" if errors else ""
+
+
 def _wait_ready(broker: Broker, timeout: float, pid: int) -> None:
     """Wait until the broker can create a topic, showing progress.
 
@@ -312,7 +323,9 @@ def _wait_ready(broker: Broker, timeout: float, pid: int) -> None:
     last_note = time.monotonic()
     while True:
         if not _alive(pid):
-            raise RuntimeError(f"the Kafka broker exited during start; see {log_file}")
+            raise RuntimeError(
+                f"the Kafka broker exited during start; see {log_file}{_last_error(log_file)}"
+            )
         try:
             md = admin.list_topics(timeout=2)
             # a fenced broker (still catching up with the quorum) is left out of metadata
