@@ -123,6 +123,17 @@ def row_of(info: TableInfo, raw: bytes, partition: int, record: Record) -> pb.Ro
     )
 
 
+def row_of_entry(doc: dict[str, Any]) -> pb.Row:
+    """A key read's HTTP body, parsed (a peer's answer), as the ``Row`` message."""
+    return pb.Row(
+        key=key_text(doc["key"]),
+        value=orjson.dumps(doc["value"]).decode(),
+        partition=doc["partition"],
+        offset=doc["offset"],
+        timestamp=doc["timestamp"],
+    )
+
+
 class _Scope:
     """What the router reads of a request's scope: the client's address (rate limits)."""
 
@@ -195,14 +206,7 @@ class Tables:
         if answer[0] == 404 and b'"key_not_found"' in answer[1]:
             return pb.GetResponse(found=False, **_freshness(answer[2]))
         doc, headers = await self._answer(context, answer)
-        row = pb.Row(
-            key=key_text(doc["key"]),
-            value=orjson.dumps(doc["value"]).decode(),
-            partition=doc["partition"],
-            offset=doc["offset"],
-            timestamp=doc["timestamp"],
-        )
-        return pb.GetResponse(found=True, row=row, **_freshness(headers))
+        return pb.GetResponse(found=True, row=row_of_entry(doc), **_freshness(headers))
 
     async def batch_get(
         self, request: pb.BatchGetRequest, context: grpc.aio.ServicerContext

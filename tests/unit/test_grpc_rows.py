@@ -9,8 +9,7 @@ import orjson
 import pytest
 
 from tablecast import serde
-from tablecast.grpc.service import key_text, row_of
-from tablecast.proto import tables_pb2 as pb
+from tablecast.grpc.service import row_of, row_of_entry
 from tablecast.query.local import entry
 from tablecast.store import Record
 from tests.support.nodes import PLAIN_INFO
@@ -31,16 +30,9 @@ def test_a_row_says_what_the_http_body_says(
 ) -> None:
     info = dataclasses.replace(PLAIN_INFO, key=key.spec(), value=value.spec())
     record = Record(stored, 17, 1_700_000_000_000)
-    doc = orjson.loads(entry(info, raw, 0, record))
-    # what a forwarded read's Row is made of: the HTTP body, parsed
-    expected = pb.Row(
-        key=key_text(doc["key"]),
-        value=orjson.dumps(doc["value"]).decode(),
-        partition=doc["partition"],
-        offset=doc["offset"],
-        timestamp=doc["timestamp"],
-    )
-    assert row_of(info, raw, 0, record) == expected
+    # a forwarded read's Row is made of the peer's HTTP body, parsed
+    forwarded = row_of_entry(orjson.loads(entry(info, raw, 0, record)))
+    assert row_of(info, raw, 0, record) == forwarded
 
 
 def test_a_json_value_comes_compact() -> None:
