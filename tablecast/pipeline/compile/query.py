@@ -70,8 +70,8 @@ MICRO_BATCH_FETCH_WAIT_MS = 10
 
 def _load(spark: SparkSession, ref: TopicRef, t: Target, headers: bool = False) -> DataFrame:
     """A topic as the envelope's columns (plus its headers if asked)."""
-    # a Real-time Mode task waits on its fetches for records as they come: Kafka's default
-    # there, or its idle tasks would ask the broker a hundred times a second
+    # a Real-time Mode task polls at the topic's end for its whole batch: Kafka's default
+    # there, or an idle task would send a fetch every 10 ms
     fetch_wait = {} if t.realtime else {"kafka.fetch.max.wait.ms": str(MICRO_BATCH_FETCH_WAIT_MS)}
     raw = (
         spark.readStream.format("kafka")
