@@ -39,30 +39,42 @@ WARMUP_S = 20.0
 def converge(
     cluster: Cluster, expected: dict[str, Any], skip: set[str], timeout: float
 ) -> tuple[bool, list[str]]:
-    """Wait until every node answers every key as expected; the keys still differing."""
+    """Wait until every node answers every key as expected; the keys still differing.
+
+    A pass over every key of every node is long (thousands of reads), so after the first
+    only the reads still differing are asked again, and a clean recheck is confirmed by a
+    last pass over everything: the verdict always comes from the latest answers."""
     deadline = time.monotonic() + timeout
-    diffs: list[str] = []
+    every = [(n.url, f"k{i:05d}") for n in cluster.nodes for i in range(KEYS)]
+    # a malformed table record no valid one followed
+    every = [(url, k) for url, k in every if k not in skip]
     with httpx.Client(timeout=10) as http:
+
+        def differing(reads: list[tuple[str, str]]) -> list[tuple[str, str, str]]:
+            out = []
+            for url, k in reads:
+                want = expected.get(k)
+                try:
+                    r = http.get(f"{url}/v1/tables/{TABLE}/keys/{quote(k)}")
+                    got = r.json().get("value") if r.status_code == 200 else None
+                    if r.status_code not in (200, 404):
+                        got = f"status {r.status_code}"
+                except (httpx.HTTPError, ValueError) as e:
+                    got = type(e).__name__
+                if got != want:
+                    out.append((url, k, f"{url} {k}: {want!r} / {got!r}"))
+            return out
+
+        diffs = differing(every)
         while True:
-            diffs = []
-            for n in cluster.nodes:
-                for i in range(KEYS):
-                    k = f"k{i:05d}"
-                    if k in skip:  # a malformed table record no valid one followed
-                        continue
-                    want = expected.get(k)
-                    try:
-                        r = http.get(f"{n.url}/v1/tables/{TABLE}/keys/{quote(k)}")
-                        got = r.json().get("value") if r.status_code == 200 else None
-                        if r.status_code not in (200, 404):
-                            got = f"status {r.status_code}"
-                    except (httpx.HTTPError, ValueError) as e:
-                        got = type(e).__name__
-                    if got != want:
-                        diffs.append(f"{n.url} {k}: {want!r} / {got!r}")
-            if not diffs or time.monotonic() > deadline:
-                return not diffs, diffs
+            if not diffs:
+                diffs = differing(every)  # confirmed over everything
+                if not diffs:
+                    return True, []
+            if time.monotonic() > deadline:
+                return False, [d for _, _, d in diffs]
             time.sleep(5)
+            diffs = differing([(url, k) for url, k, _ in diffs])
 
 
 def diagnose(cluster: Cluster, diffs: list[str], limit: int = 10) -> list[str]:
