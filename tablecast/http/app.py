@@ -49,7 +49,7 @@ from tablecast.query.coalesce import (
 from tablecast.query.consistency import AFTER_HEADER
 from tablecast.query.cursor import Cursors
 from tablecast.query.errors import ApiError
-from tablecast.query.gate import Gate
+from tablecast.query.gate import Gate, fetching
 from tablecast.query.kept_answers import JSON, Answers, Entry
 from tablecast.query.local import Answer
 from tablecast.query.peer_calls import plain_key_read
@@ -203,7 +203,7 @@ class HttpApp:
             ):
                 authorization = headers.get("authorization") or _query_token(path, query)
                 found = self.gate.caller(authorization, scope, not from_peer)
-                if found is not None and not isinstance(found, Caller):  # its key is fetched
+                if fetching(found):
                     return self._begin_verified(found, scope, proto, started)
                 caller = found
             if limited:
@@ -478,7 +478,7 @@ class HttpApp:
     ) -> Answer | Awaitable[Answer]:
         """`answer()` once the request's token is verified (a status route's own check)."""
         found = self.gate.caller(authorization, scope)
-        if found is not None and not isinstance(found, Caller):  # its key is being fetched
+        if fetching(found):
             return _once_verified(found, answer)
         return answer()
 
@@ -496,7 +496,7 @@ class HttpApp:
         if not self._auth_on:
             return
         found = self.gate.caller(req.headers.get("authorization"), req.scope, charge=False)
-        req.caller = found if found is None or isinstance(found, Caller) else await found
+        req.caller = await found if fetching(found) else found
 
     async def _read_many(self, table: str, req: Request, proto: Any) -> Answer:
         body = await _read_body(req, proto)

@@ -13,11 +13,17 @@ first step (:mod:`tablecast.http.readers.key_reads`).
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from typing import Any
+from typing import Any, TypeGuard
 
 from tablecast.query.auth import Auth, Caller, KeysNeeded
 from tablecast.query.ratelimit import RateLimit
 from tablecast.query.request import subject_of
+
+
+def fetching(found: Caller | Awaitable[Caller] | None) -> TypeGuard[Awaitable[Caller]]:
+    """Whether :meth:`Gate.caller` gave what waits for a signing key being fetched (rather
+    than the caller, or None with auth off)."""
+    return found is not None and not isinstance(found, Caller)
 
 
 class Gate:
@@ -50,8 +56,7 @@ class Gate:
     async def admit(self, authorization: str | None, scope: Any) -> Caller | None:
         """Both steps, waiting for a JWKS fetch if the token needs one (a stream's start, a
         gRPC call)."""
-        caller = self.caller(authorization, scope)
-        if caller is not None and not isinstance(caller, Caller):
-            caller = await caller
+        found = self.caller(authorization, scope)
+        caller = await found if fetching(found) else found
         self.limit(caller, scope)
         return caller

@@ -34,9 +34,13 @@ from tablecast.serde import SerdeError
 from tablecast.store import PartitionStore, Record, StoreClosed, Version
 
 Headers = list[tuple[str, str]]
+#: status, HTTP body, headers
 Answer = tuple[int, bytes, Headers]
 #: what a front end makes of a key's record: (table, key bytes, partition, record) -> its body
 EncodeEntry = Callable[[TableInfo, bytes, int, Record], Any]
+#: a key read's answer: its body is what the front end's EncodeEntry made of the record when
+#: this node read it (the HTTP body by default), the HTTP body when a peer answered
+EntryAnswer = tuple[int, Any, Headers]
 
 RETRY_AFTER = [("retry-after", "1")]
 MAX_WINDOWS = 10_000
@@ -164,7 +168,7 @@ class Local:
         replica: Replica,
         key_text: str,
         encode: EncodeEntry = entry,
-    ) -> Answer:
+    ) -> EntryAnswer:
         """The key's entry as `encode` makes it (the HTTP body unless told otherwise)."""
         try:
             record, position = replica.read(partial(replica.store.get, raw), raw)

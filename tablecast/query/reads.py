@@ -32,7 +32,7 @@ from tablecast.query.errors import ApiError
 from tablecast.query.fanout import DEFAULT_LIMIT, MAX_LIMIT, FanOut, limit_param
 from tablecast.query.forwarding import FORWARDING
 from tablecast.query.kept_answers import Answers
-from tablecast.query.local import Answer, EncodeEntry, Headers, Local, entry
+from tablecast.query.local import Answer, EncodeEntry, EntryAnswer, Headers, Local, entry
 from tablecast.query.ownership import ME, Routing
 from tablecast.query.params import time_param
 from tablecast.query.peer_calls import Rpc, key_target, maybe
@@ -113,7 +113,7 @@ class Router:
         req: Request,
         keep_as: str | None = None,
         encode: EncodeEntry = entry,
-    ) -> Answer | Awaitable[Answer]:
+    ) -> EntryAnswer | Awaitable[EntryAnswer]:
         """One key's entry. `keep_as`: the URL path to remember a plain local answer under
         in :attr:`answers` (the HTTP hot path; see :mod:`tablecast.query.kept_answers`), whose
         caller also takes a peer's answer with its headers as wire lines (:meth:`Rpc.forward`).
