@@ -37,14 +37,17 @@ WARMUP_S = 20.0
 
 
 def converge(
-    cluster: Cluster, expected: dict[str, Any], skip: set[str], timeout: float
+    cluster: Cluster, expected: dict[str, Any], skip: set[str], stall_s: float, cap_s: float
 ) -> tuple[bool, list[str]]:
     """Wait until every node answers every key as expected; the keys still differing.
 
     A pass over every key of every node is long (thousands of reads), so after the first
     only the reads still differing are asked again, and a clean recheck is confirmed by a
-    last pass over everything: the verdict always comes from the latest answers."""
-    deadline = time.monotonic() + timeout
+    last pass over everything: the verdict always comes from the latest answers. It waits
+    as long as reads keep coming right, giving up after `stall_s` without one more right
+    (or `cap_s` in all): a pipeline restarted on a loaded machine may take minutes to
+    catch up with the input, which is slow, not lost."""
+    started = progressed = time.monotonic()
     every = [(n.url, f"k{i:05d}") for n in cluster.nodes for i in range(KEYS)]
     # a malformed table record no valid one followed
     every = [(url, k) for url, k in every if k not in skip]
@@ -66,15 +69,30 @@ def converge(
             return out
 
         diffs = differing(every)
+        fewest = len(diffs)
         while True:
             if not diffs:
                 diffs = differing(every)  # confirmed over everything
                 if not diffs:
                     return True, []
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now - progressed > stall_s or now - started > cap_s:
                 return False, [d for _, _, d in diffs]
             time.sleep(5)
             diffs = differing([(url, k) for url, k, _ in diffs])
+            if len(diffs) < fewest:
+                fewest, progressed = len(diffs), time.monotonic()
+                log.info("converging: %d of %d reads still differ", fewest, len(every))
+
+
+def pipeline_progress(cluster: Cluster, lines: int = 3) -> list[str]:
+    """The pipeline's last batch lines: whether it was still catching up with the input."""
+    try:
+        text = (cluster.work / "pipeline.log").read_text(errors="replace")
+    except OSError as e:
+        return [f"pipeline log: {e}"]
+    batches = [ln for ln in text.splitlines() if "rows/s processed" in ln or "started," in ln]
+    return [f"pipeline: {ln}" for ln in batches[-lines:]]
 
 
 def diagnose(cluster: Cluster, diffs: list[str], limit: int = 10) -> list[str]:
@@ -161,9 +179,9 @@ def run(minutes: float, seed: int, work: Path) -> dict[str, Any]:
             k for k in injector.malformed_keys if ref.by_key[k][-1].value is MALFORMED
         }
         mark = time.monotonic()
-        converged, diffs = converge(cluster, expected, malformed_unhealed, 180)
+        converged, diffs = converge(cluster, expected, malformed_unhealed, 180, 480)
         phases["converge"] = round(time.monotonic() - mark, 1)
-        diagnosis = [] if converged else diagnose(cluster, diffs)
+        diagnosis = [] if converged else pipeline_progress(cluster) + diagnose(cluster, diffs)
         mark = time.monotonic()
         readers.judge_deferred(ref.catch_up(60))
         phases["catch_up"] = round(time.monotonic() - mark, 1)
