@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import orjson
 
-from tablecast.cluster.fetchwatch import FetchWatch
+from tablecast.cluster.fetchwatch import FetchWatch, Slot
 from tablecast.cluster.replica import Replica
 from tablecast.cluster.replica_lifecycle import Freshness
 from tablecast.contract.table_info import TableInfo
@@ -29,6 +30,26 @@ FRESH_S = 2.5
 STALL_S = 5.0
 #: a store's in-sync time is written at most this often while it is current
 SYNC_EVERY_S = 30.0
+#: how long a leader's connection must have been up for its partitions' high watermarks in
+#: the statistics to be newer than the connection (the statistics' interval: one report)
+SETTLED_US = 1_000_000
+
+
+@dataclass
+class EndWitness:
+    """The partitions whose statistics may confirm their end: those that were fetching from
+    a leader connected since before the report before.
+
+    A high watermark in librdkafka's statistics is the one of the partition's last fetch
+    response. Right after its leader's connection comes back (a broker outage), or its
+    fetch starts again, the report still carries the end from before, and taking that as
+    confirmed now would have a replica claim to be current while the broker holds more.
+    One report later the fetch (which waits 50 ms at most) has brought the end as it is."""
+
+    fetching: set[Slot] = field(default_factory=set)
+
+    def forget(self, slot: Slot) -> None:
+        self.fetching.discard(slot)
 
 
 def reached_end(replica: Replica, offset: int, now: float) -> None:
@@ -90,13 +111,22 @@ def note_statistics(
     by_topic: Mapping[str, TableInfo],
     replicas: Mapping[tuple[str, int], Replica],
     fetches: FetchWatch,
+    witness: EndWitness,
     now: float,
 ) -> None:
     """librdkafka's statistics: each partition's high watermark as of the last fetch,
-    trusted while its leader's connection is up (and each fetch's state, for `fetches`)."""
+    trusted once its leader's connection and its fetch have lasted a report (`witness`);
+    and each fetch's state, for `fetches`."""
     try:
         stats = orjson.loads(text)
-        up = {b.get("nodeid") for b in stats.get("brokers", {}).values() if b.get("state") == "UP"}
+        brokers = stats.get("brokers", {}).values()
+        up = {b.get("nodeid") for b in brokers if b.get("state") == "UP"}
+        settled = {
+            b.get("nodeid")
+            for b in brokers
+            if b.get("state") == "UP" and b.get("stateage", 0) >= SETTLED_US
+        }
+        fetching: set[Slot] = set()
         for topic, t in stats.get("topics", {}).items():
             info = by_topic.get(topic)
             if info is None:
@@ -107,11 +137,15 @@ def note_statistics(
                 hi = part.get("hi_offset", -1)
                 if replica is None or replica.paused:
                     continue
-                leader_up, state = part.get("leader") in up, part.get("fetch_state", "")
-                fetches.observe(slot, now, leader_up, state, hi, replica.position)
-                if hi < 0 or not leader_up or state != "active":
+                leader, state = part.get("leader"), part.get("fetch_state", "")
+                fetches.observe(slot, now, leader in up, state, hi, replica.position)
+                if hi < 0 or leader not in settled or state != "active":
                     continue
+                fetching.add(slot)
+                if slot not in witness.fetching:
+                    continue  # its end may predate the fetch: the next report says
                 replica.end_offset = max(replica.end_offset, hi)
                 replica.end_seen_at = now
+        witness.fetching = fetching
     except Exception as e:  # statistics are advisory: never let them break consuming
         log.debug("unreadable consumer statistics: %s", e)

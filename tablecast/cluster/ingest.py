@@ -111,6 +111,7 @@ class Ingestor:
         self._group = f"tablecast-node-{app_id}-{node_id}"
         self._consumer = self._new_consumer()
         self._fetches = FetchWatch()
+        self._witness = freshness.EndWitness()
         #: replaces the consumer if it goes deaf (after a broker restart)
         self.deafness = DeafCheck(bootstrap_servers)
         self.consumers_renewed = 0
@@ -261,6 +262,7 @@ class Ingestor:
                 r.release()  # readers holding it go elsewhere from now on
                 r.store.close()
                 self._fetches.forget((r.table.name, r.partition))
+                self._witness.forget((r.table.name, r.partition))
                 self._pending_drop[(r.table.name, r.partition)] = now + self.drop_released_after_s
             log.info("released %d partition(s): %s", len(gone), _slots(gone))
         fresh = []
@@ -471,6 +473,7 @@ class Ingestor:
         )
         old, self._consumer = self._consumer, self._new_consumer()
         self._fetches = FetchWatch()
+        self._witness = freshness.EndWitness()
         self.consumers_renewed += 1
         self.deafness.replaced(now)
         if assigned:
@@ -525,7 +528,7 @@ class Ingestor:
     def _on_stats(self, text: str) -> None:
         """librdkafka's statistics (on this thread, inside consume)."""
         freshness.note_statistics(
-            text, self._by_topic, self.replicas, self._fetches, time.monotonic()
+            text, self._by_topic, self.replicas, self._fetches, self._witness, time.monotonic()
         )
 
     # -- freshness -----------------------------------------------------------------
