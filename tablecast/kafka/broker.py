@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -286,14 +287,39 @@ def _alive(pid: int) -> bool:
         return True
 
 
+#: listening ports are picked from here up to where the kernel's ports for outgoing
+#: connections begin (ip_local_port_range): an outgoing connection never takes one between
+#: its pick and its listen, nor while its broker restarts (a KRaft controller keeps its port)
+LISTEN_PORTS_FROM = 10_000
+_pick = random.SystemRandom()
+
+
+def _outgoing_ports_from() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
+    below = _outgoing_ports_from()
+    if below - LISTEN_PORTS_FROM >= 1000:
+        for _ in range(100):
+            port = _pick.randrange(LISTEN_PORTS_FROM, below)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            return port
+    with socket.socket() as s:  # no such range here: any port the kernel gives
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 def free_port() -> int:
-    """A TCP port on loopback that is free right now."""
+    """A TCP port on loopback that is free right now, outside the range the kernel hands
+    out to outgoing connections."""
     return _free_port()
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,7 +29,7 @@ from tablecast.cli.supervisor import stop_process
 from tablecast.kafka.dev_cluster import KafkaCluster
 from tablecast.kafka.topics import ensure_topic
 
-from ..support.procs import eventually, start_node, stop_all, tls
+from ..support.procs import eventually, free_port_run, start_node, stop_all, tls
 
 pytestmark = pytest.mark.integration
 
@@ -45,24 +44,9 @@ app.table("{topic}", key=tc.serde.string(), value=tc.serde.json()).materialize("
 """
 
 
-def _consecutive_free_ports(n: int) -> int:
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        try:
-            for port in range(base, base + n):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no run of free ports")
-
-
 def test_leader_broker_stops_and_returns(unique: str, tmp_path: Path) -> None:
     data = Path(tempfile.mkdtemp(prefix="tablecast-test-kafka-cluster-"))
-    cluster = KafkaCluster.create(data, _consecutive_free_ports(3), 3)
+    cluster = KafkaCluster.create(data, free_port_run(3), 3)
     procs: list[subprocess.Popen[bytes]] = []
     nodes = []
     stop = threading.Event()
