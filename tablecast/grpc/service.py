@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 from urllib.parse import urlencode
 
@@ -30,6 +30,7 @@ from tablecast.live.sinks import QueueSink
 from tablecast.proto import tables_pb2 as pb
 from tablecast.query.errors import ApiError
 from tablecast.query.gate import Gate
+from tablecast.query.local import Found
 from tablecast.query.peer_pool import SIGNATURE
 from tablecast.query.reads import Router
 from tablecast.query.request import HOP, Request
@@ -75,6 +76,14 @@ STATUS = {
 def key_text(key: Any) -> str:
     """A key's JSON value in its text form (a URL path's): strings as they are, else JSON."""
     return key if isinstance(key, str) else orjson.dumps(key).decode()
+
+
+def json_text(value: Any) -> str:
+    """A row's value as compact JSON text: a value read here comes as stored (a JSON table's
+    bytes as written), one from a peer parsed, and both answer alike."""
+    if isinstance(value, orjson.Fragment):
+        value = orjson.loads(orjson.dumps(value))
+    return orjson.dumps(value).decode()
 
 
 class GrpcEncoder(Encoder):
@@ -208,6 +217,16 @@ class Tables:
         doc, headers = await self._answer(context, answer)
         return pb.GetResponse(found=True, row=row_of_entry(doc), **_freshness(headers))
 
+    async def _found(self, context: grpc.aio.ServicerContext, read: Awaitable[Any]) -> Found:
+        """A read of many rows, answered as data (an error aborts the call)."""
+        try:
+            found = await read
+        except ApiError as e:
+            await _abort(context, e)
+        if not isinstance(found, Found):  # a redirect: asked for by a parameter gRPC lacks
+            await _abort(context, ApiError("bad_request", "a gRPC read is never redirected"))
+        return found
+
     async def batch_get(
         self, request: pb.BatchGetRequest, context: grpc.aio.ServicerContext
     ) -> pb.BatchGetResponse:
@@ -218,13 +237,12 @@ class Tables:
             keys = [info.key_serde.to_json(local.key_bytes(info, k)) for k in request.keys]
         except ApiError as e:
             await _abort(context, e)
-        body = orjson.dumps({"keys": keys})
-        doc, _ = await self._answer(context, self.router.fan.batch_get(request.table, body, req))
+        found = await self._found(context, self.router.fan.batch_get(request.table, keys, req))
         out = pb.BatchGetResponse()
-        for item in doc["results"]:
+        for item in found.doc["results"]:
             result = out.results.add(key=key_text(item["key"]), found=item["found"])
             if item["found"]:
-                result.value = orjson.dumps(item["value"]).decode()
+                result.value = json_text(item["value"])
             if item.get("forbidden"):
                 result.forbidden = True
         return out
@@ -241,10 +259,10 @@ class Tables:
         if request.cursor:
             params["cursor"] = request.cursor
         req = await self._request(context, params)
-        doc, _ = await self._answer(context, self.router.fan.range(request.table, req))
-        out = pb.RangeResponse(next_cursor=doc["next_cursor"] or "")
-        for item in doc["items"]:
-            out.items.add(key=key_text(item["key"]), value=orjson.dumps(item["value"]).decode())
+        found = await self._found(context, self.router.fan.range(request.table, req))
+        out = pb.RangeResponse(next_cursor=found.doc["next_cursor"] or "")
+        for item in found.doc["items"]:
+            out.items.add(key=key_text(item["key"]), value=json_text(item["value"]))
         return out
 
     async def watch(

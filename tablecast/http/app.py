@@ -49,9 +49,10 @@ from tablecast.query.coalesce import (
 from tablecast.query.consistency import AFTER_HEADER
 from tablecast.query.cursor import Cursors
 from tablecast.query.errors import ApiError
+from tablecast.query.fanout import batch_keys
 from tablecast.query.gate import Gate, fetching
 from tablecast.query.kept_answers import JSON, Answers, Entry
-from tablecast.query.local import Answer
+from tablecast.query.local import Answer, Found
 from tablecast.query.peer_calls import plain_key_read
 from tablecast.query.peer_pool import SIGNATURE, PeerHosts, PeerPool, received_parts
 from tablecast.query.ratelimit import (
@@ -367,16 +368,16 @@ class HttpApp:
         return self.router.history(args["table"], _key_of(args, q), q)
 
     def _range(self, args: Args, q: Request, proto: Any) -> Reply:
-        return self.router.fan.range(args["table"], q)
+        return _encoded(self.router.fan.range(args["table"], q))
 
     def _count(self, args: Args, q: Request, proto: Any) -> Reply:
-        return self.router.fan.count(args["table"], q)
+        return _encoded(self.router.fan.count(args["table"], q))
 
     def _index_lookup(self, args: Args, q: Request, proto: Any) -> Reply:
-        return self.router.fan.index(args["table"], args["index"], args["value"], q)
+        return _encoded(self.router.fan.index(args["table"], args["index"], args["value"], q))
 
     def _index_range(self, args: Args, q: Request, proto: Any) -> Reply:
-        return self.router.fan.index(args["table"], args["index"], None, q)
+        return _encoded(self.router.fan.index(args["table"], args["index"], None, q))
 
     def _batch_get(self, args: Args, q: Request, proto: Any) -> Reply:
         return self._read_many(args["table"], q, proto)
@@ -506,7 +507,8 @@ class HttpApp:
                 req.headers,
             )  # fmt: skip
             await self._signed_caller(req)
-        return await self.router.fan.batch_get(table, body, req)
+        self.router.table(table, req)  # an unknown or forbidden table before a bad body
+        return await _encoded(self.router.fan.batch_get(table, batch_keys(body), req))
 
     async def _batch(self, req: Request, proto: Any, path: str) -> Answer:
         """Reads a peer forwarded together (:mod:`tablecast.query.coalesce`): each answered
@@ -605,6 +607,12 @@ def _key_of(args: Args, req: Request) -> str:
         if key is None:
             raise ApiError("bad_request", "this route needs ?key=<the key's text form>")
     return key
+
+
+async def _encoded(read: Awaitable[Found | Answer]) -> Answer:
+    """A read of many rows as the HTTP API answers it (a redirect comes as it is)."""
+    found = await read
+    return found.answer() if isinstance(found, Found) else found
 
 
 async def _read_body(req: Request, proto: Any) -> bytes:

@@ -27,7 +27,7 @@ from tablecast.contract.table_info import TableInfo
 from tablecast.query.consistency import ReadOptions, TopicEnds, reach
 from tablecast.query.cursor import Cursors
 from tablecast.query.errors import ApiError
-from tablecast.query.local import Answer, Local, Reflected, merged, short_pages
+from tablecast.query.local import Answer, Found, Local, Reflected, merged, short_pages
 from tablecast.query.ownership import Routing
 from tablecast.query.params import int_param, time_param
 from tablecast.query.peer_calls import Rpc, not_refused
@@ -66,7 +66,6 @@ MAX_BATCH = 1_000
 #: rows a page asks of each group of partitions beyond its fair share, so that a
 #: little unevenness in how keys spread costs no second request
 FAIR_SHARE_SLACK = 8
-EMPTY_PAGE = b'{"items":[],"next_cursor":null}'
 #: rows of a page, and what they reflect
 Paged = tuple[list[Row], Reflected]
 
@@ -91,16 +90,11 @@ class FanOut:
             await reach(replicas, opts, req.subject, self.router.waits, self.router.ends)
 
     # -- batchGet and count ----------------------------------------------------------
-    async def batch_get(self, table: str, body: bytes, req: Request) -> Answer:
+    async def batch_get(self, table: str, keys: list[Any], req: Request) -> Found | Answer:
+        """The keys' rows, in their order (each key as JSON: a string, a number ...); a
+        redirect when the caller asked for one (``redirect=true``)."""
         info, scope = self.router.table(table, req)
         opts = req.options(info)
-        try:
-            request = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            raise ApiError("bad_request", 'the body must be JSON: {"keys": [...]}') from None
-        keys = request.get("keys") if isinstance(request, dict) else None
-        if not isinstance(keys, list):
-            raise ApiError("bad_request", 'the body must be {"keys": [...]}')
         if len(keys) > MAX_BATCH:
             raise ApiError("bad_request", f"at most {MAX_BATCH} keys per batch")
         serde = info.key_serde
@@ -162,9 +156,9 @@ class FanOut:
             return True
 
         await self.rpc.gather(info, sorted(by_partition), req, opts, here, there)
-        return 200, orjson.dumps({"results": results}), reflected.headers(self.local.node_header)
+        return Found({"results": results}, reflected.headers(self.local.node_header))
 
-    async def count(self, table: str, req: Request) -> Answer:
+    async def count(self, table: str, req: Request) -> Found | Answer:
         info, scope = self.router.table(table, req)
         opts = req.options(info)
         path = f"/v1/tables/{quote(table, safe='')}/count"
@@ -195,11 +189,11 @@ class FanOut:
         reflected = Reflected(info.name)
         for _, r in counts:
             reflected.merge(r)
-        body = orjson.dumps({"count": sum(n for n, _ in counts)})
-        return 200, body, reflected.headers(self.local.node_header)
+        total = sum(n for n, _ in counts)
+        return Found({"count": total}, reflected.headers(self.local.node_header))
 
     # -- paged reads -------------------------------------------------------------------
-    async def range(self, table: str, req: Request) -> Answer:
+    async def range(self, table: str, req: Request) -> Found | Answer:
         info, scope = self.router.table(table, req)
         if info.kind != "kv":
             raise ApiError(
@@ -224,7 +218,7 @@ class FanOut:
             scan = AsOfScan(info, scope, at)
             query.append(str(at))  # a plain range's cursor stays as it always was
         if scope is not None and not scope.clip(start, end):  # nothing granted in the range
-            return 200, EMPTY_PAGE, [self.local.node_header]
+            return self._empty_page()
         partitions = None
         if params.get("owned") == "true":
             # only what this node answers for as active: a job run beside every node
@@ -237,7 +231,9 @@ class FanOut:
         path = f"/v1/tables/{quote(table, safe='')}/range"
         return await self._paged(info, req, scan, start, end, query, path, partitions)
 
-    async def index(self, table: str, name: str, value_text: str | None, req: Request) -> Answer:
+    async def index(
+        self, table: str, name: str, value_text: str | None, req: Request
+    ) -> Found | Answer:
         """``/index/NAME/VALUE``: the rows with that value, by key (items {key, value});
         ``/index/NAME?from=&to=``: the rows with values in [from, to), by value then key
         (items {index, key, value})."""
@@ -269,7 +265,7 @@ class FanOut:
         query: list[str | None],
         path: str,
         partitions: list[int] | None = None,
-    ) -> Answer:
+    ) -> Found | Answer:
         """One page of `scan` over [lo, hi) from the request's cursor, of its ``limit``."""
         params = req.params
         limit = limit_param(params)
@@ -277,7 +273,7 @@ class FanOut:
         if params.get("cursor"):
             lo = self.cursors.decode(params["cursor"], query) + b"\x00"  # after the last row
         if lo is not None and hi is not None and lo >= hi:
-            return 200, EMPTY_PAGE, [self.local.node_header]
+            return self._empty_page()
         if partitions is not None:  # only this node's own (range?owned=true)
             await self._reach(info, partitions, opts, req)
             rows, reflected = self.local.page(info, partitions, scan, lo, hi, limit + 1, opts)
@@ -292,7 +288,10 @@ class FanOut:
             "items": [item for _, item in rows],
             "next_cursor": self.cursors.encode(rows[-1][0], query) if more else None,
         }
-        return 200, orjson.dumps(body), reflected.headers(self.local.node_header)
+        return Found(body, reflected.headers(self.local.node_header))
+
+    def _empty_page(self) -> Found:
+        return Found({"items": [], "next_cursor": None}, [self.local.node_header])
 
     async def _page(
         self,
@@ -392,6 +391,18 @@ class FanOut:
         await self._reach(info, parts, opts, req)
         total, reflected = self.local.count(info, parts, opts, scope)
         return 200, orjson.dumps({"count": total}), reflected.headers(self.local.node_header)
+
+
+def batch_keys(body: bytes) -> list[Any]:
+    """The keys of a batchGet's JSON body, ``{"keys": [...]}``."""
+    try:
+        request = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise ApiError("bad_request", 'the body must be JSON: {"keys": [...]}') from None
+    keys = request.get("keys") if isinstance(request, dict) else None
+    if not isinstance(keys, list):
+        raise ApiError("bad_request", 'the body must be {"keys": [...]}')
+    return keys
 
 
 def _index_value(text: str, what: str) -> bytes:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from itertools import islice
 from typing import Any, TypeVar
@@ -41,6 +42,20 @@ EncodeEntry = Callable[[TableInfo, bytes, int, Record], Any]
 #: a key read's answer: its body is what the front end's EncodeEntry made of the record when
 #: this node read it (the HTTP body by default), the HTTP body when a peer answered
 EntryAnswer = tuple[int, Any, Headers]
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A read of many rows answered, as data: each front end encodes `doc` its own way (JSON
+    over HTTP, messages over gRPC); `headers` say what it reflects (positions, lag)."""
+
+    doc: dict[str, Any]
+    headers: Headers
+
+    def answer(self) -> Answer:
+        """As the HTTP API gives it."""
+        return 200, orjson.dumps(self.doc), self.headers
+
 
 RETRY_AFTER = [("retry-after", "1")]
 MAX_WINDOWS = 10_000

@@ -1,5 +1,5 @@
 """A key read answered on the node itself becomes gRPC's Row straight from the record, and
-says what the HTTP body of the same read says."""
+says what the HTTP body of the same read says; so do the rows of a batch or a range."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from tablecast import serde
-from tablecast.grpc.service import row_of, row_of_entry
+from tablecast.grpc.service import json_text, row_of, row_of_entry
 from tablecast.query.local import entry
 from tablecast.store import Record
 from tests.support.nodes import PLAIN_INFO
@@ -38,3 +38,14 @@ def test_a_row_says_what_the_http_body_says(
 def test_a_json_value_comes_compact() -> None:
     row = row_of(PLAIN_INFO, b"k", 0, Record(b'{ "a" : [1,  2] }', 3, 4))
     assert (row.key, row.value, row.offset, row.timestamp) == ("k", '{"a":[1,2]}', 3, 4)
+
+
+@pytest.mark.parametrize(
+    "stored", [b'{ "a" : [1,  2], "b": "caf\xc3\xa9" }', b"[1, 2.5, null]", b'"x"', b"17"]
+)
+def test_a_many_row_value_says_the_same_read_here_or_by_a_peer(stored: bytes) -> None:
+    """A batch's or a range's value read here comes as stored (a JSON table's bytes), one a
+    peer answered comes parsed from its HTTP body: both give one compact text."""
+    here = serde.json().to_json(stored)
+    by_peer = orjson.loads(orjson.dumps({"value": here}))["value"]
+    assert json_text(here) == json_text(by_peer) == orjson.dumps(orjson.loads(stored)).decode()
