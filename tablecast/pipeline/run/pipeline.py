@@ -299,9 +299,9 @@ class Pipeline:
                 for q, out in zip(queries, sizes, strict=True):
                     if q.name in started:
                         continue
-                    # stateful steps shuffle into as many partitions as the topics have
-                    spark.conf.set("spark.sql.shuffle.partitions", str(count))
                     trig = chosen[q.name]
+                    shuffle = spark_setup.shuffle_partitions(spark, count, trig.realtime)
+                    spark.conf.set("spark.sql.shuffle.partitions", str(shuffle))
                     target = Target(
                         app.id,
                         bootstrap_servers,

@@ -110,6 +110,17 @@ def session(
     return spark
 
 
+def shuffle_partitions(spark: SparkSession, partitions: int, realtime: bool) -> int:
+    """How many partitions a new query's stateful steps shuffle into (a checkpoint keeps the
+    count it started with): as many as its topics have, but on one machine (local[N]) no
+    more than its task slots. Each shuffle partition is a task every micro-batch, its state
+    store loaded and committed even when no key of the batch falls in it. A real-time
+    query's tasks live for its whole batch, so it keeps one per topic partition."""
+    if realtime or not is_local(spark.sparkContext.master):
+        return partitions
+    return max(1, min(partitions, spark.sparkContext.defaultParallelism))
+
+
 def timestamp_interceptor(spark: SparkSession) -> str | None:
     """The producer interceptor class that stamps each written record with the time of
     its input (see tablecast/_jvm/interceptors), if Spark's jars hold it."""
