@@ -172,7 +172,15 @@ def test_reads_forwarded_together_answer_as_alone(
         # the version before's framing: the same answers
         plain = [p for p in to[b.url] if "?" not in p][:30]
         direct = asyncio.run(_read_all(b.url, plain))
-        assert _framed_apart(b, plain) == [(d.status_code, d.content) for d in direct]
+        want = [(d.status_code, d.content) for d in direct]
+        framed = _framed_apart(b, plain)
+        if framed != want:
+            # once, on a loaded machine, the owner answered one read of this batch with 503
+            # (no replica ready) while its replica was current: say what it held then
+            held = b.get("/v1/cluster").json()
+            again = "the same" if _framed_apart(b, plain) == want else "different"
+            odd = [(p, f, w) for p, f, w in zip(plain, framed, want, strict=True) if f != w]
+            pytest.fail(f"framed apart {odd[:3]}; asked again: {again}; cluster then: {held}")
         # a batch without the cluster's signature is refused, whoever sends it
         for route in (ANSWERS_PATH, BATCH_PATH):
             r = httpx.post(
