@@ -149,24 +149,43 @@ def end_offsets(bootstrap_servers: str, topic: str, timeout: float = 10.0) -> di
     A partition without a leader yet (a topic just created) is asked again until
     `timeout`.
     """
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    return EndOffsets(bootstrap_servers).of([topic], timeout).get(topic, {})
 
-    leaderless = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE}
-    deadline = time.monotonic() + timeout
-    c = Consumer(client_conf(bootstrap_servers, {"group.id": "tablecast-end-offsets"}))
-    try:
-        info = c.list_topics(topic, timeout=timeout).topics.get(topic)
-        if info is None or info.error is not None:
-            return {}
-        ends = {}
-        for p in info.partitions:
-            while p not in ends:
+
+class EndOffsets:
+    """Ends of topics asked through one admin client: one connection for a loop that asks
+    again and again, and one request for every partition of the topics asked together
+    (no consumer group, so no coordinator lookup)."""
+
+    def __init__(self, bootstrap_servers: str) -> None:
+        self._admin = admin(bootstrap_servers)
+
+    def of(self, topics: list[str], timeout: float = 10.0) -> dict[str, dict[int, int]]:
+        """The next offset to be written per partition, for each of `topics` that exists."""
+        from confluent_kafka import TopicPartition
+        from confluent_kafka.admin import OffsetSpec
+
+        leaderless = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE}
+        deadline = time.monotonic() + timeout
+        wanted: list[TopicPartition] = []
+        for topic in dict.fromkeys(topics):
+            info = self._admin.list_topics(topic, timeout=timeout).topics.get(topic)
+            if info is not None and info.error is None:
+                wanted += [TopicPartition(topic, p) for p in info.partitions]
+        ends: dict[str, dict[int, int]] = {}
+        while wanted:
+            futures = self._admin.list_offsets(
+                {tp: OffsetSpec.latest() for tp in wanted}, request_timeout=timeout
+            )
+            again: list[TopicPartition] = []
+            for tp, future in futures.items():
                 try:
-                    ends[p] = c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[1]
+                    ends.setdefault(tp.topic, {})[tp.partition] = future.result().offset
                 except KafkaException as e:
                     if e.args[0].code() not in leaderless or time.monotonic() > deadline:
                         raise
-                    time.sleep(0.1)
+                    again.append(tp)
+            if again:
+                time.sleep(0.1)
+            wanted = again
         return ends
-    finally:
-        c.close()

@@ -17,6 +17,7 @@ import httpx
 
 from tablecast.cli.supervisor import reap, stop_process
 from tablecast.kafka.broker import free_port
+from tablecast.kafka.topics import end_offsets
 
 
 @functools.cache
@@ -76,16 +77,8 @@ class NodeProcess:
 
     def wait_caught_up(self, bootstrap: str, table: str, topic: str, timeout: float = 60.0) -> None:
         """Wait until the cluster this node sees has applied everything `topic` holds now."""
-        from confluent_kafka import Consumer, TopicPartition
-
-        c = Consumer({"bootstrap.servers": bootstrap, "group.id": "tablecast-tests-ends"})
-        try:
-            parts = c.list_topics(topic, timeout=10).topics[topic].partitions
-            ends = {
-                p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts
-            }
-        finally:
-            c.close()
+        ends = end_offsets(bootstrap, topic)
+        assert ends, f"{topic}: no such topic"
 
         def caught_up() -> bool:
             applied = self.applied()

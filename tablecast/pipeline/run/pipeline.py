@@ -16,8 +16,8 @@ from tablecast.contract.table_info import TableInfo
 from tablecast.kafka import catalog
 from tablecast.kafka.topics import (
     TABLE_TOPIC_CONFIG,
+    EndOffsets,
     dlq_topic,
-    end_offsets,
     ensure_topic,
     partition_count,
 )
@@ -389,8 +389,12 @@ class Pipeline:
         """
         from concurrent.futures import ThreadPoolExecutor
 
-        def ends(name: str) -> list[dict[int, int]]:
-            return [end_offsets(self.bootstrap_servers, t) for t in self.inputs[name]]
+        offsets = EndOffsets(self.bootstrap_servers)
+        topics = [t for name in self.queries for t in self.inputs[name]]
+
+        def ends() -> dict[str, list[dict[int, int]]]:
+            now = offsets.of(topics)
+            return {name: [now.get(t, {}) for t in self.inputs[name]] for name in self.queries}
 
         def wait(name: str, before: list[dict[int, int]]) -> None:
             if not self.triggers[name].realtime:
@@ -402,9 +406,9 @@ class Pipeline:
         names = list(self.queries)
         with ThreadPoolExecutor(max(1, len(names))) as pool:
             for _ in range(50):
-                before = list(pool.map(ends, names))
-                list(pool.map(wait, names, before))
-                if list(pool.map(ends, names)) == before:
+                before = ends()
+                list(pool.map(wait, names, [before[n] for n in names]))
+                if ends() == before:
                     return
 
     def stop(self) -> None:
