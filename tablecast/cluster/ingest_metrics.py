@@ -9,6 +9,7 @@ collector). Other parts of the node with Kafka consumers of their own add them t
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -58,6 +59,13 @@ class IngestMetrics:
             "time since the replica was last known caught up with the topic end",
             labels=labels,
         )
+        freshness = GaugeMetricFamily(
+            "tablecast_replica_freshness_seconds",
+            "age of the newest record the replica applied, by the record's timestamp "
+            "(absent before it applied one)",
+            labels=labels,
+        )
+        now_ms = int(time.time() * 1000)
         remaining = 0
         for r in list(ingest.replicas.values()):
             lv = [r.table.name, str(r.partition)]
@@ -69,9 +77,12 @@ class IngestMetrics:
             caught_up.add_metric(lv, 1 if r.caught_up else 0)
             failed.add_metric(lv, 0 if r.failed is None else 1)
             staleness.add_metric(lv, r.staleness_ms() / 1000)
+            age = r.freshness_ms(now_ms)
+            if age is not None:
+                freshness.add_metric(lv, age / 1000)
             if not r.restored:
                 remaining += max(0, r.restore_target - r.position)
-        yield from (lag, offset, keys, restoring, caught_up, failed, staleness)
+        yield from (lag, offset, keys, restoring, caught_up, failed, staleness, freshness)
         left = GaugeMetricFamily("tablecast_restore_remaining_records", "records left to restore")
         left.add_metric([], remaining)
         yield left

@@ -32,6 +32,8 @@ class Replica:
     end_offset: int = 0
     #: the high watermark when restoring began
     restore_target: int = 0
+    #: the newest timestamp (epoch ms) of the records applied since it was opened; -1: none
+    newest_ms: int = -1
     #: its two state machines (tablecast.cluster.replica_lifecycle): moved by :meth:`move`
     freshness: Freshness = Freshness.WARMING
     writes: Writes = Writes.WRITING
@@ -81,6 +83,9 @@ class Replica:
             try:
                 self.store.apply(writes)
                 self.position = writes[-1].offset + 1
+                newest = max(w.timestamp for w in writes)
+                if newest > self.newest_ms:
+                    self.newest_ms = newest
             finally:
                 self.version += 1
 
@@ -160,6 +165,13 @@ class Replica:
             return 0
         return int(((time.monotonic() if now is None else now) - since) * 1000)
 
+    def freshness_ms(self, now_ms: int | None = None) -> int | None:
+        """How old the newest record it applied is, by the record's timestamp (the time its
+        input was written, when the pipeline stamps it); None before it applied one. On a
+        quiet topic this grows while the replica stays caught up: lag and staleness say
+        whether it is behind, this how old what it answers is."""
+        return age_ms(self.newest_ms, now_ms)
+
     @property
     def status(self) -> str:
         if self.failed is not None:
@@ -177,6 +189,16 @@ class Replica:
             "state": self.status,
             "staleness_ms": self.staleness_ms(),
         }
+        if self.newest_ms >= 0:
+            state["newest_ms"] = self.newest_ms
         if self.failed is not None:
             state["error"] = self.failed
         return state
+
+
+def age_ms(newest_ms: int | None, now_ms: int | None = None) -> int | None:
+    """Milliseconds from a record timestamp (epoch ms) to now, never below 0; None for none."""
+    if newest_ms is None or newest_ms < 0:
+        return None
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    return max(0, now - newest_ms)

@@ -195,6 +195,10 @@ REPLICA = object_of(
     role={"enum": ["active", "standby", "warming"]},
     offset=INT,
     lag=INT,
+    state={"enum": ["warming", "serving", "stale", "failed"]},
+    staleness_ms=INT,
+    # how old the newest record it applied is, by the record's timestamp; null before one
+    freshness_ms={"type": ["integer", "null"]},
 )
 VERSIONS = _page(object_of(value=ANY, timestamp=INT, offset=INT))
 WINDOW_LIST = object_of(items=_array(object_of(start=INT, end=INT, value=ANY)))

@@ -24,17 +24,21 @@ each node ``"kafka"`` (for a peer: its own account from its last direct
 answer), ``"heartbeat_age_ms"`` (since this node *received* the peer's last
 heartbeat through Kafka; null if none since this node started) and
 ``"direct_check_age_ms"`` (since the peer last answered a direct check). Ages
-are measured on this node's monotonic clock, never by comparing two clocks.
+are measured on this node's monotonic clock, never by comparing two clocks, but
+for each replica's ``"freshness_ms"``: the age of the newest record it applied,
+its timestamp (from the clock that wrote the record) against this node's wall clock.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import orjson
 
 from tablecast.cluster.liveness import CHALLENGE_HEADER, signed_health
 from tablecast.cluster.node import Node
+from tablecast.cluster.replica import age_ms
 from tablecast.query.policy import Grants
 
 
@@ -63,6 +67,7 @@ def cluster(node: Node, grants: Grants | None = None) -> bytes:
     (with a policy, only replicas of tables the caller may read)."""
     view = node.view
     described = node.membership.describe()
+    now_ms = int(time.time() * 1000)
     nodes = []
     for member in sorted(view.members.values(), key=lambda m: m.id):
         replicas = [
@@ -75,6 +80,7 @@ def cluster(node: Node, grants: Grants | None = None) -> bytes:
                 # older nodes do not say: serving or warming is all they knew
                 "state": state.get("state", "serving" if state.get("caught_up") else "warming"),
                 "staleness_ms": state.get("staleness_ms", 0),
+                "freshness_ms": age_ms(state.get("newest_ms"), now_ms),
                 **({"error": state["error"]} if "error" in state else {}),
             }
             for (t, p), state in sorted(member.replicas.items())

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import threading
 import time
@@ -130,6 +131,12 @@ def test_the_console_shows_a_live_cluster(
             "#cluster-map tbody tr", "rows => rows.map(r => r.dataset.node)"
         )
         assert sorted(ids) == sorted(n.get("/healthz").json()["node"] for n in nodes)
+        # under each partition, how old the newest record its active replica applied is
+        ages = page.page.eval_on_selector_all(
+            "#cluster-map tfoot td[data-partition]", "cells => cells.map(c => c.textContent)"
+        )
+        assert len(ages) == 30 and all(re.fullmatch(r"–|\d+ ms|\d+\.\d s", a) for a in ages), ages
+        assert any(a != "–" for a in ages), ages
         page.page.click("#cluster-map tbody tr")
         page.page.wait_for_selector("#node-detail:not([hidden]) dl")
         assert "cache hit rate" in page.page.inner_text("#node-detail")

@@ -128,6 +128,45 @@ def test_bad_records_are_counted_logged_and_kept_out(
         node.stop()
 
 
+def test_each_replica_reports_how_old_its_newest_record_is(
+    bootstrap: str, unique: str, logs: Path
+) -> None:
+    """Freshness by the records' timestamps, per partition, in /v1/cluster and /metrics: the
+    newest timestamp applied counts, not the last record's."""
+    from confluent_kafka import Producer
+
+    from tablecast.contract.partitioner import partition_for
+
+    kv = make_table(bootstrap, unique, "kv", 2, serde.string(), serde.json())
+    produce(bootstrap, catalog_topic(unique), [(b"kv", kv.info.to_json())])
+    old = next(k for k in ("a", "b", "c", "d", "e") if partition_for(k.encode(), 2) == 0)
+    new = next(k for k in ("a", "b", "c", "d", "e") if partition_for(k.encode(), 2) == 1)
+    now_ms = int(time.time() * 1000)
+    p = Producer({"bootstrap.servers": bootstrap})
+    # partition 0: a record a minute old, then one two minutes old written after it
+    p.produce(kv.info.topic, b"1", old.encode(), partition=0, timestamp=now_ms - 60_000)
+    p.produce(kv.info.topic, b"2", old.encode(), partition=0, timestamp=now_ms - 120_000)
+    p.produce(kv.info.topic, b"3", new.encode(), partition=1, timestamp=now_ms)
+    assert p.flush(30) == 0
+    node = start_node(unique, bootstrap, logs)
+    try:
+        node.wait_ready()
+        node.wait_caught_up(bootstrap, "kv", kv.info.topic)
+        replicas = {
+            r["partition"]: r
+            for n in node.get("/v1/cluster").json()["nodes"]
+            for r in n["replicas"]
+            if r["table"] == "kv"
+        }
+        asked_ms = int(time.time() * 1000)
+        assert 60_000 <= replicas[0]["freshness_ms"] <= asked_ms - now_ms + 60_000
+        assert 0 <= replicas[1]["freshness_ms"] <= asked_ms - now_ms
+        age = metric(node, "tablecast_replica_freshness_seconds", table="kv", partition="0")
+        assert 60 <= age <= (time.time() * 1000 - now_ms + 60_000) / 1000
+    finally:
+        node.stop()
+
+
 def test_bad_catalog_entries_are_left_out_and_the_rest_serves(
     bootstrap: str, unique: str, logs: Path
 ) -> None:

@@ -208,7 +208,8 @@ async function refreshCluster() {
         const label = r.role === "active" ? "A" : r.role === "standby" ? "S" : "W";
         tr.append(el("td", {}, el("span", {
           class: `cell ${cls}`, text: label,
-          title: `${r.role}, ${r.state}, offset ${r.offset}, lag ${r.lag}` + (r.error ? `, error: ${r.error}` : ""),
+          title: `${r.role}, ${r.state}, offset ${r.offset}, lag ${r.lag}, newest record ${ago(r.freshness_ms)} old`
+            + (r.error ? `, error: ${r.error}` : ""),
         })));
       }
     }
@@ -216,7 +217,18 @@ async function refreshCluster() {
     tr.addEventListener("keydown", (e) => { if (e.key === "Enter") { selectedNode = id; renderNodeDetail(); } });
     body.push(tr);
   }
-  const table = el("table", { class: "grid map" }, el("thead", {}, head), el("tbody", {}, ...body));
+  // how old the newest record each partition's active replica applied is (by its timestamp)
+  const fresh = el("tr", { class: "freshness" }, el("td", { class: "node", text: "freshness", colspan: "4",
+    title: "age of the newest record the active replica applied, by the record's timestamp" }));
+  for (const t of tables) {
+    for (let p = 0; p < slots.get(t); p++) {
+      const active = cluster.nodes.flatMap((n) => n.replicas)
+        .find((r) => r.table === t && r.partition === p && r.role === "active");
+      fresh.append(el("td", { class: "muted", "data-partition": `${t}/${p}`, text: ago(active?.freshness_ms) }));
+    }
+  }
+  const table = el("table", { class: "grid map" }, el("thead", {}, head), el("tbody", {}, ...body),
+    el("tfoot", {}, fresh));
   $("#cluster-map").replaceChildren(table);
   const down = [...seenNodes.keys()].filter((id) => !live.has(id)).length;
   $("#cluster-summary").textContent =
