@@ -60,12 +60,15 @@ class Target:
     buckets: int = 1
     #: whether the query runs in Real-time Mode (its tasks poll Kafka for their whole batch)
     realtime: bool = False
+    #: tasks each micro-batch reads a topic in (topic partitions merged, in order, without a
+    #: shuffle); 0: one per topic partition, Spark's way
+    read_tasks: int = 0
 
 
 #: how long the broker may hold a micro-batch task's fetch for more data. At the topic's end a
 #: task's consumer waited that long behind a held fetch (in its offset lookup), so Kafka's
 #: 500 ms default was most of every small batch's time.
-MICRO_BATCH_FETCH_WAIT_MS = 10
+MICRO_BATCH_FETCH_WAIT_MS = 1
 
 
 def _load(spark: SparkSession, ref: TopicRef, t: Target, headers: bool = False) -> DataFrame:
@@ -83,6 +86,11 @@ def _load(spark: SparkSession, ref: TopicRef, t: Target, headers: bool = False) 
         .option("includeHeaders", str(headers).lower())
         .load()
     )
+    if t.read_tasks:
+        # a task per topic partition costs its scheduling every micro-batch even when it
+        # reads nothing; merged ones keep each partition's order (steps downstream that
+        # need order across partitions sort by partition and offset themselves)
+        raw = raw.coalesce(t.read_tasks)
     return raw.select(
         "key",
         "value",

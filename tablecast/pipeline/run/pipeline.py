@@ -312,6 +312,8 @@ class Pipeline:
                         interceptor,
                         buckets.get(q.name, 1),
                         trig.realtime,
+                        # on one machine, as many read tasks as stateful steps get
+                        shuffle if shuffle < count and not trig.realtime else 0,
                     )
                     started[q.name] = trig.apply(writer(spark, q, target)).start()
                     if trig.realtime:
