@@ -51,6 +51,11 @@ JAR_SETS = ("kafka-broker", "spark-kafka")
 PURPOSE = {"kafka-broker": "the Kafka broker", "spark-kafka": "Spark's Kafka connector"}
 
 MIN_JAVA = 17
+#: the JIT of the JVMs ``tablecast dev`` and ``demo`` start (broker, Spark): C1 alone. A
+#: Spark driver in local mode keeps C2 compiling for minutes (each micro-batch runs code
+#: not run before), and on a few cores that comes out of every batch; C1 code is slower at
+#: full throughput, which a development pipeline seldom runs at.
+QUICK_JIT = "-XX:TieredStopAtLevel=1"
 INSTALL_JDK = (
     f"install a JDK {MIN_JAVA} or newer (e.g. Debian's openjdk-{MIN_JAVA}-jdk-headless) "
     "and set JAVA_HOME to it"

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tablecast import jvm
 from tablecast.kafka.broker import Broker, free_port
 
 from .support.scheduling import ModulesInOrder, rank, uses_spark
@@ -59,7 +60,7 @@ JVM_PROGRAMS = frozenset({"java", "javac", "keytool", "mvn", "spark-submit", "sp
 # their stderr.
 os.environ.setdefault(
     "JDK_JAVA_OPTIONS",
-    "-XX:TieredStopAtLevel=1 -XX:+UnlockDiagnosticVMOptions -XX:-BytecodeVerificationRemote",
+    f"{jvm.QUICK_JIT} -XX:+UnlockDiagnosticVMOptions -XX:-BytecodeVerificationRemote",
 )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -44,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
 
     # the broker and Spark need Java 17+, the pipeline javac (unless compiled already)
     jvm.require_java(compiler=not jvm.interceptor_compiled())
+    # every JVM started from here on (the broker, the pipeline's Spark) inherits it
+    os.environ.setdefault("JDK_JAVA_OPTIONS", jvm.QUICK_JIT)
     sup = Supervisor(data_dir / "logs")
     try:
         if broker is not None:
