@@ -364,33 +364,8 @@ def freshness(
 
 #: marker ticks of the demo's row, each on a symbol of its own
 DEMO_MARKERS = 40
+#: the rate the demo's generator is started with (its default)
 DEMO_TICKS_PER_S = 200
-
-
-def demo_ticks(bootstrap: str, topic: str, symbols: list[str], stop: threading.Event) -> None:
-    """The demo generator's load: DEMO_TICKS_PER_S ticks over its symbols, in 50 ms bursts."""
-    import random
-
-    from confluent_kafka import Producer
-
-    from tablecast.contract.partitioner import PRODUCER_CONFIG
-
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, **PRODUCER_CONFIG})
-    exchanges = ["NASDAQ", "NYSE", "LSE", "XETRA", "EURONEXT"]
-    while not stop.is_set():
-        t = time.monotonic()
-        for _ in range(DEMO_TICKS_PER_S // 20):
-            symbol = random.choice(symbols)
-            tick = {
-                "symbol": symbol,
-                "exchange": random.choice(exchanges),
-                "price": round(random.uniform(20, 900), 2),
-                "time": int(time.time() * 1000),
-            }
-            p.produce(topic, key=symbol.encode(), value=orjson.dumps(tick))
-        p.poll(0)
-        stop.wait(max(0.0, 0.05 - (time.monotonic() - t)))
-    p.flush(10)
 
 
 def demo_freshness(spark: Any, bootstrap: str, state: Path, markers: int) -> dict[str, Any]:
@@ -420,8 +395,11 @@ def demo_freshness(spark: Any, bootstrap: str, state: Path, markers: int) -> dic
     symbols = list(ex["SYMBOLS"])
     try:
         node.wait_ready(180)
+        # the demo's own generator, into this run's topic
         threading.Thread(
-            target=demo_ticks, args=(bootstrap, topic, symbols, stop), daemon=True
+            target=ex["generate"],
+            args=(bootstrap, float(DEMO_TICKS_PER_S), topic, stop),
+            daemon=True,
         ).start()
         marker = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, **PRODUCER_CONFIG})
         client = httpx.Client(base_url=node.url, timeout=5)

@@ -14,6 +14,7 @@ or for its board as it was a minute ago (the table keeps 10 minutes of versions)
 from __future__ import annotations
 
 import random
+import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -65,16 +66,21 @@ def build(app_id: str = "stocks", topic: str = TOPIC) -> tc.App:
 app = build()
 
 
-def generate(bootstrap_servers: str, rate_per_s: float = 200.0) -> None:
-    """Produce ticks for every symbol from several exchanges, forever."""
+def generate(
+    bootstrap_servers: str,
+    rate_per_s: float = 200.0,
+    topic: str = TOPIC,
+    stop: threading.Event | None = None,
+) -> None:
+    """Produce ticks for every symbol from several exchanges, until `stop` is set (forever)."""
     import orjson
 
     from tablecast.kafka.topics import ensure_topic
 
-    ensure_topic(bootstrap_servers, TOPIC, PARTITIONS)
+    ensure_topic(bootstrap_servers, topic, PARTITIONS)
     producer = tc.producer(bootstrap_servers, {"linger.ms": 20})
     price = {s: random.uniform(20, 900) for s in SYMBOLS}
-    while True:
+    while stop is None or not stop.is_set():
         symbol = random.choice(SYMBOLS)
         price[symbol] = round(max(1.0, price[symbol] * random.gauss(1.0, 0.002)), 2)
         tick = {
@@ -83,6 +89,7 @@ def generate(bootstrap_servers: str, rate_per_s: float = 200.0) -> None:
             "price": price[symbol],
             "time": int(time.time() * 1000),
         }
-        producer.produce(TOPIC, key=symbol.encode(), value=orjson.dumps(tick))
+        producer.produce(topic, key=symbol.encode(), value=orjson.dumps(tick))
         producer.poll(0)
         time.sleep(1.0 / rate_per_s)
+    producer.flush(10)

@@ -17,6 +17,8 @@ from tablecast.store import PartitionStore, Write
 
 #: tries of a read without the apply lock before it takes the lock
 OPTIMISTIC_TRIES = 3
+#: how far ahead of this node's clock a record's timestamp may be and still count as newest
+FUTURE_TOLERANCE_MS = 60_000
 
 T = TypeVar("T")
 
@@ -83,11 +85,20 @@ class Replica:
             try:
                 self.store.apply(writes)
                 self.position = writes[-1].offset + 1
-                newest = max(w.timestamp for w in writes)
-                if newest > self.newest_ms:
-                    self.newest_ms = newest
+                self._note_newest(writes)
             finally:
                 self.version += 1
+
+    def _note_newest(self, writes: Sequence[Write]) -> None:
+        newest = max(w.timestamp for w in writes)
+        if newest <= self.newest_ms:
+            return
+        # a record stamped ahead of this clock (a producer's skewed clock) would pin its
+        # freshness at 0 until the time comes: such timestamps do not count
+        bound = int(time.time() * 1000) + FUTURE_TOLERANCE_MS
+        if newest > bound:
+            newest = max((w.timestamp for w in writes if w.timestamp <= bound), default=-1)
+        self.newest_ms = max(self.newest_ms, newest)
 
     def read(self, read: Callable[[], T], key: bytes | None = None) -> tuple[T, int]:
         """`read()` of the store and the position it is exact at: every record below the
@@ -196,9 +207,10 @@ class Replica:
         return state
 
 
-def age_ms(newest_ms: int | None, now_ms: int | None = None) -> int | None:
-    """Milliseconds from a record timestamp (epoch ms) to now, never below 0; None for none."""
-    if newest_ms is None or newest_ms < 0:
+def age_ms(newest_ms: object, now_ms: int | None = None) -> int | None:
+    """Milliseconds from a record timestamp (epoch ms) to now, never below 0; None for none
+    (or for anything but a timestamp, as a peer's heartbeat might carry)."""
+    if not isinstance(newest_ms, int) or newest_ms < 0:
         return None
     now = int(time.time() * 1000) if now_ms is None else now_ms
     return max(0, now - newest_ms)

@@ -65,7 +65,9 @@ def members_topic(app_id: str) -> str:
 
 
 def admin(bootstrap_servers: str) -> AdminClient:
-    return AdminClient(client_conf(bootstrap_servers))
+    # an admin client is a producer to librdkafka, whose metadata requests would have a
+    # broker with auto.create.topics.enable (Kafka's default) create a topic only asked about
+    return AdminClient(client_conf(bootstrap_servers, {"allow.auto.create.topics": False}))
 
 
 #: errors that mean the brokers are away for now (restarting, partitioned), not that the
@@ -165,17 +167,26 @@ class EndOffsets:
         from confluent_kafka import TopicPartition
         from confluent_kafka.admin import OffsetSpec
 
-        leaderless = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE}
+        # a partition whose leader is not known yet (a topic just created) is asked again
+        leaderless = {
+            KafkaError.NOT_LEADER_FOR_PARTITION,
+            KafkaError.LEADER_NOT_AVAILABLE,
+            KafkaError._TIMED_OUT,
+        }
         deadline = time.monotonic() + timeout
+
+        def left() -> float:
+            return max(0.1, deadline - time.monotonic())
+
         wanted: list[TopicPartition] = []
         for topic in dict.fromkeys(topics):
-            info = self._admin.list_topics(topic, timeout=timeout).topics.get(topic)
+            info = self._admin.list_topics(topic, timeout=left()).topics.get(topic)
             if info is not None and info.error is None:
                 wanted += [TopicPartition(topic, p) for p in info.partitions]
         ends: dict[str, dict[int, int]] = {}
         while wanted:
             futures = self._admin.list_offsets(
-                {tp: OffsetSpec.latest() for tp in wanted}, request_timeout=timeout
+                {tp: OffsetSpec.latest() for tp in wanted}, request_timeout=left()
             )
             again: list[TopicPartition] = []
             for tp, future in futures.items():

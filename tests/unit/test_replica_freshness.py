@@ -33,3 +33,19 @@ def test_a_clock_behind_the_records_reads_zero_not_negative() -> None:
     assert age_ms(12_000, 10_000) == 0
     assert age_ms(-1, 10_000) is None
     assert age_ms(None) is None
+
+
+def test_a_timestamp_far_ahead_of_this_clock_does_not_count() -> None:
+    import time
+
+    now = int(time.time() * 1000)
+    replica = Replica(INFO, 0, MemoryStore())
+    replica.apply([Write(b"a", b"1", 0, now - 2_000), Write(b"b", b"2", 1, now + 3_600_000)])
+    assert replica.newest_ms == now - 2_000
+    replica.apply([Write(b"c", b"3", 2, now + 3_600_000)])
+    assert replica.newest_ms == now - 2_000
+
+
+def test_a_peers_value_that_is_no_timestamp_reads_as_none() -> None:
+    assert age_ms("12", 10_000) is None
+    assert age_ms(1.5, 10_000) is None

@@ -208,7 +208,8 @@ async function refreshCluster() {
         const label = r.role === "active" ? "A" : r.role === "standby" ? "S" : "W";
         tr.append(el("td", {}, el("span", {
           class: `cell ${cls}`, text: label,
-          title: `${r.role}, ${r.state}, offset ${r.offset}, lag ${r.lag}, newest record ${ago(r.freshness_ms)} old`
+          title: `${r.role}, ${r.state}, offset ${r.offset}, lag ${r.lag}`
+            + (r.freshness_ms != null ? `, newest record ${ago(r.freshness_ms)} old` : "")
             + (r.error ? `, error: ${r.error}` : ""),
         })));
       }
@@ -220,10 +221,11 @@ async function refreshCluster() {
   // how old the newest record each partition's active replica applied is (by its timestamp)
   const fresh = el("tr", { class: "freshness" }, el("td", { class: "node", text: "freshness", colspan: "4",
     title: "age of the newest record the active replica applied, by the record's timestamp" }));
+  const actives = new Map(cluster.nodes.flatMap((n) => n.replicas)
+    .filter((r) => r.role === "active").map((r) => [`${r.table}/${r.partition}`, r]));
   for (const t of tables) {
     for (let p = 0; p < slots.get(t); p++) {
-      const active = cluster.nodes.flatMap((n) => n.replicas)
-        .find((r) => r.table === t && r.partition === p && r.role === "active");
+      const active = actives.get(`${t}/${p}`);
       fresh.append(el("td", { class: "muted", "data-partition": `${t}/${p}`, text: ago(active?.freshness_ms) }));
     }
   }

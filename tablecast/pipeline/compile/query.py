@@ -87,9 +87,9 @@ def _load(spark: SparkSession, ref: TopicRef, t: Target, headers: bool = False) 
         .load()
     )
     if t.read_tasks:
-        # a task per topic partition costs its scheduling every micro-batch even when it
-        # reads nothing; merged ones keep each partition's order (steps downstream that
-        # need order across partitions sort by partition and offset themselves)
+        # merged without a shuffle, each partition whole and in order (steps downstream that
+        # need order across partitions sort by partition and offset themselves); a topic
+        # with fewer partitions is left as it is
         raw = raw.coalesce(t.read_tasks)
     return raw.select(
         "key",

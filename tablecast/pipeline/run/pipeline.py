@@ -312,8 +312,7 @@ class Pipeline:
                         interceptor,
                         buckets.get(q.name, 1),
                         trig.realtime,
-                        # on one machine, as many read tasks as stateful steps get
-                        shuffle if shuffle < count and not trig.realtime else 0,
+                        spark_setup.read_tasks(spark, trig.realtime),
                     )
                     started[q.name] = trig.apply(writer(spark, q, target)).start()
                     if trig.realtime:

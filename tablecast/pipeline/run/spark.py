@@ -121,6 +121,16 @@ def shuffle_partitions(spark: SparkSession, partitions: int, realtime: bool) -> 
     return max(1, min(partitions, spark.sparkContext.defaultParallelism))
 
 
+def read_tasks(spark: SparkSession, realtime: bool) -> int:
+    """How many tasks a new query's micro-batches read each topic in: on one machine no more
+    than its task slots (0: one per topic partition, Spark's way). A task per partition is
+    scheduled every batch even when it reads nothing; a real-time query keeps one per
+    partition, each polling for its whole batch."""
+    if realtime or not is_local(spark.sparkContext.master):
+        return 0
+    return spark.sparkContext.defaultParallelism
+
+
 def timestamp_interceptor(spark: SparkSession) -> str | None:
     """The producer interceptor class that stamps each written record with the time of
     its input (see tablecast/_jvm/interceptors), if Spark's jars hold it."""
