@@ -29,6 +29,8 @@ import os
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -247,6 +249,27 @@ class TopicWatch:
         self._c.close()
 
 
+def marked(
+    marker: Any,
+    client: httpx.Client,
+    topic: str,
+    table: str,
+    key: str,
+    value: Any,
+    t0: float,
+    poll_s: float,
+) -> float:
+    """Produce one marker record (`marker`: a producer with linger 0) and poll the node every
+    `poll_s` until it answers the key: seconds from `t0` (taken before producing)."""
+    marker.produce(topic, key=key.encode(), value=orjson.dumps(value))
+    marker.flush(5)
+    while client.get(f"/v1/tables/{table}/keys/{key}").status_code != 200:
+        if time.monotonic() - t0 > 60:
+            raise TimeoutError(f"marker {key} never became queryable")
+        time.sleep(poll_s)
+    return time.monotonic() - t0
+
+
 def percentiles(latencies: list[float]) -> dict[str, int]:
     latencies = sorted(latencies)
     out = {f"p{p}_ms": round(latencies[int(len(latencies) * p / 100)] * 1000) for p in (50, 90, 99)}
@@ -331,14 +354,8 @@ def freshness(
             t0 = time.monotonic()
             # grouped: the marker is a new group (the table's key), from a new source row
             value = {"g": key, "n": 1} if grouped else {"i": i}
-            marker.produce(topic, key=key.encode(), value=orjson.dumps(value))
-            marker.flush(5)
             sent[key.encode()] = t0
-            while client.get(f"/v1/tables/fresh/keys/{key}").status_code != 200:
-                if time.monotonic() - t0 > 30:
-                    raise TimeoutError(f"marker {key} never became queryable")
-                time.sleep(0.005)
-            queryable.append(time.monotonic() - t0)
+            queryable.append(marked(marker, client, topic, "fresh", key, value, t0, 0.005))
             time.sleep(max(0.0, 0.1 - (time.monotonic() - t0)))
         # a real-time batch ends every checkpoint interval: how many the window held
         batches = (query.lastProgress or {}).get("batchId", -1) - first_batch
@@ -412,14 +429,8 @@ def demo_freshness(spark: Any, bootstrap: str, state: Path, markers: int) -> dic
             key = f"m{i:03d}"
             t0 = time.monotonic()
             tick = {"exchange": "NYSE", "price": 1.0, "time": int(time.time() * 1000)}
-            marker.produce(topic, key=key.encode(), value=orjson.dumps(tick))
-            marker.flush(5)
             sent[key.encode()] = t0
-            while client.get(f"/v1/tables/prices/keys/{key}").status_code != 200:
-                if time.monotonic() - t0 > 60:
-                    raise TimeoutError(f"marker {key} never became queryable")
-                time.sleep(0.01)
-            queryable.append(time.monotonic() - t0)
+            queryable.append(marked(marker, client, topic, "prices", key, tick, t0, 0.01))
             board = client.get(f"/v1/tables/prices/keys/{rng.choice(symbols)}").json()["value"]
             newest = max(q["time"] for q in board.values())
             board_age.append(time.time() - newest / 1000)
@@ -710,6 +721,26 @@ def median_run(runs: list[dict[str, float]]) -> dict[str, float]:
     return sorted(runs, key=lambda r: r["rate"])[len(runs) // 2]
 
 
+@contextmanager
+def stack(prefix: str) -> Iterator[tuple[Path, str, Any]]:
+    """A throwaway broker and one local[2] SparkSession: (work dir, bootstrap, session)."""
+    from tablecast.kafka.broker import Broker, free_port
+    from tablecast.pipeline.run.spark import session
+
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        root = Path(tmp)
+        broker = Broker(root / "kafka", free_port())
+        broker.start()
+        try:
+            spark = session("tablecast-bench", "local[2]", shuffle_partitions=PARTITIONS)
+            try:
+                yield root, broker.bootstrap_servers, spark
+            finally:
+                spark.stop()
+        finally:
+            broker.stop()
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench pipeline")
     parser.add_argument("--records", type=int, default=1_000_000)
@@ -725,64 +756,37 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     if common.quick(args):
         args.records, args.seconds, args.rounds, args.markers = 100_000, 10.0, 2, 10
-    from tablecast.kafka.broker import Broker, free_port
-    from tablecast.pipeline.run.spark import session
-
     if args.demo:
         from tablecast import jvm
 
         # the broker's and Spark's JIT as `tablecast demo` starts them
         os.environ.setdefault("JDK_JAVA_OPTIONS", jvm.QUICK_JIT)
-        with tempfile.TemporaryDirectory(prefix="tc-bench-demo-") as tmp:
-            root = Path(tmp)
-            broker = Broker(root / "kafka", free_port())
-            broker.start()
-            spark = session("tablecast-bench", "local[2]", shuffle_partitions=PARTITIONS)
-            try:
-                demo = demo_freshness(spark, broker.bootstrap_servers, root / "demo", args.markers)
-            finally:
-                spark.stop()
-                broker.stop()
+        with stack("tc-bench-demo-") as (root, bootstrap, spark):
+            demo = demo_freshness(spark, bootstrap, root / "demo", args.markers)
         m = machine()
         publish("pipeline-demo", {"machine": m, "demo": demo}, render_demo(demo, command(), m))
         return
 
-    with tempfile.TemporaryDirectory(prefix="tc-bench-pipeline-") as tmp:
-        root = Path(tmp)
-        broker = Broker(root / "kafka", free_port())
-        broker.start()
-        spark = session("tablecast-bench", "local[2]", shuffle_partitions=PARTITIONS)
-        try:
-            result: dict[str, Any] = {"machine": machine(), "args": vars(args)}
-            result["load_before"] = [round(x, 1) for x in os.getloadavg()]
-            # JIT and Python workers warm up on a first, unreported run
-            throughput(spark, broker.bootstrap_servers, root / "warm", "warmup", 200_000)
-            # and on a first group_by, reported apart: the cold figure of a fresh session
-            result["groupby-cold"] = throughput(
-                spark, broker.bootstrap_servers, root / "gb-warm", "groupby-cold", args.records
+    with stack("tc-bench-pipeline-") as (root, bootstrap, spark):
+        result: dict[str, Any] = {"machine": machine(), "args": vars(args)}
+        result["load_before"] = [round(x, 1) for x in os.getloadavg()]
+        # JIT and Python workers warm up on a first, unreported run
+        throughput(spark, bootstrap, root / "warm", "warmup", 200_000)
+        # and on a first group_by, reported apart: the cold figure of a fresh session
+        result["groupby-cold"] = throughput(
+            spark, bootstrap, root / "gb-warm", "groupby-cold", args.records
+        )
+        for name in ("stateless", "stateless-python"):
+            result[name] = throughput(spark, bootstrap, root / name, name, args.records)
+        result.update(groupby_rounds(spark, bootstrap, root, args))
+        for key, trigger, grouped in (
+            ("freshness", "500 milliseconds", False),
+            ("freshness-realtime", "realtime", False),
+            ("freshness-groupby", "500 milliseconds", True),
+        ):
+            result[key] = freshness(
+                spark, bootstrap, root / key, args.seconds, args.load, trigger, grouped
             )
-            for name in ("stateless", "stateless-python"):
-                result[name] = throughput(
-                    spark, broker.bootstrap_servers, root / name, name, args.records
-                )
-            result.update(groupby_rounds(spark, broker.bootstrap_servers, root, args))
-            for key, trigger, grouped in (
-                ("freshness", "500 milliseconds", False),
-                ("freshness-realtime", "realtime", False),
-                ("freshness-groupby", "500 milliseconds", True),
-            ):
-                result[key] = freshness(
-                    spark,
-                    broker.bootstrap_servers,
-                    root / key,
-                    args.seconds,
-                    args.load,
-                    trigger,
-                    grouped,
-                )
-        finally:
-            spark.stop()
-            broker.stop()
     result["load_after"] = [round(x, 1) for x in os.getloadavg()]
     publish("pipeline", result, render(result, command()))
 
