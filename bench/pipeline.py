@@ -759,8 +759,7 @@ def main(argv: list[str]) -> None:
     if args.demo:
         from tablecast import jvm
 
-        # the broker's and Spark's JIT as `tablecast demo` starts them
-        os.environ.setdefault("JDK_JAVA_OPTIONS", jvm.QUICK_JIT)
+        jvm.use_quick_jit()  # the broker's and Spark's JIT as `tablecast demo` starts them
         with stack("tc-bench-demo-") as (root, bootstrap, spark):
             demo = demo_freshness(spark, bootstrap, root / "demo", args.markers)
         m = machine()

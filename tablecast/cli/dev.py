@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import time
 from pathlib import Path
@@ -45,11 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
     # the broker and Spark need Java 17+, the pipeline javac (unless compiled already)
     jvm.require_java(compiler=not jvm.interceptor_compiled())
-    # every JVM started from here on (the broker, the pipeline's Spark) inherits it, beside
-    # whatever options the user gave (unless they chose a JIT themselves)
-    given = os.environ.get("JDK_JAVA_OPTIONS", "")
-    if "TieredStopAtLevel" not in given:
-        os.environ["JDK_JAVA_OPTIONS"] = f"{given} {jvm.QUICK_JIT}".strip()
+    jvm.use_quick_jit()  # the broker and the pipeline's Spark
     sup = Supervisor(data_dir / "logs")
     try:
         if broker is not None:
