@@ -759,7 +759,7 @@ def main(argv: list[str]) -> None:
     if args.demo:
         from tablecast import jvm
 
-        jvm.use_quick_jit()  # the broker's and Spark's JIT as `tablecast demo` starts them
+        jvm.use_quick_jvm()  # the broker's and Spark's JVM options as `tablecast demo` has them
         with stack("tc-bench-demo-") as (root, bootstrap, spark):
             demo = demo_freshness(spark, bootstrap, root / "demo", args.markers)
         m = machine()

@@ -51,19 +51,22 @@ JAR_SETS = ("kafka-broker", "spark-kafka")
 PURPOSE = {"kafka-broker": "the Kafka broker", "spark-kafka": "Spark's Kafka connector"}
 
 MIN_JAVA = 17
-#: the JIT of the JVMs ``tablecast dev`` and ``demo`` start (broker, Spark): C1 alone. A
-#: Spark driver in local mode keeps C2 compiling for minutes (each micro-batch runs code
-#: not run before), and on a few cores that comes out of every batch; C1 code is slower at
-#: full throughput, which a development pipeline seldom runs at.
-QUICK_JIT = "-XX:TieredStopAtLevel=1"
+#: the JIT and the collector of the JVMs ``tablecast dev`` and ``demo`` start (broker,
+#: Spark): C1 alone, since a Spark driver in local mode keeps C2 compiling for minutes (each
+#: micro-batch runs code not run before), and on a few cores that comes out of every batch;
+#: the serial collector, since a development driver's heap is small and G1's concurrent
+#: threads cost more CPU than its pauses would. C1 code is slower at full throughput,
+#: which a development pipeline seldom runs at.
+QUICK_JVM = {"-XX:TieredStopAtLevel=1": r"TieredStopAtLevel", "-XX:+UseSerialGC": r"\+Use\w+GC"}
 
 
-def use_quick_jit() -> None:
-    """Give every JVM this process starts from now on :data:`QUICK_JIT`, beside whatever
-    ``JDK_JAVA_OPTIONS`` already holds (unless that chose a JIT itself)."""
+def use_quick_jvm() -> None:
+    """Give every JVM this process starts from now on :data:`QUICK_JVM`'s options, beside
+    whatever ``JDK_JAVA_OPTIONS`` already holds; an option whose pattern that matches (a JIT
+    or a collector chosen there) is left out."""
     given = os.environ.get("JDK_JAVA_OPTIONS", "")
-    if "TieredStopAtLevel" not in given:
-        os.environ["JDK_JAVA_OPTIONS"] = f"{given} {QUICK_JIT}".strip()
+    extra = [option for option, chosen in QUICK_JVM.items() if not re.search(chosen, given)]
+    os.environ["JDK_JAVA_OPTIONS"] = " ".join([given, *extra]).strip()
 
 
 INSTALL_JDK = (

@@ -55,12 +55,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 JVM_PROGRAMS = frozenset({"java", "javac", "keytool", "mvn", "spark-submit", "spark-class"})
 
 # Every JVM the tests start (brokers, Spark drivers, Kafka Streams peers) lives for seconds or
-# minutes, and the suite is CPU-bound on two cores. So: C1 alone (C2's work never pays back
-# that soon) and no verification of the jars' bytecode. The JVMs' "Picked up" note goes to
-# their stderr.
+# minutes, and the suite is CPU-bound on two cores. So: the options of `tablecast dev`'s JVMs
+# (C1 alone, the serial collector) and no verification of the jars' bytecode. The JVMs'
+# "Picked up" note goes to their stderr.
 os.environ.setdefault(
     "JDK_JAVA_OPTIONS",
-    f"{jvm.QUICK_JIT} -XX:+UnlockDiagnosticVMOptions -XX:-BytecodeVerificationRemote",
+    " ".join([*jvm.QUICK_JVM, "-XX:+UnlockDiagnosticVMOptions", "-XX:-BytecodeVerificationRemote"]),
 )
 
 

@@ -26,14 +26,18 @@ import httpx
 from bench import common
 
 from .cluster import KEYS, TABLE, Cluster, Producer, expected_value
-from .faults import ALL, Injector, as_dict, inject, schedule
+from .faults import ALL, FULL_HOLDS_MIN, Injector, as_dict, inject, schedule
 from .report import longest_gaps, markdown
 from .verifier import MALFORMED, Readers, Reference
 
 log = logging.getLogger("bench.chaos")
 RATE = 300
 READERS = 4
+#: input flowing before the readers start, and the least rest after each fault's recovery
+#: (reads on the healed cluster); a soak shorter than FULL_HOLDS_MIN minutes (the one in
+#: ./run tests) takes half of each, as it holds the outages a third as long
 WARMUP_S = 20.0
+REST_S = 5.0
 
 
 def converge(
@@ -153,7 +157,8 @@ def run(minutes: float, seed: int, work: Path) -> dict[str, Any]:
         producer.start()
         ref = Reference(cluster.bootstrap, cluster.table_topic)
         ref.start()
-        time.sleep(WARMUP_S)
+        scale = 0.5 if minutes < FULL_HOLDS_MIN else 1.0
+        time.sleep(WARMUP_S * scale)
         t0 = time.monotonic()
         readers = Readers(ref, cluster.urls, READERS, seed, t0)
         readers.start()
@@ -167,7 +172,7 @@ def run(minutes: float, seed: int, work: Path) -> dict[str, Any]:
             events.append(inject(injector, fault, t0))
             # the rest of the slot after recovery, so reads see the healed cluster too
             slot_end = t0 + budget * (i + 1) / len(faults)
-            time.sleep(max(5.0, slot_end - time.monotonic()))
+            time.sleep(max(REST_S * scale, slot_end - time.monotonic()))
         producer.stop()
         readers.stop()
         phases["faults"] = round(time.monotonic() - t0, 1)

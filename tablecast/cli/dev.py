@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
     # the broker and Spark need Java 17+, the pipeline javac (unless compiled already)
     jvm.require_java(compiler=not jvm.interceptor_compiled())
-    jvm.use_quick_jit()  # the broker and the pipeline's Spark
+    jvm.use_quick_jvm()  # the broker and the pipeline's Spark
     sup = Supervisor(data_dir / "logs")
     try:
         if broker is not None:

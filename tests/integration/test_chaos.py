@@ -1,6 +1,7 @@
 """A chaos soak (the harness of ``python -m bench chaos``): one minute in ``./run tests``,
 five in ``python -m bench long`` (marked ``long``), every fault at least once in both (the
-one-minute soak holds the broker outage and the full disk a third as long).
+one-minute soak holds the broker outage and the full disk a third as long, and its warm-up
+and the least rest after each fault are half as long).
 
 Every fault of bench/chaos/faults.py at least once over a live cluster (its
 own broker, the pipeline, three nodes, a producer, readers checked against the

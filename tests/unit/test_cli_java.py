@@ -165,3 +165,21 @@ def test_no_silent_fall_back_to_write_time(tmp_path: Path, monkeypatch: pytest.M
     assert not jvm.interceptor_compiled()
     with pytest.raises(jvm.JavaMissing, match="record-timestamp interceptor"):
         jvm.jars("spark-kafka")
+
+
+@pytest.mark.parametrize(
+    ("given", "after"),
+    [
+        ("", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"),
+        ("-Xmx2g", "-Xmx2g -XX:TieredStopAtLevel=1 -XX:+UseSerialGC"),
+        ("-XX:+UseG1GC", "-XX:+UseG1GC -XX:TieredStopAtLevel=1"),
+        ("-XX:TieredStopAtLevel=4", "-XX:TieredStopAtLevel=4 -XX:+UseSerialGC"),
+        ("-XX:+UseZGC -XX:TieredStopAtLevel=4", "-XX:+UseZGC -XX:TieredStopAtLevel=4"),
+    ],
+)
+def test_dev_jvms_get_c1_and_the_serial_collector_unless_chosen(
+    monkeypatch: pytest.MonkeyPatch, given: str, after: str
+) -> None:
+    monkeypatch.setenv("JDK_JAVA_OPTIONS", given)
+    jvm.use_quick_jvm()
+    assert os.environ["JDK_JAVA_OPTIONS"] == after
