@@ -23,7 +23,7 @@ from tablecast import serde
 from tablecast.contract import index_codec
 from tablecast.contract.partitioner import partition_for
 
-from ..support.procs import NodeProcess, eventually, start_node, stop_all
+from ..support.procs import NodeProcess, eventually, start_node, stop_all, tls
 from .history_model import TopicModel, position, value_of
 from .tables import Logged, make_table, write_logged
 
@@ -436,6 +436,7 @@ def test_after_waits_for_the_write_on_every_route(bootstrap: str, logs: Path) ->
                     node.url + path,
                     params={**params, **extra, "timeout_ms": "300"},
                     json={"keys": ["k01"]} if method == "POST" else None,
+                    verify=tls(),
                 )
                 code = "bad_request" if "after" in extra else "timeout"
                 assert r.json()["error"]["code"] == code, (path, extra, r.text)
@@ -448,6 +449,7 @@ def test_after_waits_for_the_write_on_every_route(bootstrap: str, logs: Path) ->
                 params={**params, **ahead},
                 json={"keys": ["k01"]} if method == "POST" else None,
                 timeout=30,
+                verify=tls(),
             )
 
         waiting = [

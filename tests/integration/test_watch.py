@@ -26,7 +26,7 @@ from tablecast.live.events import SSE as SSE_ENCODER
 from tablecast.live.resume_token import parse
 from tablecast.live.sinks import Sink
 
-from ..support.procs import NodeProcess, eventually, start_node
+from ..support.procs import NodeProcess, eventually, start_node, tls
 from ..support.sse import Stream, read_to_end
 from .tables import make_table
 from .watch_model import Seen, judge, read_topic
@@ -211,7 +211,8 @@ def test_bad_watches_are_refused_before_the_stream(one) -> None:  # type: ignore
     names = ["key", "key", "prefix", "from", "to", "snapshot", "since", "other"]
     for _ in range(60):
         params = [(rng.choice(names), rng.choice(texts)) for _ in range(rng.randint(0, 4))]
-        with httpx.stream("GET", f"{node.url}/v1/tables/kv/watch", params=params, timeout=10) as r:
+        url = f"{node.url}/v1/tables/kv/watch"
+        with httpx.stream("GET", url, params=params, timeout=10, verify=tls()) as r:
             assert r.status_code < 500 or r.status_code == 503, (params, r.read())
 
 

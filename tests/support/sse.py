@@ -12,6 +12,8 @@ from typing import Any
 import httpx
 import orjson
 
+from .procs import tls
+
 
 @dataclass
 class Event:
@@ -46,7 +48,7 @@ class Stream:
     def _run(self) -> None:
         try:
             with httpx.stream(
-                "GET", self.url, params=self.params, headers=self.headers, timeout=60
+                "GET", self.url, params=self.params, headers=self.headers, timeout=60, verify=tls()
             ) as r:
                 # a refusal's body first: whoever sees the status may read the body at once
                 if r.status_code != 200:
