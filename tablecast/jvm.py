@@ -62,8 +62,8 @@ QUICK_JVM = {"-XX:TieredStopAtLevel=1": r"TieredStopAtLevel", "-XX:+UseSerialGC"
 
 def use_quick_jvm() -> None:
     """Give every JVM this process starts from now on :data:`QUICK_JVM`'s options, beside
-    whatever ``JDK_JAVA_OPTIONS`` already holds; an option whose pattern that matches (a JIT
-    or a collector chosen there) is left out."""
+    whatever ``JDK_JAVA_OPTIONS`` already holds; an option whose pattern matches what that
+    holds (a JIT or a collector chosen there) is left out."""
     given = os.environ.get("JDK_JAVA_OPTIONS", "")
     extra = [option for option, chosen in QUICK_JVM.items() if not re.search(chosen, given)]
     os.environ["JDK_JAVA_OPTIONS"] = " ".join([given, *extra]).strip()
