@@ -26,7 +26,7 @@ import httpx
 from bench import common
 
 from .cluster import KEYS, TABLE, Cluster, Producer, expected_value
-from .faults import ALL, FULL_HOLDS_MIN, Injector, as_dict, inject, schedule
+from .faults import ALL, Injector, as_dict, inject, is_short, schedule
 from .report import longest_gaps, markdown
 from .verifier import MALFORMED, Readers, Reference
 
@@ -34,7 +34,7 @@ log = logging.getLogger("bench.chaos")
 RATE = 300
 READERS = 4
 #: input flowing before the readers start, and the least rest after each fault's recovery
-#: (reads on the healed cluster); a soak shorter than FULL_HOLDS_MIN minutes (the one in
+#: (reads on the healed cluster); a short soak (is_short: the one in
 #: ./run tests) takes half of each, as it holds the outages a third as long
 WARMUP_S = 20.0
 REST_S = 5.0
@@ -157,7 +157,7 @@ def run(minutes: float, seed: int, work: Path) -> dict[str, Any]:
         producer.start()
         ref = Reference(cluster.bootstrap, cluster.table_topic)
         ref.start()
-        scale = 0.5 if minutes < FULL_HOLDS_MIN else 1.0
+        scale = 0.5 if is_short(minutes) else 1.0
         time.sleep(WARMUP_S * scale)
         t0 = time.monotonic()
         readers = Readers(ref, cluster.urls, READERS, seed, t0)

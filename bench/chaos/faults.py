@@ -32,6 +32,11 @@ FILL_S = 20.0
 FULL_HOLDS_MIN = 5.0
 
 
+def is_short(minutes: float) -> bool:
+    """Whether a soak of `minutes` is a short one (./run tests'), with shorter holds."""
+    return minutes < FULL_HOLDS_MIN
+
+
 @dataclass
 class Event:
     fault: str
@@ -56,7 +61,7 @@ class Injector:
     ) -> None:
         self.c, self.producer, self.rng = cluster, producer, rng
         self.malformed_keys: set[str] = set()
-        self.hold = 1.0 if minutes >= FULL_HOLDS_MIN else 1 / 3
+        self.hold = 1 / 3 if is_short(minutes) else 1.0
 
     def run(self, fault: str, ev: Event) -> None:
         fn: Callable[[Event], None] = getattr(

@@ -116,9 +116,8 @@ def shuffle_partitions(spark: SparkSession, partitions: int, realtime: bool) -> 
     more than its task slots. Each shuffle partition is a task every micro-batch, its state
     store loaded and committed even when no key of the batch falls in it. A real-time
     query's tasks live for its whole batch, so it keeps one per topic partition."""
-    if realtime or not is_local(spark.sparkContext.master):
-        return partitions
-    return max(1, min(partitions, spark.sparkContext.defaultParallelism))
+    slots = read_tasks(spark, realtime)
+    return max(1, min(partitions, slots)) if slots else partitions
 
 
 def read_tasks(spark: SparkSession, realtime: bool) -> int:
