@@ -33,6 +33,8 @@ from .verifier import MALFORMED, Readers, Reference
 log = logging.getLogger("bench.chaos")
 RATE = 300
 READERS = 4
+#: a short soak's reads a second per reader thread; a long one reads as fast as nodes answer
+SHORT_READS_PER_S = 40.0
 #: input flowing before the readers start, and the least rest after each fault's recovery
 #: (reads on the healed cluster); a short soak (is_short: the one in
 #: ./run tests) takes half of each, as it holds the outages a third as long
@@ -160,7 +162,8 @@ def run(minutes: float, seed: int, work: Path) -> dict[str, Any]:
         scale = 0.5 if is_short(minutes) else 1.0
         time.sleep(WARMUP_S * scale)
         t0 = time.monotonic()
-        readers = Readers(ref, cluster.urls, READERS, seed, t0)
+        pace = SHORT_READS_PER_S if is_short(minutes) else None
+        readers = Readers(ref, cluster.urls, READERS, seed, t0, pace)
         readers.start()
         injector = Injector(cluster, producer, rng, minutes)
         budget = minutes * 60

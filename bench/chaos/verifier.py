@@ -272,8 +272,18 @@ class Tally:
 class Readers:
     """Threads reading random keys through random nodes, half plain HTTP, half tablecast.Client."""
 
-    def __init__(self, ref: Reference, urls: Any, threads: int, seed: int, t0: float) -> None:
+    def __init__(
+        self,
+        ref: Reference,
+        urls: Any,
+        threads: int,
+        seed: int,
+        t0: float,
+        per_second: float | None = None,
+    ) -> None:
         self.ref, self.urls = ref, urls  # urls: a callable returning the node URLs now
+        #: each thread's reads a second (None: as fast as answers come)
+        self.per_second = per_second
         # failures are stamped in seconds since t0, the clock the faults' start_s/end_s use
         self.t0 = t0
         self.n, self.seed = threads, seed
@@ -347,7 +357,14 @@ class Readers:
         use_client = i % 2 == 1
         http = httpx.Client(timeout=5.0)
         client: tc.Client | None = None
+        due = time.monotonic()
         while not self.stopping.is_set():
+            if self.per_second:
+                due += 1 / self.per_second
+                # a reader late after a slow answer catches up at once, but not with a burst
+                due = max(due, time.monotonic() - 1)
+                if self.stopping.wait(max(0.0, due - time.monotonic())):
+                    break
             key = f"k{rng.randrange(KEYS):05d}"
             urls = self.urls()
             t0 = time.monotonic()
