@@ -22,6 +22,7 @@ from tablecast.kafka.topics import COMPACTED, ensure_topic, table_topic
 
 from ..support.procs import NodeProcess, start_node, stop_all, tls
 from .kafka_io import produce, read_all
+from .test_pipeline_support import TRIGGER
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +38,7 @@ class Run:
 
     def __init__(self, app: tc.App, bootstrap: str, spark: Any, state: Path, logs: Path) -> None:
         app.state_dir = state
-        app.trigger = "200 milliseconds"
+        app.trigger = TRIGGER
         self.app, self.bootstrap, self.logs = app, bootstrap, logs
         self.pipeline = app.start(bootstrap_servers=bootstrap, spark=spark)
         self.nodes: list[NodeProcess] = []

@@ -13,7 +13,7 @@ from tablecast.kafka.topics import dlq_topic, ensure_topic
 from tests.support.procs import eventually
 
 from .kafka_io import produce
-from .test_pipeline_support import read_table, read_topic
+from .test_pipeline_support import TRIGGER, read_table, read_topic
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +34,7 @@ def test_poison_records_go_to_the_dlq_and_good_ones_flow(
 ) -> None:
     topic = f"{unique}-rows"
     ensure_topic(bootstrap, topic, 3)
-    app = tc.App(unique, state_dir=tmp_path / "state", trigger="200 milliseconds")
+    app = tc.App(unique, state_dir=tmp_path / "state", trigger=TRIGGER)
     rows = app.table(topic, key=STR, value=JSON)
     rows.map_values(lambda k, v: 100 // v["x"], LONG).materialize("ratio")
     # a Column whose result does not fit the declared serde: that row is bad, not a delete

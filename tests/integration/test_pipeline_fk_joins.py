@@ -27,7 +27,7 @@ from tablecast.pipeline.run.pipeline import Pipeline
 from tests import reference_model as ref
 
 from .kafka_io import produce
-from .test_pipeline_support import CUMULATIVE, read_table
+from .test_pipeline_support import CUMULATIVE, TRIGGER, read_table
 
 pytestmark = pytest.mark.integration
 
@@ -73,7 +73,7 @@ def fk(bootstrap: str, spark, tmp_path_factory: pytest.TempPathFactory) -> Itera
     topic = {name: f"{app_id}-{name}" for name in TOPICS}
     for name, partitions in TOPICS.items():
         ensure_topic(bootstrap, topic[name], partitions)
-    app = tc.App(app_id, state_dir=tmp_path_factory.mktemp("state"), trigger="200 milliseconds")
+    app = tc.App(app_id, state_dir=tmp_path_factory.mktemp("state"), trigger=TRIGGER)
     orders = app.table(topic["orders"], key=STR, value=JSON)
     customers = app.table(topic["customers"], key=LONG, value=JSON)
     orders.join(customers, enrich, foreign_key=customer_of).materialize("fk_inner")

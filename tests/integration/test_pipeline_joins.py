@@ -33,7 +33,7 @@ from tests import reference_model as ref
 
 from ..support.procs import eventually, start_node, stop_all
 from .kafka_io import produce
-from .test_pipeline_support import CUMULATIVE, read_table, read_topic
+from .test_pipeline_support import CUMULATIVE, TRIGGER, read_table, read_topic
 
 pytestmark = pytest.mark.integration
 
@@ -170,7 +170,7 @@ def joins(bootstrap: str, spark, tmp_path_factory: pytest.TempPathFactory) -> It
 
 def start_app(app_id: str, topic: dict[str, str], state: Path) -> tc.App:
     out = {name: f"{app_id}-out-{name}" for name in ("inner", "left", "global", "global_left")}
-    app = tc.App(app_id, state_dir=state, trigger="200 milliseconds")
+    app = tc.App(app_id, state_dir=state, trigger=TRIGGER)
     build(app, {k: v for k, v in topic.items() if k in TOPICS}, out)
     topic.update({f"out-{k}": v for k, v in out.items()})
     return app

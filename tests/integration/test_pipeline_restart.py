@@ -37,7 +37,7 @@ from tests import reference_model as ref
 
 from ..support.procs import eventually
 from .kafka_io import produce
-from .test_pipeline_support import end_offsets, read_table, read_topic
+from .test_pipeline_support import TRIGGER, end_offsets, read_table, read_topic
 
 pytestmark = pytest.mark.integration
 
@@ -213,7 +213,7 @@ def test_repartition_records_written_twice_are_applied_once(
     the repartition topic (same batch id and record id) back into it."""
     topic = f"{unique}-rows"
     ensure_topic(bootstrap, topic, 3)
-    app = tc.App(unique, state_dir=tmp_path / "state", trigger="200 milliseconds")
+    app = tc.App(unique, state_dir=tmp_path / "state", trigger=TRIGGER)
     rows = app.table(topic, key=STR, value=JSON)
     rows.group_by(sel, value=LONG).reduce(lambda a, b: a + b, lambda a, b: a - b).materialize(
         "sums"

@@ -12,7 +12,7 @@ import tablecast as tc
 from tablecast.kafka.topics import dlq_topic, ensure_topic
 
 from .kafka_io import produce
-from .test_pipeline_support import read_table, read_topic
+from .test_pipeline_support import TRIGGER, read_table, read_topic
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +40,7 @@ def test_avro_json_schema_and_long_serdes(
     topics = {n: f"{unique}-{n}" for n in ("avro", "wire", "typed", "longs")}
     for t in topics.values():
         ensure_topic(bootstrap, t, 2)
-    app = tc.App(unique, state_dir=tmp_path / "state", trigger="200 milliseconds")
+    app = tc.App(unique, state_dir=tmp_path / "state", trigger=TRIGGER)
     # Column over an Avro struct field; the table stays Avro
     app.stream(topics["avro"], STR, plain).filter(F.col("value.total") > 5).to_table().materialize(
         "big"

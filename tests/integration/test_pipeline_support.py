@@ -80,6 +80,11 @@ def read_table(bootstrap: str, topic: str, key: Serde, value: Serde) -> dict[Any
 
 # -- one App per module, fed by hypothesis examples that build on each other ----
 
+#: the trigger of the Apps the tests start on the shared Spark session: an idle query asks
+#: Kafka for its topics' ends every trigger, and a module holds up to nine queries idle
+#: between its steps (process_all_available does not wait for a trigger's tick to pass)
+TRIGGER = "1 second"
+
 #: examples per operator test: few in CI (Spark is slow here); the full run takes
 #: TABLECAST_EXAMPLES=50 (docs/user-guide.md, "Testing the operators")
 EXAMPLES = int(os.environ.get("TABLECAST_EXAMPLES", "3"))
@@ -133,7 +138,7 @@ def running_app(
     kind: str,
     build: Callable[[tc.App, str], None],
     partitions: int = 3,
-    trigger: str = "200 milliseconds",
+    trigger: str = TRIGGER,
 ) -> Iterator[Running]:
     """An App on a fresh input topic: `build(app, topic)` defines it; started, then stopped."""
     app_id = f"{kind}{uuid.uuid4().hex[:8]}"

@@ -16,6 +16,7 @@ from tablecast.pipeline.run.pipeline import Pipeline
 
 from ..support.procs import NodeProcess, eventually, start_node
 from .kafka_io import produce, read_all
+from .test_pipeline_support import TRIGGER
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +35,7 @@ class Running:
 def running(bootstrap: str, spark, unique: str, tmp_path: Path, logs: Path) -> Iterator[Running]:  # type: ignore[no-untyped-def]
     topic = f"{unique}-prices"
     ensure_topic(bootstrap, topic, PARTITIONS)
-    app = tc.App(unique, state_dir=tmp_path / "state", trigger="200 milliseconds")
+    app = tc.App(unique, state_dir=tmp_path / "state", trigger=TRIGGER)
     app.table(topic, key=tc.serde.string(), value=tc.serde.json()).materialize("prices")
     pipeline = app.start(bootstrap_servers=bootstrap, spark=spark)
     node = start_node(unique, bootstrap, logs)
