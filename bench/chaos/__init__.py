@@ -24,6 +24,7 @@ from urllib.parse import quote
 import httpx
 
 from bench import common
+from tablecast.query.fanout import MAX_BATCH
 
 from .cluster import KEYS, TABLE, Cluster, Producer, expected_value
 from .faults import ALL, Injector, as_dict, inject, is_short, schedule
@@ -47,31 +48,46 @@ def converge(
 ) -> tuple[bool, list[str]]:
     """Wait until every node answers every key as expected; the keys still differing.
 
-    A pass over every key of every node is long (thousands of reads), so after the first
-    only the reads still differing are asked again, and a clean recheck is confirmed by a
-    last pass over everything: the verdict always comes from the latest answers. It waits
-    as long as reads keep coming right, giving up after `stall_s` without one more right
-    (or `cap_s` in all): a pipeline restarted on a loaded machine may take minutes to
-    catch up with the input, which is slow, not lost."""
+    A pass over every key of every node is long (thousands of keys): each node is asked
+    for them in batches (``keys:batchGet``, the node's own read path for many keys), and
+    after the first pass only the keys still differing are asked again; a clean recheck
+    is confirmed by a last pass over everything, so the verdict always comes from the
+    latest answers. It waits as long as reads keep coming right, giving up after
+    `stall_s` without one more right (or `cap_s` in all): a pipeline restarted on a
+    loaded machine may take minutes to catch up with the input, which is slow, not lost."""
     started = progressed = time.monotonic()
     every = [(n.url, f"k{i:05d}") for n in cluster.nodes for i in range(KEYS)]
     # a malformed table record no valid one followed
     every = [(url, k) for url, k in every if k not in skip]
     with httpx.Client(timeout=10) as http:
 
-        def differing(reads: list[tuple[str, str]]) -> list[tuple[str, str, str]]:
-            out = []
-            for url, k in reads:
-                want = expected.get(k)
+        def answers(url: str, keys: list[str]) -> dict[str, Any]:
+            """The node's answer for each key: its value, None (not found) or why not."""
+            got: dict[str, Any] = {}
+            for i in range(0, len(keys), MAX_BATCH):
+                chunk = keys[i : i + MAX_BATCH]
                 try:
-                    r = http.get(f"{url}/v1/tables/{TABLE}/keys/{quote(k)}")
-                    got = r.json().get("value") if r.status_code == 200 else None
-                    if r.status_code not in (200, 404):
-                        got = f"status {r.status_code}"
-                except (httpx.HTTPError, ValueError) as e:
-                    got = type(e).__name__
-                if got != want:
-                    out.append((url, k, f"{url} {k}: {want!r} / {got!r}"))
+                    r = http.post(f"{url}/v1/tables/{TABLE}/keys:batchGet", json={"keys": chunk})
+                    if r.status_code != 200:
+                        got.update(dict.fromkeys(chunk, f"status {r.status_code}"))
+                        continue
+                    for item in r.json()["results"]:
+                        got[item["key"]] = item.get("value") if item["found"] else None
+                except (httpx.HTTPError, ValueError, KeyError) as e:
+                    got.update(dict.fromkeys(chunk, type(e).__name__))
+            return got
+
+        def differing(reads: list[tuple[str, str]]) -> list[tuple[str, str, str]]:
+            by_node: dict[str, list[str]] = {}
+            for url, k in reads:
+                by_node.setdefault(url, []).append(k)
+            out = []
+            for url, keys in by_node.items():
+                got = answers(url, keys)
+                for k in keys:
+                    want, have = expected.get(k), got.get(k, "no answer")
+                    if have != want:
+                        out.append((url, k, f"{url} {k}: {want!r} / {have!r}"))
             return out
 
         diffs = differing(every)
