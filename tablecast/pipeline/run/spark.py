@@ -92,6 +92,9 @@ def session(
         .config("spark.sql.ansi.enabled", "false")
         # RocksDB state commits upload a changelog, not a snapshot, per batch
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+        # PySpark records the Python call site of every DataFrame and Column call (four JVM
+        # round trips each) for error messages; a pipeline's calls are tablecast's own
+        .config("spark.python.sql.dataFrameDebugging.enabled", "false")
     )
     for k, v in driver_address(submitted).items():
         builder = builder.config(k, v)
