@@ -34,9 +34,11 @@ class Balancer(Background):
         keys: Sequence[str],
         right: Callable[[str, httpx.Response], bool],
         clients: int = 2,
+        per_second: float | None = None,
     ) -> None:
         """`urls`: the nodes it knows now; `right(key, answer)`: whether a 200 holds the
-        key's value."""
+        key's value; `per_second`: each client's reads a second (None: without pause)."""
+        self.per_second = per_second
         self.urls, self.table, self.keys, self.right = urls, table, keys, right
         self.routable = urls()
         #: each node's last probe: its /readyz status, "timeout", or the connection's error
@@ -73,7 +75,7 @@ class Balancer(Background):
     def _read(self, seed: int) -> None:
         rng = random.Random(seed)
         with httpx.Client(timeout=10) as http:
-            while not self._stop.is_set():
+            for _ in self._paced(self.per_second):
                 key = rng.choice(self.keys)
                 urls = self.routable
                 if not urls:  # fail open: to the nodes that answered their last probe at all

@@ -57,6 +57,7 @@ import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 import tablecast as tc
+from bench.background import paced
 from tablecast.contract.partitioner import partition_for
 from tablecast.kafka.config import client_conf
 from tablecast.kafka.deafness import DeafCheck, close_in_background, ends_from_a_fresh_client
@@ -357,14 +358,7 @@ class Readers:
         use_client = i % 2 == 1
         http = httpx.Client(timeout=5.0)
         client: tc.Client | None = None
-        due = time.monotonic()
-        while not self.stopping.is_set():
-            if self.per_second:
-                due += 1 / self.per_second
-                # a reader late after a slow answer catches up at once, but not with a burst
-                due = max(due, time.monotonic() - 1)
-                if self.stopping.wait(max(0.0, due - time.monotonic())):
-                    break
+        for _ in paced(self.stopping, self.per_second):
             key = f"k{rng.randrange(KEYS):05d}"
             urls = self.urls()
             t0 = time.monotonic()

@@ -83,8 +83,13 @@ class Cluster:
         )
 
 
+#: each load thread's reads a second: hundreds over each hand-over, and the machine's CPU
+#: left to the nodes under test
+READS_PER_S = 100.0
+
+
 class Load(Background):
-    """Clients querying random keys without pause, counting failures and wrong answers."""
+    """Clients querying random keys, counting failures and wrong answers."""
 
     def __init__(self, cluster: Cluster, model: TableModel) -> None:
         self.cluster, self.model = cluster, model
@@ -104,7 +109,7 @@ class Load(Background):
         """tablecast.Client: asks owners directly, fails over itself."""
         rng = random.Random(1)
         with tc.Client(self.cluster.live_urls()) as client:
-            while not self._stop.is_set():
+            for _ in self._paced(READS_PER_S):
                 key = rng.choice(self.keys)
                 try:
                     record = client.get("kv", key)
@@ -117,7 +122,7 @@ class Load(Background):
         """A plain HTTP client on whichever live node: the nodes forward and fail over."""
         rng = random.Random(2)
         with httpx.Client(timeout=10) as http:
-            while not self._stop.is_set():
+            for _ in self._paced(READS_PER_S):
                 key = rng.choice(self.keys)
                 url = rng.choice(self.cluster.live_urls())
                 try:
@@ -136,7 +141,7 @@ class Load(Background):
         the waits in consistency.reach meet replicas released under them."""
         rng = random.Random(3)
         with httpx.Client(timeout=10) as http:
-            while not self._stop.is_set():
+            for _ in self._paced(READS_PER_S):
                 key = rng.choice(self.keys)
                 path = f"/v1/tables/kv/keys/{quote(key, safe='')}"
                 try:
@@ -265,7 +270,7 @@ def test_a_rolling_restart_hands_over_before_each_node_stops(cluster) -> None:  
         return answer.json()["value"] == model.rows[key.encode()]
 
     # a load balancer polling /readyz, retrying nothing (bench/balancer.py)
-    with Balancer(c.live_urls, "kv", keys, right) as load:
+    with Balancer(c.live_urls, "kv", keys, right, per_second=READS_PER_S) as load:
         time.sleep(1)
         for name in ("a", "b", "c"):
             c.nodes[name].stop()  # SIGTERM, and wait until it has exited

@@ -51,7 +51,8 @@ def settled(node: NodeProcess, expect: int, standbys: int = 0) -> bool:
 
 
 class Reader(Background):
-    """Reads random keys from random nodes without pause; probes every node's /readyz."""
+    """Reads random keys from random nodes (about 100 a second); probes every node's
+    /readyz."""
 
     def __init__(self, nodes: list[NodeProcess], model: TableModel) -> None:
         self.nodes, self.model = nodes, model
@@ -66,7 +67,7 @@ class Reader(Background):
     def _read(self) -> None:
         rng = random.Random(7)
         with httpx.Client(timeout=10) as http:
-            while not self._stop.is_set():
+            for _ in self._paced(100.0):
                 key = rng.choice(self.keys)
                 node = rng.choice(self.nodes)
                 now = time.monotonic()
