@@ -4,8 +4,9 @@ They are the runs too long for CI's time: the kill -9 tests of the driver for ev
 operator the suite does not kill itself (stream-stream and foreign-key joins, session
 windows, cogroup, transform_values, Real-time Mode, the secured broker),
 the five-minute chaos soak, and the checks that the benchmark's Kafka Streams peers answer
-exactly the data loaded (a Maven build and six JVMs). ``./run tests`` skips them (``TABLECAST_LONG=1`` makes
-pytest run them); this writes the outcome and each test's time to BENCHMARKS.md.
+exactly the data loaded (a Maven build and six JVMs). ``./run tests`` skips them
+(``TABLECAST_LONG=1`` makes pytest run them); this writes the outcome and each test's
+time to BENCHMARKS.md.
 ``--quick`` only collects them (a test of the harness).
 """
 

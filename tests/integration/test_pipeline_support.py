@@ -82,7 +82,7 @@ def read_table(bootstrap: str, topic: str, key: Serde, value: Serde) -> dict[Any
 
 #: the trigger of the Apps the tests start on the shared Spark session: an idle query asks
 #: Kafka for its topics' ends every trigger, and a module holds up to nine queries idle
-#: between its steps (process_all_available does not wait for a trigger's tick to pass)
+#: between its steps; a step waits up to one tick longer for its queries to see it
 TRIGGER = "1 second"
 
 #: examples per operator test: few in CI (Spark is slow here); the full run takes
