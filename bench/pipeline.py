@@ -476,9 +476,8 @@ def render_demo(f: dict[str, Any], argv: str, m: dict[str, Any]) -> str:
 `{argv}` — {facts_line(m)}. The demo's pipeline as shipped (`examples/stock_prices.py`:
 {f["partitions"]} partitions, a board per symbol by a Python function, trigger
 {f["trigger"]}) on Spark local[2] in the benchmark's session, one `tablecast serve` node, a
-single-node broker (the JVMs with the C1 JIT alone and the serial collector, as `tablecast demo`
-starts them), all on
-this machine's 2 cores, under the generator's
+single-node broker (the JVMs with the C1 JIT alone and the serial collector, as
+`tablecast demo` starts them), all on this machine's 2 cores, under the generator's
 {f["load_per_s"]} ticks/s. {f["samples"]} marker ticks, each for a symbol of its own, 0.3-0.7 s
 apart, produced with linger 0; *queryable* is produce → the first node answer carrying it
 (polled every 10 ms), *topic* is produce → the record in the table topic; *board age* is how

@@ -175,11 +175,13 @@ def run(minutes: float, seed: int, work: Path) -> dict[str, Any]:
         producer.start()
         ref = Reference(cluster.bootstrap, cluster.table_topic)
         ref.start()
-        scale = 0.5 if is_short(minutes) else 1.0
+        short = is_short(minutes)
+        scale = 0.5 if short else 1.0
         time.sleep(WARMUP_S * scale)
         t0 = time.monotonic()
-        pace = SHORT_READS_PER_S if is_short(minutes) else None
-        readers = Readers(ref, cluster.urls, READERS, seed, t0, pace)
+        readers = Readers(
+            ref, cluster.urls, READERS, seed, t0, SHORT_READS_PER_S if short else None
+        )
         readers.start()
         injector = Injector(cluster, producer, rng, minutes)
         budget = minutes * 60
