@@ -1,10 +1,11 @@
-"""Signals stop everything a command started: SIGTERM and SIGINT within 30 s,
-also when started in the background with SIGINT ignored; SIGKILL of `tablecast dev` takes
+"""`tablecast dev` up and answering, and signals stop everything it started: SIGTERM and
+SIGINT within 30 s, also when started in the background with SIGINT ignored; SIGKILL takes
 its broker, pipeline (Spark JVM included), generator and nodes with it within 10 s."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,13 +13,17 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
+from tablecast.contract.partitioner import partition_for
 from tablecast.kafka.broker import free_port
 
 from ..support.procs import eventually
 
 pytestmark = pytest.mark.integration
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "stock_prices.py"
 
 APP = """
 import tablecast as tc
@@ -76,9 +81,17 @@ def alive(pid: int) -> bool:
 
 
 class Dev:
-    def __init__(self, tmp: Path, unique: str, bootstrap: str | None, ignore_sigint: bool) -> None:
-        app_file = tmp / "app.py"
-        app_file.write_text(APP.format(app=unique, topic=f"{unique}-in"))
+    def __init__(
+        self,
+        tmp: Path,
+        unique: str,
+        bootstrap: str | None,
+        ignore_sigint: bool,
+        app_file: Path | None = None,
+    ) -> None:
+        if app_file is None:
+            app_file = tmp / "app.py"
+            app_file.write_text(APP.format(app=unique, topic=f"{unique}-in"))
         self.out = tmp / "dev.out"
         self.data = tmp / "dev"
         self.port = free_port()
@@ -134,8 +147,10 @@ class Dev:
 def dev_factory(tmp_path: Path, unique: str) -> Iterator:  # type: ignore[type-arg]
     started: list[Dev] = []
 
-    def make(bootstrap: str | None, ignore_sigint: bool = False) -> Dev:
-        d = Dev(tmp_path, unique, bootstrap, ignore_sigint)
+    def make(
+        bootstrap: str | None, ignore_sigint: bool = False, app_file: Path | None = None
+    ) -> Dev:
+        d = Dev(tmp_path, unique, bootstrap, ignore_sigint, app_file)
         started.append(d)
         return d
 
@@ -165,9 +180,40 @@ def test_sigterm_stops_dev_and_everything_it_started(bootstrap: str, dev_factory
     assert "Traceback" not in dev.logs(), dev.logs()[-5000:]
 
 
-def test_sigint_stops_dev_started_in_the_background(bootstrap: str, dev_factory) -> None:  # type: ignore[no-untyped-def]
-    dev = dev_factory(bootstrap, ignore_sigint=True)
+def test_dev_serves_the_stock_example_and_sigint_stops_it_in_the_background(
+    bootstrap: str,
+    dev_factory,  # type: ignore[no-untyped-def]
+) -> None:
+    """The stock-price example, started as a shell starts a background job (SIGINT
+    ignored): it answers, moves on, its welcome's watch line streams; SIGINT stops it all."""
+    dev = dev_factory(bootstrap, ignore_sigint=True, app_file=EXAMPLE)
     tree = dev.wait_up()
+    url = f"http://127.0.0.1:{dev.port}"
+
+    def aapl() -> dict | None:  # type: ignore[type-arg]
+        r = httpx.get(f"{url}/v1/tables/prices/keys/AAPL", timeout=5)
+        return r.json() if r.status_code == 200 else None
+
+    body = eventually(aapl, timeout=60)
+    assert body["key"] == "AAPL"
+    board = body["value"]  # exchange -> its latest quote
+    assert board and all(set(q) == {"price", "time"} for q in board.values())
+    assert body["partition"] == partition_for(b"AAPL", 30)
+    # the generator keeps ticking: the answer moves on
+    eventually(lambda: (aapl() or {}).get("offset", -1) > body["offset"], timeout=60)
+    # the welcome's live line: a watch of that key, its snapshot, then its changes
+    watch = re.search(r"curl -N (\S+/watch\?key=\S+)", dev.out.read_text())
+    assert watch, dev.out.read_text()[-2000:]
+    kinds = []
+    with httpx.stream("GET", watch.group(1), timeout=30) as r:
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                kinds.append(line[7:])
+            if "change" in kinds:
+                break
+    assert kinds[:2] == ["snapshot", "ready"] and kinds[-1] == "change"
+    children = [int(p) for p in re.findall(r"\(pid (\d+),", dev.out.read_text())]
+    assert len(children) == 3  # generator, pipeline, node
     dev.proc.send_signal(signal.SIGINT)
     assert dev.proc.wait(30) == 0, dev.logs()[-3000:]
     assert _gone_within(tree, 5) == []
