@@ -189,6 +189,7 @@ STEP = st.tuples(
 )
 
 
+@pytest.mark.long
 @CUMULATIVE
 @given(steps=st.lists(STEP, min_size=1, max_size=4))
 def test_cogroup_matches_kafka_streams_on_generated_records(

@@ -145,6 +145,7 @@ CUSTOMERS = st.lists(
 )
 
 
+@pytest.mark.long
 @CUMULATIVE
 @given(steps=st.lists(st.one_of(ORDERS.map(lambda r: ("orders", r)),
                                 CUSTOMERS.map(lambda r: ("customers", r))),

@@ -294,6 +294,7 @@ STEP = st.one_of(
 )
 
 
+@pytest.mark.long
 @CUMULATIVE
 @given(steps=st.lists(STEP, min_size=1, max_size=3), orders=ORDERS)
 def test_joins_match_kafka_streams(
