@@ -51,7 +51,7 @@ def _shell_blocks() -> list[tuple[str, str]]:
 NEEDS_SERVICES = re.compile(
     r"^\s*(\./run |curl |tablecast |pip |python -m (venv|build|tablecast\.jvm)|kubectl |docker |"
     r"spark-submit |"
-    r"\$SPARK_HOME/|export SPARK_HOME|tc-env/|JARS=|TABLECAST_EXAMPLES=|--|\"\$|#|$)"
+    r"\$SPARK_HOME/|export SPARK_HOME|tc-env/|JARS=|TABLECAST_(EXAMPLES|LONG)=|--|\"\$|#|$)"
 )
 #: commands that need nothing but this package: run, and must exit 0
 RUNNABLE = ("python -m tablecast.submit",)
