@@ -77,7 +77,10 @@ another moment), restarts it from its checkpoint and compares every
 table with the reference model of Kafka Streams' semantics. `./run tests` keeps one: the
 grouped tables' (`test_kill_9_of_the_driver_leaves_every_table_exact`), and a one-minute
 chaos soak with every fault once. The checks that the benchmark's Kafka Streams peers
-answer exactly the data loaded (a Maven build, two instances per HTTP server) run here too.
+answer exactly the data loaded (a Maven build, two instances per HTTP server) run here too,
+and so do the generated-records tests on Spark of the joins and cogroup (`*_match_kafka_streams*`
+below); `./run tests` keeps each one's test of fixed steps on Spark and the unit tests
+that hold its per-key logic to the reference model.
 
 | test | seconds | outcome |
 |---|---|---|
