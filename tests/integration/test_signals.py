@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -181,8 +181,7 @@ def test_sigterm_stops_dev_and_everything_it_started(bootstrap: str, dev_factory
 
 
 def test_dev_serves_the_stock_example_and_sigint_stops_it_in_the_background(
-    bootstrap: str,
-    dev_factory,  # type: ignore[no-untyped-def]
+    bootstrap: str, dev_factory: Callable[..., Dev]
 ) -> None:
     """The stock-price example, started as a shell starts a background job (SIGINT
     ignored): it answers, moves on, its welcome's watch line streams; SIGINT stops it all."""
