@@ -84,6 +84,11 @@ class Broker:
         return KafkaConfig.load(path) if path is not None else KafkaConfig()
 
     @property
+    def _dumped_classes(self) -> Path:
+        """Where a broker started before its classpath had an archive writes one at exit."""
+        return self.data_dir / "classes.jsa"
+
+    @property
     def pid_file(self) -> Path:
         return self.data_dir / "broker.pid"
 
@@ -139,6 +144,7 @@ class Broker:
             proc = subprocess.Popen(
                 [
                     "java",
+                    *jvm.class_archive_options(classpath, dump_to=self._dumped_classes),
                     "-Xms256m",
                     "-Xmx1g",
                     f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.yaml'}",
@@ -172,7 +178,12 @@ class Broker:
             os.kill(pid, signal.SIGKILL)
             while _alive(pid):
                 time.sleep(0.05)
+            self._dumped_classes.unlink(missing_ok=True)  # perhaps cut off while written
         self.pid_file.unlink(missing_ok=True)
+        try:
+            jvm.keep_class_archive(jvm.classpath("kafka-broker"), self._dumped_classes)
+        except OSError as e:  # the archive only quickens later starts
+            log.warning("could not keep the broker's class archive: %s", e)
         return True
 
     def status(self) -> str:
@@ -248,6 +259,7 @@ class Broker:
         subprocess.run(
             [
                 "java",
+                *jvm.class_archive_options(classpath),
                 "-cp",
                 classpath,
                 f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.yaml'}",

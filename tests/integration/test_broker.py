@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from tablecast import jvm
 from tablecast.kafka.broker import free_port
 
 pytestmark = pytest.mark.integration
@@ -41,8 +42,14 @@ def test_kafka_start_status_stop(tmp_path: Path) -> None:
     assert stopped.stdout.strip() == "stopped"
     assert not (tmp_path / "k" / "broker.pid").exists()
     assert cli("kafka", "status", *where).returncode == 3
-    # and a restart on the same (formatted) data dir comes back
+    # the first broker on this classpath has left its class-data archive (or found one)
+    archive = jvm.class_archive(jvm.classpath("kafka-broker"))
+    assert archive.exists()
+    assert not (tmp_path / "k" / "classes.jsa").exists()
+    # and a restart on the same (formatted) data dir comes back, its classes mapped from it
     try:
         assert cli("kafka", "start", *where).returncode == 0
+        pid = int((tmp_path / "k" / "broker.pid").read_text())
+        assert str(archive) in Path(f"/proc/{pid}/maps").read_text()
     finally:
         cli("kafka", "stop", *where)
