@@ -442,8 +442,18 @@ def class_archive(classpath: str) -> Path:
     java = require_java()
     said = _version(java)[1]
     options = [os.environ.get(name, "") for name in ("JDK_JAVA_OPTIONS", "JAVA_TOOL_OPTIONS")]
-    key = hashlib.sha256("\n".join([str(java.resolve()), said, classpath, *options]).encode())
+    # the JVM also checks each jar's size and time: fetched anew, they need a new archive
+    jars = [f"{s.st_size}:{s.st_mtime_ns}" for s in map(_stat, classpath.split(os.pathsep)) if s]
+    text = "\n".join([str(java.resolve()), said, classpath, *options, *jars])
+    key = hashlib.sha256(text.encode())
     return cache_root() / "class-archives" / f"{key.hexdigest()[:12]}.jsa"
+
+
+def _stat(path: str) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except OSError:
+        return None
 
 
 def class_archive_options(classpath: str, dump_to: Path | None = None) -> list[str]:
