@@ -169,6 +169,9 @@ def _gone_within(pids: set[int], seconds: float) -> list[int]:
     return [p for p in pids if alive(p)]
 
 
+# SIGTERM and SIGINT run the one handler (tests/unit/test_cli_signals.py), which the
+# background-SIGINT test below takes through the same stop
+@pytest.mark.long
 def test_sigterm_stops_dev_and_everything_it_started(bootstrap: str, dev_factory) -> None:  # type: ignore[no-untyped-def]
     dev = dev_factory(bootstrap)
     tree = dev.wait_up()
@@ -216,6 +219,7 @@ def test_dev_serves_the_stock_example_and_sigint_stops_it_in_the_background(
     dev.proc.send_signal(signal.SIGINT)
     assert dev.proc.wait(30) == 0, dev.logs()[-3000:]
     assert _gone_within(tree, 5) == []
+    assert "Traceback" not in dev.logs(), dev.logs()[-5000:]
 
 
 def test_sigkill_of_dev_takes_broker_spark_and_nodes_with_it(dev_factory) -> None:  # type: ignore[no-untyped-def]
