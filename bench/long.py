@@ -6,7 +6,8 @@ windows, cogroup, transform_values, Real-time Mode, the secured broker),
 the five-minute chaos soak, the generated-records tests on Spark of the joins and cogroup
 (fixed steps on Spark and unit tests against the reference model stay in CI), and the checks
 that the benchmark's Kafka Streams peers answer exactly the data loaded (a Maven build and
-six JVMs). ``./run tests`` skips them
+six JVMs), and ``tablecast dev`` stopped by SIGTERM (CI stops it with a background
+SIGINT, which runs the same handler). ``./run tests`` skips them
 (``TABLECAST_LONG=1`` makes pytest run them); this writes the outcome and each test's
 time to BENCHMARKS.md.
 ``--quick`` only collects them (a test of the harness).
@@ -80,7 +81,8 @@ chaos soak with every fault once. The checks that the benchmark's Kafka Streams 
 answer exactly the data loaded (a Maven build, two instances per HTTP server) run here too,
 and so do the generated-records tests on Spark of the joins and cogroup (`*_match_kafka_streams*`
 below); `./run tests` keeps each one's test of fixed steps on Spark and the unit tests
-that hold its per-key logic to the reference model.
+that hold its per-key logic to the reference model. `tablecast dev` stopped by SIGTERM
+runs here; `./run tests` stops it with a background SIGINT, which runs the same handler.
 
 | test | seconds | outcome |
 |---|---|---|
