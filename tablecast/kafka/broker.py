@@ -180,10 +180,11 @@ class Broker:
                 time.sleep(0.05)
             self._dumped_classes.unlink(missing_ok=True)  # perhaps cut off while written
         self.pid_file.unlink(missing_ok=True)
-        try:
-            jvm.keep_class_archive(jvm.classpath("kafka-broker"), self._dumped_classes)
-        except OSError as e:  # the archive only quickens later starts
-            log.warning("could not keep the broker's class archive: %s", e)
+        if self._dumped_classes.exists():
+            try:
+                jvm.keep_class_archive(jvm.classpath("kafka-broker"), self._dumped_classes)
+            except (OSError, jvm.JavaMissing) as e:  # the archive only quickens later starts
+                log.warning("could not keep the broker's class archive: %s", e)
         return True
 
     def status(self) -> str:
