@@ -1,9 +1,10 @@
 """gRPC: service ``tablecast.v1.Tables`` (tablecast/proto/tables.proto) beside HTTP.
 
-Each call goes through the same code as its HTTP route: the router for Get,
-BatchGet and Range (forwarding to the owner included), the watch service for
-Watch, with the caller's bearer token from the ``authorization`` metadata, the
-rate limit and the auth policy applied exactly as for HTTP. The server runs
+Each call is decoded into the read it asks (:mod:`tablecast.query.queries`) and
+answered by the router as an HTTP request for that read is (forwarding to the
+owner included); Watch by the watch service. The caller's bearer token comes from
+the ``authorization`` metadata; the rate limit and the auth policy apply exactly
+as for HTTP. The server runs
 on the node's event loop (grpc.aio), so a Watch is one more sink of the hub:
 its events are serialized once per change and shared like the SSE ones.
 """
@@ -28,10 +29,13 @@ from tablecast.live.events import ERROR, READY, Change, Encoder
 from tablecast.live.service import Live, query_pairs
 from tablecast.live.sinks import QueueSink
 from tablecast.proto import tables_pb2 as pb
+from tablecast.query.consistency import bound_of
 from tablecast.query.errors import ApiError
+from tablecast.query.fanout import limit_param
 from tablecast.query.gate import Gate
 from tablecast.query.local import Found
 from tablecast.query.peer_pool import SIGNATURE
+from tablecast.query.queries import BatchQuery, KeyQuery, RangeQuery
 from tablecast.query.reads import Router
 from tablecast.query.request import HOP, Request
 from tablecast.store import Record
@@ -154,14 +158,16 @@ class _Scope:
 
 
 class Tables:
-    """The handlers; each turns the call into the HTTP route's request and back."""
+    """The handlers; each decodes its call into a read and the router's answer into its
+    message."""
 
     def __init__(self, app: NodeApp) -> None:
         self.app = app
         self.router = app.router
         self.live = app.live
 
-    async def _request(self, context: grpc.aio.ServicerContext, params: dict[str, str]) -> Request:
+    async def _request(self, context: grpc.aio.ServicerContext) -> Request:
+        """The caller of a call, as the router takes it (its token admitted by the gate)."""
         metadata = {k: v for k, v in (context.invocation_metadata() or ())}
         scope = _Scope(context.peer() or "")
         caller = None
@@ -177,8 +183,7 @@ class Tables:
             caller = await self.app.gate.admit(metadata.get("authorization"), scope)
         except ApiError as e:
             await _abort(context, e)
-        query = urlencode(params)
-        return Request(params, query, metadata, caller, scope)
+        return Request({}, "", metadata, caller, scope)
 
     async def _answer(self, context: grpc.aio.ServicerContext, answer: Any) -> tuple[dict, list]:  # type: ignore[type-arg]
         """The router's answer as JSON and headers; an error answer aborts the call."""
@@ -200,9 +205,10 @@ class Tables:
     async def get(
         self, request: pb.GetRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetResponse:
-        req = await self._request(context, _max_lag(request))
+        req = await self._request(context)
         try:
-            answer = self.router.get_key(request.table, request.key, req, encode=row_of)
+            query = KeyQuery.latest(request.table, request.key, bound_of(_max_lag(request), None))
+            answer = self.router.key(query, req, encode=row_of)
             if not isinstance(answer, tuple):
                 answer = await answer
         except ApiError as e:
@@ -212,7 +218,7 @@ class Tables:
         if isinstance(answer[1], pb.Row):  # read here: the message made of the record
             return pb.GetResponse(found=True, row=answer[1], **_freshness(answer[2]))
         # a peer's answer, which comes as its HTTP body
-        if answer[0] == 404 and b'"key_not_found"' in answer[1]:
+        if answer[0] == 404 and _error_code(answer[1]) == "key_not_found":
             return pb.GetResponse(found=False, **_freshness(answer[2]))
         doc, headers = await self._answer(context, answer)
         return pb.GetResponse(found=True, row=row_of_entry(doc), **_freshness(headers))
@@ -230,14 +236,15 @@ class Tables:
     async def batch_get(
         self, request: pb.BatchGetRequest, context: grpc.aio.ServicerContext
     ) -> pb.BatchGetResponse:
-        req = await self._request(context, _max_lag(request))
+        req = await self._request(context)
         try:
             info, _ = self.router.table(request.table, req)
             local = self.router.local
             keys = [info.key_serde.to_json(local.key_bytes(info, k)) for k in request.keys]
+            query = BatchQuery.of_keys(request.table, keys, bound_of(_max_lag(request), None))
         except ApiError as e:
             await _abort(context, e)
-        found = await self._found(context, self.router.fan.batch_get(request.table, keys, req))
+        found = await self._found(context, self.router.fan.batch_get(query, req))
         out = pb.BatchGetResponse()
         for item in found.doc["results"]:
             result = out.results.add(key=key_text(item["key"]), found=item["found"])
@@ -250,16 +257,19 @@ class Tables:
     async def range(
         self, request: pb.RangeRequest, context: grpc.aio.ServicerContext
     ) -> pb.RangeResponse:
-        params: dict[str, str] = {}
-        for field, name in (("start", "from"), ("end", "to"), ("prefix", "prefix")):
-            if request.HasField(field):
-                params[name] = getattr(request, field)
-        if request.limit:
-            params["limit"] = str(request.limit)
-        if request.cursor:
-            params["cursor"] = request.cursor
-        req = await self._request(context, params)
-        found = await self._found(context, self.router.fan.range(request.table, req))
+        req = await self._request(context)
+        try:
+            query = RangeQuery.between(
+                request.table,
+                _optional(request, "start"),
+                _optional(request, "end"),
+                prefix=_optional(request, "prefix"),
+                limit=limit_param({"limit": str(request.limit)} if request.limit else {}),
+                cursor=request.cursor or None,
+            )
+        except ApiError as e:
+            await _abort(context, e)
+        found = await self._found(context, self.router.fan.range(query, req))
         out = pb.RangeResponse(next_cursor=found.doc["next_cursor"] or "")
         for item in found.doc["items"]:
             out.items.add(key=key_text(item["key"]), value=json_text(item["value"]))
@@ -274,7 +284,7 @@ class Tables:
                 pairs.append((name, getattr(request, field)))
         if request.no_snapshot:
             pairs.append(("snapshot", "false"))
-        req = await self._request(context, {})
+        req = await self._request(context)
         req.query = urlencode(pairs)
         try:
             plan = await self.live.prepare(
@@ -306,8 +316,20 @@ class Tables:
             plan.release()
 
 
+def _optional(request: Any, field: str) -> str | None:
+    return getattr(request, field) if request.HasField(field) else None
+
+
 def _max_lag(request: Any) -> dict[str, str]:
     return {"max_lag": str(request.max_lag)} if request.HasField("max_lag") else {}
+
+
+def _error_code(body: bytes) -> str | None:
+    """The code of an HTTP error answer's JSON, None for a body that is not one."""
+    try:
+        return str(orjson.loads(body)["error"]["code"])
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return None
 
 
 def _size(event: Any) -> int:

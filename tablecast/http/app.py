@@ -32,7 +32,7 @@ from tablecast.cluster.membership import Member
 from tablecast.cluster.node import Node
 from tablecast.cluster.signing import Signer
 from tablecast.console.api import Console
-from tablecast.http import openapi
+from tablecast.http import decode, openapi
 from tablecast.http.routes import ROUTES, Route, Routes
 from tablecast.live import snapshot, sse, websocket
 from tablecast.live.service import Live
@@ -49,12 +49,12 @@ from tablecast.query.coalesce import (
 from tablecast.query.consistency import AFTER_HEADER
 from tablecast.query.cursor import Cursors
 from tablecast.query.errors import ApiError
-from tablecast.query.fanout import batch_keys
 from tablecast.query.gate import Gate, fetching
 from tablecast.query.kept_answers import JSON, Answers, Entry
 from tablecast.query.local import Answer, Found
 from tablecast.query.peer_calls import plain_key_read
 from tablecast.query.peer_pool import SIGNATURE, PeerHosts, PeerPool, received_parts
+from tablecast.query.queries import KeyQuery
 from tablecast.query.ratelimit import (
     RateLimit,
     Refusals,
@@ -212,9 +212,8 @@ class HttpApp:
             key = None if query else plain_key_read(scope.method, path)
             if key is not None:  # the hot path: GET one key, no query string
                 route = "key"
-                answer = self.router.get_key(
-                    key[0], key[1], Request(NO_PARAMS, "", headers, caller, scope), path
-                )
+                request = Request(NO_PARAMS, "", headers, caller, scope)
+                answer = self.router.key(KeyQuery.latest(*key), request, path)
             else:
                 found, handler = self.match(scope.method, path)
                 route = found.name
@@ -356,28 +355,28 @@ class HttpApp:
 
     # -- the endpoints: endpoint(path parameters, request, proto) --------------------------
     def _key(self, args: Args, q: Request, proto: Any) -> Reply:
-        return self.router.get_key(args["table"], _key_of(args, q), q)
+        return self.router.read(decode.key_query(args, q), q)
 
     def _windows(self, args: Args, q: Request, proto: Any) -> Reply:
-        return self.router.windows(args["table"], _key_of(args, q), q)
+        return self.router.read(decode.windows_query(args, q), q)
 
     def _metadata(self, args: Args, q: Request, proto: Any) -> Reply:
-        return self.router.metadata(args["table"], _key_of(args, q), q)
+        return self.router.read(decode.metadata_query(args, q), q)
 
     def _history(self, args: Args, q: Request, proto: Any) -> Reply:
-        return self.router.history(args["table"], _key_of(args, q), q)
+        return self.router.read(decode.history_query(args, q), q)
 
     def _range(self, args: Args, q: Request, proto: Any) -> Reply:
-        return _encoded(self.router.fan.range(args["table"], q))
+        return _encoded(self.router.read(decode.range_query(args, q), q))
 
     def _count(self, args: Args, q: Request, proto: Any) -> Reply:
-        return _encoded(self.router.fan.count(args["table"], q))
+        return _encoded(self.router.read(decode.count_query(args, q), q))
 
     def _index_lookup(self, args: Args, q: Request, proto: Any) -> Reply:
-        return _encoded(self.router.fan.index(args["table"], args["index"], args["value"], q))
+        return _encoded(self.router.read(decode.index_query(args, q), q))
 
     def _index_range(self, args: Args, q: Request, proto: Any) -> Reply:
-        return _encoded(self.router.fan.index(args["table"], args["index"], None, q))
+        return _encoded(self.router.read(decode.index_query(args, q), q))
 
     def _batch_get(self, args: Args, q: Request, proto: Any) -> Reply:
         return self._read_many(args["table"], q, proto)
@@ -508,7 +507,7 @@ class HttpApp:
             )  # fmt: skip
             await self._signed_caller(req)
         self.router.table(table, req)  # an unknown or forbidden table before a bad body
-        return await _encoded(self.router.fan.batch_get(table, batch_keys(body), req))
+        return await _encoded(self.router.read(decode.batch_query(table, body, req), req))
 
     async def _batch(self, req: Request, proto: Any, path: str) -> Answer:
         """Reads a peer forwarded together (:mod:`tablecast.query.coalesce`): each answered
@@ -562,7 +561,7 @@ class HttpApp:
         key = None if query else plain_key_read("GET", path)
         if key is not None:
             request = Request(NO_PARAMS, "", req.headers, req.caller, req.scope)
-            return "key", self.router.get_key(key[0], key[1], request, path)
+            return "key", self.router.key(KeyQuery.latest(*key), request, path)
         found, handler = self.match("GET", path)
         if found.name == "watch":  # a stream, not a read with one answer
             raise ApiError("bad_request", "a batch reads no watch")
@@ -597,16 +596,6 @@ NO_PARAMS: dict[str, str] = {}
 BINARY = ("content-type", "application/octet-stream")
 #: routes whose answers carry their own content type
 OWN_TYPE = ("ui", "internal_batch")
-
-
-def _key_of(args: Args, req: Request) -> str:
-    """The key of a key route: in its path, or (any key text) as ?key=."""
-    key = args.get("key")
-    if key is None:
-        key = req.params.get("key")
-        if key is None:
-            raise ApiError("bad_request", "this route needs ?key=<the key's text form>")
-    return key
 
 
 async def _encoded(read: Awaitable[Found | Answer]) -> Answer:

@@ -3,7 +3,7 @@ its partitions they may answer plain key reads for.
 
 A partition is in the feed when the node itself would answer a plain key GET
 for it from its own store without asking anyone (the hot path of
-:meth:`tablecast.query.reads.Router.get_key`): a RocksDB key-value table
+:meth:`tablecast.query.reads.Router.key`): a RocksDB key-value table
 whose replica here is readable and which this node answers for. Anything else,
 the read processes hand to the node.
 

@@ -62,11 +62,26 @@ class ReadOptions:
     redirect: bool = False
     #: partition -> the position the ``after`` token names (judged against the topic's end)
     after: Mapping[int, int] | None = None
+    #: the table the ``after`` token names
+    after_table: str | None = None
 
     @property
     def bounded(self) -> bool:
         """Whether the caller bounded how stale an answer may be, so a standby may answer."""
         return self.max_lag is not None or self.max_staleness_ms is not None
+
+    def check(self, info: TableInfo) -> None:
+        """400 unless the positions named are of `info`'s table and partitions."""
+        if self.after is not None:
+            if self.after_table != info.name:
+                raise ApiError(
+                    "bad_request",
+                    f"the after token is of table {self.after_table!r}, not {info.name!r}",
+                )
+            for p in self.after:
+                _check_partition(info, p, "after")
+        if self.min_offset_partition is not None:
+            _check_partition(info, self.min_offset_partition, "min_offset")
 
     def onward(self, table: str, partitions: Iterable[int]) -> dict[str, str]:
         """These options as query parameters of an internal call that reads `partitions`."""
@@ -95,11 +110,21 @@ NO_OPTIONS = ReadOptions()
 
 def read_options(params: Mapping[str, str], headers: Any, info: TableInfo) -> ReadOptions:
     """The read options of a request to `info`'s table; 400 for one that does not parse."""
-    after_text = params.get("after") or headers.get(AFTER_HEADER)
+    opts = bound_of(params, params.get("after") or headers.get(AFTER_HEADER))
+    if opts is not NO_OPTIONS:
+        opts.check(info)
+    return opts
+
+
+def bound_of(params: Mapping[str, str], after_text: str | None) -> ReadOptions:
+    """The read options `params` and an ``after`` token spell, as far as they can be read
+    without the table (:meth:`ReadOptions.check` holds them to it); 400 for one that does
+    not parse."""
     if not params and after_text is None:
         return NO_OPTIONS
     at_least: dict[int, int] = {}
     after: dict[int, int] | None = None
+    after_table = None
     if after_text:
         try:
             token = positions.parse(after_text)
@@ -109,13 +134,8 @@ def read_options(params: Mapping[str, str], headers: Any, info: TableInfo) -> Re
                 f"after is not a position token (TABLE@PARTITION:OFFSET,...): {e}; pass back "
                 "an X-Tablecast-Position as it came",
             ) from None
-        if token.table != info.name:
-            raise ApiError(
-                "bad_request", f"the after token is of table {token.table!r}, not {info.name!r}"
-            )
-        for p, o in token.offsets.items():
-            _check_partition(info, p, "after")
-            at_least[p] = o
+        after_table = token.table
+        at_least.update(token.offsets)
         after = dict(at_least)
     min_partition = None
     text = params.get("min_offset")
@@ -129,7 +149,6 @@ def read_options(params: Mapping[str, str], headers: Any, info: TableInfo) -> Re
             ) from None
         if offset < 0 or offset >= 2**63 - 1:
             raise ApiError("bad_request", f"min_offset's offset {offset} is out of range")
-        _check_partition(info, min_partition, "min_offset")
         at_least[min_partition] = max(at_least.get(min_partition, 0), offset + 1)
     timeout_ms = int_param(params, "timeout_ms", DEFAULT_TIMEOUT_MS)
     if timeout_ms > MAX_WAIT_MS:
@@ -145,6 +164,7 @@ def read_options(params: Mapping[str, str], headers: Any, info: TableInfo) -> Re
         timeout_ms,
         redirect == "true",
         after,
+        after_table,
     )
 
 

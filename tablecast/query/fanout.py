@@ -32,6 +32,14 @@ from tablecast.query.ownership import Routing
 from tablecast.query.params import int_param, time_param
 from tablecast.query.peer_calls import Rpc, not_refused
 from tablecast.query.policy import KeyScope, prefix_end
+from tablecast.query.queries import (
+    DEFAULT_LIMIT,
+    MAX_LIMIT,
+    BatchQuery,
+    CountQuery,
+    IndexQuery,
+    RangeQuery,
+)
 from tablecast.query.ratelimit import WaitSlots
 from tablecast.query.request import Request
 from tablecast.query.scans import (
@@ -60,8 +68,6 @@ class Tables(Protocol):
     def table(self, name: str, req: Request) -> tuple[TableInfo, KeyScope | None]: ...
 
 
-DEFAULT_LIMIT = 100
-MAX_LIMIT = 10_000
 MAX_BATCH = 1_000
 #: rows a page asks of each group of partitions beyond its fair share, so that a
 #: little unevenness in how keys spread costs no second request
@@ -90,11 +96,12 @@ class FanOut:
             await reach(replicas, opts, req.subject, self.router.waits, self.router.ends)
 
     # -- batchGet and count ----------------------------------------------------------
-    async def batch_get(self, table: str, keys: list[Any], req: Request) -> Found | Answer:
+    async def batch_get(self, q: BatchQuery, req: Request) -> Found | Answer:
         """The keys' rows, in their order (each key as JSON: a string, a number ...); a
         redirect when the caller asked for one (``redirect=true``)."""
+        table, keys, opts = q.table, q.keys, q.bound
         info, scope = self.router.table(table, req)
-        opts = req.options(info)
+        opts.check(info)
         if len(keys) > MAX_BATCH:
             raise ApiError("bad_request", f"at most {MAX_BATCH} keys per batch")
         serde = info.key_serde
@@ -115,7 +122,7 @@ class FanOut:
             else:
                 by_partition.setdefault(info.partition_of(raw), []).append(i)
         path = f"/v1/tables/{quote(table, safe='')}/keys:batchGet"
-        redirect = self.rpc.redirect_fan_out(info, sorted(by_partition), req, opts, path)
+        redirect = self.rpc.redirect_fan_out(info, sorted(by_partition), req, q)
         if redirect is not None:
             return redirect
         value_json = info.value_serde.to_json
@@ -158,11 +165,11 @@ class FanOut:
         await self.rpc.gather(info, sorted(by_partition), req, opts, here, there)
         return Found({"results": results}, reflected.headers(self.local.node_header))
 
-    async def count(self, table: str, req: Request) -> Found | Answer:
+    async def count(self, q: CountQuery, req: Request) -> Found | Answer:
+        table, opts = q.table, q.bound
         info, scope = self.router.table(table, req)
-        opts = req.options(info)
-        path = f"/v1/tables/{quote(table, safe='')}/count"
-        redirect = self.rpc.redirect_fan_out(info, range(info.partitions), req, opts, path)
+        opts.check(info)
+        redirect = self.rpc.redirect_fan_out(info, range(info.partitions), req, q)
         if redirect is not None:
             return redirect
 
@@ -193,34 +200,32 @@ class FanOut:
         return Found({"count": total}, reflected.headers(self.local.node_header))
 
     # -- paged reads -------------------------------------------------------------------
-    async def range(self, table: str, req: Request) -> Found | Answer:
-        info, scope = self.router.table(table, req)
+    async def range(self, q: RangeQuery, req: Request) -> Found | Answer:
+        info, scope = self.router.table(q.table, req)
         if info.kind != "kv":
             raise ApiError(
-                "bad_request", f"{table!r} is a window table: read /keys/{{key}}/windows"
+                "bad_request", f"{q.table!r} is a window table: read /keys/{{key}}/windows"
             )
-        params = req.params
-        limit_param(params)  # a bad limit is a 400 even where the page is empty
-        start = self.local.key_bytes(info, params["from"]) if "from" in params else None
-        end = self.local.key_bytes(info, params["to"]) if "to" in params else None
-        if "prefix" in params:
-            prefix = prefix_bytes(info, params["prefix"])
+        q.bound.check(info)
+        start = None if q.start is None else self.local.key_bytes(info, q.start)
+        end = None if q.end is None else self.local.key_bytes(info, q.end)
+        if q.prefix is not None:
+            prefix = prefix_bytes(info, q.prefix)
             start = prefix if start is None else max(start, prefix)
             after = prefix_end(prefix)
             end = after if end is None else (end if after is None else min(end, after))
-        query = [params.get("from"), params.get("to"), params.get("prefix"), params.get("owned")]
-        at = time_param(params, "as_of", None)
+        query = [q.start, q.end, q.prefix, "true" if q.owned else None]
         scan: Scan
-        if at is None:
+        if q.as_of is None:
             scan = Scan(info, scope)
         else:
             require_history(info)
-            scan = AsOfScan(info, scope, at)
-            query.append(str(at))  # a plain range's cursor stays as it always was
+            scan = AsOfScan(info, scope, q.as_of)
+            query.append(str(q.as_of))  # a plain range's cursor stays as it always was
         if scope is not None and not scope.clip(start, end):  # nothing granted in the range
             return self._empty_page()
         partitions = None
-        if params.get("owned") == "true":
+        if q.owned:
             # only what this node answers for as active: a job run beside every node
             # then sees each key exactly once across the cluster
             view = self.router.node.view
@@ -228,57 +233,49 @@ class FanOut:
             partitions = [
                 p for p in range(info.partitions) if view.effective_active((info.name, p)) == me
             ]
-        path = f"/v1/tables/{quote(table, safe='')}/range"
-        return await self._paged(info, req, scan, start, end, query, path, partitions)
+        return await self._paged(info, req, q, scan, start, end, query, partitions)
 
-    async def index(
-        self, table: str, name: str, value_text: str | None, req: Request
-    ) -> Found | Answer:
+    async def index(self, q: IndexQuery, req: Request) -> Found | Answer:
         """``/index/NAME/VALUE``: the rows with that value, by key (items {key, value});
         ``/index/NAME?from=&to=``: the rows with values in [from, to), by value then key
         (items {index, key, value})."""
-        info, scope = self.router.table(table, req)
-        require_index(info, name)
-        params = req.params
-        t = quote(table, safe="")
-        if value_text is not None:
-            lo = _index_value(value_text, "the value")
+        info, scope = self.router.table(q.table, req)
+        require_index(info, q.index)
+        q.bound.check(info)
+        if q.value is not None:
+            lo = _index_value(q.value, "the value")
             hi = prefix_end(lo)
-            scan = IndexScan(info, scope, name, with_value=False)
-            query = [name, value_text]
-            path = f"/v1/tables/{t}/index/{quote(name, safe='')}/{quote(value_text, safe='')}"
+            scan = IndexScan(info, scope, q.index, with_value=False)
+            query = [q.index, q.value]
         else:
-            lo = _index_value(params["from"], "from") if "from" in params else None
-            hi = _index_value(params["to"], "to") if "to" in params else None
-            scan = IndexScan(info, scope, name, with_value=True)
-            query = [name, params.get("from"), params.get("to")]
-            path = f"/v1/tables/{t}/index/{quote(name, safe='')}"
-        return await self._paged(info, req, scan, lo, hi, query, path)
+            lo = None if q.start is None else _index_value(q.start, "from")
+            hi = None if q.end is None else _index_value(q.end, "to")
+            scan = IndexScan(info, scope, q.index, with_value=True)
+            query = [q.index, q.start, q.end]
+        return await self._paged(info, req, q, scan, lo, hi, query)
 
     async def _paged(
         self,
         info: TableInfo,
         req: Request,
+        q: RangeQuery | IndexQuery,
         scan: Scan,
         lo: bytes | None,
         hi: bytes | None,
         query: list[str | None],
-        path: str,
         partitions: list[int] | None = None,
     ) -> Found | Answer:
-        """One page of `scan` over [lo, hi) from the request's cursor, of its ``limit``."""
-        params = req.params
-        limit = limit_param(params)
-        opts = req.options(info)
-        if params.get("cursor"):
-            lo = self.cursors.decode(params["cursor"], query) + b"\x00"  # after the last row
+        """One page of `scan` over [lo, hi) from the query's cursor, of its ``limit``."""
+        limit, opts = q.limit, q.bound
+        if q.cursor:
+            lo = self.cursors.decode(q.cursor, query) + b"\x00"  # after the last row
         if lo is not None and hi is not None and lo >= hi:
             return self._empty_page()
         if partitions is not None:  # only this node's own (range?owned=true)
             await self._reach(info, partitions, opts, req)
             rows, reflected = self.local.page(info, partitions, scan, lo, hi, limit + 1, opts)
         else:
-            redirect = self.rpc.redirect_fan_out(info, range(info.partitions), req, opts, path)
+            redirect = self.rpc.redirect_fan_out(info, range(info.partitions), req, q)
             if redirect is not None:
                 return redirect
             rows, reflected = await self._page(info, req, opts, scan, lo, hi, limit + 1)
@@ -391,18 +388,6 @@ class FanOut:
         await self._reach(info, parts, opts, req)
         total, reflected = self.local.count(info, parts, opts, scope)
         return 200, orjson.dumps({"count": total}), reflected.headers(self.local.node_header)
-
-
-def batch_keys(body: bytes) -> list[Any]:
-    """The keys of a batchGet's JSON body, ``{"keys": [...]}``."""
-    try:
-        request = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise ApiError("bad_request", 'the body must be JSON: {"keys": [...]}') from None
-    keys = request.get("keys") if isinstance(request, dict) else None
-    if not isinstance(keys, list):
-        raise ApiError("bad_request", 'the body must be {"keys": [...]}')
-    return keys
 
 
 def _index_value(text: str, what: str) -> bytes:

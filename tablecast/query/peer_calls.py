@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from time import monotonic
 from typing import TypeVar
 from urllib.parse import quote, urlencode
@@ -37,6 +37,20 @@ from tablecast.query.errors import ApiError
 from tablecast.query.local import Answer, unavailable
 from tablecast.query.ownership import ME, Choice, Routing
 from tablecast.query.peer_pool import PeerPool, PeerUnavailable
+from tablecast.query.queries import (
+    DEFAULT_LIMIT,
+    WINDOW_TIME_MAX,
+    BatchQuery,
+    CountQuery,
+    HistoryQuery,
+    IndexQuery,
+    KeyQuery,
+    ManyPartitions,
+    MetadataQuery,
+    Query,
+    RangeQuery,
+    WindowsQuery,
+)
 from tablecast.query.request import Request, path_segment
 
 FORWARD_TIMEOUT_S = 2.0
@@ -101,9 +115,8 @@ class Rpc:
         opts: ReadOptions,
         here: Callable[[], Answer | Awaitable[Answer]],
     ) -> Answer:
-        """Redirect to, or forward to, the first choice that answers."""
-        if req.query and not opts.redirect:
-            target += ("&" if "?" in target else "?") + req.query
+        """Redirect to, or forward to, the first choice that answers `target`, the whole
+        read as a peer is asked it (:func:`target_of`)."""
         # monotonic(), not the loop's time: looking the loop up costs a getpid() system call
         deadline = monotonic() + NO_REPLICA_GRACE_S
         while True:
@@ -130,7 +143,7 @@ class Rpc:
         first = choices[0] if choices else None
         coalescer = self.coalescer
         waiter = None
-        if coalescer is not None and isinstance(first, Member) and not req.query:
+        if coalescer is not None and isinstance(first, Member):
             waiter = coalescer.submit(first.url, target, req.onward_headers(), FORWARD_TIMEOUT_S)
         if waiter is None:
             return self.elsewhere(info, partition, choices, target, req, NO_OPTIONS, here)
@@ -165,7 +178,7 @@ class Rpc:
         if opts.redirect:
             peers = [c for c in choices if isinstance(c, Member)]
             if peers:
-                return self.redirect(peers[0], target, req)
+                return self.redirect(peers[0], target)
             # only this node can answer: it does (asking no peer; none is left to ask)
         for choice in choices:
             if choice == ME:  # the active is gone and this node holds a standby
@@ -193,22 +206,23 @@ class Rpc:
         return []
 
     @staticmethod
-    def redirect(member: Member, path: str, req: Request) -> Answer:
-        """307 to the same read on `member` (without ``redirect``, so it answers there)."""
-        onward = {k: v for k, v in req.params.items() if k != "redirect"}
-        location = member.url + path + ("?" + urlencode(onward) if onward else "")
+    def redirect(member: Member, target: str) -> Answer:
+        """307 to the read `target` (without ``redirect``, so it answers there) on `member`."""
+        location = member.url + target
         return 307, b'{"redirect":' + orjson.dumps(location) + b"}", [("location", location)]
 
     def redirect_fan_out(
-        self, info: TableInfo, partitions: Iterable[int], req: Request, opts: ReadOptions, path: str
+        self, info: TableInfo, partitions: Iterable[int], req: Request, query: ManyPartitions
     ) -> Answer | None:
         """With ``redirect=true``, the 307 for a read of many partitions when one other
         node answers for all of them; None when this node answers (no single owner)."""
+        opts = query.bound
         if not opts.redirect:
             return None
-        groups = self.routing.groups(info, partitions, req, opts)
+        parts = list(partitions)
+        groups = self.routing.groups(info, parts, req, opts)
         if len(groups) == 1 and isinstance(groups[0][0], Member):
-            return self.redirect(groups[0][0], path, req)
+            return self.redirect(groups[0][0], target_of(query, parts))
         return None
 
     async def gather(
@@ -274,6 +288,77 @@ def _settle(out: asyncio.Future[T], done: asyncio.Future[T]) -> None:
 
 async def maybe(answer: T | Awaitable[T]) -> T:
     return await answer if isinstance(answer, Awaitable) else answer  # type: ignore[return-value]
+
+
+def target_of(query: Query, partitions: Iterable[int]) -> str:
+    """The HTTP read `query` stands for, of `partitions`, as a peer is asked it and as a
+    redirect names it: its bound as :meth:`ReadOptions.onward` gives it, never
+    ``redirect`` (the node it names answers)."""
+    if type(query) is MetadataQuery:
+        raise TypeError("where a key lives is answered by any node, never forwarded")
+    bound = query.bound
+    params = {} if bound is NO_OPTIONS else bound.onward(query.table, partitions)
+    t = quote(query.table, safe="")
+    if type(query) is KeyQuery:
+        target = key_target(query.table, query.key, "")
+        _put(params, as_of=query.as_of)
+    elif type(query) is WindowsQuery:
+        target = key_target(query.table, query.key, "windows")
+        _put(
+            params,
+            **{
+                "from": query.time_from or None,
+                "to": None if query.time_to == WINDOW_TIME_MAX else query.time_to,
+            },
+        )
+    elif type(query) is HistoryQuery:
+        target = key_target(query.table, query.key, "history")
+        _put(
+            params,
+            **{"from": query.time_from, "to": query.time_to},
+            limit=query.limit,
+            order="desc" if query.newest_first else None,
+            cursor=query.cursor,
+        )
+    elif type(query) is RangeQuery:
+        target = f"/v1/tables/{t}/range"
+        _put(
+            params,
+            **{"from": query.start, "to": query.end},
+            prefix=query.prefix,
+            as_of=query.as_of,
+            owned="true" if query.owned else None,
+            limit=query.limit,
+            cursor=query.cursor,
+        )
+    elif type(query) is IndexQuery:
+        target = f"/v1/tables/{t}/index/{quote(query.index, safe='')}"
+        if query.value is not None:
+            target += "/" + quote(query.value, safe="")
+        _put(
+            params, **{"from": query.start, "to": query.end}, limit=query.limit, cursor=query.cursor
+        )
+    elif type(query) is CountQuery:
+        target = f"/v1/tables/{t}/count"
+    elif type(query) is BatchQuery:
+        target = f"/v1/tables/{t}/keys:batchGet"
+    else:
+        raise TypeError(f"not a read: {query!r}")
+    return with_params(target, params)
+
+
+def _put(params: dict[str, str], **values: object) -> None:
+    """Each value that is not its default (None, or a page's default limit) as a parameter."""
+    for name, value in values.items():
+        if value is not None and not (name == "limit" and value == DEFAULT_LIMIT):
+            params[name] = str(value)
+
+
+def with_params(target: str, params: Mapping[str, str]) -> str:
+    """`target` with `params` added to its query string."""
+    if not params:
+        return target
+    return target + ("&" if "?" in target else "?") + urlencode(params)
 
 
 def key_target(table: str, key_text: str, sub: str) -> str:

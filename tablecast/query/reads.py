@@ -13,7 +13,8 @@ range, count, index).
 from __future__ import annotations
 
 import struct
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import orjson
 
@@ -29,15 +30,35 @@ from tablecast.query.consistency import (
 )
 from tablecast.query.cursor import Cursors
 from tablecast.query.errors import ApiError
-from tablecast.query.fanout import DEFAULT_LIMIT, MAX_LIMIT, FanOut, limit_param
+from tablecast.query.fanout import FanOut
 from tablecast.query.forwarding import FORWARDING
 from tablecast.query.kept_answers import Answers
-from tablecast.query.local import Answer, EncodeEntry, EntryAnswer, Headers, Local, entry
+from tablecast.query.local import (
+    Answer,
+    EncodeEntry,
+    EntryAnswer,
+    Found,
+    Headers,
+    Local,
+    entry,
+)
 from tablecast.query.ownership import ME, Routing
-from tablecast.query.params import time_param
-from tablecast.query.peer_calls import Rpc, key_target, maybe
+from tablecast.query.peer_calls import Rpc, key_target, maybe, target_of
 from tablecast.query.peer_pool import PeerPool
 from tablecast.query.policy import KeyScope
+from tablecast.query.queries import (
+    DEFAULT_LIMIT,
+    MAX_LIMIT,
+    BatchQuery,
+    CountQuery,
+    HistoryQuery,
+    IndexQuery,
+    KeyQuery,
+    MetadataQuery,
+    Query,
+    RangeQuery,
+    WindowsQuery,
+)
 from tablecast.query.ratelimit import WaitSlots
 from tablecast.query.request import Request
 from tablecast.query.scans import require_history
@@ -45,8 +66,6 @@ from tablecast.query.short_path import Forwards
 
 #: reads of one caller that may wait for an offset at once (serve --max-waits)
 DEFAULT_WAITS_PER_CALLER = 16
-#: window starts are int64 and the scan's bound is the end + 1: later times mean "no bound"
-WINDOW_TIME_MAX = 2**62
 #: history bounds: the least and the largest record timestamp
 TIME_MIN, TIME_MAX = -(2**63), 2**63 - 1
 _TS = struct.Struct(">q")
@@ -85,6 +104,16 @@ class Router:
         #: partition ends as the broker says them, for positions callers name (after, resumes)
         self.ends = TopicEnds(lambda: node.config.bootstrap_servers)
         self.fan = FanOut(self)
+        self._readers: dict[type, Callable[[Any, Request], Any]] = {
+            KeyQuery: self.key,
+            WindowsQuery: self.windows,
+            HistoryQuery: self.history,
+            MetadataQuery: self.metadata,
+            RangeQuery: self.fan.range,
+            IndexQuery: self.fan.index,
+            CountQuery: self.fan.count,
+            BatchQuery: self.fan.batch_get,
+        }
 
     def table(self, name: str, req: Request) -> tuple[TableInfo, KeyScope | None]:
         """The table and what of it the caller may read (None: all of it); 403 when nothing.
@@ -106,10 +135,15 @@ class Router:
         return info, raw
 
     # -- reads of one partition ------------------------------------------------
-    def get_key(
+    def read(self, query: Query, req: Request) -> Answer | Awaitable[Answer | Found]:
+        """The answer to `query` for the caller `req` names, whichever front end asked: a
+        read of many partitions answers with its rows as data (:class:`Found`) or a
+        redirect."""
+        return self._readers[type(query)](query, req)  # type: ignore[no-any-return]
+
+    def key(
         self,
-        table: str,
-        key_text: str,
+        q: KeyQuery,
         req: Request,
         keep_as: str | None = None,
         encode: EncodeEntry = entry,
@@ -120,6 +154,7 @@ class Router:
         `encode`: what the body of an answer read here is made of the record (the HTTP
         body unless told otherwise; gRPC makes its message); an answer of a peer, or of
         ``as_of``, is always the HTTP body."""
+        table, key_text = q.table, q.key
         caller = req.caller
         if caller is None or caller.grants is None:  # the hot path without a policy: no call
             info, scope = self.local.table(table), None
@@ -133,9 +168,10 @@ class Router:
         if scope is not None and not scope.allows(raw):
             raise forbidden_key(table, key_text)
         partition = info.partition_of(raw)
-        opts = req.options(info)
+        opts = q.bound
         local = self.local
-        if opts is NO_OPTIONS:
+        plain = opts is NO_OPTIONS and q.as_of is None
+        if plain:
             replica = local.readable(info, partition, opts)
             if replica is not None and self.routing.answers_here(info, partition, req, opts):
                 # the hot path: one replica lookup, no choice list, no closure
@@ -151,18 +187,20 @@ class Router:
                         raise
                     # its store closed under this read (released, or reopened after a
                     # failed write): routed below, peers first
-        as_of = time_param(req.params, "as_of", None) if opts is not NO_OPTIONS else None
+        else:
+            opts.check(info)
+        as_of = q.as_of
         read: Read
         if as_of is None:
             read = lambda r: local.read_key(info, raw, partition, r, key_text, encode)  # noqa: E731
         else:
             require_history(info)
             read = lambda r: local.read_as_of(info, raw, r, as_of, key_text)  # noqa: E731
-        target = key_target(table, key_text, "")
-        wire = keep_as is not None and opts is NO_OPTIONS
+        wire = keep_as is not None and plain
         if wire and self.forwards is not None:
             # the next read of this path skips the router when a peer answers it
-            self.forwards.remember(keep_as, info, partition, target)  # type: ignore[arg-type]
+            self.forwards.remember(keep_as, info, partition, key_target(table, key_text, ""))  # type: ignore[arg-type]
+        target = target_of(q, (partition,))
         return self.one_partition(info, partition, req, opts, target, read, wire)
 
     def forward_failed(
@@ -188,36 +226,36 @@ class Router:
         target = key_target(table, key_text, "")
         return self.rpc.elsewhere(info, partition, choices, target, req, NO_OPTIONS, here)
 
-    def windows(self, table: str, key_text: str, req: Request) -> Answer | Awaitable[Answer]:
-        info, raw = self._key(table, key_text, req)
+    def windows(self, q: WindowsQuery, req: Request) -> Answer | Awaitable[Answer]:
+        info, raw = self._key(q.table, q.key, req)
         if info.kind != "window":
-            raise ApiError("bad_request", f"{table!r} is not a window table")
-        time_from = min(time_param(req.params, "from", 0), WINDOW_TIME_MAX)
-        time_to = min(time_param(req.params, "to", WINDOW_TIME_MAX), WINDOW_TIME_MAX)
+            raise ApiError("bad_request", f"{q.table!r} is not a window table")
+        q.bound.check(info)
         local = self.local
+        partition = info.partition_of(raw)
+        time_from, time_to = q.time_from, q.time_to
         return self.one_partition(
             info,
-            info.partition_of(raw),
+            partition,
             req,
-            req.options(info),
-            key_target(table, key_text, "windows"),
+            q.bound,
+            target_of(q, (partition,)),
             lambda r: local.windows(info, raw, r, time_from, time_to),
         )
 
-    def history(self, table: str, key_text: str, req: Request) -> Answer | Awaitable[Answer]:
-        """Versions of one key, oldest first (``order=desc``: newest first): ``{"items":
+    def history(self, q: HistoryQuery, req: Request) -> Answer | Awaitable[Answer]:
+        """Versions of one key, oldest first (``newest_first``: newest first): ``{"items":
         [{"value", "timestamp", "offset"}], "next_cursor"}``; a delete is a version with a
         null value."""
-        info, raw = self._key(table, key_text, req)
+        info, raw = self._key(q.table, q.key, req)
         require_history(info)
-        params = req.params
-        start = time_param(params, "from", TIME_MIN)
-        end = time_param(params, "to", TIME_MAX)
-        limit = limit_param(params)
-        newest_first = order_param(params)
-        query = history_query(key_text, params.get("from"), params.get("to"), newest_first)
-        if params.get("cursor"):
-            last = self._history_cursor(params["cursor"], key_text, params, newest_first)
+        q.bound.check(info)
+        start = TIME_MIN if q.time_from is None else q.time_from
+        end = TIME_MAX if q.time_to is None else q.time_to
+        limit, newest_first = q.limit, q.newest_first
+        query = history_query(q)
+        if q.cursor:
+            last = self._history_cursor(q)
             if newest_first:
                 # the next page holds the versions before the last one shown
                 end = _TS.unpack(last)[0]
@@ -249,27 +287,20 @@ class Router:
             }
             return 200, orjson.dumps(body), headers
 
-        return self.one_partition(
-            info,
-            info.partition_of(raw),
-            req,
-            req.options(info),
-            key_target(table, key_text, "history"),
-            read,
-        )
+        partition = info.partition_of(raw)
+        return self.one_partition(info, partition, req, q.bound, target_of(q, (partition,)), read)
 
-    def _history_cursor(
-        self, cursor: str, key_text: str, params: Mapping[str, str], newest_first: bool
-    ) -> bytes:
+    def _history_cursor(self, q: HistoryQuery) -> bytes:
         """The last timestamp (8 bytes) a history cursor names; 400 for any other cursor,
         naming the order when it was made for the other one (it pages its own order only)."""
-        frm, to = params.get("from"), params.get("to")
+        assert q.cursor is not None
         try:
-            last = self.cursors.decode(cursor, history_query(key_text, frm, to, newest_first))
+            last = self.cursors.decode(q.cursor, history_query(q))
         except ApiError:
-            if not self._signed_for(cursor, history_query(key_text, frm, to, not newest_first)):
+            other = q._replace(newest_first=not q.newest_first)
+            if not self._signed_for(q.cursor, history_query(other)):
                 raise
-            made = "asc" if newest_first else "desc"
+            made = "asc" if q.newest_first else "desc"
             raise ApiError(
                 "bad_request", f"the cursor continues order={made}: give order={made} with it"
             ) from None
@@ -356,8 +387,8 @@ class Router:
         return await maybe(again())
 
     # -- where a key lives -----------------------------------------------------
-    def metadata(self, table: str, key_text: str, req: Request) -> Answer:
-        info, raw = self._key(table, key_text, req)
+    def metadata(self, q: MetadataQuery, req: Request) -> Answer:
+        info, raw = self._key(q.table, q.key, req)
         partition = info.partition_of(raw)
         slot = (info.name, partition)
         view = self.node.view
@@ -375,22 +406,16 @@ class Router:
         return 200, orjson.dumps(body), []
 
 
-def order_param(params: Mapping[str, str]) -> bool:
-    """``order`` of a history read: True for ``desc`` (newest first), False for ``asc``."""
-    order = params.get("order", "asc")
-    if order not in ("asc", "desc"):
-        raise ApiError("bad_request", f"order must be asc or desc, not {order!r}")
-    return order == "desc"
-
-
-def history_query(
-    key_text: str, time_from: str | None, time_to: str | None, newest_first: bool
-) -> list[str | None]:
+def history_query(q: HistoryQuery) -> list[str | None]:
     """What a history cursor is signed for. An ascending one keeps the shape cursors had
-    before there was an order, so those stay valid; a descending one names its order, so
-    neither continues the other."""
-    query = [key_text, time_from, time_to]
-    return [*query, "desc"] if newest_first else query
+    before there was an order; a descending one names its order, so neither continues
+    the other."""
+    query = [
+        q.key,
+        None if q.time_from is None else str(q.time_from),
+        None if q.time_to is None else str(q.time_to),
+    ]
+    return [*query, "desc"] if q.newest_first else query
 
 
 def forbidden_key(table: str, key_text: str) -> ApiError:

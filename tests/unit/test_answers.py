@@ -17,6 +17,7 @@ import pytest
 
 from tablecast.cluster.replica import Replica
 from tablecast.cluster.replica_lifecycle import Freshness, Writes
+from tablecast.http import decode
 from tablecast.query.cursor import Cursors
 from tablecast.query.errors import ApiError
 from tablecast.query.kept_answers import (
@@ -25,6 +26,7 @@ from tablecast.query.kept_answers import (
     WIRE_OVERHEAD,
     Answers,
 )
+from tablecast.query.queries import KeyQuery
 from tablecast.query.reads import Router
 from tablecast.query.request import Request
 from tablecast.store import Write
@@ -48,7 +50,8 @@ def _setup(max_bytes: int = 1 << 20) -> tuple[Router, Answers, Replica, OneRepli
 
 def _read(router: Router, key: str = "k", headers: Any = None, **params: str) -> Any:
     req = Request(params, "", headers or {})
-    return router.get_key("t", key, req, f"/v1/tables/t/keys/{key}")
+    query = decode.key_query({"table": "t", "key": key}, req)
+    return router.key(query, req, f"/v1/tables/t/keys/{key}")
 
 
 def _write(replica: Replica, key: bytes, value: object) -> None:
@@ -139,7 +142,7 @@ def test_only_plain_found_reads_are_kept() -> None:
     assert answers.get("/v1/tables/t/keys/missing") is None
     _read(router, max_lag="0")  # consistency options: not the plain read
     assert answers.get(PATH) is None
-    router.get_key("t", "k", Request({}, "", {}))  # another caller of get_key: no path
+    router.key(KeyQuery.latest("t", "k"), Request({}, "", {}))  # another caller: no path
     assert answers.get(PATH) is None
 
 

@@ -24,6 +24,7 @@ from tablecast.query.consistency import NO_OPTIONS
 from tablecast.query.cursor import Cursors
 from tablecast.query.kept_answers import Answers
 from tablecast.query.ownership import ME
+from tablecast.query.queries import KeyQuery
 from tablecast.query.reads import Router
 from tablecast.query.request import Request
 from tablecast.store import Write
@@ -160,7 +161,7 @@ def test_a_path_takes_the_short_path_once_the_router_forwarded_it() -> None:
         assert forwards is not None
         path = "/v1/tables/t/keys/a%2Fb"
         assert forwards.send(path, Sink()) is None
-        answer = router.get_key("t", "a/b", Request({}, "", {}), path)
+        answer = router.key(KeyQuery.latest("t", "a/b"), Request({}, "", {}), path)
         assert (await answer)[0] == 200  # type: ignore[misc]
         sink = Sink()
         assert forwards.send(path, sink) == PEER1

@@ -10,12 +10,15 @@ from typing import Any
 import orjson
 import pytest
 
+from tablecast.http import decode
 from tablecast.query.errors import ApiError
 from tablecast.query.reads import TIME_MAX, Router
 from tablecast.query.request import Request
 from tablecast.store import Write
 
 from ..support.nodes import history_router
+
+KEY = {"table": "t", "key": "k"}
 
 
 @pytest.fixture(params=["memory", "rocksdb"])
@@ -26,7 +29,8 @@ def router(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
 
 
 def _history(router: Router, **params: str) -> Any:
-    code, body, _ = router.history("t", "k", Request({"limit": "2", **params}, "", {}))
+    req = Request({"limit": "2", **params}, "", {})
+    code, body, _ = router.history(decode.history_query(KEY, req), req)
     assert code == 200
     return orjson.loads(body)
 

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
+from tablecast.http import decode
 from tablecast.http.openapi import document
 from tablecast.http.routes import Routes
 from tablecast.query.errors import ApiError
@@ -23,6 +24,8 @@ from ..support.nodes import history_router
 #: that shares its first byte, which no read of "k" may show
 TIMES = [1000, 1010, 1020, 1030, 1040]
 
+KEY = {"table": "t", "key": "k"}
+
 
 @pytest.fixture(params=["memory", "rocksdb"])
 def router(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
@@ -35,7 +38,8 @@ def router(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
 
 
 def _history(router: Router, **params: str) -> Any:
-    code, body, _ = router.history("t", "k", Request(params, "", {}))
+    req = Request(params, "", {})
+    code, body, _ = router.history(decode.history_query(KEY, req), req)
     assert code == 200
     return orjson.loads(body)
 

@@ -18,6 +18,7 @@ from tablecast.cluster.replica import Replica
 from tablecast.cluster.replica_lifecycle import Freshness, Writes
 from tablecast.query.cursor import Cursors
 from tablecast.query.errors import ApiError
+from tablecast.query.queries import KeyQuery
 from tablecast.query.reads import Router
 from tablecast.query.request import Request
 from tablecast.store import Write
@@ -74,7 +75,7 @@ def _setup() -> tuple[Router, Replica, Peers]:
 
 
 def _get(router: Router) -> Any:
-    answer = router.get_key("t", "k", Request({}, "", {}))
+    answer = router.key(KeyQuery.latest("t", "k"), Request({}, "", {}))
     if asyncio.iscoroutine(answer):
         answer = asyncio.run(answer)
     return answer

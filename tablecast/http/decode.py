@@ -1,0 +1,135 @@
+"""HTTP requests as reads: a read route's path and query parameters decoded into the query
+value it asks (:mod:`tablecast.query.queries`), 400 for a parameter that does not parse.
+
+What the values mean, and whether the caller may read them, is the router's to judge
+(an ``after`` token of another table, a key the caller's grants exclude); this module
+reads only how HTTP spells them. Which parameters a route takes at all is declared
+with the route (:mod:`tablecast.http.routes`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import orjson
+
+from tablecast.query.consistency import AFTER_HEADER, ReadOptions, bound_of
+from tablecast.query.errors import ApiError
+from tablecast.query.fanout import limit_param
+from tablecast.query.params import time_param
+from tablecast.query.queries import (
+    BatchQuery,
+    CountQuery,
+    HistoryQuery,
+    IndexQuery,
+    KeyQuery,
+    MetadataQuery,
+    RangeQuery,
+    WindowsQuery,
+)
+from tablecast.query.request import Request
+
+Args = Mapping[str, str]
+
+
+def bound(req: Request) -> ReadOptions:
+    """The consistency bound the request asks (``after`` as a parameter or a header)."""
+    params = req.params
+    return bound_of(params, params.get("after") or req.headers.get(AFTER_HEADER))
+
+
+def key_query(args: Args, req: Request) -> KeyQuery:
+    b = bound(req)
+    as_of = time_param(req.params, "as_of", None)
+    table, key = args["table"], key_of(args, req)
+    return KeyQuery.latest(table, key, b) if as_of is None else KeyQuery.at(table, key, as_of, b)
+
+
+def windows_query(args: Args, req: Request) -> WindowsQuery:
+    params = req.params
+    return WindowsQuery.between(
+        args["table"],
+        key_of(args, req),
+        time_param(params, "from", None),
+        time_param(params, "to", None),
+        bound(req),
+    )
+
+
+def history_query(args: Args, req: Request) -> HistoryQuery:
+    params = req.params
+    return HistoryQuery.versions(
+        args["table"],
+        key_of(args, req),
+        time_param(params, "from", None),
+        time_param(params, "to", None),
+        limit=limit_param(params),
+        newest_first=newest_first(params),
+        cursor=params.get("cursor") or None,
+        bound=bound(req),
+    )
+
+
+def metadata_query(args: Args, req: Request) -> MetadataQuery:
+    return MetadataQuery.of_key(args["table"], key_of(args, req))
+
+
+def range_query(args: Args, req: Request) -> RangeQuery:
+    params = req.params
+    return RangeQuery.between(
+        args["table"],
+        params.get("from"),
+        params.get("to"),
+        prefix=params.get("prefix"),
+        as_of=time_param(params, "as_of", None),
+        owned=params.get("owned") == "true",
+        limit=limit_param(params),
+        cursor=params.get("cursor") or None,
+        bound=bound(req),
+    )
+
+
+def index_query(args: Args, req: Request) -> IndexQuery:
+    """``/index/NAME/VALUE`` (`args` holds the value) or ``/index/NAME?from=&to=``."""
+    params = req.params
+    table, index, value = args["table"], args["index"], args.get("value")
+    limit, cursor, b = limit_param(params), params.get("cursor") or None, bound(req)
+    if value is not None:
+        return IndexQuery.equal(table, index, value, limit=limit, cursor=cursor, bound=b)
+    return IndexQuery.between(
+        table, index, params.get("from"), params.get("to"), limit=limit, cursor=cursor, bound=b
+    )
+
+
+def count_query(args: Args, req: Request) -> CountQuery:
+    return CountQuery.rows(args["table"], bound(req))
+
+
+def batch_query(table: str, body: bytes, req: Request) -> BatchQuery:
+    """A batchGet's keys from its JSON body, ``{"keys": [...]}``."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise ApiError("bad_request", 'the body must be JSON: {"keys": [...]}') from None
+    keys = doc.get("keys") if isinstance(doc, dict) else None
+    if not isinstance(keys, list):
+        raise ApiError("bad_request", 'the body must be {"keys": [...]}')
+    return BatchQuery.of_keys(table, keys, bound(req))
+
+
+def key_of(args: Args, req: Request) -> str:
+    """The key of a key route: in its path, or (any key text) as ?key=."""
+    key = args.get("key")
+    if key is None:
+        key = req.params.get("key")
+        if key is None:
+            raise ApiError("bad_request", "this route needs ?key=<the key's text form>")
+    return key
+
+
+def newest_first(params: Mapping[str, str]) -> bool:
+    """``order`` of a history read: True for ``desc`` (newest first), False for ``asc``."""
+    order = params.get("order", "asc")
+    if order not in ("asc", "desc"):
+        raise ApiError("bad_request", f"order must be asc or desc, not {order!r}")
+    return order == "desc"

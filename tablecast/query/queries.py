@@ -1,0 +1,221 @@
+"""Reads as values: what a caller asks of a table, whichever front end it asked through.
+
+Each read is a small immutable value made by a named constructor, as Kafka
+Streams' interactive queries are (``KeyQuery.withKey``, ``RangeQuery.withRange``):
+the table, what of it, and the bound (:class:`~tablecast.query.consistency.ReadOptions`:
+``max_lag``, ``max_staleness_ms``, ``after``, ``min_offset``, ``timeout_ms``,
+``redirect``) saying which replica may answer. Nothing in them knows HTTP or
+gRPC. A front end decodes its request into one (:mod:`tablecast.http.decode`,
+:mod:`tablecast.grpc.service`), and :meth:`tablecast.query.reads.Router.read`
+answers it: the caller's grants, the route to the partition's owner, a local
+read or a forward. A read that goes on to a peer travels as the HTTP read it
+stands for (:func:`tablecast.query.peer_calls.target_of`).
+
+They are named tuples, not frozen dataclasses, because a key read makes one per
+request and a tuple is built in a fraction of the time.
+
+Keys and index values are in their text form (a URL path's: a string key as
+it is, any other as JSON); times are epoch milliseconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+from tablecast.query.consistency import NO_OPTIONS, ReadOptions
+
+#: window starts are int64 and a scan's bound is the end + 1: later times mean "no bound"
+WINDOW_TIME_MAX = 2**62
+#: rows a page holds unless the caller says otherwise, and at most
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 10_000
+
+
+class KeyQuery(NamedTuple):
+    """One key's row: the latest, or (a table with history) the one current at `as_of`."""
+
+    table: str
+    key: str
+    bound: ReadOptions = NO_OPTIONS
+    as_of: int | None = None
+
+    @classmethod
+    def latest(cls, table: str, key: str, bound: ReadOptions = NO_OPTIONS) -> KeyQuery:
+        return cls(table, key, bound)
+
+    @classmethod
+    def at(cls, table: str, key: str, as_of: int, bound: ReadOptions = NO_OPTIONS) -> KeyQuery:
+        return cls(table, key, bound, as_of)
+
+
+class WindowsQuery(NamedTuple):
+    """A key's windows of a window table whose starts are in [time_from, time_to]."""
+
+    table: str
+    key: str
+    bound: ReadOptions = NO_OPTIONS
+    time_from: int = 0
+    time_to: int = WINDOW_TIME_MAX
+
+    @classmethod
+    def between(
+        cls,
+        table: str,
+        key: str,
+        time_from: int | None = None,
+        time_to: int | None = None,
+        bound: ReadOptions = NO_OPTIONS,
+    ) -> WindowsQuery:
+        start = 0 if time_from is None else min(time_from, WINDOW_TIME_MAX)
+        end = WINDOW_TIME_MAX if time_to is None else min(time_to, WINDOW_TIME_MAX)
+        return cls(table, key, bound, start, end)
+
+
+class HistoryQuery(NamedTuple):
+    """A page of one key's versions with timestamps in [time_from, time_to], oldest first
+    unless `newest_first`; `cursor` continues the page before."""
+
+    table: str
+    key: str
+    bound: ReadOptions = NO_OPTIONS
+    time_from: int | None = None
+    time_to: int | None = None
+    limit: int = DEFAULT_LIMIT
+    newest_first: bool = False
+    cursor: str | None = None
+
+    @classmethod
+    def versions(
+        cls,
+        table: str,
+        key: str,
+        time_from: int | None = None,
+        time_to: int | None = None,
+        *,
+        limit: int = DEFAULT_LIMIT,
+        newest_first: bool = False,
+        cursor: str | None = None,
+        bound: ReadOptions = NO_OPTIONS,
+    ) -> HistoryQuery:
+        return cls(table, key, bound, time_from, time_to, limit, newest_first, cursor)
+
+
+class MetadataQuery(NamedTuple):
+    """Where a key lives: its partition, the node active for it and the standbys."""
+
+    table: str
+    key: str
+
+    @classmethod
+    def of_key(cls, table: str, key: str) -> MetadataQuery:
+        return cls(table, key)
+
+
+#: a read of one partition, whatever it asks of it
+OnePartition = KeyQuery | WindowsQuery | HistoryQuery | MetadataQuery
+
+
+class RangeQuery(NamedTuple):
+    """A page of rows by key: keys in [start, end) and with `prefix` (each optional), the
+    latest or (a table with history) as of a time; `owned`: only the partitions the node
+    asked is active for (a job beside every node sees each key once); `cursor` continues
+    the page before."""
+
+    table: str
+    bound: ReadOptions = NO_OPTIONS
+    start: str | None = None
+    end: str | None = None
+    prefix: str | None = None
+    as_of: int | None = None
+    owned: bool = False
+    limit: int = DEFAULT_LIMIT
+    cursor: str | None = None
+
+    @classmethod
+    def between(
+        cls,
+        table: str,
+        start: str | None = None,
+        end: str | None = None,
+        *,
+        prefix: str | None = None,
+        as_of: int | None = None,
+        owned: bool = False,
+        limit: int = DEFAULT_LIMIT,
+        cursor: str | None = None,
+        bound: ReadOptions = NO_OPTIONS,
+    ) -> RangeQuery:
+        return cls(table, bound, start, end, prefix, as_of, owned, limit, cursor)
+
+
+class IndexQuery(NamedTuple):
+    """A page of the rows of a secondary index: those whose `index` value is `value`, by key,
+    or (`value` None) those with values in [start, end), by value then key."""
+
+    table: str
+    index: str
+    bound: ReadOptions = NO_OPTIONS
+    value: str | None = None
+    start: str | None = None
+    end: str | None = None
+    limit: int = DEFAULT_LIMIT
+    cursor: str | None = None
+
+    @classmethod
+    def equal(
+        cls,
+        table: str,
+        index: str,
+        value: str,
+        *,
+        limit: int = DEFAULT_LIMIT,
+        cursor: str | None = None,
+        bound: ReadOptions = NO_OPTIONS,
+    ) -> IndexQuery:
+        return cls(table, index, bound, value, None, None, limit, cursor)
+
+    @classmethod
+    def between(
+        cls,
+        table: str,
+        index: str,
+        start: str | None = None,
+        end: str | None = None,
+        *,
+        limit: int = DEFAULT_LIMIT,
+        cursor: str | None = None,
+        bound: ReadOptions = NO_OPTIONS,
+    ) -> IndexQuery:
+        return cls(table, index, bound, None, start, end, limit, cursor)
+
+
+class CountQuery(NamedTuple):
+    """How many rows the table holds (those the caller may read)."""
+
+    table: str
+    bound: ReadOptions = NO_OPTIONS
+
+    @classmethod
+    def rows(cls, table: str, bound: ReadOptions = NO_OPTIONS) -> CountQuery:
+        return cls(table, bound)
+
+
+class BatchQuery(NamedTuple):
+    """Several keys' rows at once, in their order; keys as JSON values (a string, a number)."""
+
+    table: str
+    keys: tuple[Any, ...]
+    bound: ReadOptions = NO_OPTIONS
+
+    @classmethod
+    def of_keys(
+        cls, table: str, keys: Iterable[Any], bound: ReadOptions = NO_OPTIONS
+    ) -> BatchQuery:
+        return cls(table, tuple(keys), bound)
+
+
+#: a read of many partitions, answered by the nodes holding them and merged
+ManyPartitions = RangeQuery | IndexQuery | CountQuery | BatchQuery
+#: any read
+Query = OnePartition | ManyPartitions
