@@ -15,7 +15,6 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
-from urllib.parse import urlencode
 
 import grpc
 import orjson
@@ -26,7 +25,7 @@ from grpc_reflection.v1alpha import reflection
 from tablecast.cluster.node import Node as ClusterNode
 from tablecast.contract.table_info import TableInfo
 from tablecast.live.events import ERROR, READY, Change, Encoder
-from tablecast.live.service import Live, query_pairs
+from tablecast.live.service import Live
 from tablecast.live.sinks import QueueSink
 from tablecast.proto import tables_pb2 as pb
 from tablecast.query.consistency import bound_of
@@ -35,7 +34,7 @@ from tablecast.query.fanout import limit_param
 from tablecast.query.gate import Gate
 from tablecast.query.local import Found
 from tablecast.query.peer_pool import SIGNATURE
-from tablecast.query.queries import BatchQuery, KeyQuery, RangeQuery
+from tablecast.query.queries import BatchQuery, KeyQuery, RangeQuery, WatchQuery
 from tablecast.query.reads import Router
 from tablecast.query.request import HOP, Request
 from tablecast.store import Record
@@ -278,18 +277,18 @@ class Tables:
     async def watch(
         self, request: pb.WatchRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
-        pairs = [("key", k) for k in request.keys]
-        for field, name in (("prefix", "prefix"), ("start", "from"), ("end", "to")):
-            if request.HasField(field):
-                pairs.append((name, getattr(request, field)))
-        if request.no_snapshot:
-            pairs.append(("snapshot", "false"))
         req = await self._request(context)
-        req.query = urlencode(pairs)
+        query = WatchQuery(
+            request.table,
+            tuple(request.keys),
+            _optional(request, "prefix"),
+            _optional(request, "start"),
+            _optional(request, "end"),
+            snapshot=not request.no_snapshot,
+            since=request.since or None,
+        )
         try:
-            plan = await self.live.prepare(
-                request.table, req, query_pairs(req.query), request.since or None
-            )
+            plan = await self.live.prepare(query, req)
         except ApiError as e:
             await _abort(context, e)
         try:

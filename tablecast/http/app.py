@@ -213,7 +213,8 @@ class HttpApp:
             if key is not None:  # the hot path: GET one key, no query string
                 route = "key"
                 request = Request(NO_PARAMS, "", headers, caller, scope)
-                answer = self.router.key(KeyQuery.latest(*key), request, path)
+                query = KeyQuery(key[0], key[1], decode.bound(request))  # an after header
+                answer = self.router.key(query, request, path)
             else:
                 found, handler = self.match(scope.method, path)
                 route = found.name
@@ -340,7 +341,7 @@ class HttpApp:
             found = plain_key_read(scope.method, scope.path)
             assert found is not None  # the short path takes only these
             req = Request(NO_PARAMS, "", scope.headers, None, scope)
-            answer = self.router.forward_failed(*found, req, failed)
+            answer = self.router.forward_failed(KeyQuery.latest(*found), req, failed)
             if not isinstance(answer, tuple):
                 return self._later(answer, "key", scope, proto, started)
         except Exception as e:  # as in begin(): every failure is an answer
@@ -561,7 +562,8 @@ class HttpApp:
         key = None if query else plain_key_read("GET", path)
         if key is not None:
             request = Request(NO_PARAMS, "", req.headers, req.caller, req.scope)
-            return "key", self.router.key(KeyQuery.latest(*key), request, path)
+            query = KeyQuery(key[0], key[1], decode.bound(request))
+            return "key", self.router.key(query, request, path)
         found, handler = self.match("GET", path)
         if found.name == "watch":  # a stream, not a read with one answer
             raise ApiError("bad_request", "a batch reads no watch")

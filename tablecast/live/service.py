@@ -33,6 +33,7 @@ from tablecast.query.consistency import NO_OPTIONS
 from tablecast.query.errors import ApiError
 from tablecast.query.fanout import prefix_bytes
 from tablecast.query.policy import prefix_end
+from tablecast.query.queries import WatchQuery
 from tablecast.query.ratelimit import CallerSlots
 from tablecast.query.reads import Router, forbidden_key
 from tablecast.query.request import Request
@@ -82,78 +83,55 @@ class Live:
         self.port = port
         self.slots = WatchSlots(c.watches_per_caller)
 
-    async def prepare(
-        self, table: str, req: Request, pairs: Sequence[tuple[str, str]], last_event_id: str | None
-    ) -> Plan:
-        """Check the request and take the watch's starting point (its snapshot, or a resume).
-        The plan holds one of the caller's watch slots: release it when the stream ends."""
+    async def prepare(self, query: WatchQuery, req: Request) -> Plan:
+        """Check the watch `query` for the caller `req` names and take its starting point
+        (its snapshot, or a resume). The plan holds one of the caller's watch slots: release
+        it when the stream ends."""
         self.hub.start(self.port)
         subject = req.subject
         self.slots.enter(subject)
         try:
-            return await self._prepare(table, req, pairs, last_event_id, subject)
+            return await self._prepare(query, req, subject)
         except BaseException:
             self.slots.leave(subject)
             raise
 
-    async def _prepare(
-        self,
-        table: str,
-        req: Request,
-        pairs: Sequence[tuple[str, str]],
-        last_event_id: str | None,
-        subject: str,
-    ) -> Plan:
+    async def prepare_request(self, table: str, req: Request) -> Plan:
+        """:meth:`prepare` for the watch an HTTP request (SSE, WebSocket) spells."""
+        pairs = query_pairs(req.query)
+        return await self.prepare(watch_query(table, pairs, req.headers.get("last-event-id")), req)
+
+    async def _prepare(self, q: WatchQuery, req: Request, subject: str) -> Plan:
+        table = q.table
         info, scope = self.router.table(table, req)
         if info.kind != "kv":
             raise ApiError("bad_request", f"{table!r} is a window table: watches follow kv tables")
-        unknown = {k for k, _ in pairs} - PARAMS
-        if unknown:
-            raise ApiError(
-                "bad_request",
-                f"unknown query parameter(s): {', '.join(sorted(unknown))} "
-                f"(a watch takes: {', '.join(sorted(PARAMS - {'access_token'}))})",
-            )
-        params: dict[str, str] = {}
-        keys: list[str] = []
-        for name, value in pairs:
-            if name == "key":
-                keys.append(value)
-            elif name in params:
-                raise ApiError("bad_request", f"{name} is given more than once")
-            else:
-                params[name] = value
-        spans = [n for n in ("prefix", "from", "to") if n in params]
-        if keys and spans:
-            raise ApiError("bad_request", "a watch takes keys or a prefix/range, not both")
         local = self.router.local
-        if keys:
-            if len(keys) > MAX_KEYS:
+        if q.keys and (q.prefix is not None or q.start is not None or q.end is not None):
+            raise ApiError("bad_request", "a watch takes keys or a prefix/range, not both")
+        if q.keys:
+            if len(q.keys) > MAX_KEYS:
                 raise ApiError("bad_request", f"at most {MAX_KEYS} keys per watch")
-            raws = [local.key_bytes(info, k) for k in keys]
+            raws = [local.key_bytes(info, k) for k in q.keys]
             if scope is not None:
-                for raw, text in zip(raws, keys, strict=True):
+                for raw, text in zip(raws, q.keys, strict=True):
                     if not scope.allows(raw):
                         raise forbidden_key(table, text)
             selection = Selection.of_keys(info, raws)
         else:
-            start = local.key_bytes(info, params["from"]) if "from" in params else None
-            end = local.key_bytes(info, params["to"]) if "to" in params else None
-            if "prefix" in params:
-                prefix = prefix_bytes(info, params["prefix"])
+            start = None if q.start is None else local.key_bytes(info, q.start)
+            end = None if q.end is None else local.key_bytes(info, q.end)
+            if q.prefix is not None:
+                prefix = prefix_bytes(info, q.prefix)
                 start = prefix if start is None else max(start, prefix)
                 after = prefix_end(prefix)
                 end = after if end is None else (end if after is None else min(end, after))
             if start is not None and end is not None and start > end:
                 end = start  # an empty range: a watch that never sees a row
             selection = Selection.of_span(info, start, end, scope)
-        snap = params.get("snapshot", "true")
-        if snap not in ("true", "false"):
-            raise ApiError("bad_request", "snapshot is true or false")
-        since = params.get("since") or last_event_id
-        token = None if not since else self._token(info, selection, since)
+        token = None if not q.since else self._token(info, selection, q.since)
         renderer, _ = self.hub.source(info)
-        start_at = await self._start(info, renderer, selection, req, token, snap == "true")
+        start_at = await self._start(info, renderer, selection, req, token, q.snapshot)
         caller = req.caller
         expires = None if caller is None else caller.expires
         return Plan(info, renderer, selection, start_at, expires, self.slots, subject)
@@ -233,6 +211,35 @@ class Live:
 
     def end(self, watch: Watch) -> None:
         self.hub.end(watch)
+
+
+def watch_query(
+    table: str, pairs: Sequence[tuple[str, str]], last_event_id: str | None
+) -> WatchQuery:
+    """The watch an HTTP request spells: ``?key=`` (repeated) or ``?prefix=``/``?from=``/
+    ``?to=``, ``?snapshot=false``, and ``?since=`` or ``Last-Event-ID`` to resume."""
+    unknown = {k for k, _ in pairs} - PARAMS
+    if unknown:
+        raise ApiError(
+            "bad_request",
+            f"unknown query parameter(s): {', '.join(sorted(unknown))} "
+            f"(a watch takes: {', '.join(sorted(PARAMS - {'access_token'}))})",
+        )
+    params: dict[str, str] = {}
+    keys: list[str] = []
+    for name, value in pairs:
+        if name == "key":
+            keys.append(value)
+        elif name in params:
+            raise ApiError("bad_request", f"{name} is given more than once")
+        else:
+            params[name] = value
+    snap = params.get("snapshot", "true")
+    if snap not in ("true", "false"):
+        raise ApiError("bad_request", "snapshot is true or false")
+    since = params.get("since") or last_event_id or None
+    spans = (params.get("prefix"), params.get("from"), params.get("to"))
+    return WatchQuery(table, tuple(keys), *spans, snapshot=snap == "true", since=since)
 
 
 def query_pairs(query: str) -> list[tuple[str, str]]:

@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from tablecast.live.events import SSE
-from tablecast.live.service import Live, query_pairs
+from tablecast.live.service import Live
 from tablecast.live.sinks import StreamSink
 from tablecast.live.tcpdiag import peer_of
 from tablecast.query.request import Request
@@ -22,7 +22,7 @@ HEADERS = [
 async def stream(live: Live, table: str, req: Request, proto: Any) -> None:
     """Serve one watch until the client leaves or the watch ends (a slow client, a stopping
     node, an expired token: the client resumes with its last event's id)."""
-    plan = await live.prepare(table, req, query_pairs(req.query), req.headers.get("last-event-id"))
+    plan = await live.prepare_request(table, req)
     try:
         transport = proto.response_stream(200, [*HEADERS, live.router.local.node_header])
         client = getattr(req.scope, "client", "") or ""

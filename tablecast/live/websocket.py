@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from tablecast.live.events import WS
-from tablecast.live.service import Live, Plan, query_pairs
+from tablecast.live.service import Live, Plan
 from tablecast.live.sinks import QueueSink
 from tablecast.query.errors import ApiError
 from tablecast.query.request import Request
@@ -31,9 +31,7 @@ async def serve(live: Live, table: str, req: Request, proto: Any) -> None:
     # what the client sends is read (and dropped) from the start: a watch being prepared
     # (a snapshot, a resume waiting for a replica) must not let it pile up meanwhile
     reader = asyncio.ensure_future(_until_closed(transport))
-    preparing = asyncio.ensure_future(
-        live.prepare(table, req, query_pairs(req.query), req.headers.get("last-event-id"))
-    )
+    preparing = asyncio.ensure_future(live.prepare_request(table, req))
     try:
         await asyncio.wait([preparing, reader], return_when=asyncio.FIRST_COMPLETED)
         if not preparing.done():  # the client left first: nobody to prepare it for

@@ -217,5 +217,40 @@ class BatchQuery(NamedTuple):
 
 #: a read of many partitions, answered by the nodes holding them and merged
 ManyPartitions = RangeQuery | IndexQuery | CountQuery | BatchQuery
+
+
+class WatchQuery(NamedTuple):
+    """A table's rows followed live: `keys`, or the span of `prefix` and/or [start, end)
+    (the whole table when none is given); first a snapshot unless `snapshot` is False or the
+    watch resumes after the event a token (`since`) names."""
+
+    table: str
+    keys: tuple[str, ...] = ()
+    prefix: str | None = None
+    start: str | None = None
+    end: str | None = None
+    snapshot: bool = True
+    since: str | None = None
+
+    @classmethod
+    def of_keys(
+        cls, table: str, keys: Iterable[str], *, snapshot: bool = True, since: str | None = None
+    ) -> WatchQuery:
+        return cls(table, tuple(keys), None, None, None, snapshot, since)
+
+    @classmethod
+    def span(
+        cls,
+        table: str,
+        start: str | None = None,
+        end: str | None = None,
+        *,
+        prefix: str | None = None,
+        snapshot: bool = True,
+        since: str | None = None,
+    ) -> WatchQuery:
+        return cls(table, (), prefix, start, end, snapshot, since)
+
+
 #: any read
 Query = OnePartition | ManyPartitions

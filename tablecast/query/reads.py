@@ -204,11 +204,12 @@ class Router:
         return self.one_partition(info, partition, req, opts, target, read, wire)
 
     def forward_failed(
-        self, table: str, key_text: str, req: Request, failed: Member
+        self, q: KeyQuery, req: Request, failed: Member
     ) -> Answer | Awaitable[Answer]:
         """A plain read the short path (:mod:`tablecast.query.short_path`) sent to `failed`,
         which gave no answer (unreachable, or 503): the other choices, as
         :meth:`Rpc.forward` takes them when its first choice fails."""
+        table, key_text = q.table, q.key
         info = self.local.table(table)
         raw = self.local.key_bytes(info, key_text)
         partition = info.partition_of(raw)

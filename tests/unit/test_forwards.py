@@ -196,7 +196,7 @@ def test_a_read_its_peer_did_not_answer_goes_to_the_other_choices() -> None:
     peers.down.add(PEER1.url)
 
     async def main() -> Any:
-        return await router.forward_failed("t", "k", Request({}, "", {}), PEER1)
+        return await router.forward_failed(KeyQuery.latest("t", "k"), Request({}, "", {}), PEER1)
 
     status, body, _ = asyncio.run(main())
     assert (status, body) == (200, b'{"from":"http://127.0.0.1:3"}')

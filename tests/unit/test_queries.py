@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from tablecast.contract.positions import Position
 from tablecast.http import decode
 from tablecast.http.routes import ROUTES, Routes
+from tablecast.live.service import watch_query
 from tablecast.query.consistency import DEFAULT_TIMEOUT_MS, NO_OPTIONS, ReadOptions, bound_of
 from tablecast.query.errors import ApiError
 from tablecast.query.peer_calls import target_of
@@ -29,6 +30,7 @@ from tablecast.query.queries import (
     MetadataQuery,
     Query,
     RangeQuery,
+    WatchQuery,
     WindowsQuery,
 )
 from tablecast.query.request import Request
@@ -182,3 +184,15 @@ def test_the_values_are_immutable() -> None:
     with pytest.raises(AttributeError):
         query.key = "j"  # type: ignore[misc]
     assert query == KeyQuery("t", "k") and hash(query) == hash(KeyQuery("t", "k"))
+
+
+def test_a_watch_is_decoded_from_its_parameters() -> None:
+    keys = watch_query("t", [("key", "a"), ("key", "b/c"), ("snapshot", "false")], None)
+    assert keys == WatchQuery.of_keys("t", ["a", "b/c"], snapshot=False)
+    span = watch_query("t", [("prefix", "p"), ("from", "a"), ("since", "tok")], "last")
+    assert span == WatchQuery.span("t", "a", None, prefix="p", since="tok")
+    assert watch_query("t", [], "last") == WatchQuery.span("t", since="last")
+    for pairs in ([("key", "a"), ("key2", "b")], [("to", "a"), ("to", "b")], [("snapshot", "no")]):
+        with pytest.raises(ApiError) as e:
+            watch_query("t", pairs, None)
+        assert e.value.status == 400

@@ -26,7 +26,7 @@ from tablecast.live import sinks, tcpdiag
 from tablecast.live.events import SSE
 from tablecast.live.hub import Hub, Start, Watch
 from tablecast.live.selection import Selection
-from tablecast.live.service import Live
+from tablecast.live.service import Live, watch_query
 from tablecast.live.sinks import StreamSink
 from tablecast.query.cursor import Cursors
 from tablecast.query.errors import ApiError
@@ -90,23 +90,25 @@ def test_a_caller_has_at_most_so_many_watches_open(tmp_path: Path) -> None:
         live, _ = _live(tmp_path, watches=2)
         try:
             pairs = [("key", "k1")]
-            plans = [await live.prepare("t", _req(), pairs, None) for _ in range(2)]
+            k1 = watch_query("t", pairs, None)
+            both = watch_query("t", [("key", "k1"), ("prefix", "k")], None)
+            plans = [await live.prepare(k1, _req()) for _ in range(2)]
             with pytest.raises(ApiError) as refused:
-                await live.prepare("t", _req(), pairs, None)
+                await live.prepare(k1, _req())
             assert refused.value.status == 429 and refused.value.code == "rate_limited"
-            other = await live.prepare("t", _req("10.0.0.2"), pairs, None)  # another caller
+            other = await live.prepare(k1, _req("10.0.0.2"))  # another caller
             # a refused watch holds no slot: a bad one, many times over
             for _ in range(5):
                 with pytest.raises(ApiError):
-                    await live.prepare("t", _req(), [("key", "k1"), ("prefix", "k")], None)
+                    await live.prepare(both, _req())
             plans[0].release()
             plans[0].release()  # once is all it gives back
-            again = await live.prepare("t", _req(), pairs, None)
+            again = await live.prepare(k1, _req())
             with pytest.raises(ApiError):
-                await live.prepare("t", _req(), pairs, None)
+                await live.prepare(k1, _req())
             for plan in (plans[1], other, again):
                 plan.release()
-            assert [await live.prepare("t", _req(), pairs, None) for _ in range(2)]
+            assert [await live.prepare(k1, _req()) for _ in range(2)]
         finally:
             live.hub.stop()
 
@@ -122,19 +124,20 @@ def test_a_resume_waiting_for_its_replica_holds_one_of_the_callers_waits(tmp_pat
         live, replica = _live(tmp_path, waits=1)
         replica.end_offset = 8  # the topic holds offsets up to 7; the replica applied 0..2
         token = "t@0:8;after=" + b"k0".hex()
+        resume = watch_query("t", [("prefix", "k")], token)
         try:
-            first = asyncio.ensure_future(live.prepare("t", _req(), [("prefix", "k")], token))
+            first = asyncio.ensure_future(live.prepare(resume, _req()))
             await asyncio.sleep(0.2)
             assert not first.done()  # waiting for the replica
             with pytest.raises(ApiError) as refused:
-                await asyncio.wait_for(live.prepare("t", _req(), [("prefix", "k")], token), 2)
+                await asyncio.wait_for(live.prepare(resume, _req()), 2)
             assert refused.value.code == "rate_limited"
             replica.apply([Write(b"k%d" % i, orjson.dumps(i), i, i) for i in range(3, 8)])
             plan = await asyncio.wait_for(first, 5)
             assert plan.start.positions == {0: 8}
             assert [r.key for r in plan.start.rows] == [b"k%d" % i for i in range(1, 8)]
             # the wait is over: its slot is the caller's again
-            again = await asyncio.wait_for(live.prepare("t", _req(), [("prefix", "k")], token), 2)
+            again = await asyncio.wait_for(live.prepare(resume, _req()), 2)
             plan.release()
             again.release()
         finally:
