@@ -54,7 +54,7 @@ from tablecast.query.kept_answers import JSON, Answers, Entry
 from tablecast.query.local import Answer, Found
 from tablecast.query.peer_calls import plain_key_read
 from tablecast.query.peer_pool import SIGNATURE, PeerHosts, PeerPool, received_parts
-from tablecast.query.queries import KeyQuery
+from tablecast.query.queries import KeyQuery, Query
 from tablecast.query.ratelimit import (
     RateLimit,
     Refusals,
@@ -83,6 +83,8 @@ Handler = Callable[[Request, Any], Answer | Awaitable[Answer]]
 #: a route's path parameters, decoded
 Args = dict[str, str]
 Reply = Answer | Awaitable[Answer]
+#: what a read route asks, from its path parameters and request (tablecast.http.decode)
+Decoder = Callable[[Args, Request], Query]
 
 
 class HttpApp:
@@ -151,7 +153,12 @@ class HttpApp:
         ):
             self.metrics.register(part)  # type: ignore[arg-type]
         self.routes = Routes(ROUTES)
-        self._endpoints = {route: getattr(self, "_" + route.endpoint) for route in ROUTES}
+        self._endpoints = {
+            route: getattr(self, "_" + route.endpoint)
+            if route.read is None
+            else partial(self._read, route.read)
+            for route in ROUTES
+        }
         self._openapi_json = orjson.dumps(openapi.document(ROUTES))
 
     async def __call__(self, scope: Any, proto: Any) -> None:
@@ -355,29 +362,11 @@ class HttpApp:
         return route, partial(self._endpoints[route], args)
 
     # -- the endpoints: endpoint(path parameters, request, proto) --------------------------
-    def _key(self, args: Args, q: Request, proto: Any) -> Reply:
-        return self.router.read(decode.key_query(args, q), q)
-
-    def _windows(self, args: Args, q: Request, proto: Any) -> Reply:
-        return self.router.read(decode.windows_query(args, q), q)
-
-    def _metadata(self, args: Args, q: Request, proto: Any) -> Reply:
-        return self.router.read(decode.metadata_query(args, q), q)
-
-    def _history(self, args: Args, q: Request, proto: Any) -> Reply:
-        return self.router.read(decode.history_query(args, q), q)
-
-    def _range(self, args: Args, q: Request, proto: Any) -> Reply:
-        return _encoded(self.router.read(decode.range_query(args, q), q))
-
-    def _count(self, args: Args, q: Request, proto: Any) -> Reply:
-        return _encoded(self.router.read(decode.count_query(args, q), q))
-
-    def _index_lookup(self, args: Args, q: Request, proto: Any) -> Reply:
-        return _encoded(self.router.read(decode.index_query(args, q), q))
-
-    def _index_range(self, args: Args, q: Request, proto: Any) -> Reply:
-        return _encoded(self.router.read(decode.index_query(args, q), q))
+    def _read(self, decoder: Decoder, args: Args, q: Request, proto: Any) -> Reply:
+        """A read route: the read its request asks, answered by the router (rows as data
+        encoded as the HTTP API answers them)."""
+        answer = self.router.read(decoder(args, q), q)
+        return answer if isinstance(answer, tuple) else _encoded(answer)
 
     def _batch_get(self, args: Args, q: Request, proto: Any) -> Reply:
         return self._read_many(args["table"], q, proto)

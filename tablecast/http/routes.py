@@ -2,8 +2,9 @@
 
 Each :class:`Route` names its method, its path (``{name}`` one segment,
 ``{name:path}`` the rest, slashes included), the method of
-:class:`~tablecast.http.app.HttpApp` that answers it, and its parameters. That
-one table drives matching (:class:`Routes`, one compiled expression), the query
+:class:`~tablecast.http.app.HttpApp` that answers it (for a read, the decoder of
+the read it asks, which the router answers), and its parameters. That one table
+drives matching (:class:`Routes`, one compiled expression), decoding, the query
 parameters a route takes (any other is answered with 400 naming it), and the
 ``/openapi.json`` document (:mod:`tablecast.http.openapi`, for the routes with
 a summary), in the order they are declared here. A route whose ``{name:path}`` is
@@ -14,14 +15,16 @@ followed by more of the path is tried before the others: a key path ending in
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from tablecast.console.api import NODE_ROUTE
+from tablecast.http import decode
 from tablecast.query.coalesce import ANSWERS_PATH, BATCH_PATH
 from tablecast.query.errors import ApiError
-from tablecast.query.request import path_segment
+from tablecast.query.queries import Query
+from tablecast.query.request import Request, path_segment
 
 STR: Mapping[str, Any] = {"type": "string"}
 INT: Mapping[str, Any] = {"type": "integer"}
@@ -53,7 +56,8 @@ class Route:
     name: str
     method: str
     path: str
-    #: the HttpApp method that answers it: endpoint(args, request, proto)
+    #: the HttpApp method that answers it: endpoint(args, request, proto); "read" for a
+    #: route that asks a read (`read`), which the router answers
     endpoint: str
     params: tuple[Param, ...] = ()
     #: what the OpenAPI document says of it; a route without one is internal, undocumented
@@ -66,6 +70,9 @@ class Route:
     body: Mapping[str, Any] | None = None
     #: False: the endpoint reads its query string itself (the watch: keys repeat)
     checked: bool = True
+    #: the read it asks (:mod:`tablecast.query.queries`), decoded from its path parameters
+    #: and request (:mod:`tablecast.http.decode`)
+    read: Callable[[Mapping[str, str], Request], Query] | None = None
 
     @property
     def documented_path(self) -> str:
@@ -238,24 +245,26 @@ ROUTES: tuple[Route, ...] = (
         "key",
         "GET",
         TABLES + "/keys/{key:path}",
-        "key",
+        "read",
         (TABLE, KEY, AS_OF, *READ),
         summary="read one key (with as_of, its value at that time)",
         ok=RECORD,
         ok_description="the key's latest value, or with as_of the version valid then",
         errors=KEY_ERRORS,
+        read=decode.key_query,
     ),
     Route(
         "history",
         "GET",
         TABLES + "/keys/{key:path}/history",
-        "history",
+        "read",
         (TABLE, KEY, *HISTORY),
         summary="a key's versions by record timestamp, oldest first (order=desc: newest "
         "first); a delete is a version with a null value (a table with a history)",
         ok=VERSIONS,
         ok_description="a page of versions",
         errors=KEY_ERRORS,
+        read=decode.history_query,
     ),
     Route(
         "batch_get",
@@ -279,7 +288,7 @@ ROUTES: tuple[Route, ...] = (
         "range",
         "GET",
         TABLES + "/range",
-        "range",
+        "read",
         (
             TABLE,
             Param("from", "query", "first key (inclusive)"),
@@ -301,12 +310,13 @@ ROUTES: tuple[Route, ...] = (
         ok=_page(object_of(key=ANY, value=ANY)),
         ok_description="a page",
         errors=KEY_ERRORS,
+        read=decode.range_query,
     ),
     Route(
         "index_lookup",
         "GET",
         TABLES + "/index/{index}/{value:path}",
-        "index_lookup",
+        "read",
         (
             TABLE,
             INDEX,
@@ -324,12 +334,13 @@ ROUTES: tuple[Route, ...] = (
         ok=_page(object_of(key=ANY, value=ANY)),
         ok_description="a page",
         errors=KEY_ERRORS,
+        read=decode.index_query,
     ),
     Route(
         "index_range",
         "GET",
         TABLES + "/index/{index}",
-        "index_range",
+        "read",
         (
             TABLE,
             INDEX,
@@ -345,83 +356,91 @@ ROUTES: tuple[Route, ...] = (
         ok=_page(object_of(index=ANY, key=ANY, value=ANY)),
         ok_description="a page",
         errors=KEY_ERRORS,
+        read=decode.index_query,
     ),
     Route(
         "windows",
         "GET",
         TABLES + "/keys/{key:path}/windows",
-        "windows",
+        "read",
         (TABLE, KEY, *WINDOWS, *READ),
         summary="a window table's windows for a key, by start time",
         ok=WINDOW_LIST,
         ok_description="windows",
         errors=KEY_ERRORS,
+        read=decode.windows_query,
     ),
     Route(
         "count",
         "GET",
         TABLES + "/count",
-        "count",
+        "read",
         (TABLE, *READ),
         summary="number of keys (with --auth-policy, of the keys the token may read)",
         ok=object_of(count=INT),
         ok_description="count",
         errors=KEY_ERRORS,
+        read=decode.count_query,
     ),
     Route(
         "metadata",
         "GET",
         TABLES + "/keys/{key:path}/metadata",
-        "metadata",
+        "read",
         (TABLE, KEY),
         summary="where a key lives",
         ok=OWNERS,
         ok_description="owners",
         errors=META_ERRORS,
+        read=decode.metadata_query,
     ),
     Route(
         "key",
         "GET",
         TABLES + "/keys",
-        "key",
+        "read",
         (TABLE, KEY_QUERY, AS_OF, *READ),
         summary="read one key" + BY_QUERY,
         ok=RECORD,
         ok_description="the key's latest value, or with as_of the version valid then",
         errors=KEY_ERRORS,
+        read=decode.key_query,
     ),
     Route(
         "windows",
         "GET",
         TABLES + "/windows",
-        "windows",
+        "read",
         (TABLE, KEY_QUERY, *READ),
         summary="a window table's windows for a key" + BY_QUERY,
         ok=WINDOW_LIST,
         ok_description="windows",
         errors=KEY_ERRORS,
+        read=decode.windows_query,
     ),
     Route(
         "history",
         "GET",
         TABLES + "/history",
-        "history",
+        "read",
         (TABLE, KEY_QUERY, *HISTORY),
         summary="a key's versions" + BY_QUERY,
         ok=VERSIONS,
         ok_description="a page of versions",
         errors=KEY_ERRORS,
+        read=decode.history_query,
     ),
     Route(
         "metadata",
         "GET",
         TABLES + "/metadata",
-        "metadata",
+        "read",
         (TABLE, KEY_QUERY),
         summary="where a key lives" + BY_QUERY,
         ok=OWNERS,
         ok_description="owners",
         errors=META_ERRORS,
+        read=decode.metadata_query,
     ),
     Route(
         "watch",

@@ -6,7 +6,6 @@ back; and the route takes every parameter the encoding uses."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 from urllib.parse import parse_qsl
 
 import pytest
@@ -37,17 +36,6 @@ from tablecast.query.request import Request
 
 ROUTING = Routes(ROUTES)
 PARTITIONS = range(4)
-#: the decoder of each read route's endpoint
-DECODERS: dict[str, Any] = {
-    "key": decode.key_query,
-    "windows": decode.windows_query,
-    "history": decode.history_query,
-    "range": decode.range_query,
-    "count": decode.count_query,
-    "index_lookup": decode.index_query,
-    "index_range": decode.index_query,
-}
-
 TEXT = st.text(min_size=1, max_size=12)
 #: key texts, also ones a path could mistake for another route
 KEYS = st.one_of(TEXT, TEXT.map(lambda t: t + "/history"), st.sampled_from(["a/b", "%2F", "é"]))
@@ -141,7 +129,8 @@ def decoded(target: str) -> Query:
     params = dict(parse_qsl(query, keep_blank_values=True))
     ROUTING.check(route, params)
     req = Request(params, query, {})
-    return DECODERS[route.endpoint](args, req)  # type: ignore[no-any-return]
+    assert route.read is not None, route
+    return route.read(args, req)
 
 
 @settings(max_examples=300, deadline=None)

@@ -95,6 +95,7 @@ def test_a_parameter_the_route_does_not_take_is_named() -> None:
 def test_every_route_has_its_endpoint_and_declares_its_path_parameters() -> None:
     for route in ROUTES:
         assert callable(getattr(HttpApp, "_" + route.endpoint, None)), route
+        assert (route.endpoint == "read") == (route.read is not None), route
         in_path = re.findall(r"\{(\w+)", route.path)
         if route.summary:  # documented: every path parameter described
             declared = [p.name for p in route.params if p.where == "path"]
