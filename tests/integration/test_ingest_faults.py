@@ -4,6 +4,7 @@ straight into its topics, a disk that fills up under its stores, a Kafka outage.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import random
 import shutil
@@ -384,6 +385,39 @@ def test_unused_stores_are_dropped_and_stores_away_too_long_restore_from_scratch
         assert "restoring it from scratch" in node.log_file.read_text()
     finally:
         node.stop()
+
+
+def test_a_store_another_process_holds_is_retried_and_the_rest_serves(
+    bootstrap: str, unique: str, logs: Path
+) -> None:
+    """A partition whose RocksDB store cannot be opened (its lock held by another process,
+    as a node's predecessor may still hold it) holds up no other partition, and opens once
+    it can."""
+    model = make_table(bootstrap, unique, "kv", PARTITIONS, serde.string(), serde.json())
+    model.write(bootstrap, [(f"key-{i}", {"i": i}) for i in range(60)])
+    data = logs / "data"
+    node = start_node(unique, bootstrap, logs, "--data-dir", str(data))
+    try:
+        node.wait_ready()
+        node.wait_caught_up(bootstrap, "kv", model.info.topic)
+    finally:
+        node.stop()
+    # RocksDB locks its LOCK file with fcntl, as lockf does: a second holder is refused
+    with open(data / "stores" / "kv" / "1" / "LOCK", "r+b") as lock:
+        fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        node = start_node(unique, bootstrap, logs, "--data-dir", str(data))
+        try:
+            eventually(lambda: "partition 1 cannot be opened yet" in node.log_file.read_text(), 60)
+            ks = model.info.key_serde
+            elsewhere = next(k for k in model.rows if model.info.partition_of(k) != 1)
+            text = str(ks.deserialize(elsewhere))
+            eventually(lambda: node.get(f"/v1/tables/kv/keys/{text}").status_code == 200, 30)
+            fcntl.lockf(lock, fcntl.LOCK_UN)
+            node.wait_ready()
+            node.wait_caught_up(bootstrap, "kv", model.info.topic)
+            check_exact(node, model)
+        finally:
+            node.stop()
 
 
 def test_a_node_killed_while_restoring_resumes_where_it_stopped(
