@@ -41,3 +41,24 @@ def test_ends_known_here_answer_and_an_unreachable_broker_refuses() -> None:
         waits.leave("me")
 
     asyncio.run(run())
+
+
+def test_callers_that_come_while_the_broker_is_asked_share_the_next_question() -> None:
+    async def run() -> None:
+        ends = TopicEnds(lambda: "127.0.0.1:1", timeout_s=0.3)
+
+        async def claim() -> str:
+            try:
+                await ends.refuse_beyond(INFO, {0: 6}, {}, "after")
+            except ApiError as e:
+                return e.code
+            return "let through"
+
+        first = asyncio.ensure_future(claim())
+        await asyncio.sleep(0.05)  # its question is being put to the broker
+        later = [asyncio.ensure_future(claim()) for _ in range(3)]
+        codes = await asyncio.gather(first, *later)
+        # one question at a time: the three that came during the first share the second
+        assert codes == ["partition_unavailable"] * 4 and ends.questions == 2
+
+    asyncio.run(run())
