@@ -1,12 +1,13 @@
-"""Any node answers any read: the read routes, on top of ownership, store lookup and RPC.
+"""Any node answers any read: :meth:`Router.read` takes a read (:mod:`.queries`) on top of
+ownership, store lookup and RPC.
 
-The parts, as Kafka Streams separates them: :mod:`routing` says which node
-answers for a partition, :mod:`local` reads this node's stores (exact at a
-position), :mod:`rpc` forwards, redirects and fans out to peers, and
-:mod:`consistency` reads every route's consistency options (``max_lag``,
+The parts, as Kafka Streams separates them: :mod:`.ownership` says which node
+answers for a partition, :mod:`.local` reads this node's stores (exact at a
+position), :mod:`.peer_calls` forwards, redirects and fans out to peers, and
+:mod:`.consistency` reads every read's bound (``max_lag``,
 ``max_staleness_ms``, ``after``, ``min_offset``, ``timeout_ms``, ``redirect``)
-in one place. This module has the routes that read one partition (a key, its
-windows, its history); :mod:`fanout` has those that read many (batchGet,
+in one place. This module answers the reads of one partition (a key, its
+windows, its history, where it lives); :mod:`.fanout` those of many (batchGet,
 range, count, index).
 """
 
@@ -134,13 +135,13 @@ class Router:
             raise forbidden_key(table, key_text)
         return info, raw
 
-    # -- reads of one partition ------------------------------------------------
     def read(self, query: Query, req: Request) -> Answer | Awaitable[Answer | Found]:
         """The answer to `query` for the caller `req` names, whichever front end asked: a
         read of many partitions answers with its rows as data (:class:`Found`) or a
         redirect."""
         return self._readers[type(query)](query, req)  # type: ignore[no-any-return]
 
+    # -- reads of one partition ------------------------------------------------
     def key(
         self,
         q: KeyQuery,
