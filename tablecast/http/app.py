@@ -386,12 +386,6 @@ class HttpApp:
     def _openapi(self, args: Args, q: Request, proto: Any) -> Reply:
         return 200, self._openapi_json, []
 
-    def _internal_scan(self, args: Args, q: Request, proto: Any) -> Reply:
-        return self.router.fan.internal_scan(args["table"], q)
-
-    def _internal_count(self, args: Args, q: Request, proto: Any) -> Reply:
-        return self.router.fan.internal_count(args["table"], q)
-
     def _internal_snapshot(self, args: Args, q: Request, proto: Any) -> Reply:
         return snapshot.answer_peer(self.router, args["table"], q)
 

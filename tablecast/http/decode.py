@@ -15,15 +15,18 @@ import orjson
 
 from tablecast.query.consistency import AFTER_HEADER, ReadOptions, bound_of
 from tablecast.query.errors import ApiError
-from tablecast.query.fanout import limit_param
-from tablecast.query.params import time_param
+from tablecast.query.fanout import limit_param, partitions_of
+from tablecast.query.params import int_param, time_param
 from tablecast.query.queries import (
+    DEFAULT_LIMIT,
     BatchQuery,
     CountQuery,
     HistoryQuery,
     IndexQuery,
     KeyQuery,
     MetadataQuery,
+    PartitionCount,
+    PartitionScan,
     RangeQuery,
     WindowsQuery,
 )
@@ -115,6 +118,37 @@ def batch_query(table: str, body: bytes, req: Request) -> BatchQuery:
     if not isinstance(keys, list):
         raise ApiError("bad_request", 'the body must be {"keys": [...]}')
     return BatchQuery.of_keys(table, keys, bound(req))
+
+
+def partition_scan(args: Args, req: Request) -> PartitionScan:
+    """A peer's ``/internal/tables/{t}/scan``: rows of some of this node's partitions."""
+    params = req.params
+    try:
+        start = bytes.fromhex(params["start"]) if "start" in params else None
+        end = bytes.fromhex(params["end"]) if "end" in params else None
+    except ValueError:
+        raise ApiError("bad_request", "start and end are hex") from None
+    limit: int = int_param(params, "limit", DEFAULT_LIMIT)
+    if limit < 1:
+        raise ApiError("bad_request", "limit must be at least 1")
+    return PartitionScan(
+        args["table"],
+        partitions_of(params.get("partitions", "")),
+        bound(req),
+        params.get("view"),
+        start,
+        end,
+        limit,
+        time_param(params, "as_of", None),
+        params.get("index"),
+        params.get("value") != "false",
+    )
+
+
+def partition_count(args: Args, req: Request) -> PartitionCount:
+    """A peer's ``/internal/tables/{t}/count``: the rows of some of this node's partitions."""
+    partitions = partitions_of(req.params.get("partitions", ""))
+    return PartitionCount(args["table"], partitions, bound(req))
 
 
 def key_of(args: Args, req: Request) -> str:

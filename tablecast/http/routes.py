@@ -541,18 +541,20 @@ ROUTES: tuple[Route, ...] = (
         "internal_scan",
         "GET",
         "/internal/tables/{table}/scan",
-        "internal_scan",
+        "read",
         (
             *READ,
             *_internal("partitions", "start", "end", "limit", "view", "index", "as_of", "value"),
         ),
+        read=decode.partition_scan,
     ),
     Route(
         "internal_count",
         "GET",
         "/internal/tables/{table}/count",
-        "internal_count",
+        "read",
         (*READ, *_internal("partitions")),
+        read=decode.partition_count,
     ),
     Route(
         "internal_snapshot",

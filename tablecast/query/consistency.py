@@ -1,8 +1,9 @@
-"""Read options: which replica may answer a read and how fresh it must be, for every read route.
+"""A read's bound: which replica may answer it and how fresh it must be, for every read.
 
-Every read route (keys, windows, batchGet, range, count, history, index, and
-the internal routes a fan-out calls) takes its consistency options from
-:func:`read_options` and no other place:
+Every read (keys, windows, batchGet, range, count, history, index, and the
+shares of them a fan-out asks of peers) carries its bound as a
+:class:`ReadOptions`, read from what a request spells by :func:`bound_of` and
+held to its table by :meth:`ReadOptions.check`, in no other place:
 
 - ``max_lag=N``: a replica at most N records behind its topic's end may answer
   (a standby too); ``max_staleness_ms=N``: a replica last known at its
@@ -21,9 +22,8 @@ the internal routes a fan-out calls) takes its consistency options from
   forwarding (a read of one partition, or a fan-out whose partitions one other
   node answers for all).
 
-Options are parsed once per request and kept on it; a request without query
-parameters or the header gets :data:`NO_OPTIONS` without parsing anything
-(the point-GET hot path).
+A request without query parameters or the header gets :data:`NO_OPTIONS`
+without parsing anything (the point-GET hot path).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import asyncio
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tablecast.cluster.offsetwait import wake
 from tablecast.cluster.replica import Replica
@@ -106,14 +106,6 @@ class ReadOptions:
 
 
 NO_OPTIONS = ReadOptions()
-
-
-def read_options(params: Mapping[str, str], headers: Any, info: TableInfo) -> ReadOptions:
-    """The read options of a request to `info`'s table; 400 for one that does not parse."""
-    opts = bound_of(params, params.get("after") or headers.get(AFTER_HEADER))
-    if opts is not NO_OPTIONS:
-        opts.check(info)
-    return opts
 
 
 def bound_of(params: Mapping[str, str], after_text: str | None) -> ReadOptions:

@@ -14,7 +14,7 @@ page covers. The next page, from its cursor, may be at later offsets.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
@@ -29,8 +29,8 @@ from tablecast.query.cursor import Cursors
 from tablecast.query.errors import ApiError
 from tablecast.query.local import Answer, Found, Local, Reflected, merged, short_pages
 from tablecast.query.ownership import Routing
-from tablecast.query.params import int_param, time_param
-from tablecast.query.peer_calls import Rpc, not_refused
+from tablecast.query.params import int_param
+from tablecast.query.peer_calls import Rpc, not_refused, target_of
 from tablecast.query.policy import KeyScope, prefix_end
 from tablecast.query.queries import (
     DEFAULT_LIMIT,
@@ -38,6 +38,8 @@ from tablecast.query.queries import (
     BatchQuery,
     CountQuery,
     IndexQuery,
+    PartitionCount,
+    PartitionScan,
     RangeQuery,
 )
 from tablecast.query.ratelimit import WaitSlots
@@ -178,14 +180,8 @@ class FanOut:
             return self.local.count(info, parts, opts, scope)
 
         async def there(member: Member, parts: list[int]) -> tuple[int, Reflected] | None:
-            q = {"partitions": ",".join(map(str, parts)), **opts.onward(info.name, parts)}
-            answer = await self.rpc.ask(
-                member,
-                "GET",
-                f"/internal/tables/{quote(table, safe='')}/count?{urlencode(q)}",
-                req,
-                opts=opts,
-            )
+            share = PartitionCount(table, tuple(parts), opts)
+            answer = await self.rpc.ask(member, "GET", target_of(share, parts), req, opts=opts)
             if answer is None or not_refused(answer)[0] != 200:
                 return None
             reflected = Reflected(info.name)
@@ -301,7 +297,6 @@ class FanOut:
         n: int,
     ) -> Paged:
         """The first `n` rows in [lo, hi) over all partitions, and what they reflect."""
-        table = quote(info.name, safe="")
 
         async def fetch(parts: list[int], want: int) -> Paged:
             async def here(local: list[int]) -> Paged:
@@ -309,20 +304,10 @@ class FanOut:
                 return self.local.page(info, local, scan, lo, hi, want, opts)
 
             async def there(member: Member, remote: list[int]) -> Paged | None:
-                q = {
-                    "partitions": ",".join(map(str, remote)),
-                    "limit": str(want),
-                    "view": scan.view,
-                    **scan.params(),
-                    **opts.onward(info.name, remote),
-                }
-                if lo is not None:
-                    q["start"] = lo.hex()
-                if hi is not None:
-                    q["end"] = hi.hex()
-                answer = await self.rpc.ask(
-                    member, "GET", f"/internal/tables/{table}/scan?{urlencode(q)}", req, opts=opts
+                share = PartitionScan(
+                    info.name, tuple(remote), opts, scan.view, lo, hi, want, **scan.share()
                 )
+                answer = await self.rpc.ask(member, "GET", target_of(share, remote), req, opts=opts)
                 if answer is None or not_refused(answer)[0] != 200:
                     return None
                 reflected = Reflected(info.name)
@@ -357,36 +342,28 @@ class FanOut:
             reflected.merge(r)
         return merged(pages, n), reflected
 
-    # -- internal: what a fan-out asks of a peer, answered from local stores only --
+    # -- a peer's share: what a fan-out asks of a peer, answered from local stores only --
     # The caller's token came along: the caller's grants apply here, where the store is read.
-    async def internal_scan(self, table: str, req: Request) -> Answer:
-        info, scope = self.router.table(table, req)
-        opts = req.options(info)
-        params = req.params
-        parts = partitions_param(info, params)
-        try:
-            start = bytes.fromhex(params["start"]) if "start" in params else None
-            end = bytes.fromhex(params["end"]) if "end" in params else None
-        except ValueError:
-            raise ApiError("bad_request", "start and end are hex") from None
-        limit = min(int_param(params, "limit", DEFAULT_LIMIT), MAX_LIMIT + 1)
-        if limit < 1:
-            raise ApiError("bad_request", "limit must be at least 1")
-        scan = scan_for(info, scope, params, time_param(params, "as_of", None))
-        await self._reach(info, parts, opts, req)
-        rows, reflected = self.local.page(info, parts, scan, start, end, limit, opts)
-        if "view" in params:
+    async def partition_scan(self, q: PartitionScan, req: Request) -> Answer:
+        info, scope = self.router.table(q.table, req)
+        q.bound.check(info)
+        parts = own_partitions(info, q.partitions)
+        scan = scan_for(info, scope, q)
+        await self._reach(info, parts, q.bound, req)
+        limit = min(q.limit, MAX_LIMIT + 1)
+        rows, reflected = self.local.page(info, parts, scan, q.start, q.end, limit, q.bound)
+        if q.view is not None:
             items = [(k.hex(), item) for k, item in rows]
         else:  # what nodes that name no view (older ones) read: rows as [key hex, value]
             items = [(k.hex(), item["value"]) for k, item in rows]
         return 200, orjson.dumps({"items": items}), reflected.headers(self.local.node_header)
 
-    async def internal_count(self, table: str, req: Request) -> Answer:
-        info, scope = self.router.table(table, req)
-        opts = req.options(info)
-        parts = partitions_param(info, req.params)
-        await self._reach(info, parts, opts, req)
-        total, reflected = self.local.count(info, parts, opts, scope)
+    async def partition_count(self, q: PartitionCount, req: Request) -> Answer:
+        info, scope = self.router.table(q.table, req)
+        q.bound.check(info)
+        parts = own_partitions(info, q.partitions)
+        await self._reach(info, parts, q.bound, req)
+        total, reflected = self.local.count(info, parts, q.bound, scope)
         return 200, orjson.dumps({"count": total}), reflected.headers(self.local.node_header)
 
 
@@ -404,16 +381,26 @@ def limit_param(params: dict[str, str]) -> int:
     return limit
 
 
-def partitions_param(info: TableInfo, params: dict[str, str]) -> list[int]:
+def partitions_param(info: TableInfo, params: Mapping[str, str]) -> list[int]:
+    """``?partitions=0,3,5`` of an internal call, each a partition of `info`'s table."""
+    return own_partitions(info, partitions_of(params.get("partitions", "")))
+
+
+def partitions_of(text: str) -> tuple[int, ...]:
+    """A comma-separated list of partitions; 400 for one that is no integer."""
     try:
-        parts = [int(x) for x in params.get("partitions", "").split(",") if x]
+        return tuple(int(x) for x in text.split(",") if x)
     except ValueError:
         raise ApiError("bad_request", "partitions is a comma-separated list of integers") from None
+
+
+def own_partitions(info: TableInfo, parts: tuple[int, ...]) -> list[int]:
+    """`parts`, each a partition of `info`'s table and none twice; 400 otherwise."""
     if any(not 0 <= p < info.partitions for p in parts):
         raise ApiError("bad_request", f"{info.name!r} has partitions 0..{info.partitions - 1}")
     if len(set(parts)) != len(parts):
         raise ApiError("bad_request", "partitions names a partition twice")
-    return parts
+    return list(parts)
 
 
 def prefix_bytes(info: TableInfo, text: str) -> bytes:

@@ -47,6 +47,8 @@ from tablecast.query.queries import (
     KeyQuery,
     ManyPartitions,
     MetadataQuery,
+    PartitionCount,
+    PartitionScan,
     Query,
     RangeQuery,
     WindowsQuery,
@@ -342,6 +344,22 @@ def target_of(query: Query, partitions: Iterable[int]) -> str:
         target = f"/v1/tables/{t}/count"
     elif type(query) is BatchQuery:
         target = f"/v1/tables/{t}/keys:batchGet"
+    elif type(query) is PartitionScan:
+        target = f"/internal/tables/{t}/scan"
+        _put(
+            params,
+            partitions=",".join(map(str, query.partitions)),
+            view=query.view,
+            start=None if query.start is None else query.start.hex(),
+            end=None if query.end is None else query.end.hex(),
+            limit=query.limit,
+            as_of=query.as_of,
+            index=query.index,
+            value=None if query.index is None else str(query.with_value).lower(),
+        )
+    elif type(query) is PartitionCount:
+        target = f"/internal/tables/{t}/count"
+        _put(params, partitions=",".join(map(str, query.partitions)))
     else:
         raise TypeError(f"not a read: {query!r}")
     return with_params(target, params)

@@ -215,8 +215,36 @@ class BatchQuery(NamedTuple):
         return cls(table, tuple(keys), bound)
 
 
+class PartitionScan(NamedTuple):
+    """Rows of some of the asked node's own partitions, by serialized key (or index entry)
+    in [start, end): what a node fanning a paged read out asks a peer. `view` says which
+    rows: ``rows``, ``as_of`` (each key's version then) or ``index`` (one index's
+    entries); None asks as nodes before views did, rows answered as [key, value]."""
+
+    table: str
+    partitions: tuple[int, ...]
+    bound: ReadOptions = NO_OPTIONS
+    view: str | None = "rows"
+    start: bytes | None = None
+    end: bytes | None = None
+    limit: int = DEFAULT_LIMIT
+    as_of: int | None = None
+    index: str | None = None
+    with_value: bool = True
+
+
+class PartitionCount(NamedTuple):
+    """How many rows some of the asked node's own partitions hold (a fan-out's count)."""
+
+    table: str
+    partitions: tuple[int, ...]
+    bound: ReadOptions = NO_OPTIONS
+
+
 #: a read of many partitions, answered by the nodes holding them and merged
 ManyPartitions = RangeQuery | IndexQuery | CountQuery | BatchQuery
+#: what a node asks a peer for its share of a read of many partitions
+PeerShare = PartitionScan | PartitionCount
 
 
 class WatchQuery(NamedTuple):
@@ -253,4 +281,4 @@ class WatchQuery(NamedTuple):
 
 
 #: any read
-Query = OnePartition | ManyPartitions
+Query = OnePartition | ManyPartitions | PeerShare

@@ -56,6 +56,8 @@ from tablecast.query.queries import (
     IndexQuery,
     KeyQuery,
     MetadataQuery,
+    PartitionCount,
+    PartitionScan,
     Query,
     RangeQuery,
     WindowsQuery,
@@ -114,6 +116,8 @@ class Router:
             IndexQuery: self.fan.index,
             CountQuery: self.fan.count,
             BatchQuery: self.fan.batch_get,
+            PartitionScan: self.fan.partition_scan,
+            PartitionCount: self.fan.partition_count,
         }
 
     def table(self, name: str, req: Request) -> tuple[TableInfo, KeyScope | None]:

@@ -7,9 +7,8 @@ import re
 from typing import Any
 from urllib.parse import quote, unquote
 
-from tablecast.contract.table_info import TableInfo
 from tablecast.query.auth import Caller
-from tablecast.query.consistency import AFTER_HEADER, NO_OPTIONS, ReadOptions, read_options
+from tablecast.query.consistency import AFTER_HEADER
 from tablecast.query.policy import Grants
 
 #: marks a request one node sent another (answered where it lands, never sent on)
@@ -76,7 +75,7 @@ def path_segment(text: str) -> str:
 class Request:
     """What handlers need of an HTTP request."""
 
-    __slots__ = ("_options", "authorization", "caller", "headers", "params", "query", "scope")
+    __slots__ = ("authorization", "caller", "headers", "params", "query", "scope")
 
     def __init__(
         self,
@@ -96,18 +95,6 @@ class Request:
         self.scope = scope
         #: the bearer token when it came otherwise than as a header (a watch's ?access_token=)
         self.authorization = authorization
-        self._options: ReadOptions | None = None
-
-    def options(self, info: TableInfo) -> ReadOptions:
-        """The request's read options (parsed once; none at all costs one header lookup)."""
-        opts = self._options
-        if opts is None:
-            if not self.params and self.headers.get(AFTER_HEADER) is None:
-                opts = NO_OPTIONS
-            else:
-                opts = read_options(self.params, self.headers, info)
-            self._options = opts
-        return opts
 
     @property
     def forwarded(self) -> bool:

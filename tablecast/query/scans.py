@@ -17,6 +17,7 @@ from tablecast.contract import index_codec
 from tablecast.contract.table_info import TableInfo
 from tablecast.query.errors import ApiError
 from tablecast.query.policy import KeyScope, Span
+from tablecast.query.queries import PartitionScan
 from tablecast.store import PartitionStore
 
 #: (sort key, the item the answer shows)
@@ -47,8 +48,9 @@ class Scan:
                 break
         return out
 
-    def params(self) -> dict[str, str]:
-        """What an internal call passes on for a peer to run the same scan."""
+    def share(self) -> dict[str, Any]:
+        """What a :class:`~tablecast.query.queries.PartitionScan` passes on for a peer to run
+        the same scan, beyond its view."""
         return {}
 
     def _spans(self, lo: bytes | None, hi: bytes | None) -> list[Span]:
@@ -75,8 +77,8 @@ class AsOfScan(Scan):
                 break
         return out
 
-    def params(self) -> dict[str, str]:
-        return {"as_of": str(self.at)}
+    def share(self) -> dict[str, Any]:
+        return {"as_of": self.at}
 
 
 class IndexScan(Scan):
@@ -113,8 +115,8 @@ class IndexScan(Scan):
             lo = rows[-1][0] + b"\x00"
         return out
 
-    def params(self) -> dict[str, str]:
-        return {"index": self.name, "value": "true" if self.with_value else "false"}
+    def share(self) -> dict[str, Any]:
+        return {"index": self.name, "with_value": self.with_value}
 
 
 def check_floor(info: TableInfo, store: PartitionStore, at: int) -> None:
@@ -128,19 +130,16 @@ def check_floor(info: TableInfo, store: PartitionStore, at: int) -> None:
         )
 
 
-def scan_for(
-    info: TableInfo, scope: KeyScope | None, params: dict[str, str], at: int | None
-) -> Scan:
-    """The scan an internal call asks for (``view=rows|as_of|index``)."""
-    view = params.get("view", "rows")
-    if view == "rows":
+def scan_for(info: TableInfo, scope: KeyScope | None, q: PartitionScan) -> Scan:
+    """The scan a peer's :class:`~tablecast.query.queries.PartitionScan` asks for."""
+    if q.view in ("rows", None):
         return Scan(info, scope)
-    if view == "as_of" and at is not None:
+    if q.view == "as_of" and q.as_of is not None:
         require_history(info)
-        return AsOfScan(info, scope, at)
-    if view == "index" and "index" in params:
-        require_index(info, params["index"])
-        return IndexScan(info, scope, params["index"], params.get("value") != "false")
+        return AsOfScan(info, scope, q.as_of)
+    if q.view == "index" and q.index is not None:
+        require_index(info, q.index)
+        return IndexScan(info, scope, q.index, q.with_value)
     raise ApiError("bad_request", "view is rows, as_of (with as_of=) or index (with index=)")
 
 

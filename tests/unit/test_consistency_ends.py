@@ -10,11 +10,17 @@ import pytest
 
 from tablecast import serde
 from tablecast.contract.table_info import TableInfo
-from tablecast.query.consistency import TopicEnds, read_options
+from tablecast.query.consistency import ReadOptions, TopicEnds, bound_of
 from tablecast.query.errors import ApiError
 from tablecast.query.ratelimit import WaitSlots
 
 INFO = TableInfo("t", "app.table.t", 4, serde.string().spec(), serde.json().spec())
+
+
+def read_options(params: dict[str, str], headers: dict[str, str], info: TableInfo) -> ReadOptions:
+    opts = bound_of(params, params.get("after") or headers.get("x-tablecast-after"))
+    opts.check(info)
+    return opts
 
 
 def test_after_and_min_offset_go_on_to_a_peer_as_themselves() -> None:

@@ -27,6 +27,8 @@ from tablecast.query.queries import (
     IndexQuery,
     KeyQuery,
     MetadataQuery,
+    PartitionCount,
+    PartitionScan,
     Query,
     RangeQuery,
     WatchQuery,
@@ -64,7 +66,9 @@ def queries(draw: st.DrawFn) -> Query:
     table = draw(TEXT)
     bound = draw(bounds(table))
     key = draw(KEYS)
-    kind = draw(st.sampled_from(["key", "windows", "history", "range", "index", "count"]))
+    kind = draw(
+        st.sampled_from(["key", "windows", "history", "range", "index", "count", "scan", "share"])
+    )
     if kind == "key":
         as_of = draw(st.none() | TIME)
         if as_of is None:
@@ -110,6 +114,24 @@ def queries(draw: st.DrawFn) -> Query:
             cursor=cursor,
             bound=bound,
         )
+    parts = tuple(draw(st.lists(st.sampled_from(PARTITIONS), unique=True, max_size=4)))
+    if kind == "scan":
+        view = draw(st.sampled_from([None, "rows", "as_of", "index"]))
+        index = draw(TEXT) if view == "index" else None
+        return PartitionScan(
+            table,
+            parts,
+            bound,
+            view,
+            draw(st.none() | st.binary(max_size=6)),
+            draw(st.none() | st.binary(max_size=6)),
+            draw(st.integers(1, MAX_LIMIT + 1)),
+            draw(TIME) if view == "as_of" else None,
+            index,
+            draw(st.booleans()) if index is not None else True,
+        )
+    if kind == "share":
+        return PartitionCount(table, parts, bound)
     return CountQuery.rows(table, bound)
 
 
