@@ -387,7 +387,7 @@ class HttpApp:
         return 200, self._openapi_json, []
 
     def _internal_snapshot(self, args: Args, q: Request, proto: Any) -> Reply:
-        return snapshot.answer_peer(self.router, args["table"], q)
+        return snapshot.answer_peer(self.router, decode.snapshot_share(args, q), q)
 
     def _internal_batch(self, args: Args, q: Request, proto: Any) -> Reply:
         return self._batch(q, proto, q.scope.path)

@@ -28,6 +28,7 @@ from tablecast.query.queries import (
     PartitionCount,
     PartitionScan,
     RangeQuery,
+    SnapshotShare,
     WindowsQuery,
 )
 from tablecast.query.request import Request
@@ -149,6 +150,37 @@ def partition_count(args: Args, req: Request) -> PartitionCount:
     """A peer's ``/internal/tables/{t}/count``: the rows of some of this node's partitions."""
     partitions = partitions_of(req.params.get("partitions", ""))
     return PartitionCount(args["table"], partitions, bound(req))
+
+
+def snapshot_share(args: Args, req: Request) -> SnapshotShare:
+    """A peer's ``/internal/tables/{t}/snapshot``: its watch's rows in some of this node's
+    partitions (``keys`` or ``spans`` in hex, ``at_least`` as partition:position pairs)."""
+    params = req.params
+    try:
+        keys = None
+        if "keys" in params:
+            keys = tuple(bytes.fromhex(k) for k in params["keys"].split(",") if k)
+        spans = () if keys is not None else tuple(_spans(params.get("spans", "")))
+        at_least = []
+        for item in params.get("at_least", "").split(","):
+            if item:
+                p, _, o = item.partition(":")
+                at_least.append((int(p), int(o)))
+    except ValueError:
+        raise ApiError("bad_request", "keys, spans and at_least are hex and p:o lists") from None
+    partitions = partitions_of(params.get("partitions", ""))
+    return SnapshotShare(args["table"], partitions, keys, spans, tuple(at_least))
+
+
+def _spans(text: str) -> list[tuple[bytes | None, bytes | None]]:
+    """``START-END;...`` in hex (an empty side: unbounded); ValueError for anything else."""
+    spans = []
+    for item in text.split(";") if text else []:
+        lo, dash, hi = item.partition("-")
+        if not dash:
+            raise ValueError(item)
+        spans.append((bytes.fromhex(lo) if lo else None, bytes.fromhex(hi) if hi else None))
+    return spans
 
 
 def key_of(args: Args, req: Request) -> str:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from urllib.parse import quote, urlencode
 
 import orjson
 
@@ -29,11 +28,12 @@ from tablecast.live.events import Change, Renderer
 from tablecast.live.selection import Selection
 from tablecast.query.consistency import NO_OPTIONS
 from tablecast.query.errors import ApiError
-from tablecast.query.fanout import partitions_param
+from tablecast.query.fanout import own_partitions
 from tablecast.query.local import unavailable
 from tablecast.query.ownership import ME
-from tablecast.query.peer_calls import not_refused
+from tablecast.query.peer_calls import not_refused, target_of
 from tablecast.query.policy import KeyScope, Span
+from tablecast.query.queries import SnapshotShare
 from tablecast.query.reads import Router
 from tablecast.query.request import Request
 from tablecast.store import Record, StoreClosed
@@ -188,14 +188,17 @@ async def _ask(
     req: Request,
     at_least: Positions | None,
 ) -> tuple[list[Change], Positions] | None:
-    q = {"partitions": ",".join(map(str, parts))}
+    keys = None
     if selection.keys is not None:
-        q["keys"] = ",".join(k.hex() for k in selection.keys if info.partition_of(k) in parts)
-    else:
-        q["spans"] = _spans_text(selection.spans or ())
-    if at_least:
-        q["at_least"] = ",".join(f"{p}:{at_least[p]}" for p in parts if p in at_least)
-    target = f"/internal/tables/{quote(info.name, safe='')}/snapshot?{urlencode(q)}"
+        keys = tuple(k for k in selection.keys if info.partition_of(k) in parts)
+    share = SnapshotShare(
+        info.name,
+        tuple(parts),
+        keys,
+        tuple(selection.spans or ()) if keys is None else (),
+        tuple((p, at_least[p]) for p in parts if p in at_least) if at_least else (),
+    )
+    target = target_of(share, parts)
     answer = await router.rpc.ask(member, "GET", target, req, timeout=PEER_TIMEOUT_S)
     if answer is None:
         return None
@@ -212,45 +215,20 @@ async def _ask(
     return rows, {int(p): pos for p, pos in doc["positions"].items()}
 
 
-def _spans_text(spans: Sequence[Span]) -> str:
-    """Spans as ``START-END;...`` in hex (an empty side: unbounded)."""
-    return ";".join(f"{(lo or b'').hex()}-{'' if hi is None else hi.hex()}" for lo, hi in spans)
-
-
-def parse_spans(text: str) -> list[Span]:
-    spans: list[Span] = []
-    for item in text.split(";") if text else []:
-        lo, dash, hi = item.partition("-")
-        if not dash:
-            raise ValueError(item)
-        spans.append((bytes.fromhex(lo) if lo else None, bytes.fromhex(hi) if hi else None))
-    return spans
-
-
-async def answer_peer(router: Router, table: str, req: Request) -> tuple[int, bytes, list]:  # type: ignore[type-arg]
+async def answer_peer(router: Router, q: SnapshotShare, req: Request) -> tuple[int, bytes, list]:  # type: ignore[type-arg]
     """``/internal/tables/{t}/snapshot``: this node's rows and positions for a peer's watch,
     within the caller's grants (the caller's token came along)."""
-    info, scope = router.table(table, req)
-    params = req.params
-    parts = partitions_param(info, params)
-    try:
-        if "keys" in params:
-            keys = [bytes.fromhex(k) for k in params["keys"].split(",") if k]
-            selection = Selection.of_keys(info, keys)
-            if scope is not None and not all(scope.allows(k) for k in keys):
-                raise ApiError(
-                    "forbidden", f"this token may not read some of these keys of {table!r}"
-                )
-        else:
-            spans = parse_spans(params.get("spans", ""))
-            selection = Selection(None, tuple(_clip_all(spans, scope)), tuple(parts))
-        at_least = {}
-        for item in params.get("at_least", "").split(","):
-            if item:
-                p, _, o = item.partition(":")
-                at_least[int(p)] = int(o)
-    except ValueError:
-        raise ApiError("bad_request", "keys, spans and at_least are hex and p:o lists") from None
+    info, scope = router.table(q.table, req)
+    parts = own_partitions(info, q.partitions)
+    if q.keys is not None:
+        selection = Selection.of_keys(info, q.keys)
+        if scope is not None and not all(scope.allows(k) for k in q.keys):
+            raise ApiError(
+                "forbidden", f"this token may not read some of these keys of {q.table!r}"
+            )
+    else:
+        selection = Selection(None, tuple(_clip_all(q.spans, scope)), tuple(parts))
+    at_least = dict(q.at_least)
     vj = info.value_serde
     raw_json = vj.format == "json"
     rows: list[list[object]] = []

@@ -51,6 +51,7 @@ from tablecast.query.queries import (
     PartitionScan,
     Query,
     RangeQuery,
+    SnapshotShare,
     WindowsQuery,
 )
 from tablecast.query.request import Request, path_segment
@@ -298,7 +299,7 @@ def target_of(query: Query, partitions: Iterable[int]) -> str:
     ``redirect`` (the node it names answers)."""
     if type(query) is MetadataQuery:
         raise TypeError("where a key lives is answered by any node, never forwarded")
-    bound = query.bound
+    bound = getattr(query, "bound", NO_OPTIONS)  # a snapshot's share has none
     params = {} if bound is NO_OPTIONS else bound.onward(query.table, partitions)
     t = quote(query.table, safe="")
     if type(query) is KeyQuery:
@@ -360,6 +361,15 @@ def target_of(query: Query, partitions: Iterable[int]) -> str:
     elif type(query) is PartitionCount:
         target = f"/internal/tables/{t}/count"
         _put(params, partitions=",".join(map(str, query.partitions)))
+    elif type(query) is SnapshotShare:
+        target = f"/internal/tables/{t}/snapshot"
+        params["partitions"] = ",".join(map(str, query.partitions))
+        if query.keys is not None:
+            params["keys"] = ",".join(k.hex() for k in query.keys)
+        else:
+            params["spans"] = spans_text(query.spans)
+        if query.at_least:
+            params["at_least"] = ",".join(f"{p}:{o}" for p, o in query.at_least)
     else:
         raise TypeError(f"not a read: {query!r}")
     return with_params(target, params)
@@ -370,6 +380,14 @@ def _put(params: dict[str, str], **values: object) -> None:
     for name, value in values.items():
         if value is not None and not (name == "limit" and value == DEFAULT_LIMIT):
             params[name] = str(value)
+
+
+def spans_text(spans: Iterable[tuple[bytes | None, bytes | None]]) -> str:
+    """Key spans as ``START-END;...`` in hex (an empty side: unbounded). A span ending at the
+    empty key holds nothing and is left out: written, its empty end would read as none."""
+    return ";".join(
+        f"{(lo or b'').hex()}-{'' if hi is None else hi.hex()}" for lo, hi in spans if hi != b""
+    )
 
 
 def with_params(target: str, params: Mapping[str, str]) -> str:

@@ -241,10 +241,23 @@ class PartitionCount(NamedTuple):
     bound: ReadOptions = NO_OPTIONS
 
 
+class SnapshotShare(NamedTuple):
+    """The rows of a watch's snapshot that some of the asked node's partitions hold, with
+    the positions they are exact at: what a node opening a watch asks a peer. `keys`
+    (serialized), or else the key `spans`; `at_least`: (partition, position) pairs the
+    peer's replicas must have reached first (a resumed watch)."""
+
+    table: str
+    partitions: tuple[int, ...]
+    keys: tuple[bytes, ...] | None = None
+    spans: tuple[tuple[bytes | None, bytes | None], ...] = ()
+    at_least: tuple[tuple[int, int], ...] = ()
+
+
 #: a read of many partitions, answered by the nodes holding them and merged
 ManyPartitions = RangeQuery | IndexQuery | CountQuery | BatchQuery
 #: what a node asks a peer for its share of a read of many partitions
-PeerShare = PartitionScan | PartitionCount
+PeerShare = PartitionScan | PartitionCount | SnapshotShare
 
 
 class WatchQuery(NamedTuple):
