@@ -416,4 +416,4 @@ def prefix_bytes(info: TableInfo, text: str) -> bytes:
     raise ApiError("bad_request", f"prefix scans need string, json or bytes keys, not {fmt}")
 
 
-__all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "FanOut", "KeyScope", "limit_param"]
+__all__ = ["FanOut", "KeyScope", "limit_param"]

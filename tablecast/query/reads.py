@@ -48,8 +48,6 @@ from tablecast.query.peer_calls import Rpc, key_target, maybe, target_of
 from tablecast.query.peer_pool import PeerPool
 from tablecast.query.policy import KeyScope
 from tablecast.query.queries import (
-    DEFAULT_LIMIT,
-    MAX_LIMIT,
     BatchQuery,
     CountQuery,
     HistoryQuery,
@@ -428,4 +426,4 @@ def forbidden_key(table: str, key_text: str) -> ApiError:
     return ApiError("forbidden", f"this token may not read key {key_text!r} of {table!r}")
 
 
-__all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "Headers", "Request", "Router"]
+__all__ = ["Headers", "Request", "Router"]
