@@ -31,8 +31,7 @@ from tablecast.live.selection import MAX_KEYS, Selection
 from tablecast.live.sinks import Sink
 from tablecast.query.consistency import NO_OPTIONS
 from tablecast.query.errors import ApiError
-from tablecast.query.fanout import prefix_bytes
-from tablecast.query.policy import prefix_end
+from tablecast.query.fanout import key_span
 from tablecast.query.queries import WatchQuery
 from tablecast.query.ratelimit import CallerSlots
 from tablecast.query.reads import Router, forbidden_key
@@ -119,13 +118,7 @@ class Live:
                         raise forbidden_key(table, text)
             selection = Selection.of_keys(info, raws)
         else:
-            start = None if q.start is None else local.key_bytes(info, q.start)
-            end = None if q.end is None else local.key_bytes(info, q.end)
-            if q.prefix is not None:
-                prefix = prefix_bytes(info, q.prefix)
-                start = prefix if start is None else max(start, prefix)
-                after = prefix_end(prefix)
-                end = after if end is None else (end if after is None else min(end, after))
+            start, end = key_span(local, info, q.start, q.end, q.prefix)
             if start is not None and end is not None and start > end:
                 end = start  # an empty range: a watch that never sees a row
             selection = Selection.of_span(info, start, end, scope)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
-from urllib.parse import quote, urlencode
 
 import orjson
 
@@ -123,7 +122,6 @@ class FanOut:
                 results[i] = {"key": keys[i], "found": False, "forbidden": True}
             else:
                 by_partition.setdefault(info.partition_of(raw), []).append(i)
-        path = f"/v1/tables/{quote(table, safe='')}/keys:batchGet"
         redirect = self.rpc.redirect_fan_out(info, sorted(by_partition), req, q)
         if redirect is not None:
             return redirect
@@ -148,15 +146,9 @@ class FanOut:
 
         async def there(member: Member, parts: list[int]) -> bool | None:
             idx = [i for p in parts for i in by_partition[p]]
-            q = opts.onward(info.name, parts)
-            answer = await self.rpc.ask(
-                member,
-                "POST",
-                path + ("?" + urlencode(q) if q else ""),
-                req,
-                orjson.dumps({"keys": [keys[i] for i in idx]}),
-                opts,
-            )
+            share = BatchQuery(table, tuple(keys[i] for i in idx), opts)
+            body = orjson.dumps({"keys": share.keys})
+            answer = await self.rpc.ask(member, "POST", target_of(share, parts), req, body, opts)
             if answer is None or not_refused(answer)[0] != 200:
                 return None
             for i, item in zip(idx, orjson.loads(answer[1])["results"], strict=True):
@@ -203,13 +195,7 @@ class FanOut:
                 "bad_request", f"{q.table!r} is a window table: read /keys/{{key}}/windows"
             )
         q.bound.check(info)
-        start = None if q.start is None else self.local.key_bytes(info, q.start)
-        end = None if q.end is None else self.local.key_bytes(info, q.end)
-        if q.prefix is not None:
-            prefix = prefix_bytes(info, q.prefix)
-            start = prefix if start is None else max(start, prefix)
-            after = prefix_end(prefix)
-            end = after if end is None else (end if after is None else min(end, after))
+        start, end = key_span(self.local, info, q.start, q.end, q.prefix)
         query = [q.start, q.end, q.prefix, "true" if q.owned else None]
         scan: Scan
         if q.as_of is None:
@@ -401,6 +387,21 @@ def own_partitions(info: TableInfo, parts: tuple[int, ...]) -> list[int]:
     if len(set(parts)) != len(parts):
         raise ApiError("bad_request", "partitions names a partition twice")
     return list(parts)
+
+
+def key_span(
+    local: Local, info: TableInfo, start: str | None, end: str | None, prefix: str | None
+) -> tuple[bytes | None, bytes | None]:
+    """The serialized keys [start, end) of keys in their text form, within `prefix` (each
+    optional: None is unbounded), for a range read or a watch."""
+    lo = None if start is None else local.key_bytes(info, start)
+    hi = None if end is None else local.key_bytes(info, end)
+    if prefix is not None:
+        first = prefix_bytes(info, prefix)
+        lo = first if lo is None else max(lo, first)
+        after = prefix_end(first)
+        hi = after if hi is None else (hi if after is None else min(hi, after))
+    return lo, hi
 
 
 def prefix_bytes(info: TableInfo, text: str) -> bytes:
