@@ -4,9 +4,9 @@ Each call is decoded into the read it asks (:mod:`tablecast.query.queries`) and
 answered by the router as an HTTP request for that read is (forwarding to the
 owner included); Watch by the watch service. The caller's bearer token comes from
 the ``authorization`` metadata; the rate limit and the auth policy apply exactly
-as for HTTP. The server runs
-on the node's event loop (grpc.aio), so a Watch is one more sink of the hub:
-its events are serialized once per change and shared like the SSE ones.
+as for HTTP. Calls are served on the node's event loop by :mod:`tablecast.grpc.http2`:
+a Get read here is answered in the pass that parsed it, and a Watch is one more sink
+of the hub, its events serialized once per change and shared like the SSE ones.
 """
 
 from __future__ import annotations
@@ -14,24 +14,26 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import grpc
 import orjson
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1.health import aio as health_aio
-from grpc_reflection.v1alpha import reflection
 
 from tablecast.cluster.node import Node as ClusterNode
 from tablecast.contract.table_info import TableInfo
+from tablecast.grpc import reflection
+from tablecast.grpc.health import NOT_SERVING, SERVING, Health
+from tablecast.grpc.health import SERVICE as HEALTH_SERVICE
+from tablecast.grpc.http2 import Call, GrpcError, Kind, Method, Server, Status
 from tablecast.live.events import ERROR, READY, Change, Encoder
 from tablecast.live.service import Live
 from tablecast.live.sinks import QueueSink
 from tablecast.proto import tables_pb2 as pb
+from tablecast.query.auth import Caller
 from tablecast.query.consistency import bound_of
 from tablecast.query.errors import ApiError
 from tablecast.query.fanout import limit_param
-from tablecast.query.gate import Gate
+from tablecast.query.gate import Gate, fetching
 from tablecast.query.local import Found
 from tablecast.query.peer_pool import SIGNATURE
 from tablecast.query.queries import BatchQuery, KeyQuery, RangeQuery, WatchQuery
@@ -52,27 +54,23 @@ class NodeApp(Protocol):
 
 
 SERVICE = "tablecast.v1.Tables"
-HealthServicer = health_aio.HealthServicer
-SERVING = health_pb2.HealthCheckResponse.SERVING
-NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 #: the names grpc.health.v1 answers for: the whole server ("") and the service
 HEALTH_NAMES = ("", SERVICE)
 #: how often the health status is brought in line with the node's readiness
 HEALTH_POLL_S = 0.5
 #: the HTTP API's error codes as gRPC statuses
 STATUS = {
-    "bad_request": grpc.StatusCode.INVALID_ARGUMENT,
-    "unauthorized": grpc.StatusCode.UNAUTHENTICATED,
-    "forbidden": grpc.StatusCode.PERMISSION_DENIED,
-    "table_not_found": grpc.StatusCode.NOT_FOUND,
-    "key_not_found": grpc.StatusCode.NOT_FOUND,
-    "not_found": grpc.StatusCode.NOT_FOUND,
-    "rate_limited": grpc.StatusCode.RESOURCE_EXHAUSTED,
-    "payload_too_large": grpc.StatusCode.RESOURCE_EXHAUSTED,
-    "partition_unavailable": grpc.StatusCode.UNAVAILABLE,
-    "shutdown": grpc.StatusCode.UNAVAILABLE,
-    "timeout": grpc.StatusCode.DEADLINE_EXCEEDED,
+    "bad_request": Status.INVALID_ARGUMENT,
+    "unauthorized": Status.UNAUTHENTICATED,
+    "forbidden": Status.PERMISSION_DENIED,
+    "table_not_found": Status.NOT_FOUND,
+    "key_not_found": Status.NOT_FOUND,
+    "not_found": Status.NOT_FOUND,
+    "rate_limited": Status.RESOURCE_EXHAUSTED,
+    "payload_too_large": Status.RESOURCE_EXHAUSTED,
+    "partition_unavailable": Status.UNAVAILABLE,
+    "shutdown": Status.UNAVAILABLE,
+    "timeout": Status.DEADLINE_EXCEEDED,
 }
 
 
@@ -118,7 +116,12 @@ class GrpcEncoder(Encoder):
 GRPC = GrpcEncoder()
 
 
-def row_of(info: TableInfo, raw: bytes, partition: int, record: Record) -> pb.Row:
+class RowBytes(bytes):
+    """A ``Row`` message, serialized: a key's record read here (a peer's answer is its HTTP
+    body)."""
+
+
+def row_of(info: TableInfo, raw: bytes, partition: int, record: Record) -> RowBytes:
     """A key's record as the ``Row`` message: key and value in their JSON text (SerdeError if
     the stored value cannot be read as its format)."""
     value = info.value_serde
@@ -126,13 +129,35 @@ def row_of(info: TableInfo, raw: bytes, partition: int, record: Record) -> pb.Ro
         text = orjson.dumps(orjson.loads(record.value)).decode()
     else:
         text = orjson.dumps(value.to_json(record.value)).decode()
-    return pb.Row(
+    row = pb.Row(
         key=key_text(info.key_serde.to_json(raw)),
         value=text,
         partition=partition,
         offset=record.offset,
         timestamp=record.timestamp,
     )
+    return RowBytes(row.SerializeToString())
+
+
+def found_response(row: bytes, headers: list[tuple[str, str]]) -> bytes:
+    """The ``GetResponse`` of a row read here, serialized: the row appended as its field 2
+    (a message's fields may come in any order), so a kept row is not parsed again."""
+    head = pb.GetResponse(found=True, **_freshness(headers)).SerializeToString()
+    return head + b"\x12" + _varint(len(row)) + row
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def kept_name(table: str, key: str) -> str:
+    """The name a Get's answer is kept under (never an HTTP path's)."""
+    return f"grpc\0{table}\0{key}"
 
 
 def row_of_entry(doc: dict[str, Any]) -> pb.Row:
@@ -151,9 +176,8 @@ class _Scope:
 
     __slots__ = ("client",)
 
-    def __init__(self, peer: str) -> None:
-        # "ipv4:1.2.3.4:5678" or "ipv6:[::1]:5678"
-        self.client = peer.split(":", 1)[1] if peer.startswith(("ipv4:", "ipv6:")) else peer
+    def __init__(self, client: str) -> None:
+        self.client = client
 
 
 class Tables:
@@ -164,86 +188,133 @@ class Tables:
         self.app = app
         self.router = app.router
         self.live = app.live
+        self.gate = app.gate
+        #: whole answers of plain Gets, kept beside HTTP's (None: not kept, as for HTTP)
+        self.answers = app.router.answers
 
-    async def _request(self, context: grpc.aio.ServicerContext) -> Request:
-        """The caller of a call, as the router takes it (its token admitted by the gate)."""
-        metadata = {k: v for k, v in (context.invocation_metadata() or ())}
-        scope = _Scope(context.peer() or "")
-        caller = None
-        try:
-            if HOP in metadata or SIGNATURE in metadata:
-                # nodes forward to each other over HTTP, signed: a gRPC call always comes
-                # from a client, which the router must never take for a hop
-                raise ApiError(
+    def _request(self, call: Call) -> Request | Awaitable[Request]:
+        """The caller of a call, as the router takes it (its token admitted by the gate); what
+        waits for the signing key a new token needs."""
+        metadata = call.metadata
+        if HOP in metadata or SIGNATURE in metadata:
+            # nodes forward to each other over HTTP, signed: a gRPC call always comes
+            # from a client, which the router must never take for a hop
+            _abort(
+                ApiError(
                     "forbidden",
                     f"{HOP} and {SIGNATURE} are for the nodes' own calls over HTTP; "
                     "a gRPC call is never forwarded",
                 )
-            caller = await self.app.gate.admit(metadata.get("authorization"), scope)
+            )
+        scope = _Scope(call.client)
+        try:
+            found = self.gate.caller(metadata.get("authorization"), scope)
+            if fetching(found):
+                return self._verified(found, metadata, scope)
+            self.gate.limit(found, scope)
         except ApiError as e:
-            await _abort(context, e)
+            _abort(e)
+        return Request({}, "", metadata, found, scope)
+
+    async def _verified(
+        self, found: Awaitable[Caller], metadata: dict[str, str], scope: _Scope
+    ) -> Request:
+        try:
+            caller = await found
+            self.gate.limit(caller, scope)
+        except ApiError as e:
+            _abort(e)
         return Request({}, "", metadata, caller, scope)
 
-    async def _answer(self, context: grpc.aio.ServicerContext, answer: Any) -> tuple[dict, list]:  # type: ignore[type-arg]
-        """The router's answer as JSON and headers; an error answer aborts the call."""
-        try:
-            if not isinstance(answer, tuple):
-                answer = await answer
-        except ApiError as e:
-            await _abort(context, e)
+    async def _admitted(self, call: Call) -> Request:
+        req = self._request(call)
+        return req if isinstance(req, Request) else await req
+
+    def _answer(self, answer: tuple[int, bytes, list[tuple[str, str]]]) -> tuple[dict, list]:  # type: ignore[type-arg]
+        """A peer's answer as JSON and headers; an error answer fails the call."""
         status, body, headers = answer
         doc = orjson.loads(body)
         if status >= 400:
             err = doc.get("error", {})
             code = err.get("code", "internal")
-            await _abort(
-                context, ApiError(code if code in STATUS else "bad_request", err.get("message", ""))
-            )
+            _abort(ApiError(code if code in STATUS else "bad_request", err.get("message", "")))
         return doc, headers
 
-    async def get(
-        self, request: pb.GetRequest, context: grpc.aio.ServicerContext
+    def get(self, request: pb.GetRequest, call: Call) -> Any:
+        answers = self.answers
+        keep_as = None
+        if answers is not None and not request.HasField("max_lag"):
+            keep_as = kept_name(request.table, request.key)
+            metadata = call.metadata
+            entry = (
+                answers.get(keep_as) if HOP not in metadata and SIGNATURE not in metadata else None
+            )
+            if entry is not None:  # kept: answered as a read here would be, from its bytes
+                wire = entry.wire
+                if wire is None:
+                    wire = entry.wire = found_response(entry.body, entry.headers)
+                return wire
+        req = self._request(call)
+        if not isinstance(req, Request):
+            return self._get_later(request, req)
+        try:
+            query = KeyQuery.latest(request.table, request.key, bound_of(_max_lag(request), None))
+            answer = self.router.key(query, req, keep_as, row_of)
+        except ApiError as e:
+            return _not_found(e)
+        if not isinstance(answer, tuple):
+            return self._get_forwarded(answer)
+        return self._got(answer)
+
+    async def _get_later(
+        self, request: pb.GetRequest, pending: Awaitable[Request]
     ) -> pb.GetResponse:
-        req = await self._request(context)
+        req = await pending
         try:
             query = KeyQuery.latest(request.table, request.key, bound_of(_max_lag(request), None))
             answer = self.router.key(query, req, encode=row_of)
             if not isinstance(answer, tuple):
                 answer = await answer
         except ApiError as e:
-            if e.code != "key_not_found":
-                await _abort(context, e)
-            return pb.GetResponse(found=False, **_freshness(e.headers))
-        if isinstance(answer[1], pb.Row):  # read here: the message made of the record
-            return pb.GetResponse(found=True, row=answer[1], **_freshness(answer[2]))
+            return _not_found(e)
+        return self._got(answer)
+
+    async def _get_forwarded(self, pending: Awaitable[Any]) -> Any:
+        try:
+            answer = await pending
+        except ApiError as e:
+            return _not_found(e)
+        return self._got(answer)
+
+    def _got(self, answer: tuple[int, Any, list[tuple[str, str]]]) -> pb.GetResponse | bytes:
+        if isinstance(answer[1], RowBytes):  # read here: the message made of the record
+            return found_response(answer[1], answer[2])
         # a peer's answer, which comes as its HTTP body
         if answer[0] == 404 and _error_code(answer[1]) == "key_not_found":
             return pb.GetResponse(found=False, **_freshness(answer[2]))
-        doc, headers = await self._answer(context, answer)
+        doc, headers = self._answer(answer)
         return pb.GetResponse(found=True, row=row_of_entry(doc), **_freshness(headers))
 
-    async def _found(self, context: grpc.aio.ServicerContext, read: Awaitable[Any]) -> Found:
-        """A read of many rows, answered as data (an error aborts the call)."""
+    async def _found(self, read: Awaitable[Any]) -> Found:
+        """A read of many rows, answered as data (an error fails the call)."""
         try:
             found = await read
         except ApiError as e:
-            await _abort(context, e)
+            _abort(e)
         if not isinstance(found, Found):  # a redirect: asked for by a parameter gRPC lacks
-            await _abort(context, ApiError("bad_request", "a gRPC read is never redirected"))
+            _abort(ApiError("bad_request", "a gRPC read is never redirected"))
         return found
 
-    async def batch_get(
-        self, request: pb.BatchGetRequest, context: grpc.aio.ServicerContext
-    ) -> pb.BatchGetResponse:
-        req = await self._request(context)
+    async def batch_get(self, request: pb.BatchGetRequest, call: Call) -> pb.BatchGetResponse:
+        req = await self._admitted(call)
         try:
             info, _ = self.router.table(request.table, req)
             local = self.router.local
             keys = [info.key_serde.to_json(local.key_bytes(info, k)) for k in request.keys]
             query = BatchQuery.of_keys(request.table, keys, bound_of(_max_lag(request), None))
         except ApiError as e:
-            await _abort(context, e)
-        found = await self._found(context, self.router.fan.batch_get(query, req))
+            _abort(e)
+        found = await self._found(self.router.fan.batch_get(query, req))
         out = pb.BatchGetResponse()
         for item in found.doc["results"]:
             result = out.results.add(key=key_text(item["key"]), found=item["found"])
@@ -253,10 +324,8 @@ class Tables:
                 result.forbidden = True
         return out
 
-    async def range(
-        self, request: pb.RangeRequest, context: grpc.aio.ServicerContext
-    ) -> pb.RangeResponse:
-        req = await self._request(context)
+    async def range(self, request: pb.RangeRequest, call: Call) -> pb.RangeResponse:
+        req = await self._admitted(call)
         try:
             query = RangeQuery.between(
                 request.table,
@@ -267,17 +336,15 @@ class Tables:
                 cursor=request.cursor or None,
             )
         except ApiError as e:
-            await _abort(context, e)
-        found = await self._found(context, self.router.fan.range(query, req))
+            _abort(e)
+        found = await self._found(self.router.fan.range(query, req))
         out = pb.RangeResponse(next_cursor=found.doc["next_cursor"] or "")
         for item in found.doc["items"]:
             out.items.add(key=key_text(item["key"]), value=json_text(item["value"]))
         return out
 
-    async def watch(
-        self, request: pb.WatchRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[bytes]:
-        req = await self._request(context)
+    async def watch(self, request: pb.WatchRequest, call: Call) -> AsyncIterator[bytes]:
+        req = await self._admitted(call)
         query = WatchQuery(
             request.table,
             tuple(request.keys),
@@ -290,7 +357,7 @@ class Tables:
         try:
             plan = await self.live.prepare(query, req)
         except ApiError as e:
-            await _abort(context, e)
+            _abort(e)
         try:
             sink = QueueSink(self.live.hub.touched, size=_size)
             watch = self.live.begin(plan, GRPC, sink)
@@ -298,21 +365,27 @@ class Tables:
                 async for event in sink.drain():
                     if isinstance(event, tuple):  # the watch ended with an error
                         _, code, message = event
-                        await _abort(
-                            context,
-                            ApiError(code if code in STATUS else "partition_unavailable", message),
+                        _abort(
+                            ApiError(code if code in STATUS else "partition_unavailable", message)
                         )
                     yield event
                 if sink.reason is not None:
-                    await _abort(
-                        context,
-                        ApiError("partition_unavailable", f"the watch ended: {sink.reason}"),
-                    )
+                    _abort(ApiError("partition_unavailable", f"the watch ended: {sink.reason}"))
             finally:
                 sink.close()
                 self.live.end(watch)
         finally:
             plan.release()
+
+    def methods(self) -> dict[str, Method]:
+        path = f"/{SERVICE}/"
+        return {
+            path + "Get": Method(Kind.UNARY, pb.GetRequest.FromString, self.get),
+            path + "BatchGet": Method(Kind.UNARY, pb.BatchGetRequest.FromString, self.batch_get),
+            path + "Range": Method(Kind.UNARY, pb.RangeRequest.FromString, self.range),
+            # events come serialized (once per change, shared by its watchers)
+            path + "Watch": Method(Kind.STREAM, pb.WatchRequest.FromString, self.watch),
+        }
 
 
 def _optional(request: Any, field: str) -> str | None:
@@ -347,60 +420,49 @@ def _freshness(headers: list[tuple[str, str]]) -> dict[str, Any]:
     return out
 
 
-async def _abort(context: grpc.aio.ServicerContext, error: ApiError) -> Any:
-    status = STATUS.get(error.code, grpc.StatusCode.INTERNAL)
-    context.set_trailing_metadata((("tablecast-error", error.code),))
-    await context.abort(status, error.message)
-
-
-def handler(app: NodeApp) -> grpc.GenericRpcHandler:
-    t = Tables(app)
-    return grpc.method_handlers_generic_handler(
-        SERVICE,
-        {
-            "Get": grpc.unary_unary_rpc_method_handler(
-                t.get, pb.GetRequest.FromString, pb.GetResponse.SerializeToString
-            ),
-            "BatchGet": grpc.unary_unary_rpc_method_handler(
-                t.batch_get, pb.BatchGetRequest.FromString, pb.BatchGetResponse.SerializeToString
-            ),
-            "Range": grpc.unary_unary_rpc_method_handler(
-                t.range, pb.RangeRequest.FromString, pb.RangeResponse.SerializeToString
-            ),
-            # events come serialized (once per change, shared by its watchers): passed through
-            "Watch": grpc.unary_stream_rpc_method_handler(
-                t.watch, pb.WatchRequest.FromString, lambda b: b
-            ),
-        },
+def _abort(error: ApiError) -> NoReturn:
+    raise GrpcError(
+        STATUS.get(error.code, Status.INTERNAL), error.message, (("tablecast-error", error.code),)
     )
+
+
+def _not_found(error: ApiError) -> pb.GetResponse:
+    """A key read's error: an absent key is an answer (found false), the rest fail the call."""
+    if error.code != "key_not_found":
+        _abort(error)
+    return pb.GetResponse(found=False, **_freshness(error.headers))
 
 
 class Served:
     """A running gRPC server, and the task that keeps its health status the node's."""
 
-    def __init__(
-        self, server: grpc.aio.Server, health: HealthServicer, ready: Callable[[], bool]
-    ) -> None:
+    def __init__(self, server: Server, health: Health, ready: Callable[[], bool]) -> None:
         self.server = server
         self.health = health
         self._following = asyncio.get_running_loop().create_task(self._follow(ready))
 
     async def _follow(self, ready: Callable[[], bool]) -> None:
         """SERVING while the node is ready (as /readyz says), NOT_SERVING while not."""
-        last = None
         while True:
-            now = ready()
-            if now != last:
-                status = SERVING if now else NOT_SERVING
-                for name in HEALTH_NAMES:
-                    await self.health.set(name, status)
-                last = now
+            status = SERVING if ready() else NOT_SERVING
+            for name in HEALTH_NAMES:
+                self.health.set(name, status)
             await asyncio.sleep(HEALTH_POLL_S)
 
-    async def stop(self, grace: float) -> None:
+    async def stop(self, grace: float | None) -> None:
         self._following.cancel()
-        await self.health.enter_graceful_shutdown()  # watchers see NOT_SERVING first
+        self.health.stopping()  # watchers see NOT_SERVING first
+        await asyncio.sleep(0)
         await self.server.stop(grace)
+
+
+def methods(app: NodeApp, health: Health) -> dict[str, Method]:
+    """Every method the node serves: the tables, health and reflection."""
+    return {
+        **Tables(app).methods(),
+        **health.methods(),
+        **reflection.methods((SERVICE, HEALTH_SERVICE)),
+    }
 
 
 async def serve_grpc(
@@ -409,26 +471,9 @@ async def serve_grpc(
     """Start the gRPC server on this event loop, with server reflection (grpcurl, grpcui and
     Postman list and call the service without the proto file) and the standard health
     service (Kubernetes' gRPC probes); the caller stops it."""
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers((handler(app),))
-    health = HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    reflection.enable_server_reflection(
-        (
-            SERVICE,
-            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-            reflection.SERVICE_NAME,
-        ),
-        server,
-    )
-    address = f"{host}:{port}"
-    if tls is not None:
-        with open(tls[0], "rb") as cert, open(tls[1], "rb") as key:
-            creds = grpc.ssl_server_credentials([(key.read(), cert.read())])
-        server.add_secure_port(address, creds)
-    else:
-        server.add_insecure_port(address)
-    await server.start()
+    health = Health()
+    server = Server(methods(app, health))
+    await server.start(host, port, tls)
     return Served(server, health, lambda: app.node.ready)
 
 

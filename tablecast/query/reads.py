@@ -151,12 +151,12 @@ class Router:
         keep_as: str | None = None,
         encode: EncodeEntry = entry,
     ) -> EntryAnswer | Awaitable[EntryAnswer]:
-        """One key's entry. `keep_as`: the URL path to remember a plain local answer under
-        in :attr:`answers` (the HTTP hot path; see :mod:`tablecast.query.kept_answers`), whose
-        caller also takes a peer's answer with its headers as wire lines (:meth:`Rpc.forward`).
-        `encode`: what the body of an answer read here is made of the record (the HTTP
-        body unless told otherwise; gRPC makes its message); an answer of a peer, or of
-        ``as_of``, is always the HTTP body."""
+        """One key's entry. `keep_as`: the name to remember a plain local answer under in
+        :attr:`answers` (see :mod:`tablecast.query.kept_answers`): HTTP's is the URL path,
+        and its caller also takes a peer's answer with its headers as wire lines
+        (:meth:`Rpc.forward`). `encode`: what the body of an answer read here is made of the
+        record (the HTTP body unless told otherwise; gRPC makes its message); an answer of
+        a peer, or of ``as_of``, is always the HTTP body."""
         table, key_text = q.table, q.key
         caller = req.caller
         if caller is None or caller.grants is None:  # the hot path without a policy: no call
@@ -182,7 +182,7 @@ class Router:
                     if keep_as is None or self.answers is None:
                         return local.read_key(info, raw, partition, replica, key_text, encode)
                     version, end = replica.version, replica.end_offset
-                    answer = local.read_key(info, raw, partition, replica, key_text)
+                    answer = local.read_key(info, raw, partition, replica, key_text, encode)
                     self.answers.keep(keep_as, info, replica, version, end, answer[2], answer[1])
                     return answer
                 except ApiError as e:
@@ -199,7 +199,8 @@ class Router:
         else:
             require_history(info)
             read = lambda r: local.read_as_of(info, raw, r, as_of, key_text)  # noqa: E731
-        wire = keep_as is not None and plain
+        # a peer's answer comes as its wire lines only to HTTP, whose body is the default
+        wire = keep_as is not None and plain and encode is entry
         if wire and self.forwards is not None:
             # the next read of this path skips the router when a peer answers it
             self.forwards.remember(keep_as, info, partition, key_target(table, key_text, ""))  # type: ignore[arg-type]

@@ -1,5 +1,5 @@
 """The gRPC health status follows the node's readiness, and a stopping server says
-NOT_SERVING before it stops (the standard grpc.health.v1 servicer, real grpc.aio server)."""
+NOT_SERVING before it stops (grpc.health.v1 on the node's own gRPC server, asked by grpcio)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tablecast.grpc import service
+from tablecast.grpc.health import Health
+from tablecast.grpc.http2 import Server
 from tablecast.kafka.broker import free_port
 
 
@@ -18,12 +20,10 @@ def test_health_follows_readiness_and_stopping(monkeypatch: pytest.MonkeyPatch) 
 
     async def main() -> list[int]:
         ready = [False]
-        server = grpc.aio.server()
-        health = service.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        health = Health()
+        server = Server(health.methods())
         port = free_port()
-        server.add_insecure_port(f"127.0.0.1:{port}")
-        await server.start()
+        await server.start("127.0.0.1", port)
         served = service.Served(server, health, lambda: ready[0])
         seen = []
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:

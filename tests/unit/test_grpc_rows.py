@@ -9,7 +9,8 @@ import orjson
 import pytest
 
 from tablecast import serde
-from tablecast.grpc.service import json_text, row_of, row_of_entry
+from tablecast.grpc.service import found_response, json_text, row_of, row_of_entry
+from tablecast.proto import tables_pb2 as pb
 from tablecast.query.local import entry
 from tablecast.store import Record
 from tests.support.nodes import PLAIN_INFO
@@ -32,11 +33,11 @@ def test_a_row_says_what_the_http_body_says(
     record = Record(stored, 17, 1_700_000_000_000)
     # a forwarded read's Row is made of the peer's HTTP body, parsed
     forwarded = row_of_entry(orjson.loads(entry(info, raw, 0, record)))
-    assert row_of(info, raw, 0, record) == forwarded
+    assert pb.Row.FromString(row_of(info, raw, 0, record)) == forwarded
 
 
 def test_a_json_value_comes_compact() -> None:
-    row = row_of(PLAIN_INFO, b"k", 0, Record(b'{ "a" : [1,  2] }', 3, 4))
+    row = pb.Row.FromString(row_of(PLAIN_INFO, b"k", 0, Record(b'{ "a" : [1,  2] }', 3, 4)))
     assert (row.key, row.value, row.offset, row.timestamp) == ("k", '{"a":[1,2]}', 3, 4)
 
 
@@ -49,3 +50,16 @@ def test_a_many_row_value_says_the_same_read_here_or_by_a_peer(stored: bytes) ->
     here = serde.json().to_json(stored)
     by_peer = orjson.loads(orjson.dumps({"value": here}))["value"]
     assert json_text(here) == json_text(by_peer) == orjson.dumps(orjson.loads(stored)).decode()
+
+
+def test_a_found_answer_made_of_row_bytes_is_the_message() -> None:
+    row = row_of(PLAIN_INFO, b"k", 3, Record(b'{"a": 1}', 9, 10))
+    headers = [
+        ("x-tablecast-position", "3:10"),
+        ("x-tablecast-node", "n1"),
+        ("x-tablecast-lag", "2"),
+    ]
+    got = pb.GetResponse.FromString(found_response(row, headers))
+    assert got == pb.GetResponse(
+        found=True, row=pb.Row.FromString(row), position="3:10", node="n1", lag=2
+    )

@@ -1,0 +1,794 @@
+"""gRPC's HTTP/2 on the node's event loop: frames, streams and flow control, no threads.
+
+A server of gRPC calls only (h2c with prior knowledge, or h2 over TLS by ALPN), as
+the node's HTTP/1.1 engine is a server of its API only: each connection is an asyncio
+protocol that parses frames as they arrive and answers a unary call in the same pass
+when its handler answers at once (a local read), so such a call costs no task. Header
+blocks are decoded by :mod:`tablecast.grpc.header_blocks`. What a peer can make us
+hold is bounded: one frame of at most :data:`MAX_FRAME` bytes, one header block of
+:data:`MAX_HEADER_BLOCK`, a message of :data:`MAX_MESSAGE` per stream,
+:data:`MAX_STREAMS` streams; and a connection whose client does not read its answers is
+not read either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import ssl
+import struct
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any, NamedTuple
+
+from google.protobuf.message import Message
+
+from tablecast.grpc.header_blocks import Decoder, HpackError
+
+log = logging.getLogger(__name__)
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY = range(8)
+WINDOW_UPDATE, CONTINUATION = 8, 9
+END_STREAM = ACK = 0x1
+END_HEADERS = 0x4
+PADDED = 0x8
+PRIORITY_FLAG = 0x20
+NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0, 1, 2, 3
+STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 5, 6, 7, 8, 9
+ENHANCE_YOUR_CALM = 0xB
+HEADER_TABLE_SIZE, MAX_CONCURRENT_STREAMS, INITIAL_WINDOW_SIZE = 1, 3, 4
+MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE = 5, 6
+FRAME = struct.Struct(">HBBBL")  # length (24 bits: 16 + 8), type, flags, stream id
+SETTING = struct.Struct(">HL")
+WINDOW_LIMIT = (1 << 31) - 1
+
+#: the largest frame taken (HTTP/2's default, which we never raise)
+MAX_FRAME = 16384
+#: streams open at once on one connection
+MAX_STREAMS = 128
+#: the receive window of each stream and of the connection, given back as it is read
+WINDOW = 1 << 20
+#: the largest request message (gRPC's default)
+MAX_MESSAGE = 4 << 20
+#: the largest header block (with its CONTINUATION frames)
+MAX_HEADER_BLOCK = 64 << 10
+#: header blocks kept with the call they name, per connection
+KEPT_CALLS = 64
+
+
+class Status(enum.IntEnum):
+    """gRPC's status codes."""
+
+    OK = 0
+    CANCELLED = 1
+    UNKNOWN = 2
+    INVALID_ARGUMENT = 3
+    DEADLINE_EXCEEDED = 4
+    NOT_FOUND = 5
+    PERMISSION_DENIED = 7
+    RESOURCE_EXHAUSTED = 8
+    UNIMPLEMENTED = 12
+    INTERNAL = 13
+    UNAVAILABLE = 14
+    UNAUTHENTICATED = 16
+
+
+class GrpcError(Exception):
+    """A call's error answer: its status, message and trailing metadata."""
+
+    def __init__(
+        self, status: Status, message: str, metadata: Iterable[tuple[str, str]] = ()
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.metadata = status, message, tuple(metadata)
+
+
+class Call(NamedTuple):
+    """What a handler knows of its call besides the request message."""
+
+    #: the request's metadata (header names lower case; pseudo-headers left out)
+    metadata: dict[str, str]
+    #: the client's address, "host:port"
+    client: str
+    #: seconds the client gives the call (grpc-timeout), None for no deadline
+    timeout: float | None
+
+
+class Kind(enum.Enum):
+    #: one request, one response: handler(request, call) -> response or its awaitable
+    UNARY = 1
+    #: one request, many responses: handler(request, call) -> async iterator of them
+    STREAM = 2
+    #: many requests, a response to each as it comes: handler(request, call) -> response
+    EACH = 3
+
+
+class Method(NamedTuple):
+    """One method of a service, as the server dispatches it."""
+
+    kind: Kind
+    decode: Callable[[bytes], Any]
+    handler: Callable[[Any, Call], Any]
+
+
+def _int(value: int, bits: int, first: int = 0) -> bytes:
+    """An HPACK integer with a `bits`-bit prefix."""
+    limit = (1 << bits) - 1
+    if value < limit:
+        return bytes((first | value,))
+    out = bytearray((first | limit,))
+    value -= limit
+    while value >= 128:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def literal(name: str, value: str) -> bytes:
+    """A header field as a literal not indexed (our answers never use the client's table)."""
+    n, v = name.encode(), value.encode()
+    return b"\x00" + _int(len(n), 7) + n + _int(len(v), 7) + v
+
+
+#: ":status: 200" (static entry 8) and content-type (static name 31) as a literal
+RESPONSE_HEADERS = b"\x88" + _int(31, 4) + _int(16, 7) + b"application/grpc"
+OK_TRAILERS = literal("grpc-status", "0")
+_PRINTABLE = frozenset(range(0x20, 0x7F)) - {ord("%")}
+
+
+def trailers(status: Status, message: str, metadata: Iterable[tuple[str, str]] = ()) -> bytes:
+    """A call's trailers; its message percent-encoded as gRPC asks."""
+    encoded = "".join(chr(b) if b in _PRINTABLE else f"%{b:02X}" for b in message.encode("utf-8"))
+    block = literal("grpc-status", str(int(status)))
+    if encoded:
+        block += literal("grpc-message", encoded)
+    for name, value in metadata:
+        block += literal(name, value)
+    return block
+
+
+def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    n = len(payload)
+    return FRAME.pack(n >> 8, n & 0xFF, kind, flags, stream) + payload
+
+
+def message(body: bytes) -> bytes:
+    """A gRPC length-prefixed message, not compressed."""
+    return b"\x00" + len(body).to_bytes(4, "big") + body
+
+
+def timeout_of(text: str | None) -> float | None:
+    """The seconds of a grpc-timeout header ("100m", "5S"), None when absent or unreadable."""
+    if not text or not text[:-1].isdigit():
+        return None
+    unit = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}.get(text[-1])
+    return None if unit is None else int(text[:-1]) * unit
+
+
+class _ConnectionError(Exception):
+    def __init__(self, code: int, why: str) -> None:
+        super().__init__(why)
+        self.code = code
+
+
+class Stream:
+    """One call on a connection."""
+
+    __slots__ = (
+        "call",
+        "data",
+        "ended",
+        "id",
+        "method",
+        "pending",
+        "received",
+        "replied",
+        "send_window",
+        "task",
+        "trailers",
+        "waiter",
+    )
+
+    def __init__(self, sid: int, method: Method, call: Call, send_window: int) -> None:
+        self.id, self.method, self.call = sid, method, call
+        self.data = bytearray()
+        self.received = 0  # bytes of DATA since the stream's window was last given back
+        self.ended = False  # the client sent END_STREAM
+        self.replied = False  # our response headers went out
+        self.send_window = send_window
+        self.pending = bytearray()  # DATA the windows hold back
+        self.trailers: bytes | None = None  # to send once `pending` is out
+        self.task: asyncio.Task[None] | None = None
+        self.waiter: asyncio.Future[None] | None = None
+
+
+class Connection(asyncio.Protocol):
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.methods = server.methods
+        self.transport: asyncio.Transport | None = None
+        self.client = ""
+        self.buf = bytearray()
+        self.preface = False
+        self.decoder = Decoder(list_size=MAX_HEADER_BLOCK)
+        self.calls: dict[bytes, tuple[int, tuple[str, Method | None, Call]]] = {}
+        self.block: bytearray | None = None  # a header block awaiting its CONTINUATION
+        self.block_stream = 0
+        self.block_flags = 0
+        self.streams: dict[int, Stream] = {}
+        self.last_stream = 0
+        self.send_window = 65535
+        self.peer_window = 65535  # the client's initial stream window
+        self.peer_frame = 16384
+        self.unacked = 0  # DATA bytes taken since the connection's window was given back
+        self.paused = False
+        self.closing = False
+        self.dead = False
+        #: frames written while a read is parsed, sent together when it is
+        self.out: list[bytes] | None = None
+
+    # -- the connection ------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.client = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else ""
+        self.server.connections.add(self)
+        settings = b"".join(
+            SETTING.pack(k, v)
+            for k, v in (
+                (MAX_CONCURRENT_STREAMS, MAX_STREAMS),
+                (INITIAL_WINDOW_SIZE, WINDOW),
+                (MAX_HEADER_LIST_SIZE, MAX_HEADER_BLOCK),
+            )
+        )
+        transport.write(  # type: ignore[attr-defined]
+            frame(SETTINGS, 0, 0, settings)
+            + frame(WINDOW_UPDATE, 0, 0, (WINDOW - 65535).to_bytes(4, "big"))
+        )
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.dead = True
+        self.server.connections.discard(self)
+        for stream in self.streams.values():
+            self._cancel(stream)
+        self.streams.clear()
+
+    def pause_writing(self) -> None:
+        # a client that does not read its answers is not read from either, so what it
+        # sends cannot pile up answers here
+        self.paused = True
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        if self.transport is not None and not self.dead:
+            self.transport.resume_reading()
+        for stream in list(self.streams.values()):
+            self._wake(stream)
+
+    def _write(self, data: bytes) -> None:
+        if self.out is not None:
+            self.out.append(data)
+        elif self.transport is not None and not self.dead:
+            self.transport.write(data)
+
+    def _send_out(self) -> None:
+        out, self.out = self.out, None
+        if out and self.transport is not None and not self.dead:
+            self.transport.write(b"".join(out))
+
+    def data_received(self, data: bytes) -> None:
+        # what the calls of one read answer (and the PING and WINDOW_UPDATE frames it asks
+        # for) leaves in one write
+        self.out = []
+        try:
+            self._received(data)
+        finally:
+            self._send_out()
+
+    def _received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        if not self.preface:
+            if len(buf) < len(PREFACE):
+                if not PREFACE.startswith(bytes(buf)):
+                    self._lost("not HTTP/2 with prior knowledge")
+                return
+            if buf[: len(PREFACE)] != PREFACE:
+                self._lost("not HTTP/2 with prior knowledge")
+                return
+            del buf[: len(PREFACE)]
+            self.preface = True
+        pos, end = 0, len(buf)
+        try:
+            while end - pos >= 9 and not self.dead:
+                high, low, kind, flags, sid = FRAME.unpack_from(buf, pos)
+                length = high << 8 | low
+                if length > MAX_FRAME:
+                    raise _ConnectionError(FRAME_SIZE_ERROR, "a frame over the size allowed")
+                stop = pos + 9 + length
+                if stop > end:
+                    break
+                payload = bytes(buf[pos + 9 : stop])
+                pos = stop
+                self._frame(kind, flags, sid & 0x7FFFFFFF, payload)
+        except _ConnectionError as e:
+            self.goaway(e.code, str(e))
+            return
+        del buf[:pos]
+
+    def _lost(self, why: str) -> None:
+        log.debug("gRPC connection from %s closed: %s", self.client, why)
+        self.dead = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def goaway(self, code: int = NO_ERROR, why: str = "") -> None:
+        """Say no further stream is taken; an error closes the connection now, NO_ERROR once
+        its streams are done."""
+        if self.dead or self.transport is None:
+            return
+        payload = self.last_stream.to_bytes(4, "big") + code.to_bytes(4, "big") + why.encode()
+        self._write(frame(GOAWAY, 0, 0, payload))
+        self._send_out()
+        self.closing = True
+        if code != NO_ERROR:
+            self._lost(why)
+        elif not self.streams:
+            self.transport.close()
+
+    # -- frames --------------------------------------------------------------------------
+
+    def _frame(self, kind: int, flags: int, sid: int, payload: bytes) -> None:
+        if self.block is not None and kind != CONTINUATION:
+            raise _ConnectionError(PROTOCOL_ERROR, "a header block was cut by another frame")
+        if kind == HEADERS:
+            if sid == 0:
+                raise _ConnectionError(PROTOCOL_ERROR, "HEADERS on stream 0")
+            payload = _unpadded(flags, payload)
+            if flags & PRIORITY_FLAG:
+                payload = payload[5:]
+            if flags & END_HEADERS:
+                self._headers(sid, flags, payload)
+            else:
+                self.block, self.block_stream, self.block_flags = bytearray(payload), sid, flags
+        elif kind == DATA:
+            self._data(sid, flags, payload)
+        elif kind == CONTINUATION:
+            if self.block is None or sid != self.block_stream:
+                raise _ConnectionError(PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
+            self.block += payload
+            if len(self.block) > MAX_HEADER_BLOCK:
+                raise _ConnectionError(ENHANCE_YOUR_CALM, "a header block over the size allowed")
+            if flags & END_HEADERS:
+                block, self.block = bytes(self.block), None
+                self._headers(sid, self.block_flags, block)
+        elif kind == WINDOW_UPDATE:
+            if len(payload) != 4:
+                raise _ConnectionError(FRAME_SIZE_ERROR, "WINDOW_UPDATE of a wrong size")
+            self._window(sid, int.from_bytes(payload, "big") & 0x7FFFFFFF)
+        elif kind == SETTINGS:
+            if not flags & ACK:
+                self._settings(sid, payload)
+        elif kind == PING:
+            if len(payload) != 8 or sid != 0:
+                raise _ConnectionError(PROTOCOL_ERROR, "a malformed PING")
+            if not flags & ACK and self.transport is not None:
+                self._write(frame(PING, ACK, 0, payload))
+        elif kind == RST_STREAM:
+            stream = self.streams.pop(sid, None)
+            if stream is not None:
+                self._cancel(stream)
+                self._closed()
+        elif kind == GOAWAY:
+            self.goaway()
+        elif kind == PUSH_PROMISE:
+            raise _ConnectionError(PROTOCOL_ERROR, "a client may not push")
+        # PRIORITY and frame types this server does not know are ignored, as HTTP/2 asks
+
+    def _settings(self, sid: int, payload: bytes) -> None:
+        if sid != 0 or len(payload) % 6:
+            raise _ConnectionError(PROTOCOL_ERROR, "a malformed SETTINGS")
+        for at in range(0, len(payload), 6):
+            key, value = SETTING.unpack_from(payload, at)
+            if key == INITIAL_WINDOW_SIZE:
+                if value > WINDOW_LIMIT:
+                    raise _ConnectionError(FLOW_CONTROL_ERROR, "a window over 2^31-1")
+                change, self.peer_window = value - self.peer_window, value
+                for stream in self.streams.values():
+                    stream.send_window += change
+            elif key == MAX_FRAME_SIZE:
+                if not 16384 <= value <= 16777215:
+                    raise _ConnectionError(PROTOCOL_ERROR, "a frame size out of range")
+                self.peer_frame = value
+        if self.transport is not None:
+            self._write(frame(SETTINGS, ACK, 0))
+        for stream in list(self.streams.values()):
+            self._flush(stream)
+
+    def _window(self, sid: int, increment: int) -> None:
+        if increment == 0:
+            raise _ConnectionError(PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")
+        if sid == 0:
+            self.send_window += increment
+            if self.send_window > WINDOW_LIMIT:
+                raise _ConnectionError(FLOW_CONTROL_ERROR, "a window over 2^31-1")
+            for stream in list(self.streams.values()):
+                if stream.pending or stream.trailers is not None:
+                    self._flush(stream)
+        else:
+            stream = self.streams.get(sid)
+            if stream is not None:
+                stream.send_window += increment
+                self._flush(stream)
+
+    def _data(self, sid: int, flags: int, payload: bytes) -> None:
+        if sid == 0:
+            raise _ConnectionError(PROTOCOL_ERROR, "DATA on stream 0")
+        self.unacked += len(payload)
+        if self.unacked >= WINDOW // 2 and self.transport is not None:
+            self._write(frame(WINDOW_UPDATE, 0, 0, self.unacked.to_bytes(4, "big")))
+            self.unacked = 0
+        stream = self.streams.get(sid)
+        if stream is None:  # ended here (its answer or reset may still be on the way): dropped
+            if sid > self.last_stream:
+                raise _ConnectionError(PROTOCOL_ERROR, "DATA on a stream never opened")
+            return
+        if stream.ended:
+            self._reset(sid, STREAM_CLOSED)
+            return
+        stream.received += len(payload)
+        # the whole request in one frame, as unary calls mostly come: no buffer
+        if (
+            flags == END_STREAM
+            and not stream.data
+            and stream.method.kind is not Kind.EACH
+            and payload[:1] == b"\x00"
+            and int.from_bytes(payload[1:5], "big") == len(payload) - 5
+        ):
+            stream.ended = True
+            self._dispatch(stream, payload[5:])
+            return
+        stream.data += _unpadded(flags, payload)
+        if len(stream.data) > MAX_MESSAGE + 5:
+            self._fail(stream, GrpcError(Status.RESOURCE_EXHAUSTED, "a message over 4 MiB"))
+            self._reset(sid, NO_ERROR)
+            return
+        if stream.method.kind is Kind.EACH:
+            self._each(stream)
+        if flags & END_STREAM:
+            stream.ended = True
+            self._dispatch(stream)
+        elif stream.received >= WINDOW // 2 and self.transport is not None:
+            self._write(frame(WINDOW_UPDATE, 0, sid, stream.received.to_bytes(4, "big")))
+            stream.received = 0
+
+    def _headers(self, sid: int, flags: int, block: bytes) -> None:
+        stream = self.streams.get(sid)
+        if stream is not None:  # the client's trailers: only their END_STREAM matters here
+            self._decode(block)
+            if flags & END_STREAM and not stream.ended:
+                stream.ended = True
+                self._dispatch(stream)
+            return
+        path, method, call = self._call_of(block)
+        if sid <= self.last_stream or not sid & 1:
+            raise _ConnectionError(PROTOCOL_ERROR, "a stream id out of order")
+        self.last_stream = sid
+        if self.closing or len(self.streams) >= MAX_STREAMS:
+            self._reset(sid, REFUSED_STREAM)
+            return
+        if method is None:
+            self._refuse(sid, flags, Status.UNIMPLEMENTED, f"no method {path}")
+            return
+        if not call.metadata.get("content-type", "").startswith("application/grpc"):
+            self._refuse(sid, flags, Status.INTERNAL, "content-type is not application/grpc")
+            return
+        stream = Stream(sid, method, call, self.peer_window)
+        self.streams[sid] = stream
+        if flags & END_STREAM:
+            stream.ended = True
+            self._dispatch(stream)
+
+    def _call_of(self, block: bytes) -> tuple[str, Method | None, Call]:
+        """The path, method and call a request's header block names. A block that leaves
+        the decoder's table as it was names the same call the next time: kept, its metadata
+        shared by the calls it starts (handlers only read it)."""
+        generation = self.decoder.generation
+        known = self.calls.get(block)
+        if known is not None and known[0] == generation:
+            return known[1]
+        path = ""
+        metadata: dict[str, str] = {}
+        for name, value in self._decode(block):
+            if name[0] == ":":
+                if name == ":path":
+                    path = value
+            else:
+                metadata[name] = value
+        call = Call(metadata, self.client, timeout_of(metadata.get("grpc-timeout")))
+        named = (path, self.methods.get(path), call)
+        if self.decoder.generation == generation:
+            if len(self.calls) >= KEPT_CALLS:
+                self.calls.clear()
+            self.calls[block] = (generation, named)
+        return named
+
+    def _decode(self, block: bytes) -> list[tuple[str, str]]:
+        try:
+            return self.decoder.decode(block)
+        except HpackError as e:
+            raise _ConnectionError(COMPRESSION_ERROR, f"a header block: {e}") from None
+
+    # -- calls ---------------------------------------------------------------------------
+
+    def _messages(self, stream: Stream) -> list[bytes] | None:
+        """The whole messages in a stream's data, taken from it (None: a compressed one,
+        answered UNIMPLEMENTED)."""
+        data, out, at = stream.data, [], 0
+        while len(data) - at >= 5:
+            size = int.from_bytes(data[at + 1 : at + 5], "big")
+            if len(data) - at - 5 < size:
+                break
+            if data[at]:
+                self._fail(stream, GrpcError(Status.UNIMPLEMENTED, "compressed messages"))
+                return None
+            out.append(bytes(data[at + 5 : at + 5 + size]))
+            at += 5 + size
+        del data[:at]
+        return out
+
+    def _dispatch(self, stream: Stream, body: bytes | None = None) -> None:
+        """The client is done sending: answer the call (`body`: its one request message,
+        when it came whole in one frame)."""
+        kind = stream.method.kind
+        if kind is Kind.EACH:
+            if stream.data:
+                self._fail(stream, GrpcError(Status.INTERNAL, "a message cut short"))
+            else:
+                self._finish(stream, Status.OK)
+            return
+        if body is None:
+            messages = self._messages(stream)
+            if messages is None:
+                return
+            if len(messages) != 1 or stream.data:
+                self._fail(stream, GrpcError(Status.INTERNAL, "a call takes one request message"))
+                return
+            body = messages[0]
+        try:
+            request = stream.method.decode(body)
+        except Exception:
+            self._fail(stream, GrpcError(Status.INVALID_ARGUMENT, "the request does not parse"))
+            return
+        if kind is Kind.STREAM:
+            stream.task = asyncio.get_running_loop().create_task(self._stream(stream, request))
+            return
+        try:
+            answer = stream.method.handler(request, stream.call)
+        except GrpcError as e:
+            self._fail(stream, e)
+            return
+        except Exception:
+            log.exception("gRPC %s failed", stream.method.handler)
+            self._fail(stream, GrpcError(Status.INTERNAL, "internal error"))
+            return
+        if isinstance(answer, (bytes, Message)):
+            self._reply(stream, answer)
+        else:  # what answers later (a read forwarded, a token's signing key fetched)
+            stream.task = asyncio.get_running_loop().create_task(self._later(stream, answer))
+
+    def _each(self, stream: Stream) -> None:
+        messages = self._messages(stream)
+        for body in messages or ():
+            try:
+                self._send(stream, stream.method.handler(stream.method.decode(body), stream.call))
+            except GrpcError as e:
+                self._fail(stream, e)
+                return
+            except Exception:
+                self._fail(stream, GrpcError(Status.INVALID_ARGUMENT, "the request does not parse"))
+                return
+
+    async def _later(self, stream: Stream, answer: Awaitable[Any]) -> None:
+        try:
+            async with asyncio.timeout(stream.call.timeout):
+                response = await answer
+        except GrpcError as e:
+            self._fail(stream, e)
+        except TimeoutError:
+            self._fail(stream, GrpcError(Status.DEADLINE_EXCEEDED, "the call's deadline passed"))
+        except Exception:
+            log.exception("gRPC %s failed", stream.method.handler)
+            self._fail(stream, GrpcError(Status.INTERNAL, "internal error"))
+        else:
+            self._reply(stream, response)
+
+    async def _stream(self, stream: Stream, request: Any) -> None:
+        responses: AsyncIterator[Any] = stream.method.handler(request, stream.call)
+        try:
+            async with asyncio.timeout(stream.call.timeout):
+                async for response in responses:
+                    self._send(stream, response)
+                    while (stream.pending or self.paused) and not self.dead:
+                        stream.waiter = asyncio.get_running_loop().create_future()
+                        await stream.waiter
+            self._finish(stream, Status.OK)
+        except GrpcError as e:
+            self._fail(stream, e)
+        except TimeoutError:
+            self._fail(stream, GrpcError(Status.DEADLINE_EXCEEDED, "the call's deadline passed"))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("gRPC %s failed", stream.method.handler)
+            self._fail(stream, GrpcError(Status.INTERNAL, "internal error"))
+        finally:
+            aclose = getattr(responses, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    # -- answers -------------------------------------------------------------------------
+
+    def _reply(self, stream: Stream, response: Any) -> None:
+        """A unary call's answer: headers, its message and the trailers, in one write when
+        the windows let them."""
+        body = message(response if isinstance(response, bytes) else response.SerializeToString())
+        n = len(body)
+        if (
+            n <= stream.send_window
+            and n <= self.send_window
+            and n <= self.peer_frame
+            and stream.id in self.streams
+            and self.transport is not None
+            and not self.dead
+        ):
+            self.send_window -= n
+            sid = stream.id
+            self._write(
+                frame(HEADERS, END_HEADERS, sid, RESPONSE_HEADERS)
+                + frame(DATA, 0, sid, body)
+                + frame(HEADERS, END_HEADERS | END_STREAM, sid, OK_TRAILERS)
+            )
+            del self.streams[sid]
+            self._closed()
+            return
+        self._send(stream, response)
+        self._finish(stream, Status.OK)
+
+    def _send(self, stream: Stream, response: Any) -> None:
+        """One response message, held back when the windows do not let it out yet."""
+        if stream.id not in self.streams or self.transport is None:
+            return
+        if not stream.replied:
+            stream.replied = True
+            self._write(frame(HEADERS, END_HEADERS, stream.id, RESPONSE_HEADERS))
+        stream.pending += message(
+            response if isinstance(response, bytes) else response.SerializeToString()
+        )
+        self._flush(stream)
+
+    def _fail(self, stream: Stream, error: GrpcError) -> None:
+        self._finish(stream, error.status, error.message, error.metadata)
+
+    def _finish(
+        self,
+        stream: Stream,
+        status: Status,
+        why: str = "",
+        metadata: Iterable[tuple[str, str]] = (),
+    ) -> None:
+        if stream.id not in self.streams or stream.trailers is not None:
+            return
+        block = trailers(status, why, metadata)
+        if not stream.replied:  # trailers only
+            stream.replied = True
+            block = RESPONSE_HEADERS + block
+        stream.trailers = block
+        self._flush(stream)
+
+    def _refuse(self, sid: int, flags: int, status: Status, why: str) -> None:
+        """A trailers-only answer for a stream that was never opened as a call."""
+        if self.transport is not None:
+            self._write(
+                frame(
+                    HEADERS, END_HEADERS | END_STREAM, sid, RESPONSE_HEADERS + trailers(status, why)
+                )
+            )
+            if not flags & END_STREAM:
+                self._reset(sid, NO_ERROR)
+
+    def _flush(self, stream: Stream) -> None:
+        """Send what the windows let out of a stream's pending DATA, then its trailers."""
+        transport = self.transport
+        if transport is None or self.dead or stream.id not in self.streams:
+            return
+        pending = stream.pending
+        while pending:
+            n = min(len(pending), stream.send_window, self.send_window, self.peer_frame)
+            if n <= 0:
+                return
+            self._write(frame(DATA, 0, stream.id, bytes(pending[:n])))
+            del pending[:n]
+            stream.send_window -= n
+            self.send_window -= n
+        if stream.trailers is not None:
+            self._write(frame(HEADERS, END_HEADERS | END_STREAM, stream.id, stream.trailers))
+            del self.streams[stream.id]
+            if not stream.ended:  # the client may still be sending: it need not
+                self._reset(stream.id, NO_ERROR)
+            self._closed()
+        self._wake(stream)
+
+    def _wake(self, stream: Stream) -> None:
+        waiter = stream.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _reset(self, sid: int, code: int) -> None:
+        if self.transport is not None and not self.dead:
+            self._write(frame(RST_STREAM, 0, sid, code.to_bytes(4, "big")))
+
+    def _cancel(self, stream: Stream) -> None:
+        if stream.task is not None and not stream.task.done():
+            stream.task.cancel()
+        self._wake(stream)
+
+    def _closed(self) -> None:
+        if self.closing and not self.streams and self.transport is not None:
+            self._send_out()
+            self.transport.close()
+
+
+def _unpadded(flags: int, payload: bytes) -> bytes:
+    if not flags & PADDED:
+        return payload
+    if not payload or payload[0] >= len(payload):
+        raise _ConnectionError(PROTOCOL_ERROR, "padding longer than its frame")
+    return payload[1 : len(payload) - payload[0]]
+
+
+class Server:
+    """gRPC methods (by path, "/package.Service/Method") served on a host and port."""
+
+    def __init__(self, methods: dict[str, Method]) -> None:
+        self.methods = methods
+        self.connections: set[Connection] = set()
+        self._server: asyncio.Server | None = None
+
+    async def start(self, host: str, port: int, tls: tuple[str, str] | None = None) -> None:
+        context = None
+        if tls is not None:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.minimum_version = ssl.TLSVersion.TLSv1_2
+            context.load_cert_chain(*tls)
+            context.set_alpn_protocols(["h2"])
+        self._server = await asyncio.get_running_loop().create_server(
+            lambda: Connection(self), host, port, ssl=context, reuse_address=True
+        )
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def stop(self, grace: float | None) -> None:
+        """Take no new connection or call; give the calls under way `grace` seconds (None:
+        none)."""
+        if self._server is not None:
+            self._server.close()
+        for connection in list(self.connections):
+            connection.goaway()
+        deadline = time.monotonic() + (grace or 0.0)
+        while any(c.streams for c in self.connections) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for connection in list(self.connections):
+            if connection.transport is not None:
+                connection.transport.close()
+            connection.connection_lost(None)
+        await asyncio.sleep(0)

@@ -1,0 +1,296 @@
+"""The node's gRPC server (HTTP/2 on the event loop), asked by grpcio's client as any gRPC
+user's program would: unary, streaming and per-message calls, statuses, deadlines, flow
+control past the windows, TLS, and peers that break the protocol."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from tablecast.grpc.http2 import (
+    MAX_FRAME,
+    PREFACE,
+    Call,
+    GrpcError,
+    Kind,
+    Method,
+    Server,
+    Status,
+    frame,
+)
+from tablecast.kafka.broker import free_port
+from tablecast.kafka.secure import make_certificates
+
+closed: list[str] = []
+
+
+def _echo(request: bytes, call: Call) -> bytes:
+    return request + call.metadata.get("x-extra", "").encode()
+
+
+async def _later(request: bytes, call: Call) -> bytes:
+    await asyncio.sleep(float(request))
+    return b"late"
+
+
+def _fail(request: bytes, call: Call) -> bytes:
+    raise GrpcError(
+        Status.PERMISSION_DENIED, "nicht erlaubt: ü 100%", (("tablecast-error", "forbidden"),)
+    )
+
+
+def _boom(request: bytes, call: Call) -> bytes:
+    raise ValueError("a bug")
+
+
+def _big(request: bytes, call: Call) -> bytes:
+    return b"x" * int(request)
+
+
+async def _count(request: bytes, call: Call) -> AsyncIterator[bytes]:
+    try:
+        for i in range(int(request)):
+            yield str(i).encode()
+            await asyncio.sleep(0)
+        if int(request) == 0:
+            await asyncio.sleep(60)  # held open until the client goes
+    finally:
+        closed.append(request.decode())
+
+
+def _reverse(request: bytes, call: Call) -> bytes:
+    return request[::-1]
+
+
+def _strict(body: bytes) -> int:
+    return int(body)
+
+
+def _size(request: int, call: Call) -> bytes:
+    return str(request).encode()
+
+
+def _same(body: bytes) -> bytes:
+    return body
+
+
+METHODS = {
+    "/t.T/Echo": Method(Kind.UNARY, _same, _echo),
+    "/t.T/Later": Method(Kind.UNARY, _same, _later),
+    "/t.T/Fail": Method(Kind.UNARY, _same, _fail),
+    "/t.T/Boom": Method(Kind.UNARY, _same, _boom),
+    "/t.T/Big": Method(Kind.UNARY, _same, _big),
+    "/t.T/Count": Method(Kind.STREAM, _same, _count),
+    "/t.T/Each": Method(Kind.EACH, _same, _reverse),
+    "/t.T/Strict": Method(Kind.UNARY, _strict, _size),
+}
+
+
+def _serve(test: Callable[[int], Awaitable[Any]], tls: tuple[str, str] | None = None) -> Any:
+    async def main() -> Any:
+        server = Server(METHODS)
+        port = free_port()
+        await server.start("127.0.0.1", port, tls)
+        try:
+            return await test(port)
+        finally:
+            await server.stop(0.5)
+
+    return asyncio.run(main())
+
+
+def _unary(channel: grpc.aio.Channel, name: str) -> Any:
+    return channel.unary_unary(f"/t.T/{name}")
+
+
+def test_unary_streaming_and_per_message_calls_answer() -> None:
+    closed.clear()
+
+    async def test(port: int) -> Any:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            echo = await _unary(channel, "Echo")(b"abc", metadata=(("x-extra", "!"),))
+            late = await _unary(channel, "Later")(b"0.05", timeout=5)
+            many = [m async for m in channel.unary_stream("/t.T/Count")(b"5")]
+            each = channel.stream_stream("/t.T/Each")
+            call = each()
+            answers = []
+            for word in (b"one", b"two", b"three"):
+                await call.write(word)
+                answers.append(await call.read())  # each answered before the next is sent
+            await call.done_writing()
+            assert await call.read() == grpc.aio.EOF
+            # many calls at once on one connection, more than the streams it allows
+            calls = await asyncio.gather(
+                *(_unary(channel, "Echo")(str(i).encode()) for i in range(300))
+            )
+            return echo, late, many, answers, calls
+
+    echo, late, many, answers, calls = _serve(test)
+    assert echo == b"abc!" and late == b"late"
+    assert many == [b"0", b"1", b"2", b"3", b"4"]
+    assert answers == [b"eno", b"owt", b"eerht"]
+    assert calls == [str(i).encode() for i in range(300)]
+    assert closed == ["5"]
+
+
+def test_errors_come_as_grpc_statuses() -> None:
+    async def test(port: int) -> Any:
+        out = {}
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            for name, request, kw in (
+                ("Fail", b"", {}),
+                ("Boom", b"", {}),
+                ("Nothing", b"", {}),
+                ("Strict", b"not a number", {}),
+                ("Later", b"5", {"timeout": 0.2}),
+            ):
+                try:
+                    await _unary(channel, name)(request, **kw)
+                except grpc.aio.AioRpcError as e:
+                    out[name] = (e.code(), e.details(), dict(e.trailing_metadata() or ()))
+            out["Strict-ok"] = await _unary(channel, "Strict")(b"41")
+        return out
+
+    out = _serve(test)
+    assert out["Fail"] == (
+        grpc.StatusCode.PERMISSION_DENIED,
+        "nicht erlaubt: ü 100%",
+        {"tablecast-error": "forbidden"},
+    )
+    assert out["Boom"][0] == grpc.StatusCode.INTERNAL and "a bug" not in out["Boom"][1]
+    assert out["Nothing"][0] == grpc.StatusCode.UNIMPLEMENTED
+    assert out["Strict"][0] == grpc.StatusCode.INVALID_ARGUMENT
+    assert out["Later"][0] == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert out["Strict-ok"] == b"41"
+
+
+def test_messages_larger_than_the_windows_and_frames_go_both_ways() -> None:
+    big = bytes(range(256)) * (3 * 4096 + 7)  # 3 MiB: past every window and frame size
+
+    async def test(port: int) -> Any:
+        async with grpc.aio.insecure_channel(
+            f"127.0.0.1:{port}", options=(("grpc.max_receive_message_length", 8 << 20),)
+        ) as channel:
+            sent = await _unary(channel, "Echo")(big)
+            answers = await asyncio.gather(*(_unary(channel, "Big")(b"3000000") for _ in range(4)))
+            try:
+                await _unary(channel, "Echo")(b"y" * (5 << 20))
+            except grpc.aio.AioRpcError as e:
+                too_big = e.code()
+            return sent, answers, too_big
+
+    sent, answers, too_big = _serve(test)
+    assert sent == big
+    assert answers == [b"x" * 3_000_000] * 4
+    assert too_big == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_a_client_that_goes_away_ends_its_stream() -> None:
+    closed.clear()
+
+    async def test(port: int) -> Any:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.unary_stream("/t.T/Count")(b"0")
+            await asyncio.sleep(0.2)
+            call.cancel()
+        for _ in range(100):
+            if closed:
+                break
+            await asyncio.sleep(0.02)
+        return list(closed)
+
+    assert _serve(test) == ["0"]
+
+
+def test_calls_over_tls(tmp_path: Path) -> None:
+    ca, chain = make_certificates(["127.0.0.1"])
+    (tmp_path / "node.pem").write_text(chain)
+
+    async def test(port: int) -> Any:
+        creds = grpc.ssl_channel_credentials(root_certificates=ca.encode())
+        async with grpc.aio.secure_channel(f"127.0.0.1:{port}", creds) as channel:
+            return await _unary(channel, "Echo")(b"secret")
+
+    pem = str(tmp_path / "node.pem")
+    assert _serve(test, (pem, pem)) == b"secret"
+
+
+def _raw(port: int, data: bytes) -> bytes:
+    """What the server sends back to a raw connection that sends `data`, until it closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(data)
+        got = b""
+        try:
+            while chunk := s.recv(65536):
+                got += chunk
+        except TimeoutError:
+            pass
+        return got
+
+
+def _goaway_code(answer: bytes) -> int | None:
+    at = 0
+    while at + 9 <= len(answer):
+        length = int.from_bytes(answer[at : at + 3], "big")
+        kind = answer[at + 3]
+        if kind == 7:
+            return int.from_bytes(answer[at + 13 : at + 17], "big")
+        at += 9 + length
+    return None
+
+
+def test_peers_that_break_the_protocol_are_cut_off_and_others_go_on() -> None:
+    async def test(port: int) -> Any:
+        loop = asyncio.get_running_loop()
+        not_h2 = await loop.run_in_executor(None, _raw, port, b"GET / HTTP/1.1\r\n\r\n")
+        settings = frame(4, 0, 0)
+        huge = await loop.run_in_executor(
+            None,
+            _raw,
+            port,
+            PREFACE
+            + settings
+            + struct.pack(">HBBBL", (MAX_FRAME + 1) >> 8, (MAX_FRAME + 1) & 0xFF, 0, 0, 1),
+        )
+        bad_block = await loop.run_in_executor(
+            None, _raw, port, PREFACE + settings + frame(1, 0x5, 1, b"\xff\xff\xff\xff\xff\xff")
+        )
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            still = await _unary(channel, "Echo")(b"fine")
+        return not_h2, huge, bad_block, still
+
+    not_h2, huge, bad_block, still = _serve(test)
+    assert _goaway_code(not_h2) is None  # closed: not even a GOAWAY for what is not HTTP/2
+    assert _goaway_code(huge) == 6  # FRAME_SIZE_ERROR
+    assert _goaway_code(bad_block) == 9  # COMPRESSION_ERROR
+    assert still == b"fine"
+
+
+@pytest.mark.parametrize("grace", [0.0, 1.0])
+def test_stopping_ends_streams_and_refuses_new_calls(grace: float) -> None:
+    closed.clear()
+
+    async def main() -> Any:
+        server = Server(METHODS)
+        port = free_port()
+        await server.start("127.0.0.1", port)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.unary_stream("/t.T/Count")(b"0")
+            await asyncio.sleep(0.2)
+            await server.stop(grace)
+            with pytest.raises(grpc.aio.AioRpcError):
+                async for _ in call:
+                    pass
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await _unary(channel, "Echo")(b"x", timeout=2)
+        return refused.value.code()
+
+    assert asyncio.run(main()) in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+    assert closed == ["0"]
