@@ -139,6 +139,14 @@ OK_TRAILERS = literal("grpc-status", "0")
 _PRINTABLE = frozenset(range(0x20, 0x7F)) - {ord("%")}
 
 
+#: a unary answer in one write: its HEADERS frame, then its DATA frame's header and the
+#: message's prefix (the message follows), then the OK trailers' HEADERS frame
+REPLY_HEAD = struct.Struct(f">HBBBL{len(RESPONSE_HEADERS)}sHBBBLBL")
+OK_TAIL = struct.Struct(f">HBBBL{len(OK_TRAILERS)}s")
+HEADERS_FRAME = (0, len(RESPONSE_HEADERS), HEADERS, END_HEADERS)
+TRAILERS_FRAME = (0, len(OK_TRAILERS), HEADERS, END_HEADERS | END_STREAM)
+
+
 def trailers(status: Status, message: str, metadata: Iterable[tuple[str, str]] = ()) -> bytes:
     """A call's trailers; its message percent-encoded as gRPC asks."""
     encoded = "".join(chr(b) if b in _PRINTABLE else f"%{b:02X}" for b in message.encode("utf-8"))
@@ -638,22 +646,23 @@ class Connection(asyncio.Protocol):
     def _reply(self, stream: Stream, response: Any) -> None:
         """A unary call's answer: headers, its message and the trailers, in one write when
         the windows let them."""
-        body = message(response if isinstance(response, bytes) else response.SerializeToString())
-        n = len(body)
+        body = response if isinstance(response, bytes) else response.SerializeToString()
+        n = len(body) + 5
+        sid = stream.id
         if (
             n <= stream.send_window
             and n <= self.send_window
             and n <= self.peer_frame
-            and stream.id in self.streams
-            and self.transport is not None
+            and sid in self.streams
             and not self.dead
         ):
             self.send_window -= n
-            sid = stream.id
             self._write(
-                frame(HEADERS, END_HEADERS, sid, RESPONSE_HEADERS)
-                + frame(DATA, 0, sid, body)
-                + frame(HEADERS, END_HEADERS | END_STREAM, sid, OK_TRAILERS)
+                REPLY_HEAD.pack(
+                    *HEADERS_FRAME, sid, RESPONSE_HEADERS, n >> 8, n & 0xFF, DATA, 0, sid, 0, n - 5
+                )
+                + body
+                + OK_TAIL.pack(*TRAILERS_FRAME, sid, OK_TRAILERS)
             )
             del self.streams[sid]
             self._closed()
