@@ -316,8 +316,8 @@ the end of a run counts as one).
 
 Rounds (req/s): {per_round}.
 
-Hot: every key was asked for over both front ends during a warm-up, so both answer from
-kept answers. ghz spends about ten times wrk's CPU per call on the load core, so under
+Hot: every key was asked for over both front ends during a warm-up; both front ends keep
+whole answers the same way (the one key's always). ghz spends about ten times wrk's CPU per call on the load core, so under
 it the node is far from busy and each call pays a wake-up of the node's loop and a read
 and a write of its own: the wrk/ghz ratios say what a Go gRPC client sees, not what the
 node's gRPC costs. h2load asks for one key because it cannot vary a request body.
