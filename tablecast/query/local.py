@@ -81,6 +81,39 @@ def entry(info: TableInfo, raw: bytes, partition: int, record: Record) -> bytes:
     return ENTRY % (key, body, partition, record.offset, record.timestamp)
 
 
+def key_bytes(info: TableInfo, text: str, max_key_bytes: int) -> bytes:
+    """The serialized key for its text form in a URL (400 for one too long or not of the
+    table's key format)."""
+    if len(text) > max_key_bytes:
+        raise ApiError("bad_request", f"key longer than {max_key_bytes} characters")
+    serde = info.key_serde
+    try:
+        return serde.text_to_bytes(text)
+    # a serde's parser may fail in its own way (JSON, Avro, int range): all mean bad input
+    except (SerdeError, ValueError, TypeError, OverflowError) as e:
+        raise ApiError("bad_request", f"key {text!r} is not a {serde.format} key: {e}") from None
+
+
+def key_answer(
+    info: TableInfo,
+    raw: bytes,
+    partition: int,
+    record: Record | None,
+    key_text: str,
+    headers: Headers,
+    encode: EncodeEntry = entry,
+) -> EntryAnswer:
+    """A key read's answer from the record a store gave (None: the key is not there), as the
+    node and its read processes give it: a record whose value cannot be read as its format
+    (stored before values were checked at ingest) is not there either."""
+    if record is not None:
+        try:
+            return 200, encode(info, raw, partition, record), headers
+        except SerdeError:
+            pass
+    raise ApiError("key_not_found", f"key {key_text!r} is not in {info.name!r}", headers)
+
+
 class Local:
     def __init__(self, node: Node) -> None:
         self.node = node
@@ -108,18 +141,7 @@ class Local:
 
     def key_bytes(self, info: TableInfo, text: str) -> bytes:
         """The serialized key for its text form in a URL."""
-        if len(text) > self.node.config.max_key_bytes:
-            raise ApiError(
-                "bad_request", f"key longer than {self.node.config.max_key_bytes} characters"
-            )
-        serde = info.key_serde
-        try:
-            return serde.text_to_bytes(text)
-        # a serde's parser may fail in its own way (JSON, Avro, int range): all mean bad input
-        except (SerdeError, ValueError, TypeError, OverflowError) as e:
-            raise ApiError(
-                "bad_request", f"key {text!r} is not a {serde.format} key: {e}"
-            ) from None
+        return key_bytes(info, text, self.node.config.max_key_bytes)
 
     def readable(self, info: TableInfo, partition: int, opts: ReadOptions) -> Replica | None:
         """This node's replica of `partition` if it may answer under `opts` (see
@@ -189,21 +211,8 @@ class Local:
             record, position = replica.read(partial(replica.store.get, raw), raw)
         except StoreClosed:
             raise unavailable(info, partition) from None  # released under this read
-        if record is None:
-            raise ApiError(
-                "key_not_found",
-                f"key {key_text!r} is not in {info.name!r}",
-                self.headers(replica, position),
-            )
-        try:
-            body = encode(info, raw, partition, record)
-        except SerdeError:  # stored before values were checked at ingest: unreadable
-            raise ApiError(
-                "key_not_found",
-                f"key {key_text!r} is not in {info.name!r}",
-                self.headers(replica, position),
-            ) from None
-        return 200, body, self.headers(replica, position)
+        headers = self.headers(replica, position)
+        return key_answer(info, raw, partition, record, key_text, headers, encode)
 
     def windows(
         self, info: TableInfo, raw: bytes, replica: Replica, time_from: int, time_to: int

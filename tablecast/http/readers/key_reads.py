@@ -31,11 +31,10 @@ from tablecast.query.answer_bytes import kept_alive
 from tablecast.query.auth import Auth, Caller
 from tablecast.query.errors import ApiError
 from tablecast.query.kept_answers import JSON
-from tablecast.query.local import entry, position_header
+from tablecast.query.local import key_answer, key_bytes, position_header
 from tablecast.query.ratelimit import SharedTokenBuckets
 from tablecast.query.request import caller_key
 from tablecast.query.stats import HttpStats
-from tablecast.serde import SerdeError
 from tablecast.store.cache import drop_oldest
 from tablecast.store.rocksdb_secondary import SecondaryStore
 
@@ -267,11 +266,11 @@ class Answerer:
             info = self._table(table)
         except ApiError:
             return None  # the node says why (and counts it)
-        if info.kind != "kv" or len(key_text) > self.max_key_bytes:
+        if info.kind != "kv":
             return None
         try:
-            raw = info.key_serde.text_to_bytes(key_text)
-        except (SerdeError, ValueError, TypeError, OverflowError):
+            raw = key_bytes(info, key_text, self.max_key_bytes)
+        except ApiError:
             return None
         if scope is not None and not scope.allows(raw):
             return None
@@ -288,17 +287,15 @@ class Answerer:
             return None
         try:
             record = slot.store.get(raw)
-            status = 200
-            if record is None:
-                status, body = 404, _not_found(key_text, table)
-            else:
-                body = entry(info, raw, partition, record)
-        except SerdeError:
-            return None
         except Exception as e:  # a store that failed under the read: the node answers
             log.warning("reading %s/%d failed: %s", table, partition, e)
             return None
-        wire = kept_alive(status, [JSON, *slot.headers(self.node_header)], body)
+        headers = [JSON, *slot.headers(self.node_header)]
+        try:
+            status, body, _ = key_answer(info, raw, partition, record, key_text, headers)
+        except ApiError as e:  # not there: the node's 404, with this store's position
+            status, body = e.status, e.body()
+        wire = kept_alive(status, headers, body)
         if self.kept_bytes and after is None:  # a token's heads would crowd out the rest
             self._keep(head, slot, status, wire)
         self.stats.record("key", status, perf_counter() - started)
@@ -312,10 +309,6 @@ class Answerer:
         except ApiError:
             return False
         return True
-
-
-def _not_found(key_text: str, table: str) -> bytes:
-    return ApiError("key_not_found", f"key {key_text!r} is not in {table!r}").body()
 
 
 def _reached(after: bytes, table: str, partitions: int, partition: int, slot: Slot) -> bool:
