@@ -291,44 +291,47 @@ class Connection(asyncio.Protocol):
             self.transport.write(b"".join(out))
 
     def data_received(self, data: bytes) -> None:
-        # what the calls of one read answer (and the PING and WINDOW_UPDATE frames it asks
-        # for) leaves in one write
-        self.out = []
-        try:
-            self._received(data)
-        finally:
-            self._send_out()
-
-    def _received(self, data: bytes) -> None:
-        buf = self.buf
-        buf += data
+        if self.buf:  # a frame cut by the last read
+            self.buf += data
+            data = bytes(self.buf)
+            self.buf.clear()
         if not self.preface:
-            if len(buf) < len(PREFACE):
-                if not PREFACE.startswith(bytes(buf)):
+            if len(data) < len(PREFACE):
+                if not PREFACE.startswith(data):
                     self._lost("not HTTP/2 with prior knowledge")
+                    return
+                self.buf += data
                 return
-            if buf[: len(PREFACE)] != PREFACE:
+            if not data.startswith(PREFACE):
                 self._lost("not HTTP/2 with prior knowledge")
                 return
-            del buf[: len(PREFACE)]
+            data = data[len(PREFACE) :]
             self.preface = True
-        pos, end = 0, len(buf)
+        # what the calls of one read answer (and the PING and WINDOW_UPDATE frames it asks
+        # for) leaves in one write
+        self.out = out = []
+        pos, end = 0, len(data)
         try:
             while end - pos >= 9 and not self.dead:
-                high, low, kind, flags, sid = FRAME.unpack_from(buf, pos)
+                high, low, kind, flags, sid = FRAME.unpack_from(data, pos)
                 length = high << 8 | low
                 if length > MAX_FRAME:
                     raise _ConnectionError(FRAME_SIZE_ERROR, "a frame over the size allowed")
                 stop = pos + 9 + length
                 if stop > end:
                     break
-                payload = bytes(buf[pos + 9 : stop])
+                payload = data[pos + 9 : stop]
                 pos = stop
                 self._frame(kind, flags, sid & 0x7FFFFFFF, payload)
         except _ConnectionError as e:
             self.goaway(e.code, str(e))
-            return
-        del buf[:pos]
+        finally:
+            if pos < end and not self.dead:
+                self.buf += data[pos:]
+            if self.out is out:
+                self.out = None
+                if out and self.transport is not None and not self.dead:
+                    self.transport.write(out[0] if len(out) == 1 else b"".join(out))
 
     def _lost(self, why: str) -> None:
         log.debug("gRPC connection from %s closed: %s", self.client, why)
