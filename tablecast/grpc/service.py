@@ -214,7 +214,7 @@ class Tables:
             self.gate.limit(found, scope)
         except ApiError as e:
             _abort(e)
-        return Request({}, "", metadata, found, scope)
+        return Request(metadata, found, scope)
 
     async def _verified(
         self, found: Awaitable[Caller], metadata: dict[str, str], scope: _Scope
@@ -224,7 +224,7 @@ class Tables:
             self.gate.limit(caller, scope)
         except ApiError as e:
             _abort(e)
-        return Request({}, "", metadata, caller, scope)
+        return Request(metadata, caller, scope)
 
     async def _admitted(self, call: Call) -> Request:
         req = self._request(call)

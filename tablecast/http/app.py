@@ -33,6 +33,7 @@ from tablecast.cluster.node import Node
 from tablecast.cluster.signing import Signer
 from tablecast.console.api import Console
 from tablecast.http import decode, openapi
+from tablecast.http.decode import NO_PARAMS, HttpRequest
 from tablecast.http.routes import ROUTES, Route, Routes
 from tablecast.live import snapshot, sse, websocket
 from tablecast.live.service import Live
@@ -79,12 +80,12 @@ MAX_BODY = 1 << 20
 #: a request body must arrive within this long (granian's own timeout covers headers only)
 BODY_TIMEOUT_S = 10.0
 
-Handler = Callable[[Request, Any], Answer | Awaitable[Answer]]
+Handler = Callable[[HttpRequest, Any], Answer | Awaitable[Answer]]
 #: a route's path parameters, decoded
 Args = dict[str, str]
 Reply = Answer | Awaitable[Answer]
 #: what a read route asks, from its path parameters and request (tablecast.http.decode)
-Decoder = Callable[[Args, Request], Query]
+Decoder = Callable[[Args, HttpRequest], Query]
 
 
 class HttpApp:
@@ -219,8 +220,8 @@ class HttpApp:
             key = None if query else plain_key_read(scope.method, path)
             if key is not None:  # the hot path: GET one key, no query string
                 route = "key"
-                request = Request(NO_PARAMS, "", headers, caller, scope)
-                query = KeyQuery(key[0], key[1], decode.bound(request))  # an after header
+                request = Request(headers, caller, scope)
+                query = KeyQuery(key[0], key[1], decode.header_bound(headers))
                 answer = self.router.key(query, request, path)
             else:
                 found, handler = self.match(scope.method, path)
@@ -230,9 +231,9 @@ class HttpApp:
                     # may name many keys); an error before the stream starts is raised there
                     # the token goes on with its snapshot's peer calls, also when it came as
                     # ?access_token=
-                    watch = Request(NO_PARAMS, query, headers, caller, scope, authorization)
+                    watch = HttpRequest(NO_PARAMS, query, headers, caller, scope, authorization)
                     return self._stream(handler(watch, proto), scope, proto, started)
-                request = Request(_params(query), query, headers, caller, scope)
+                request = HttpRequest(_params(query), query, headers, caller, scope)
                 if request.params:
                     self.routes.check(found, request.params)
                 answer = handler(request, proto)
@@ -347,7 +348,7 @@ class HttpApp:
         try:
             found = plain_key_read(scope.method, scope.path)
             assert found is not None  # the short path takes only these
-            req = Request(NO_PARAMS, "", scope.headers, None, scope)
+            req = Request(scope.headers, None, scope)
             answer = self.router.forward_failed(KeyQuery.latest(*found), req, failed)
             if not isinstance(answer, tuple):
                 return self._later(answer, "key", scope, proto, started)
@@ -362,52 +363,52 @@ class HttpApp:
         return route, partial(self._endpoints[route], args)
 
     # -- the endpoints: endpoint(path parameters, request, proto) --------------------------
-    def _read(self, decoder: Decoder, args: Args, q: Request, proto: Any) -> Reply:
+    def _read(self, decoder: Decoder, args: Args, q: HttpRequest, proto: Any) -> Reply:
         """A read route: the read its request asks, answered by the router (rows as data
         encoded as the HTTP API answers them)."""
         answer = self.router.read(decoder(args, q), q)
         return answer if isinstance(answer, tuple) else _encoded(answer)
 
-    def _batch_get(self, args: Args, q: Request, proto: Any) -> Reply:
+    def _batch_get(self, args: Args, q: HttpRequest, proto: Any) -> Reply:
         return self._read_many(args["table"], q, proto)
 
-    def _watch(self, args: Args, q: Request, proto: Any) -> Any:
-        return sse.stream(self.live, args["table"], q, proto)
+    def _watch(self, args: Args, q: HttpRequest, proto: Any) -> Any:
+        return sse.stream(self.live, args["table"], q.query, q, proto)
 
-    def _tables(self, args: Args, q: Request, proto: Any) -> Reply:
+    def _tables(self, args: Args, q: HttpRequest, proto: Any) -> Reply:
         return 200, node_status.tables(self.node, q.grants), []
 
-    def _cluster(self, args: Args, q: Request, proto: Any) -> Reply:
+    def _cluster(self, args: Args, q: HttpRequest, proto: Any) -> Reply:
         return 200, node_status.cluster(self.node, q.grants), []
 
-    def _health(self, args: Args, q: Request, proto: Any) -> Reply:
+    def _health(self, args: Args, q: HttpRequest, proto: Any) -> Reply:
         return node_status.health(self.node, q.headers)
 
-    def _openapi(self, args: Args, q: Request, proto: Any) -> Reply:
+    def _openapi(self, args: Args, q: HttpRequest, proto: Any) -> Reply:
         return 200, self._openapi_json, []
 
-    def _internal_snapshot(self, args: Args, q: Request, proto: Any) -> Reply:
+    def _internal_snapshot(self, args: Args, q: HttpRequest, proto: Any) -> Reply:
         return snapshot.answer_peer(self.router, decode.snapshot_share(args, q), q)
 
-    def _internal_batch(self, args: Args, q: Request, proto: Any) -> Reply:
+    def _internal_batch(self, args: Args, q: HttpRequest, proto: Any) -> Reply:
         return self._batch(q, proto, q.scope.path)
 
-    def _ui_index(self, args: Args, q: Request, proto: Any) -> Reply:
+    def _ui_index(self, args: Args, q: HttpRequest, proto: Any) -> Reply:
         return self.console.page("index.html", q)
 
-    def _ui_file(self, args: Args, q: Request, proto: Any) -> Reply:
+    def _ui_file(self, args: Args, q: HttpRequest, proto: Any) -> Reply:
         return self.console.page(args["name"], q)
 
-    def _console_node(self, args: Args, q: Request, proto: Any) -> Reply:
+    def _console_node(self, args: Args, q: HttpRequest, proto: Any) -> Reply:
         return self.console.this_node()
 
-    def _console_nodes(self, args: Args, q: Request, proto: Any) -> Reply:
+    def _console_nodes(self, args: Args, q: HttpRequest, proto: Any) -> Reply:
         return self.console.nodes(q)
 
-    def _console_pipeline(self, args: Args, q: Request, proto: Any) -> Reply:
+    def _console_pipeline(self, args: Args, q: HttpRequest, proto: Any) -> Reply:
         return self.console.pipeline(q)
 
-    def _console_dead_letters(self, args: Args, q: Request, proto: Any) -> Reply:
+    def _console_dead_letters(self, args: Args, q: HttpRequest, proto: Any) -> Reply:
         return self.console.dead_letters(q)
 
     async def _websocket(self, scope: Any, proto: Any) -> None:
@@ -428,13 +429,13 @@ class HttpApp:
             return
         started = perf_counter()
         try:
-            request = Request(NO_PARAMS, query, headers, caller, scope, authorization)
-            await websocket.serve(self.live, args["table"], request, proto)
+            request = Request(headers, caller, scope, authorization)
+            await websocket.serve(self.live, args["table"], query, request, proto)
         except Exception:  # a broken socket must not reach the HTTP engine as a stack trace
             log.exception("websocket watch failed")
         self.stats.record("watch_websocket", 101, perf_counter() - started)
 
-    def _metrics(self, args: Args, req: Request, proto: Any) -> Reply:
+    def _metrics(self, args: Args, req: HttpRequest, proto: Any) -> Reply:
         if self._auth_metrics:
             return self._verified(req.headers.get("authorization"), req.scope, self._exposition)
         return self._exposition()
@@ -442,7 +443,7 @@ class HttpApp:
     def _exposition(self) -> Answer:
         return 200, generate_latest(self.metrics), []
 
-    def _readiness(self, args: Args, req: Request, proto: Any) -> Reply:
+    def _readiness(self, args: Args, req: HttpRequest, proto: Any) -> Reply:
         if self._auth_metrics:
             authorization = req.headers.get("authorization")
             if authorization is None:
@@ -482,7 +483,7 @@ class HttpApp:
         found = self.gate.caller(req.headers.get("authorization"), req.scope, charge=False)
         req.caller = await found if fetching(found) else found
 
-    async def _read_many(self, table: str, req: Request, proto: Any) -> Answer:
+    async def _read_many(self, table: str, req: HttpRequest, proto: Any) -> Answer:
         body = await _read_body(req, proto)
         if self._peer_checks and req.forwarded:
             self._check_peer(
@@ -493,7 +494,7 @@ class HttpApp:
         self.router.table(table, req)  # an unknown or forbidden table before a bad body
         return await _encoded(self.router.read(decode.batch_query(table, body, req), req))
 
-    async def _batch(self, req: Request, proto: Any, path: str) -> Answer:
+    async def _batch(self, req: HttpRequest, proto: Any, path: str) -> Answer:
         """Reads a peer forwarded together (:mod:`tablecast.query.coalesce`): each answered
         as if it had come alone with the batch's headers, framed in one answer (as whole
         responses on ANSWERS_PATH; on BATCH_PATH, the version before's, headers apart)."""
@@ -544,13 +545,13 @@ class HttpApp:
                 return "key", entry
         key = None if query else plain_key_read("GET", path)
         if key is not None:
-            request = Request(NO_PARAMS, "", req.headers, req.caller, req.scope)
-            query = KeyQuery(key[0], key[1], decode.bound(request))
+            request = Request(req.headers, req.caller, req.scope)
+            query = KeyQuery(key[0], key[1], decode.header_bound(req.headers))
             return "key", self.router.key(query, request, path)
         found, handler = self.match("GET", path)
         if found.name == "watch":  # a stream, not a read with one answer
             raise ApiError("bad_request", "a batch reads no watch")
-        request = Request(_params(query), query, req.headers, req.caller, req.scope)
+        request = HttpRequest(_params(query), query, req.headers, req.caller, req.scope)
         if request.params:
             self.routes.check(found, request.params)
         return found.name, handler(request, None)
@@ -577,7 +578,6 @@ def _failed(e: Exception, method: str, target: str) -> Answer:
     return 500, ApiError("internal", "internal error").body(), []
 
 
-NO_PARAMS: dict[str, str] = {}
 BINARY = ("content-type", "application/octet-stream")
 #: routes whose answers carry their own content type
 OWN_TYPE = ("ui", "internal_batch")

@@ -10,9 +10,11 @@ with the route (:mod:`tablecast.http.routes`).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import orjson
 
+from tablecast.query.auth import Caller
 from tablecast.query.consistency import AFTER_HEADER, ReadOptions, bound_of
 from tablecast.query.errors import ApiError
 from tablecast.query.fanout import limit_param, partitions_of
@@ -34,22 +36,48 @@ from tablecast.query.queries import (
 from tablecast.query.request import Request
 
 Args = Mapping[str, str]
+NO_PARAMS: dict[str, str] = {}
 
 
-def bound(req: Request) -> ReadOptions:
+class HttpRequest(Request):
+    """A request as HTTP spells it: the read core's :class:`Request` with the query string
+    and its parameters, which only this module's decoders read."""
+
+    __slots__ = ("params", "query")
+
+    def __init__(
+        self,
+        params: dict[str, str],
+        query: str,
+        headers: Any,
+        caller: Caller | None = None,
+        scope: Any = None,
+        authorization: str | None = None,
+    ) -> None:
+        super().__init__(headers, caller, scope, authorization)
+        self.params = params
+        self.query = query
+
+
+def bound(req: HttpRequest) -> ReadOptions:
     """The consistency bound the request asks (``after`` as a parameter or a header)."""
     params = req.params
     return bound_of(params, params.get("after") or req.headers.get(AFTER_HEADER))
 
 
-def key_query(args: Args, req: Request) -> KeyQuery:
+def header_bound(headers: Any) -> ReadOptions:
+    """The bound of a request without a query string: an ``after`` header's, if any."""
+    return bound_of(NO_PARAMS, headers.get(AFTER_HEADER))
+
+
+def key_query(args: Args, req: HttpRequest) -> KeyQuery:
     b = bound(req)
     as_of = time_param(req.params, "as_of", None)
     table, key = args["table"], key_of(args, req)
     return KeyQuery.latest(table, key, b) if as_of is None else KeyQuery.at(table, key, as_of, b)
 
 
-def windows_query(args: Args, req: Request) -> WindowsQuery:
+def windows_query(args: Args, req: HttpRequest) -> WindowsQuery:
     params = req.params
     return WindowsQuery.between(
         args["table"],
@@ -60,7 +88,7 @@ def windows_query(args: Args, req: Request) -> WindowsQuery:
     )
 
 
-def history_query(args: Args, req: Request) -> HistoryQuery:
+def history_query(args: Args, req: HttpRequest) -> HistoryQuery:
     params = req.params
     return HistoryQuery.versions(
         args["table"],
@@ -74,11 +102,11 @@ def history_query(args: Args, req: Request) -> HistoryQuery:
     )
 
 
-def metadata_query(args: Args, req: Request) -> MetadataQuery:
+def metadata_query(args: Args, req: HttpRequest) -> MetadataQuery:
     return MetadataQuery.of_key(args["table"], key_of(args, req))
 
 
-def range_query(args: Args, req: Request) -> RangeQuery:
+def range_query(args: Args, req: HttpRequest) -> RangeQuery:
     params = req.params
     return RangeQuery.between(
         args["table"],
@@ -93,7 +121,7 @@ def range_query(args: Args, req: Request) -> RangeQuery:
     )
 
 
-def index_query(args: Args, req: Request) -> IndexQuery:
+def index_query(args: Args, req: HttpRequest) -> IndexQuery:
     """``/index/NAME/VALUE`` (`args` holds the value) or ``/index/NAME?from=&to=``."""
     params = req.params
     table, index, value = args["table"], args["index"], args.get("value")
@@ -105,11 +133,11 @@ def index_query(args: Args, req: Request) -> IndexQuery:
     )
 
 
-def count_query(args: Args, req: Request) -> CountQuery:
+def count_query(args: Args, req: HttpRequest) -> CountQuery:
     return CountQuery.rows(args["table"], bound(req))
 
 
-def batch_query(table: str, body: bytes, req: Request) -> BatchQuery:
+def batch_query(table: str, body: bytes, req: HttpRequest) -> BatchQuery:
     """A batchGet's keys from its JSON body, ``{"keys": [...]}``."""
     try:
         doc = orjson.loads(body)
@@ -121,7 +149,7 @@ def batch_query(table: str, body: bytes, req: Request) -> BatchQuery:
     return BatchQuery.of_keys(table, keys, bound(req))
 
 
-def partition_scan(args: Args, req: Request) -> PartitionScan:
+def partition_scan(args: Args, req: HttpRequest) -> PartitionScan:
     """A peer's ``/internal/tables/{t}/scan``: rows of some of this node's partitions."""
     params = req.params
     try:
@@ -146,13 +174,13 @@ def partition_scan(args: Args, req: Request) -> PartitionScan:
     )
 
 
-def partition_count(args: Args, req: Request) -> PartitionCount:
+def partition_count(args: Args, req: HttpRequest) -> PartitionCount:
     """A peer's ``/internal/tables/{t}/count``: the rows of some of this node's partitions."""
     partitions = partitions_of(req.params.get("partitions", ""))
     return PartitionCount(args["table"], partitions, bound(req))
 
 
-def snapshot_share(args: Args, req: Request) -> SnapshotShare:
+def snapshot_share(args: Args, req: HttpRequest) -> SnapshotShare:
     """A peer's ``/internal/tables/{t}/snapshot``: its watch's rows in some of this node's
     partitions (``keys`` or ``spans`` in hex, ``at_least`` as partition:position pairs)."""
     params = req.params
@@ -183,7 +211,7 @@ def _spans(text: str) -> list[tuple[bytes | None, bytes | None]]:
     return spans
 
 
-def key_of(args: Args, req: Request) -> str:
+def key_of(args: Args, req: HttpRequest) -> str:
     """The key of a key route: in its path, or (any key text) as ?key=."""
     key = args.get("key")
     if key is None:

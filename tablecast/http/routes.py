@@ -24,7 +24,7 @@ from tablecast.http import decode
 from tablecast.query.coalesce import ANSWERS_PATH, BATCH_PATH
 from tablecast.query.errors import ApiError
 from tablecast.query.queries import Query
-from tablecast.query.request import Request, path_segment
+from tablecast.query.request import path_segment
 
 STR: Mapping[str, Any] = {"type": "string"}
 INT: Mapping[str, Any] = {"type": "integer"}
@@ -72,7 +72,7 @@ class Route:
     checked: bool = True
     #: the read it asks (:mod:`tablecast.query.queries`), decoded from its path parameters
     #: and request (:mod:`tablecast.http.decode`)
-    read: Callable[[Mapping[str, str], Request], Query] | None = None
+    read: Callable[[Mapping[str, str], decode.HttpRequest], Query] | None = None
 
     @property
     def documented_path(self) -> str:

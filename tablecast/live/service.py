@@ -95,9 +95,10 @@ class Live:
             self.slots.leave(subject)
             raise
 
-    async def prepare_request(self, table: str, req: Request) -> Plan:
-        """:meth:`prepare` for the watch an HTTP request (SSE, WebSocket) spells."""
-        pairs = query_pairs(req.query)
+    async def prepare_request(self, table: str, query: str, req: Request) -> Plan:
+        """:meth:`prepare` for the watch an HTTP request (SSE, WebSocket) spells in its query
+        string and Last-Event-ID header."""
+        pairs = query_pairs(query)
         return await self.prepare(watch_query(table, pairs, req.headers.get("last-event-id")), req)
 
     async def _prepare(self, q: WatchQuery, req: Request, subject: str) -> Plan:

@@ -19,10 +19,11 @@ HEADERS = [
 ]
 
 
-async def stream(live: Live, table: str, req: Request, proto: Any) -> None:
-    """Serve one watch until the client leaves or the watch ends (a slow client, a stopping
-    node, an expired token: the client resumes with its last event's id)."""
-    plan = await live.prepare_request(table, req)
+async def stream(live: Live, table: str, query: str, req: Request, proto: Any) -> None:
+    """Serve the watch `query` (the request's query string) spells until the client leaves
+    or the watch ends (a slow client, a stopping node, an expired token: the client resumes
+    with its last event's id)."""
+    plan = await live.prepare_request(table, query, req)
     try:
         transport = proto.response_stream(200, [*HEADERS, live.router.local.node_header])
         client = getattr(req.scope, "client", "") or ""

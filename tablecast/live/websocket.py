@@ -26,12 +26,14 @@ POLICY_VIOLATION = 1008
 GOING_AWAY = 1001
 
 
-async def serve(live: Live, table: str, req: Request, proto: Any) -> None:
+async def serve(live: Live, table: str, query: str, req: Request, proto: Any) -> None:
+    """Serve the watch `query` (the request's query string) spells over an accepted
+    WebSocket; a watch that cannot be served is answered with one error message."""
     transport = await proto.accept()
     # what the client sends is read (and dropped) from the start: a watch being prepared
     # (a snapshot, a resume waiting for a replica) must not let it pile up meanwhile
     reader = asyncio.ensure_future(_until_closed(transport))
-    preparing = asyncio.ensure_future(live.prepare_request(table, req))
+    preparing = asyncio.ensure_future(live.prepare_request(table, query, req))
     try:
         await asyncio.wait([preparing, reader], return_when=asyncio.FIRST_COMPLETED)
         if not preparing.done():  # the client left first: nobody to prepare it for

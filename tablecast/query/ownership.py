@@ -21,7 +21,7 @@ from tablecast.query.request import Request
 
 ME = "me"
 #: a client's read: no parameters, not forwarded, no caller
-PLAIN = Request({}, "", {})
+PLAIN = Request({})
 Choice = str | Member  # ME, or a peer
 
 

@@ -73,21 +73,20 @@ def path_segment(text: str) -> str:
 
 
 class Request:
-    """What handlers need of an HTTP request."""
+    """Who asks a read and how it came, as every front end gives it to the read core: the
+    caller, the client's address, and the request's headers (gRPC's metadata), which say
+    whether it is a peer's hop and carry what goes on with it to a peer. How a front end
+    spells the read itself is its own (:mod:`tablecast.http.decode`, the gRPC messages)."""
 
-    __slots__ = ("authorization", "caller", "headers", "params", "query", "scope")
+    __slots__ = ("authorization", "caller", "headers", "scope")
 
     def __init__(
         self,
-        params: dict[str, str],
-        query: str,
         headers: Any,
         caller: Caller | None = None,
         scope: Any = None,
         authorization: str | None = None,
     ) -> None:
-        self.params = params
-        self.query = query
         self.headers = headers
         #: the verified token (None when auth is off)
         self.caller = caller

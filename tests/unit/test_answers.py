@@ -18,6 +18,7 @@ import pytest
 from tablecast.cluster.replica import Replica
 from tablecast.cluster.replica_lifecycle import Freshness, Writes
 from tablecast.http import decode
+from tablecast.http.decode import HttpRequest
 from tablecast.query.cursor import Cursors
 from tablecast.query.errors import ApiError
 from tablecast.query.kept_answers import (
@@ -49,7 +50,7 @@ def _setup(max_bytes: int = 1 << 20) -> tuple[Router, Answers, Replica, OneRepli
 
 
 def _read(router: Router, key: str = "k", headers: Any = None, **params: str) -> Any:
-    req = Request(params, "", headers or {})
+    req = HttpRequest(params, "", headers or {})
     query = decode.key_query({"table": "t", "key": key}, req)
     return router.key(query, req, f"/v1/tables/t/keys/{key}")
 
@@ -142,7 +143,7 @@ def test_only_plain_found_reads_are_kept() -> None:
     assert answers.get("/v1/tables/t/keys/missing") is None
     _read(router, max_lag="0")  # consistency options: not the plain read
     assert answers.get(PATH) is None
-    router.key(KeyQuery.latest("t", "k"), Request({}, "", {}))  # another caller: no path
+    router.key(KeyQuery.latest("t", "k"), Request({}))  # another caller: no path
     assert answers.get(PATH) is None
 
 

@@ -309,7 +309,7 @@ async def _forward(url_first: str, url_next: str, targets: list[str]) -> list[ob
         choices = [Member("first", url_first), Member("next", url_next)]
         here = lambda: (200, b"here", [])  # noqa: E731
         pending = [
-            rpc.forward(_Info(), 0, choices, t, Request({}, "", {}), here)  # type: ignore[arg-type]
+            rpc.forward(_Info(), 0, choices, t, Request({}), here)  # type: ignore[arg-type]
             for t in targets
         ]
         assert all(isinstance(p, asyncio.Future) for p in pending)  # no task of their own

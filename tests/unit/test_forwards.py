@@ -118,7 +118,7 @@ def test_the_peer_is_the_routers_first_choice(
     router, replica, _ = _setup(View({("t", 0): owners}, held))
     if not readable:
         replica.release()
-    choices = router.routing.choices(INFO, 0, Request({}, "", {}), NO_OPTIONS)
+    choices = router.routing.choices(INFO, 0, Request({}), NO_OPTIONS)
     first = choices[0] if choices else None
     expected = first if isinstance(first, Member) else None
     assert first == ME or first is None or isinstance(first, Member)
@@ -161,7 +161,7 @@ def test_a_path_takes_the_short_path_once_the_router_forwarded_it() -> None:
         assert forwards is not None
         path = "/v1/tables/t/keys/a%2Fb"
         assert forwards.send(path, Sink()) is None
-        answer = router.key(KeyQuery.latest("t", "a/b"), Request({}, "", {}), path)
+        answer = router.key(KeyQuery.latest("t", "a/b"), Request({}), path)
         assert (await answer)[0] == 200  # type: ignore[misc]
         sink = Sink()
         assert forwards.send(path, sink) == PEER1
@@ -196,7 +196,7 @@ def test_a_read_its_peer_did_not_answer_goes_to_the_other_choices() -> None:
     peers.down.add(PEER1.url)
 
     async def main() -> Any:
-        return await router.forward_failed(KeyQuery.latest("t", "k"), Request({}, "", {}), PEER1)
+        return await router.forward_failed(KeyQuery.latest("t", "k"), Request({}), PEER1)
 
     status, body, _ = asyncio.run(main())
     assert (status, body) == (200, b'{"from":"http://127.0.0.1:3"}')

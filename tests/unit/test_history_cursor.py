@@ -11,9 +11,9 @@ import orjson
 import pytest
 
 from tablecast.http import decode
+from tablecast.http.decode import HttpRequest
 from tablecast.query.errors import ApiError
 from tablecast.query.reads import TIME_MAX, Router
-from tablecast.query.request import Request
 from tablecast.store import Write
 
 from ..support.nodes import history_router
@@ -29,7 +29,7 @@ def router(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
 
 
 def _history(router: Router, **params: str) -> Any:
-    req = Request({"limit": "2", **params}, "", {})
+    req = HttpRequest({"limit": "2", **params}, "", {})
     code, body, _ = router.history(decode.history_query(KEY, req), req)
     assert code == 200
     return orjson.loads(body)

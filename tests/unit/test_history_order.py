@@ -10,12 +10,12 @@ import orjson
 import pytest
 
 from tablecast.http import decode
+from tablecast.http.decode import HttpRequest
 from tablecast.http.openapi import document
 from tablecast.http.routes import Routes
 from tablecast.query.errors import ApiError
 from tablecast.query.local import newest_versions
 from tablecast.query.reads import Router
-from tablecast.query.request import Request
 from tablecast.store import Write
 
 from ..support.nodes import history_router
@@ -38,7 +38,7 @@ def router(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
 
 
 def _history(router: Router, **params: str) -> Any:
-    req = Request(params, "", {})
+    req = HttpRequest(params, "", {})
     code, body, _ = router.history(decode.history_query(KEY, req), req)
     assert code == 200
     return orjson.loads(body)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from tablecast.contract.positions import Position
 from tablecast.http import decode
+from tablecast.http.decode import HttpRequest
 from tablecast.http.routes import ROUTES, Routes
 from tablecast.live.service import watch_query
 from tablecast.query.consistency import DEFAULT_TIMEOUT_MS, NO_OPTIONS, ReadOptions, bound_of
@@ -35,7 +36,6 @@ from tablecast.query.queries import (
     WatchQuery,
     WindowsQuery,
 )
-from tablecast.query.request import Request
 
 ROUTING = Routes(ROUTES)
 PARTITIONS = range(4)
@@ -169,7 +169,7 @@ def decoded(target: str) -> Query:
     route, args = ROUTING.match("GET", path)
     params = dict(parse_qsl(query, keep_blank_values=True))
     ROUTING.check(route, params)
-    req = Request(params, query, {})
+    req = HttpRequest(params, query, {})
     # a watch's snapshot is answered by the watch service, the others by the router
     read = route.read if route.name != "internal_snapshot" else decode.snapshot_share
     assert read is not None, route
@@ -209,10 +209,10 @@ def test_where_a_key_lives_is_never_sent_on() -> None:
 
 def test_a_bound_is_held_to_its_table_by_the_router_not_the_decoder() -> None:
     # the decoder reads the token; which table and partitions it names is checked later
-    bound = decode.bound(Request({"after": "other@9:1"}, "", {}))
+    bound = decode.bound(HttpRequest({"after": "other@9:1"}, "", {}))
     assert bound.after_table == "other" and bound.after == {9: 1}
     with pytest.raises(ApiError) as e:
-        decode.key_query({"table": "t", "key": "k"}, Request({"max_lag": "-1"}, "", {}))
+        decode.key_query({"table": "t", "key": "k"}, HttpRequest({"max_lag": "-1"}, "", {}))
     assert e.value.status == 400
 
 

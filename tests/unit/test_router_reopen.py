@@ -75,7 +75,7 @@ def _setup() -> tuple[Router, Replica, Peers]:
 
 
 def _get(router: Router) -> Any:
-    answer = router.key(KeyQuery.latest("t", "k"), Request({}, "", {}))
+    answer = router.key(KeyQuery.latest("t", "k"), Request({}))
     if asyncio.iscoroutine(answer):
         answer = asyncio.run(answer)
     return answer

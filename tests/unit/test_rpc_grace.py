@@ -39,7 +39,7 @@ def _read(
     choices: list[Any] | None = None,
 ) -> Any:
     rpc = Rpc(peers=None, routing=routing)  # type: ignore[arg-type]
-    req = Request({}, "", headers or {})
+    req = Request(headers or {})
     here = lambda: (200, b"{}", [])  # noqa: E731
     return asyncio.run(rpc.elsewhere(Info(), 0, choices or [], "/x", req, opts, here))  # type: ignore[arg-type]
 

@@ -82,7 +82,7 @@ def _live(tmp: Path, watches: int = 64, waits: int = 16) -> tuple[Live, Replica]
 
 
 def _req(address: str = "10.0.0.1") -> Request:
-    return Request({}, "", {}, None, Client(address))
+    return Request({}, None, Client(address))
 
 
 def test_a_caller_has_at_most_so_many_watches_open(tmp_path: Path) -> None:
