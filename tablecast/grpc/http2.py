@@ -361,7 +361,8 @@ class Connection(asyncio.Protocol):
         if kind == HEADERS:
             if sid == 0:
                 raise _ConnectionError(PROTOCOL_ERROR, "HEADERS on stream 0")
-            payload = _unpadded(flags, payload)
+            if flags & PADDED:
+                payload = _unpadded(flags, payload)
             if flags & PRIORITY_FLAG:
                 payload = payload[5:]
             if flags & END_HEADERS:
@@ -668,7 +669,8 @@ class Connection(asyncio.Protocol):
                 + OK_TAIL.pack(*TRAILERS_FRAME, sid, OK_TRAILERS)
             )
             del self.streams[sid]
-            self._closed()
+            if self.closing:
+                self._closed()
             return
         self._send(stream, response)
         self._finish(stream, Status.OK)
