@@ -118,9 +118,14 @@ def _int(value: int, bits: int, first: int = 0) -> bytes:
     limit = (1 << bits) - 1
     if value < limit:
         return bytes((first | value,))
-    out = bytearray((first | limit,))
-    value -= limit
-    while value >= 128:
+    return bytes((first | limit,)) + varint(value - limit)
+
+
+def varint(value: int) -> bytes:
+    """Seven bits a byte, lowest first, the high bit saying more follow: an HPACK integer's
+    tail, and protobuf's varint."""
+    out = bytearray()
+    while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
         value >>= 7
     out.append(value)

@@ -24,7 +24,7 @@ from tablecast.contract.table_info import TableInfo
 from tablecast.grpc import reflection
 from tablecast.grpc.health import NOT_SERVING, SERVING, Health
 from tablecast.grpc.health import SERVICE as HEALTH_SERVICE
-from tablecast.grpc.http2 import Call, GrpcError, Kind, Method, Server, Status
+from tablecast.grpc.http2 import Call, GrpcError, Kind, Method, Server, Status, varint
 from tablecast.live.events import ERROR, READY, Change, Encoder
 from tablecast.live.service import Live
 from tablecast.live.sinks import QueueSink
@@ -143,16 +143,7 @@ def found_response(row: bytes, headers: list[tuple[str, str]]) -> bytes:
     """The ``GetResponse`` of a row read here, serialized: the row appended as its field 2
     (a message's fields may come in any order), so a kept row is not parsed again."""
     head = pb.GetResponse(found=True, **_freshness(headers)).SerializeToString()
-    return head + b"\x12" + _varint(len(row)) + row
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+    return head + b"\x12" + varint(len(row)) + row
 
 
 def kept_name(table: str, key: str) -> str:
