@@ -54,6 +54,8 @@ def _integer(block: bytes, at: int, bits: int) -> tuple[int, int]:
 
 def _string(block: bytes, at: int) -> tuple[str, int, int]:
     """A string literal at `at`: its text, its decoded length in octets, the next index."""
+    if at >= len(block):
+        raise HpackError("a field cut short")
     huffman = block[at] & 0x80
     length, at = _integer(block, at, 7)
     end = at + length

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import re
 import ssl
 import struct
 import time
@@ -48,10 +49,23 @@ WINDOW_LIMIT = (1 << 31) - 1
 MAX_FRAME = 16384
 #: streams open at once on one connection
 MAX_STREAMS = 128
-#: the receive window of each stream and of the connection, given back as it is read
+#: the receive window of each stream, given back as it is read
 WINDOW = 1 << 20
+#: the connection's receive window, given back as calls take what they were sent: what a
+#: connection can make the node hold
+CONNECTION_WINDOW = (4 << 20) + (64 << 10)
+#: the most a call may have waiting for a client's windows (answers to a per-message call)
+MAX_PENDING = 1 << 20
+#: a connection's preface must arrive within this long
+PREFACE_TIMEOUT_S = 10.0
+#: a connection closed for an error is dropped after this long if its client does not read
+ABORT_AFTER_S = 5.0
+#: the longest grpc-message sent (longer ones are cut)
+MAX_STATUS_MESSAGE = 1024
 #: the largest request message (gRPC's default)
 MAX_MESSAGE = 4 << 20
+#: connections open at once; more are closed as they come
+MAX_CONNECTIONS = 10_000
 #: the largest header block (with its CONTINUATION frames)
 MAX_HEADER_BLOCK = 64 << 10
 #: header blocks kept with the call they name, per connection
@@ -154,7 +168,8 @@ TRAILERS_FRAME = (0, len(OK_TRAILERS), HEADERS, END_HEADERS | END_STREAM)
 
 def trailers(status: Status, message: str, metadata: Iterable[tuple[str, str]] = ()) -> bytes:
     """A call's trailers; its message percent-encoded as gRPC asks."""
-    encoded = "".join(chr(b) if b in _PRINTABLE else f"%{b:02X}" for b in message.encode("utf-8"))
+    raw = message.encode("utf-8")[:MAX_STATUS_MESSAGE]
+    encoded = "".join(chr(b) if b in _PRINTABLE else f"%{b:02X}" for b in raw)
     block = literal("grpc-status", str(int(status)))
     if encoded:
         block += literal("grpc-message", encoded)
@@ -174,11 +189,30 @@ def message(body: bytes) -> bytes:
 
 
 def timeout_of(text: str | None) -> float | None:
-    """The seconds of a grpc-timeout header ("100m", "5S"), None when absent or unreadable."""
-    if not text or not text[:-1].isdigit():
+    """The seconds of a grpc-timeout header ("100m", "5S"): at most eight ASCII digits and a
+    unit, as gRPC spells it; None when absent or unreadable."""
+    if not text or not 2 <= len(text) <= 9:
+        return None
+    digits = text[:-1]
+    if not (digits.isascii() and digits.isdigit()):
         return None
     unit = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}.get(text[-1])
-    return None if unit is None else int(text[:-1]) * unit
+    return None if unit is None else int(digits) * unit
+
+
+def valid_field(name: str, value: str) -> bool:
+    """Whether a request's header field may be taken as HTTP/2 says: a name of lower-case
+    token characters (a pseudo-header's ':' first), a value without NUL, CR or LF; a
+    request with another is malformed (and could be written on to a peer)."""
+    return bool(_NAME(name)) and not _BAD_VALUE(value)
+
+
+_NAME = re.compile(r":?[!#$%&'*+\-.^_`|~0-9a-z]+").fullmatch
+_BAD_VALUE = re.compile(r"[\x00\r\n]").search
+
+
+class _MalformedRequest(Exception):
+    """A request HTTP/2 calls malformed: its stream is reset, the connection goes on."""
 
 
 class _ConnectionError(Exception):
@@ -194,6 +228,7 @@ class Stream:
         "call",
         "data",
         "ended",
+        "held",
         "id",
         "method",
         "pending",
@@ -209,6 +244,7 @@ class Stream:
         self.id, self.method, self.call = sid, method, call
         self.data = bytearray()
         self.received = 0  # bytes of DATA since the stream's window was last given back
+        self.held = 0  # bytes of DATA held here, not given back to the connection's window
         self.ended = False  # the client sent END_STREAM
         self.replied = False  # our response headers went out
         self.send_window = send_window
@@ -242,6 +278,10 @@ class Connection(asyncio.Protocol):
         self.dead = False
         #: frames written while a read is parsed, sent together when it is
         self.out: list[bytes] | None = None
+        #: a dynamic table size update owed at the start of our next header block (the
+        #: client made its table smaller than HPACK's default)
+        self.table_update = b""
+        self._preface_timer: asyncio.TimerHandle | None = None
 
     # -- the connection ------------------------------------------------------------------
 
@@ -249,7 +289,15 @@ class Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         self.client = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else ""
+        if len(self.server.connections) >= MAX_CONNECTIONS:
+            log.warning("%d gRPC connections open: new ones are closed", MAX_CONNECTIONS)
+            self.dead = True
+            transport.abort()  # type: ignore[attr-defined]
+            return
         self.server.connections.add(self)
+        self._preface_timer = asyncio.get_running_loop().call_later(
+            PREFACE_TIMEOUT_S, self._lost, "no HTTP/2 preface in time"
+        )
         settings = b"".join(
             SETTING.pack(k, v)
             for k, v in (
@@ -260,11 +308,13 @@ class Connection(asyncio.Protocol):
         )
         transport.write(  # type: ignore[attr-defined]
             frame(SETTINGS, 0, 0, settings)
-            + frame(WINDOW_UPDATE, 0, 0, (WINDOW - 65535).to_bytes(4, "big"))
+            + frame(WINDOW_UPDATE, 0, 0, (CONNECTION_WINDOW - 65535).to_bytes(4, "big"))
         )
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.dead = True
+        if self._preface_timer is not None:
+            self._preface_timer.cancel()
         self.server.connections.discard(self)
         for stream in self.streams.values():
             self._cancel(stream)
@@ -312,6 +362,8 @@ class Connection(asyncio.Protocol):
                 return
             data = data[len(PREFACE) :]
             self.preface = True
+            if self._preface_timer is not None:
+                self._preface_timer.cancel()
         # what the calls of one read answer (and the PING and WINDOW_UPDATE frames it asks
         # for) leaves in one write
         self.out = out = []
@@ -330,6 +382,9 @@ class Connection(asyncio.Protocol):
                 self._frame(kind, flags, sid & 0x7FFFFFFF, payload)
         except _ConnectionError as e:
             self.goaway(e.code, str(e))
+        except Exception:  # a case this parser missed: this connection ends, the node goes on
+            log.exception("gRPC connection from %s failed", self.client)
+            self.goaway(INTERNAL_ERROR, "internal error")
         finally:
             if pos < end and not self.dead:
                 self.buf += data[pos:]
@@ -341,8 +396,14 @@ class Connection(asyncio.Protocol):
     def _lost(self, why: str) -> None:
         log.debug("gRPC connection from %s closed: %s", self.client, why)
         self.dead = True
-        if self.transport is not None:
-            self.transport.close()
+        for stream in self.streams.values():
+            self._cancel(stream)
+        self.streams.clear()
+        transport = self.transport
+        if transport is not None:
+            transport.close()
+            # what is still unsent waits for a client that may never read it
+            asyncio.get_running_loop().call_later(ABORT_AFTER_S, transport.abort)
 
     def goaway(self, code: int = NO_ERROR, why: str = "") -> None:
         """Say no further stream is taken; an error closes the connection now, NO_ERROR once
@@ -398,10 +459,9 @@ class Connection(asyncio.Protocol):
             if not flags & ACK and self.transport is not None:
                 self._write(frame(PING, ACK, 0, payload))
         elif kind == RST_STREAM:
-            stream = self.streams.pop(sid, None)
+            stream = self.streams.get(sid)
             if stream is not None:
-                self._cancel(stream)
-                self._closed()
+                self._drop(stream)
         elif kind == GOAWAY:
             self.goaway()
         elif kind == PUSH_PROMISE:
@@ -419,6 +479,9 @@ class Connection(asyncio.Protocol):
                 change, self.peer_window = value - self.peer_window, value
                 for stream in self.streams.values():
                     stream.send_window += change
+            elif key == HEADER_TABLE_SIZE:
+                # our blocks never index; a smaller table is still announced, as HPACK asks
+                self.table_update = _int(min(value, 4096), 5, 0x20) if value < 4096 else b""
             elif key == MAX_FRAME_SIZE:
                 if not 16384 <= value <= 16777215:
                     raise _ConnectionError(PROTOCOL_ERROR, "a frame size out of range")
@@ -442,22 +505,26 @@ class Connection(asyncio.Protocol):
             stream = self.streams.get(sid)
             if stream is not None:
                 stream.send_window += increment
+                if stream.send_window > WINDOW_LIMIT:
+                    self._fail(stream, GrpcError(Status.INTERNAL, "a window over 2^31-1"))
+                    self._reset(sid, FLOW_CONTROL_ERROR)
+                    self._drop(stream)
+                    return
                 self._flush(stream)
 
     def _data(self, sid: int, flags: int, payload: bytes) -> None:
         if sid == 0:
             raise _ConnectionError(PROTOCOL_ERROR, "DATA on stream 0")
-        self.unacked += len(payload)
-        if self.unacked >= WINDOW // 2 and self.transport is not None:
-            self._write(frame(WINDOW_UPDATE, 0, 0, self.unacked.to_bytes(4, "big")))
-            self.unacked = 0
         stream = self.streams.get(sid)
         if stream is None:  # ended here (its answer or reset may still be on the way): dropped
             if sid > self.last_stream:
                 raise _ConnectionError(PROTOCOL_ERROR, "DATA on a stream never opened")
+            self._consumed(len(payload))
             return
         if stream.ended:
+            self._consumed(len(payload))
             self._reset(sid, STREAM_CLOSED)
+            self._drop(stream)
             return
         stream.received += len(payload)
         # the whole request in one frame, as unary calls mostly come: no buffer
@@ -469,12 +536,15 @@ class Connection(asyncio.Protocol):
             and int.from_bytes(payload[1:5], "big") == len(payload) - 5
         ):
             stream.ended = True
+            self._consumed(len(payload))
             self._dispatch(stream, payload[5:])
             return
+        stream.held += len(payload)
         stream.data += _unpadded(flags, payload)
         if len(stream.data) > MAX_MESSAGE + 5:
+            stream.pending.clear()  # nothing more for it: its trailers go now
             self._fail(stream, GrpcError(Status.RESOURCE_EXHAUSTED, "a message over 4 MiB"))
-            self._reset(sid, NO_ERROR)
+            self._drop(stream)
             return
         if stream.method.kind is Kind.EACH:
             self._each(stream)
@@ -493,10 +563,14 @@ class Connection(asyncio.Protocol):
                 stream.ended = True
                 self._dispatch(stream)
             return
-        path, method, call = self._call_of(block)
         if sid <= self.last_stream or not sid & 1:
             raise _ConnectionError(PROTOCOL_ERROR, "a stream id out of order")
         self.last_stream = sid
+        try:
+            path, method, call = self._call_of(block)
+        except _MalformedRequest:
+            self._reset(sid, PROTOCOL_ERROR)
+            return
         if self.closing or len(self.streams) >= MAX_STREAMS:
             self._reset(sid, REFUSED_STREAM)
             return
@@ -523,6 +597,8 @@ class Connection(asyncio.Protocol):
         path = ""
         metadata: dict[str, str] = {}
         for name, value in self._decode(block):
+            if not valid_field(name, value):
+                raise _MalformedRequest(f"a header field {name[:64]!r} HTTP/2 does not allow")
             if name[0] == ":":
                 if name == ":path":
                     path = value
@@ -563,6 +639,9 @@ class Connection(asyncio.Protocol):
     def _dispatch(self, stream: Stream, body: bytes | None = None) -> None:
         """The client is done sending: answer the call (`body`: its one request message,
         when it came whole in one frame)."""
+        if stream.held:
+            self._consumed(stream.held)
+            stream.held = 0
         kind = stream.method.kind
         if kind is Kind.EACH:
             if stream.data:
@@ -602,7 +681,16 @@ class Connection(asyncio.Protocol):
 
     def _each(self, stream: Stream) -> None:
         messages = self._messages(stream)
+        taken = stream.held - len(stream.data)
+        if taken > 0:
+            self._consumed(taken)
+            stream.held -= taken
         for body in messages or ():
+            if len(stream.pending) > MAX_PENDING:  # a client that takes no answers
+                stream.pending.clear()
+                self._fail(stream, GrpcError(Status.RESOURCE_EXHAUSTED, "answers not read"))
+                self._drop(stream)
+                return
             try:
                 self._send(stream, stream.method.handler(stream.method.decode(body), stream.call))
             except GrpcError as e:
@@ -613,13 +701,14 @@ class Connection(asyncio.Protocol):
                 return
 
     async def _later(self, stream: Stream, answer: Awaitable[Any]) -> None:
+        deadline = asyncio.timeout(stream.call.timeout)
         try:
-            async with asyncio.timeout(stream.call.timeout):
+            async with deadline:
                 response = await answer
         except GrpcError as e:
             self._fail(stream, e)
         except TimeoutError:
-            self._fail(stream, GrpcError(Status.DEADLINE_EXCEEDED, "the call's deadline passed"))
+            self._timed_out(stream, deadline)
         except Exception:
             log.exception("gRPC %s failed", stream.method.handler)
             self._fail(stream, GrpcError(Status.INTERNAL, "internal error"))
@@ -628,8 +717,9 @@ class Connection(asyncio.Protocol):
 
     async def _stream(self, stream: Stream, request: Any) -> None:
         responses: AsyncIterator[Any] = stream.method.handler(request, stream.call)
+        deadline = asyncio.timeout(stream.call.timeout)
         try:
-            async with asyncio.timeout(stream.call.timeout):
+            async with deadline:
                 async for response in responses:
                     self._send(stream, response)
                     while (stream.pending or self.paused) and not self.dead:
@@ -639,7 +729,7 @@ class Connection(asyncio.Protocol):
         except GrpcError as e:
             self._fail(stream, e)
         except TimeoutError:
-            self._fail(stream, GrpcError(Status.DEADLINE_EXCEEDED, "the call's deadline passed"))
+            self._timed_out(stream, deadline)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -649,6 +739,13 @@ class Connection(asyncio.Protocol):
             aclose = getattr(responses, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+    def _timed_out(self, stream: Stream, deadline: asyncio.Timeout) -> None:
+        if deadline.expired():
+            self._fail(stream, GrpcError(Status.DEADLINE_EXCEEDED, "the call's deadline passed"))
+        else:  # a handler's own wait, not the client's deadline
+            log.exception("gRPC %s failed", stream.method.handler)
+            self._fail(stream, GrpcError(Status.INTERNAL, "internal error"))
 
     # -- answers -------------------------------------------------------------------------
 
@@ -664,6 +761,7 @@ class Connection(asyncio.Protocol):
             and n <= self.peer_frame
             and sid in self.streams
             and not self.dead
+            and not self.table_update
         ):
             self.send_window -= n
             self._write(
@@ -686,7 +784,8 @@ class Connection(asyncio.Protocol):
             return
         if not stream.replied:
             stream.replied = True
-            self._write(frame(HEADERS, END_HEADERS, stream.id, RESPONSE_HEADERS))
+            block = self._owed_update() + RESPONSE_HEADERS
+            self._write(frame(HEADERS, END_HEADERS, stream.id, block))
         stream.pending += message(
             response if isinstance(response, bytes) else response.SerializeToString()
         )
@@ -714,11 +813,8 @@ class Connection(asyncio.Protocol):
     def _refuse(self, sid: int, flags: int, status: Status, why: str) -> None:
         """A trailers-only answer for a stream that was never opened as a call."""
         if self.transport is not None:
-            self._write(
-                frame(
-                    HEADERS, END_HEADERS | END_STREAM, sid, RESPONSE_HEADERS + trailers(status, why)
-                )
-            )
+            block = self._owed_update() + RESPONSE_HEADERS + trailers(status, why)
+            self._write(frame(HEADERS, END_HEADERS | END_STREAM, sid, block))
             if not flags & END_STREAM:
                 self._reset(sid, NO_ERROR)
 
@@ -737,17 +833,39 @@ class Connection(asyncio.Protocol):
             stream.send_window -= n
             self.send_window -= n
         if stream.trailers is not None:
-            self._write(frame(HEADERS, END_HEADERS | END_STREAM, stream.id, stream.trailers))
-            del self.streams[stream.id]
+            block = self._owed_update() + stream.trailers
+            self._write(frame(HEADERS, END_HEADERS | END_STREAM, stream.id, block))
             if not stream.ended:  # the client may still be sending: it need not
                 self._reset(stream.id, NO_ERROR)
-            self._closed()
+            self._drop(stream)
         self._wake(stream)
 
     def _wake(self, stream: Stream) -> None:
         waiter = stream.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    def _owed_update(self) -> bytes:
+        """The dynamic table size update owed at the start of our next header block."""
+        owed, self.table_update = self.table_update, b""
+        return owed
+
+    def _consumed(self, n: int) -> None:
+        """Give `n` bytes of DATA back to the connection's window, once they are taken."""
+        self.unacked += n
+        if self.unacked >= CONNECTION_WINDOW // 4:
+            self._write(frame(WINDOW_UPDATE, 0, 0, self.unacked.to_bytes(4, "big")))
+            self.unacked = 0
+
+    def _drop(self, stream: Stream) -> None:
+        """A stream ended here without its answer (its trailers sent if they could be)."""
+        if self.streams.get(stream.id) is stream:
+            del self.streams[stream.id]
+        if stream.held:
+            self._consumed(stream.held)
+            stream.held = 0
+        self._cancel(stream)
+        self._closed()
 
     def _reset(self, sid: int, code: int) -> None:
         if self.transport is not None and not self.dead:
@@ -808,6 +926,6 @@ class Server:
             await asyncio.sleep(0.02)
         for connection in list(self.connections):
             if connection.transport is not None:
-                connection.transport.close()
+                connection.transport.abort()  # the grace is over: nothing more is sent
             connection.connection_lost(None)
         await asyncio.sleep(0)

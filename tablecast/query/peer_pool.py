@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import re
 import socket
 import ssl
 from collections.abc import Callable, Iterable
@@ -19,6 +20,7 @@ from urllib.parse import unquote, urlsplit
 import httptools
 
 from tablecast.cluster.signing import Signer
+from tablecast.query.errors import ApiError
 
 #: the header that carries a peer's signature of an internal call (see :func:`signed_parts`)
 SIGNATURE = "x-tablecast-signature"
@@ -28,6 +30,9 @@ MAX_IDLE_S = 5.0
 
 #: status, headers (names in lower case, latin-1 text as HTTP sends it), body
 Response = tuple[int, list[tuple[str, str]], bytes]
+
+#: what may not stand in a header line sent to a peer
+_UNSAFE_IN_HEADERS = re.compile(r"[\x00\r\n]").search
 
 
 class PeerHosts:
@@ -184,10 +189,17 @@ class PeerPool:
         head = (
             f"{method} {target} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-length: {len(body)}\r\n"
         )
-        head += "".join(f"{k}: {v}\r\n" for k, v in headers)
+        lines = "".join(f"{k}: {v}\r\n" for k, v in headers)
+        if _UNSAFE_IN_HEADERS(lines.replace("\r\n", "")):
+            # what a client sent goes on in these headers: never a line of its own making
+            raise ApiError("bad_request", "a header holds a control character")
+        head += lines
         if self._signer is not None:
             head += f"{SIGNATURE}: {self._signer.sign(*signed_parts(method, target, body))}\r\n"
-        raw = (head + "\r\n").encode("latin-1") + body
+        try:
+            raw = (head + "\r\n").encode("latin-1") + body
+        except UnicodeEncodeError:
+            raise ApiError("bad_request", "a header is not Latin-1") from None
         loop = asyncio.get_running_loop()
         conn: _Connection | None = None
         waiter = loop.create_future()

@@ -13,7 +13,10 @@ from typing import Any
 
 import grpc
 import pytest
+from hpack import Encoder
 
+from tablecast.grpc import http2
+from tablecast.grpc.header_blocks import Decoder
 from tablecast.grpc.http2 import (
     MAX_FRAME,
     PREFACE,
@@ -66,7 +69,11 @@ async def _count(request: bytes, call: Call) -> AsyncIterator[bytes]:
 
 
 def _reverse(request: bytes, call: Call) -> bytes:
-    return request[::-1]
+    return request[::-1] * 100  # an answer much larger than its request
+
+
+def _long_failure(request: bytes, call: Call) -> bytes:
+    raise GrpcError(Status.NOT_FOUND, "é" * 20_000)
 
 
 def _strict(body: bytes) -> int:
@@ -90,6 +97,7 @@ METHODS = {
     "/t.T/Count": Method(Kind.STREAM, _same, _count),
     "/t.T/Each": Method(Kind.EACH, _same, _reverse),
     "/t.T/Strict": Method(Kind.UNARY, _strict, _size),
+    "/t.T/Long": Method(Kind.UNARY, _same, _long_failure),
 }
 
 
@@ -135,7 +143,7 @@ def test_unary_streaming_and_per_message_calls_answer() -> None:
     echo, late, many, answers, calls = _serve(test)
     assert echo == b"abc!" and late == b"late"
     assert many == [b"0", b"1", b"2", b"3", b"4"]
-    assert answers == [b"eno", b"owt", b"eerht"]
+    assert answers == [b"eno" * 100, b"owt" * 100, b"eerht" * 100]
     assert calls == [str(i).encode() for i in range(300)]
     assert closed == ["5"]
 
@@ -262,11 +270,15 @@ def test_peers_that_break_the_protocol_are_cut_off_and_others_go_on() -> None:
         bad_block = await loop.run_in_executor(
             None, _raw, port, PREFACE + settings + frame(1, 0x5, 1, b"\xff\xff\xff\xff\xff\xff")
         )
+        cut_short = await loop.run_in_executor(
+            None, _raw, port, PREFACE + settings + frame(1, 0x5, 1, b"\x00")
+        )
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             still = await _unary(channel, "Echo")(b"fine")
-        return not_h2, huge, bad_block, still
+        return not_h2, huge, bad_block, cut_short, still
 
-    not_h2, huge, bad_block, still = _serve(test)
+    not_h2, huge, bad_block, cut_short, still = _serve(test)
+    assert _goaway_code(cut_short) == 9  # COMPRESSION_ERROR, not a crash
     assert _goaway_code(not_h2) is None  # closed: not even a GOAWAY for what is not HTTP/2
     assert _goaway_code(huge) == 6  # FRAME_SIZE_ERROR
     assert _goaway_code(bad_block) == 9  # COMPRESSION_ERROR
@@ -294,3 +306,128 @@ def test_stopping_ends_streams_and_refuses_new_calls(grace: float) -> None:
 
     assert asyncio.run(main()) in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
     assert closed == ["0"]
+
+
+class RawH2:
+    """A client speaking HTTP/2 frame by frame, to say what no well-behaved library says."""
+
+    def __init__(self, port: int, settings: bytes = b"") -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        self.sock.sendall(PREFACE + frame(4, 0, 0, settings))
+        self.encoder, self.decoder = Encoder(), Decoder()
+        self.buf = b""
+
+    def call(self, sid: int, path: str, body: bytes, **metadata: str) -> None:
+        fields = [(":method", "POST"), (":scheme", "http"), (":path", path),
+                  (":authority", "x"), ("content-type", "application/grpc"),
+                  *metadata.items()]  # fmt: skip
+        self.sock.sendall(
+            frame(1, 0x4, sid, self.encoder.encode(fields))
+            + frame(0, 0x1, sid, http2.message(body))
+        )
+
+    def frames(
+        self, until: Callable[[int, int, int, bytes], bool]
+    ) -> list[tuple[int, int, int, bytes]]:
+        """Frames (type, flags, stream, payload) until one satisfies `until` or the server
+        closes; header blocks come decoded into their payload's place as a repr."""
+        got = []
+        while True:
+            while len(self.buf) >= 9 and len(self.buf) >= 9 + int.from_bytes(self.buf[:3], "big"):
+                n = int.from_bytes(self.buf[:3], "big")
+                kind, flags, sid = self.buf[3], self.buf[4], int.from_bytes(self.buf[5:9], "big")
+                payload, self.buf = self.buf[9 : 9 + n], self.buf[9 + n :]
+                if kind == 1:
+                    payload = repr(self.decoder.decode(payload)).encode()
+                got.append((kind, flags, sid, payload))
+                if until(kind, flags, sid, payload):
+                    return got
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                return got
+            self.buf += chunk
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _ended(sid: int) -> Callable[[int, int, int, bytes], bool]:
+    return lambda kind, flags, s, _: s == sid and (kind == 3 or (kind == 1 and flags & 1))
+
+
+def test_a_header_with_a_line_break_resets_its_stream_only() -> None:
+    async def test(port: int) -> Any:
+        def run() -> Any:
+            raw = RawH2(port)
+            raw.call(1, "/t.T/Echo", b"x", **{"x-tablecast-after": "a\r\nx-evil: 1"})
+            first = raw.frames(_ended(1))
+            raw.call(3, "/t.T/Echo", b"y", **{"grpc-timeout": "\u00b2S"})  # no ASCII digit
+            second = raw.frames(_ended(3))
+            raw.close()
+            return first, second
+
+        return await asyncio.get_running_loop().run_in_executor(None, run)
+
+    first, second = _serve(test)
+    assert first[-1][0] == 3 and int.from_bytes(first[-1][3], "big") == 1  # PROTOCOL_ERROR
+    assert b"grpc-status', '0'" in second[-1][3]  # answered: the timeout is none
+
+
+def test_answers_a_client_does_not_take_are_bounded() -> None:
+    async def test(port: int) -> Any:
+        def run() -> Any:
+            raw = RawH2(port, struct.pack(">HL", 4, 0))  # no window for our answers
+            raw.sock.sendall(
+                frame(1, 0x4, 1, raw.encoder.encode([(":method", "POST"), (":scheme", "http"),
+                      (":path", "/t.T/Each"), (":authority", "x"),
+                      ("content-type", "application/grpc")]))
+            )  # fmt: skip
+            data = http2.message(b"0123456789") * 1400  # 21 KB asking 1.4 MB of answers
+            for at in range(0, len(data), 16_000):
+                raw.sock.sendall(frame(0, 0, 1, data[at : at + 16_000]))
+            got = raw.frames(_ended(1))
+            raw.close()
+            return got
+
+        return await asyncio.get_running_loop().run_in_executor(None, run)
+
+    got = _serve(test)
+    assert b"grpc-status', '8'" in got[-1][3] or got[-1][0] == 3
+
+
+def test_a_long_error_message_is_cut_and_the_channel_goes_on() -> None:
+    async def test(port: int) -> Any:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                await _unary(channel, "Long")(b"")
+            return failed.value, await _unary(channel, "Echo")(b"after")
+
+    failed, after = _serve(test)
+    assert failed.code() == grpc.StatusCode.NOT_FOUND
+    assert 0 < len(failed.details()) <= 600 and after == b"after"
+
+
+def test_a_smaller_header_table_is_announced_and_a_silent_peer_is_dropped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(http2, "PREFACE_TIMEOUT_S", 0.3)
+
+    async def test(port: int) -> Any:
+        def run() -> Any:
+            raw = RawH2(port, struct.pack(">HL", 1, 0))  # HEADER_TABLE_SIZE 0
+            raw.frames(lambda kind, flags, *_: kind == 4 and flags & 1)  # our ACK
+            raw.call(1, "/t.T/Echo", b"x")
+            got = raw.frames(_ended(1))
+            raw.close()
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as silent:
+                closed = silent.recv(100) is not None  # our SETTINGS, then the close
+                while silent.recv(100):
+                    pass
+            return got, closed
+
+        return await asyncio.get_running_loop().run_in_executor(None, run)
+
+    got, closed = _serve(test)
+    headers = [payload for kind, _, sid, payload in got if kind == 1 and sid == 1]
+    assert headers and b"grpc-status', '0'" in headers[-1]
+    assert closed
