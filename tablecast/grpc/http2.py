@@ -20,10 +20,12 @@ import re
 import ssl
 import struct
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections import defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 from google.protobuf.message import Message
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from tablecast.grpc.header_blocks import Decoder, HpackError
 
@@ -60,6 +62,8 @@ MAX_PENDING = 1 << 20
 PREFACE_TIMEOUT_S = 10.0
 #: a connection closed for an error is dropped after this long if its client does not read
 ABORT_AFTER_S = 5.0
+#: the path calls of methods the server lacks are counted under
+UNKNOWN_METHOD = "/unknown/unknown"
 #: the longest grpc-message sent (longer ones are cut)
 MAX_STATUS_MESSAGE = 1024
 #: the largest request message (gRPC's default)
@@ -231,6 +235,7 @@ class Stream:
         "held",
         "id",
         "method",
+        "path",
         "pending",
         "received",
         "replied",
@@ -240,8 +245,8 @@ class Stream:
         "waiter",
     )
 
-    def __init__(self, sid: int, method: Method, call: Call, send_window: int) -> None:
-        self.id, self.method, self.call = sid, method, call
+    def __init__(self, sid: int, path: str, method: Method, call: Call, send_window: int) -> None:
+        self.id, self.path, self.method, self.call = sid, path, method, call
         self.data = bytearray()
         self.received = 0  # bytes of DATA since the stream's window was last given back
         self.held = 0  # bytes of DATA held here, not given back to the connection's window
@@ -258,6 +263,7 @@ class Connection(asyncio.Protocol):
     def __init__(self, server: Server) -> None:
         self.server = server
         self.methods = server.methods
+        self.handled = server.handled
         self.transport: asyncio.Transport | None = None
         self.client = ""
         self.buf = bytearray()
@@ -461,6 +467,8 @@ class Connection(asyncio.Protocol):
         elif kind == RST_STREAM:
             stream = self.streams.get(sid)
             if stream is not None:
+                if stream.trailers is None:
+                    self.handled[(stream.path, Status.CANCELLED)] += 1
                 self._drop(stream)
         elif kind == GOAWAY:
             self.goaway()
@@ -580,7 +588,7 @@ class Connection(asyncio.Protocol):
         if not call.metadata.get("content-type", "").startswith("application/grpc"):
             self._refuse(sid, flags, Status.INTERNAL, "content-type is not application/grpc")
             return
-        stream = Stream(sid, method, call, self.peer_window)
+        stream = Stream(sid, path, method, call, self.peer_window)
         self.streams[sid] = stream
         if flags & END_STREAM:
             stream.ended = True
@@ -772,6 +780,7 @@ class Connection(asyncio.Protocol):
                 + OK_TAIL.pack(*TRAILERS_FRAME, sid, OK_TRAILERS)
             )
             del self.streams[sid]
+            self.handled[(stream.path, Status.OK)] += 1
             if self.closing:
                 self._closed()
             return
@@ -803,6 +812,7 @@ class Connection(asyncio.Protocol):
     ) -> None:
         if stream.id not in self.streams or stream.trailers is not None:
             return
+        self.handled[(stream.path, status)] += 1
         block = trailers(status, why, metadata)
         if not stream.replied:  # trailers only
             stream.replied = True
@@ -812,6 +822,7 @@ class Connection(asyncio.Protocol):
 
     def _refuse(self, sid: int, flags: int, status: Status, why: str) -> None:
         """A trailers-only answer for a stream that was never opened as a call."""
+        self.handled[(UNKNOWN_METHOD, status)] += 1
         if self.transport is not None:
             block = self._owed_update() + RESPONSE_HEADERS + trailers(status, why)
             self._write(frame(HEADERS, END_HEADERS | END_STREAM, sid, block))
@@ -891,12 +902,29 @@ def _unpadded(flags: int, payload: bytes) -> bytes:
 
 
 class Server:
-    """gRPC methods (by path, "/package.Service/Method") served on a host and port."""
+    """gRPC methods (by path, "/package.Service/Method") served on a host and port; its
+    figures are a Prometheus collector (:meth:`collect`)."""
 
     def __init__(self, methods: dict[str, Method]) -> None:
         self.methods = methods
         self.connections: set[Connection] = set()
         self._server: asyncio.Server | None = None
+        #: calls ended, by method path and status (a method the server lacks as one path)
+        self.handled: defaultdict[tuple[str, Status], int] = defaultdict(int)
+
+    def collect(self) -> Iterator[Metric]:
+        handled = CounterMetricFamily(
+            "tablecast_grpc_server_handled",
+            "gRPC calls ended, by method and status (as grpc-prometheus names them)",
+            labels=["grpc_service", "grpc_method", "grpc_code"],
+        )
+        for (path, status), n in sorted(self.handled.items()):
+            service, _, method = path.strip("/").partition("/")
+            handled.add_metric([service, method, status.name], n)
+        yield handled
+        yield GaugeMetricFamily(
+            "tablecast_grpc_connections", "gRPC connections open", value=len(self.connections)
+        )
 
     async def start(self, host: str, port: int, tls: tuple[str, str] | None = None) -> None:
         context = None

@@ -18,6 +18,7 @@ from typing import Any, NoReturn, Protocol
 
 import grpc
 import orjson
+from prometheus_client import CollectorRegistry
 
 from tablecast.cluster.node import Node as ClusterNode
 from tablecast.contract.table_info import TableInfo
@@ -51,6 +52,8 @@ class NodeApp(Protocol):
     router: Router
     live: Live
     gate: Gate
+    #: the node's metrics, which the gRPC server's figures join
+    metrics: CollectorRegistry
 
 
 SERVICE = "tablecast.v1.Tables"
@@ -465,6 +468,7 @@ async def serve_grpc(
     health = Health()
     server = Server(methods(app, health))
     await server.start(host, port, tls)
+    app.metrics.register(server)  # type: ignore[arg-type]
     return Served(server, health, lambda: app.node.ready)
 
 

@@ -5,6 +5,7 @@ control past the windows, TLS, and peers that break the protocol."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -431,3 +432,32 @@ def test_a_smaller_header_table_is_announced_and_a_silent_peer_is_dropped(
     headers = [payload for kind, _, sid, payload in got if kind == 1 and sid == 1]
     assert headers and b"grpc-status', '0'" in headers[-1]
     assert closed
+
+
+def test_calls_are_counted_by_method_and_status() -> None:
+    async def main() -> Any:
+        server = Server(METHODS)
+        port = free_port()
+        await server.start("127.0.0.1", port)
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                for name in ("Echo", "Echo", "Fail", "Nothing"):
+                    with contextlib.suppress(grpc.aio.AioRpcError):
+                        await _unary(channel, name)(b"x")
+                open_now = len(server.connections)
+        finally:
+            await server.stop(0.5)
+        families = {f.name: f for f in server.collect()}
+        return families, open_now
+
+    families, open_now = asyncio.run(main())
+    handled = {
+        (s.labels["grpc_method"], s.labels["grpc_code"]): s.value
+        for s in families["tablecast_grpc_server_handled"].samples
+    }
+    assert handled == {
+        ("Echo", "OK"): 2,
+        ("Fail", "PERMISSION_DENIED"): 1,
+        ("unknown", "UNIMPLEMENTED"): 1,
+    }
+    assert open_now == 1
