@@ -468,7 +468,7 @@ class Connection(asyncio.Protocol):
             stream = self.streams.get(sid)
             if stream is not None:
                 if stream.trailers is None:
-                    self.handled[(stream.path, Status.CANCELLED)] += 1
+                    self.handled[(stream.path, int(Status.CANCELLED))] += 1
                 self._drop(stream)
         elif kind == GOAWAY:
             self.goaway()
@@ -544,7 +544,9 @@ class Connection(asyncio.Protocol):
             and int.from_bytes(payload[1:5], "big") == len(payload) - 5
         ):
             stream.ended = True
-            self._consumed(len(payload))
+            self.unacked += len(payload)  # taken now (_consumed, inline on the hot path)
+            if self.unacked >= CONNECTION_WINDOW // 4:
+                self._consumed(0)
             self._dispatch(stream, payload[5:])
             return
         stream.held += len(payload)
@@ -780,7 +782,7 @@ class Connection(asyncio.Protocol):
                 + OK_TAIL.pack(*TRAILERS_FRAME, sid, OK_TRAILERS)
             )
             del self.streams[sid]
-            self.handled[(stream.path, Status.OK)] += 1
+            self.handled[(stream.path, 0)] += 1
             if self.closing:
                 self._closed()
             return
@@ -812,7 +814,7 @@ class Connection(asyncio.Protocol):
     ) -> None:
         if stream.id not in self.streams or stream.trailers is not None:
             return
-        self.handled[(stream.path, status)] += 1
+        self.handled[(stream.path, int(status))] += 1
         block = trailers(status, why, metadata)
         if not stream.replied:  # trailers only
             stream.replied = True
@@ -822,7 +824,7 @@ class Connection(asyncio.Protocol):
 
     def _refuse(self, sid: int, flags: int, status: Status, why: str) -> None:
         """A trailers-only answer for a stream that was never opened as a call."""
-        self.handled[(UNKNOWN_METHOD, status)] += 1
+        self.handled[(UNKNOWN_METHOD, int(status))] += 1
         if self.transport is not None:
             block = self._owed_update() + RESPONSE_HEADERS + trailers(status, why)
             self._write(frame(HEADERS, END_HEADERS | END_STREAM, sid, block))
@@ -909,8 +911,9 @@ class Server:
         self.methods = methods
         self.connections: set[Connection] = set()
         self._server: asyncio.Server | None = None
-        #: calls ended, by method path and status (a method the server lacks as one path)
-        self.handled: defaultdict[tuple[str, Status], int] = defaultdict(int)
+        #: calls ended, by method path and status code (a method the server lacks as one
+        #: path; codes as ints: an enum member hashes in Python, once per call)
+        self.handled: defaultdict[tuple[str, int], int] = defaultdict(int)
 
     def collect(self) -> Iterator[Metric]:
         handled = CounterMetricFamily(
@@ -920,7 +923,7 @@ class Server:
         )
         for (path, status), n in sorted(self.handled.items()):
             service, _, method = path.strip("/").partition("/")
-            handled.add_metric([service, method, status.name], n)
+            handled.add_metric([service, method, Status(status).name], n)
         yield handled
         yield GaugeMetricFamily(
             "tablecast_grpc_connections", "gRPC connections open", value=len(self.connections)
