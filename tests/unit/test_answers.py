@@ -205,3 +205,44 @@ def test_what_it_counts_covers_the_memory_it_takes() -> None:
     finally:
         tracemalloc.stop()
     assert len(keys) * 300 < taken <= counted, (taken, counted)
+
+
+class _GrpcApp:
+    """What the gRPC service reads with, around the router above (no auth, no limit)."""
+
+    def __init__(self, router: Router, node: OneReplicaNode) -> None:
+        from tablecast.query.auth import Auth
+        from tablecast.query.gate import Gate
+
+        self.node, self.router, self.live = node, router, None
+        self.gate = Gate(Auth(), None)
+
+
+def test_a_grpc_get_is_kept_apart_and_ends_with_the_same_moves() -> None:
+    from tablecast.grpc.http2 import Call
+    from tablecast.grpc.service import Tables, kept_name
+    from tablecast.proto import tables_pb2 as pb
+
+    router, answers, replica, node = _setup()
+    tables = Tables(_GrpcApp(router, node))  # type: ignore[arg-type]
+    call = Call({}, "127.0.0.1:1", None)
+
+    def get() -> pb.GetResponse:
+        answer = tables.get(pb.GetRequest(table="t", key="k"), call)
+        return pb.GetResponse.FromString(answer)
+
+    first = get()
+    assert first.found and first.row.value == '"v0"'
+    assert answers.get(kept_name("t", "k")) is not None and answers.get(PATH) is None
+    assert get() == first  # from the kept bytes, equal to the read's
+    http_headers = _read(router)[2]  # HTTP's own entry beside it
+    assert dict(http_headers)["x-tablecast-position"] == first.position
+    _write(replica, b"j", 1)  # another key of the partition: the position moved
+    assert answers.get(kept_name("t", "k")) is None
+    second = get()
+    assert second.row.value == '"v0"' and second.position != first.position
+    _write(replica, b"k", "v1")
+    assert get().row.value == '"v1"'
+    # a call that says it is a peer's hop is refused, kept answer or not
+    with pytest.raises(Exception, match="nodes' own calls"):
+        tables.get(pb.GetRequest(table="t", key="k"), Call({"x-tablecast-hop": "1"}, "", None))
