@@ -56,10 +56,6 @@ class Position:
                 offsets[p] = o
         return Position(self.table, offsets)
 
-    def covers(self, other: Position) -> bool:
-        """Whether this position is at least as far as `other` in every partition `other` names."""
-        return all(self.offsets.get(p, -1) >= o for p, o in other.offsets.items())
-
 
 def token(table: str, partition: int, position: int) -> str:
     """The token of a read of one partition at `position`."""

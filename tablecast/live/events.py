@@ -16,7 +16,6 @@ import orjson
 
 from tablecast.contract.table_info import TableInfo
 from tablecast.live.resume_token import single
-from tablecast.serde import SerdeError
 
 SNAPSHOT, READY, CHANGE, ERROR = "snapshot", "ready", "change", "error"
 _DATA = b'{"key":%b,"value":%b,"partition":%d,"offset":%d,"timestamp":%d}'
@@ -138,15 +137,6 @@ class Change:
         if event is None:
             event = cache[encoder.name] = encoder.encode(CHANGE, self.single_token, self)
         return event
-
-
-def renderable(renderer: Renderer, key: bytes) -> bool:
-    """Whether a key can be shown at all (a record with an unreadable key is never delivered)."""
-    try:
-        renderer.key_object(key)
-    except (SerdeError, ValueError, TypeError):
-        return False
-    return True
 
 
 class Encoder:

@@ -14,7 +14,7 @@ page covers. The next page, from its cursor, may be at later offsets.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 import orjson
@@ -365,11 +365,6 @@ def limit_param(params: dict[str, str]) -> int:
     if not 1 <= limit <= MAX_LIMIT:
         raise ApiError("bad_request", f"limit must be between 1 and {MAX_LIMIT}")
     return limit
-
-
-def partitions_param(info: TableInfo, params: Mapping[str, str]) -> list[int]:
-    """``?partitions=0,3,5`` of an internal call, each a partition of `info`'s table."""
-    return own_partitions(info, partitions_of(params.get("partitions", "")))
 
 
 def partitions_of(text: str) -> tuple[int, ...]:
