@@ -352,7 +352,10 @@ gets the same shape by pipelining, which lowers its own cost per request too. gh
 about ten times wrk's CPU per call on the load core, so under it the node is far from
 busy and each call pays a wake-up of the node's loop: the wrk/ghz ratios say what a Go
 gRPC client with one call in flight per connection sees. h2load asks for one key because
-it cannot vary a request body.
+it cannot vary a request body. The wrk runs move from round to round; a likely cause, not
+checked: Gets of every key over both front ends keep answers in one budget of the node's
+(`--answers-mb`), which twice the keys overflow, so each front end's runs evict the
+other's entries.
 """
 
 
