@@ -6,9 +6,10 @@ protocol that parses frames as they arrive and answers a unary call in the same 
 when its handler answers at once (a local read), so such a call costs no task. Header
 blocks are decoded by :mod:`tablecast.grpc.header_blocks`. What a peer can make us
 hold is bounded: one frame of at most :data:`MAX_FRAME` bytes, one header block of
-:data:`MAX_HEADER_BLOCK`, a message of :data:`MAX_MESSAGE` per stream,
-:data:`MAX_STREAMS` streams; and a connection whose client does not read its answers is
-not read either.
+:data:`MAX_HEADER_BLOCK`, a message of :data:`MAX_MESSAGE`, request bytes of
+:data:`CONNECTION_WINDOW` per connection (its window is given back only as calls take
+them), :data:`MAX_STREAMS` streams and :data:`MAX_CONNECTIONS` connections; a connection
+whose client does not read its answers is not read either.
 """
 
 from __future__ import annotations
