@@ -68,7 +68,7 @@ class Console:
         for replica in list(node.ingestor.replicas.values()):
             hits += getattr(replica.store, "hits", 0)
             misses += getattr(replica.store, "misses", 0)
-        requests = dict(self.stats.requests)
+        requests = dict(self.stats.fold().requests)
         total = sum(requests.values())
         counts = [0] * (len(BUCKETS) + 1)
         for route, buckets in list(self.stats.buckets.items()):

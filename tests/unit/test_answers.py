@@ -246,3 +246,26 @@ def test_a_grpc_get_is_kept_apart_and_ends_with_the_same_moves() -> None:
     # a call that says it is a peer's hop is refused, kept answer or not
     with pytest.raises(Exception, match="nodes' own calls"):
         tables.get(pb.GetRequest(table="t", key="k"), Call({"x-tablecast-hop": "1"}, "", None))
+
+
+def test_kept_answers_count_as_key_reads_when_the_figures_are_read() -> None:
+    from tablecast.query.stats import HttpStats
+
+    stats = HttpStats()
+    stats.record("key", 200, 0.002)
+    stats.kept += 3  # what the hot path does for each kept answer given
+    families = {f.name: f for f in stats.collect()}
+    requests = {
+        (s.labels["route"], s.labels["status"]): s.value
+        for s in families["tablecast_http_requests"].samples
+    }
+    assert requests == {("key", "200"): 4} and stats.kept == 0
+    first_bucket = next(
+        s.value
+        for s in families["tablecast_http_request_duration_seconds"].samples
+        if s.name.endswith("_bucket") and s.labels["le"] == "0.0005"
+    )
+    assert first_bucket == 3
+    stats.kept += 2  # a read process's report (all since its last one) carries them too
+    delta = orjson.loads(stats.delta())
+    assert delta["requests"] == [["key", 200, 6]] and delta["buckets"]["key"][0] == 5

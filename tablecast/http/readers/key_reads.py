@@ -240,7 +240,10 @@ class Answerer:
         if kept is not None and kept.valid():  # the hot path: this head answered before
             if self.rate is not None and not self._admitted(None, client):
                 return None
-            self.stats.record("key", kept.status, perf_counter() - started)
+            if kept.status == 200:
+                self.stats.kept += 1
+            else:
+                self.stats.record("key", kept.status, perf_counter() - started)
             return kept.wire
         target = plain_get(head)
         if target is None:

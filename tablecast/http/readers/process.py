@@ -126,5 +126,5 @@ async def _report(answerer: Answerer, out: asyncio.WriteTransport) -> None:
     while True:
         await asyncio.sleep(STATS_S)
         stats = answerer.stats
-        if stats.requests:
+        if stats.requests or stats.kept:
             out.write(stats.delta() + b"\n")
