@@ -886,8 +886,10 @@ class Connection(asyncio.Protocol):
             self._write(frame(RST_STREAM, 0, sid, code.to_bytes(4, "big")))
 
     def _cancel(self, stream: Stream) -> None:
-        if stream.task is not None and not stream.task.done():
-            stream.task.cancel()
+        task = stream.task
+        # a call's own task that ends it (its trailers sent) is finishing, not cancelled
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            task.cancel()
         self._wake(stream)
 
     def _closed(self) -> None:
