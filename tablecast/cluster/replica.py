@@ -68,8 +68,12 @@ class Replica:
     #: caught up, and neither released nor reopening: what a plain read asks, kept by move()
     #: as one attribute for the read path
     serving: bool = field(init=False, default=False)
+    #: (table, partition), the key ownership and the ingestor know it by: one tuple for
+    #: every reader of it, so a read that checks ownership hashes a tuple already in cache
+    slot: tuple[str, int] = field(init=False)
 
     def __post_init__(self) -> None:
+        self.slot = (self.table.name, self.partition)
         self._note_serving()
 
     def _note_serving(self) -> None:

@@ -60,7 +60,7 @@ class Entry:
     ) -> None:
         self.info = info
         self.replica = replica
-        self.slot = (info.name, replica.partition)
+        self.slot = replica.slot
         self.position = position
         self.end = end
         self.headers = headers
@@ -139,7 +139,7 @@ class Answers:
             version & 1
             or replica.version != version
             or replica.end_offset != end
-            or not self._answerable(info, replica, (info.name, replica.partition))
+            or not self._answerable(info, replica, replica.slot)
         ):
             return
         size = _size(path, body)

@@ -3,6 +3,7 @@ including after kill -9 and restart of a node with RocksDB stores."""
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import time
@@ -16,6 +17,7 @@ import pytest
 from tablecast import serde
 from tablecast.contract import positions
 from tablecast.contract.partitioner import partition_for
+from tablecast.node import huge_pages
 
 from ..support.procs import NodeProcess, eventually, start_node
 from .tables import TableModel, make_table, write_windows
@@ -157,6 +159,9 @@ def test_kept_answers_follow_every_write(
     try:
         node.wait_ready()
         node.wait_caught_up(bootstrap, "hot", model.info.topic)
+        if huge_pages.needed(os.environ):  # where the kernel gives them on request, it asked
+            started = Path(f"/proc/{node.proc.pid}/environ").read_bytes().split(b"\0")
+            assert b"PYTHONMALLOC=malloc" in started
         with httpx.Client(base_url=node.url, timeout=10.0) as http:
 
             def read(key: str) -> tuple[int, int, int]:
