@@ -1,12 +1,15 @@
 """HTTP baselines: a constant JSON body on candidate stacks (``python -m bench.baselines STACK PORT``).
 
-``granian-rsgi`` is the node's own stack (same serve function, same settings);
-the others are the alternatives it was chosen over.
+``granian-rsgi`` is the node's granian stack (same serve function, same settings);
+``loop-kept`` the default engine's (same serve function) answering every GET with one
+kept answer, which leaves out only the lookup among many; the others are the
+alternatives they were chosen over.
 """
 
 from __future__ import annotations
 
 import sys
+from types import SimpleNamespace
 from typing import Any
 
 BODY = (
@@ -18,6 +21,25 @@ HEADERS = [("content-type", "application/json")]
 
 class ConstantRSGI:
     async def __call__(self, scope: Any, proto: Any) -> None:
+        proto.response_bytes(200, HEADERS, BODY)
+
+
+class OneKept:
+    """The loop engine's app with one kept answer for every plain GET (and the constant
+    body for any other request)."""
+
+    def __init__(self) -> None:
+        from tablecast.query.answer_bytes import kept_alive
+
+        self.entry = SimpleNamespace(wire=kept_alive(200, HEADERS, BODY))
+
+    def kept(self, path: str, headers: Any) -> Any:
+        return self.entry
+
+    def forward(self, path: str, headers: Any, sink: Any) -> None:
+        return None
+
+    def begin(self, scope: Any, proto: Any) -> None:
         proto.response_bytes(200, HEADERS, BODY)
 
 
@@ -42,6 +64,12 @@ def main() -> None:
         from tablecast.node.serve import serve_rsgi
 
         uvloop.run(serve_rsgi(ConstantRSGI(), "127.0.0.1", port))
+    elif stack == "loop-kept":
+        import uvloop
+
+        from tablecast.node.serve import serve_loop
+
+        uvloop.run(serve_loop(OneKept(), "127.0.0.1", port))  # type: ignore[arg-type]
     elif stack == "granian-asgi":
         import asyncio
 

@@ -2,7 +2,9 @@
 
 `asset-prices` has 30 partitions keyed by symbol; each tick says which
 exchange quoted which price when. The table `prices` maps a symbol to
-{exchange: {"price", "time"}}. Run it with
+{exchange: {"price", "time"}}, computed by Spark itself (Column expressions: no
+Python worker between a tick and its board, which keeps the board fresh).
+Run it with
 
     tablecast dev examples/stock_prices.py --generate     (or: tablecast demo)
 
@@ -18,6 +20,9 @@ import threading
 import time
 from datetime import timedelta
 from typing import Any
+
+from pyspark.sql import Column
+from pyspark.sql import functions as F
 
 import tablecast as tc
 
@@ -49,17 +54,29 @@ EXCHANGES = ["NASDAQ", "NYSE", "LSE", "XETRA", "EURONEXT"]
 
 
 def quote_board(symbol: str, tick: dict[str, Any], board: dict[str, Any]) -> dict[str, Any]:
-    """The symbol's board gets this exchange's latest price and time."""
+    """The symbol's board gets this exchange's latest price and time (the board as a
+    Python function: ``build(python_board=True)``)."""
     return {**board, tick["exchange"]: {"price": tick["price"], "time": tick["time"]}}
 
 
-def build(app_id: str = "stocks", topic: str = TOPIC) -> tc.App:
+def board_columns() -> Column:
+    """The same board as one Spark aggregate: per exchange, the price and time of its
+    newest tick (None until it quotes, and a JSON board leaves out what is None)."""
+    time = F.variant_get("value", "$.time", "long")
+    exchange = F.variant_get("value", "$.exchange", "string")
+    quote = F.struct(F.variant_get("value", "$.price", "double").alias("price"), time.alias("time"))
+    return F.struct(*(F.max_by(quote, F.when(exchange == e, time)).alias(e) for e in EXCHANGES))
+
+
+def build(app_id: str = "stocks", topic: str = TOPIC, python_board: bool = False) -> tc.App:
     app = tc.App(app_id)
     ticks = app.stream(topic, key=tc.serde.string(), value=tc.serde.json())
-    # 10 minutes of versions, not more: the demo's 200 ticks/s are kept in memory
-    ticks.group_by_key().aggregate(dict, quote_board).materialize(
-        "prices", store="memory", history=timedelta(minutes=10)
+    grouped = ticks.group_by_key()
+    board = (
+        grouped.aggregate(dict, quote_board) if python_board else grouped.aggregate(board_columns())
     )
+    # 10 minutes of versions, not more: the demo's 200 ticks/s are kept in memory
+    board.materialize("prices", store="memory", history=timedelta(minutes=10))
     return app
 
 
