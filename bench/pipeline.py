@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import statistics
 import tempfile
 import threading
 import time
@@ -449,6 +450,12 @@ def demo_freshness(
             for p in progress
             if p.get("numInputRows", 0) > 0
         ]
+        # where a batch's time goes: Spark's own phases, medians over the batches with input
+        with_input = [p["durationMs"] for p in progress if p.get("numInputRows", 0) > 0]
+        phases = {
+            name: statistics.median(d.get(name, 0) for d in with_input)
+            for name in sorted({n for d in with_input for n in d})
+        }
         final = next(n for n in pipeline.queries if not n.rsplit(".", 1)[-1].isdigit())
         return {
             "pipeline": "the board as a Python function"
@@ -466,6 +473,7 @@ def demo_freshness(
             "board_age": percentiles(board_age),
             "batch_ms": percentiles([b / 1000 for b in batches]) if batches else {},
             "batches": len(batches),
+            "phases_ms": phases,
         }
     finally:
         stop.set()
@@ -491,6 +499,11 @@ def render_demo(runs: list[dict[str, Any]], argv: str, m: dict[str, Any]) -> str
             f"| {mb.get('max_ms', '–')} | |",
         ]
     table = "\n".join(rows)
+    phases = "; ".join(
+        f"{f['pipeline']}: "
+        + ", ".join(f"{k} {v:.0f}" for k, v in f.get("phases_ms", {}).items() if v)
+        for f in runs
+    )
     f = runs[0]
     return f"""
 ## The demo's freshness: produce to answer
@@ -515,7 +528,8 @@ a node returns it. Milliseconds:
 One run each; the node, the load and the pipeline share the cores, as in `./run demo`. The
 markers begin 10 s after the node is ready, so the first minute of a fresh session is in
 them. A marker waits for the next trigger (half the interval on average) and then a whole
-batch.
+batch. Where a batch with input spends its time (Spark's progress reports, medians, ms):
+{phases}.
 """
 
 
