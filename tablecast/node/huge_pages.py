@@ -13,10 +13,13 @@ them set, once, before it has done anything.
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import sys
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 #: the kernel's transparent huge page mode, e.g. ``always [madvise] never``
 THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -61,8 +64,13 @@ def huge_page_environ(environ: dict[str, str] | os._Environ[str]) -> dict[str, s
 def restart_on_huge_pages() -> None:
     """Replace this process with the same command on huge pages, when that helps (same
     pid: whoever started it still holds it); return when it does not."""
-    if not needed(os.environ):
-        return
+    if not sys.executable or not needed(os.environ):
+        return  # an embedded interpreter has no command to run again
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], huge_page_environ(os.environ))
+    try:
+        os.execve(
+            sys.executable, [sys.executable, *sys.orig_argv[1:]], huge_page_environ(os.environ)
+        )
+    except OSError as e:  # the interpreter cannot be run again: go on as it is
+        log.warning("not restarted on huge pages: %s", e)

@@ -85,3 +85,14 @@ def test_the_restart_runs_the_same_command_again_with_the_heap_asking() -> None:
     first, second, after = out[0], out[1], out[2]
     assert first.startswith("start ") and second == first  # ran twice, as one process
     assert after == f"after {first.split()[1]} malloc ['an-argument']"
+
+
+@pytest.mark.skipif(not _host_restarts(), reason="this host would not restart for huge pages")
+def test_an_interpreter_that_cannot_run_again_goes_on_as_it_is(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delenv("PYTHONMALLOC", raising=False)
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python3")
+    huge_pages.restart_on_huge_pages()  # returns: no exec happened, no error raised
+    assert "not restarted on huge pages" in caplog.text
