@@ -148,8 +148,8 @@ def replication_factor(client: AdminClient) -> int:
 def end_offsets(bootstrap_servers: str, topic: str, timeout: float = 10.0) -> dict[int, int]:
     """The next offset to be written, per partition of `topic` (empty if it does not exist).
 
-    A partition without a leader yet (a topic just created) is asked again until
-    `timeout`.
+    A partition without a leader yet, or with its leader epoch in flux (a topic just
+    created), is asked again until `timeout`.
     """
     return EndOffsets(bootstrap_servers).of([topic], timeout).get(topic, {})
 
@@ -167,10 +167,13 @@ class EndOffsets:
         from confluent_kafka import TopicPartition
         from confluent_kafka.admin import OffsetSpec
 
-        # a partition whose leader is not known yet (a topic just created) is asked again
+        # a partition whose leader is not known yet (a topic just created), or whose leader
+        # epoch the client and broker do not agree on yet (its metadata moving), is asked again
         leaderless = {
             KafkaError.NOT_LEADER_FOR_PARTITION,
             KafkaError.LEADER_NOT_AVAILABLE,
+            KafkaError.UNKNOWN_LEADER_EPOCH,
+            KafkaError.FENCED_LEADER_EPOCH,
             KafkaError._TIMED_OUT,
         }
         deadline = time.monotonic() + timeout
