@@ -3,8 +3,7 @@
 `asset-prices` has 30 partitions keyed by symbol; each tick says which
 exchange quoted which price when. The table `prices` maps a symbol to
 {exchange: {"price", "time"}}, computed by Spark itself (Column expressions: no
-Python worker between a tick and its board, which keeps the board fresh).
-Run it with
+Python worker between a tick and its board). Run it with
 
     tablecast dev examples/stock_prices.py --generate     (or: tablecast demo)
 
@@ -62,10 +61,10 @@ def quote_board(symbol: str, tick: dict[str, Any], board: dict[str, Any]) -> dic
 def board_columns() -> Column:
     """The same board as one Spark aggregate: per exchange, the price and time of its
     newest tick (None until it quotes, and a JSON board leaves out what is None)."""
-    time = F.variant_get("value", "$.time", "long")
+    at = F.variant_get("value", "$.time", "long")
     exchange = F.variant_get("value", "$.exchange", "string")
-    quote = F.struct(F.variant_get("value", "$.price", "double").alias("price"), time.alias("time"))
-    return F.struct(*(F.max_by(quote, F.when(exchange == e, time)).alias(e) for e in EXCHANGES))
+    quote = F.struct(F.variant_get("value", "$.price", "double").alias("price"), at.alias("time"))
+    return F.struct(*(F.max_by(quote, F.when(exchange == e, at)).alias(e) for e in EXCHANGES))
 
 
 def build(app_id: str = "stocks", topic: str = TOPIC, python_board: bool = False) -> tc.App:
