@@ -445,13 +445,9 @@ def demo_freshness(
             for q in pipeline.queries.values()
             for p in q.recentProgress
         ]
-        batches = [
-            p["durationMs"].get("triggerExecution", 0)
-            for p in progress
-            if p.get("numInputRows", 0) > 0
-        ]
         # where a batch's time goes: Spark's own phases, medians over the batches with input
         with_input = [p["durationMs"] for p in progress if p.get("numInputRows", 0) > 0]
+        batches = [d.get("triggerExecution", 0) for d in with_input]
         phases = {
             name: statistics.median(d.get(name, 0) for d in with_input)
             for name in sorted({n for d in with_input for n in d})
