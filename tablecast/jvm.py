@@ -56,8 +56,14 @@ MIN_JAVA = 17
 #: micro-batch runs code not run before), and on a few cores that comes out of every batch;
 #: the serial collector, since a development driver's heap is small and G1's concurrent
 #: threads cost more CPU than its pauses would. C1 code is slower at full throughput,
-#: which a development pipeline seldom runs at.
-QUICK_JVM = {"-XX:TieredStopAtLevel=1": r"TieredStopAtLevel", "-XX:+UseSerialGC": r"\+Use\w+GC"}
+#: which a development pipeline seldom runs at. With C1 alone the JVM reserves 48 MB for
+#: compiled code, which a running driver fills within a minute and then stops compiling
+#: ("CodeCache is full"), so the code cache gets the size it has with both compilers.
+QUICK_JVM = {
+    "-XX:TieredStopAtLevel=1": r"TieredStopAtLevel",
+    "-XX:+UseSerialGC": r"\+Use\w+GC",
+    "-XX:ReservedCodeCacheSize=240m": r"ReservedCodeCacheSize",
+}
 
 
 def use_quick_jvm() -> None:

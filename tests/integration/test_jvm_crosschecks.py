@@ -4,6 +4,7 @@ a JVM, so they live here rather than in the fast lane."""
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import subprocess
@@ -91,3 +92,20 @@ def test_jks_truststore_from_keytool_becomes_pem(tmp_path: Path) -> None:
         _ = KafkaConfig(
             {"ssl.truststore.location": str(store), "ssl.truststore.password": "wrong"}
         ).librdkafka
+
+
+def test_quick_jvms_keep_room_to_compile() -> None:
+    """The development JVMs run C1 alone, for which Java reserves only 48 MB of code cache: a
+    Spark driver filled that within a minute of the demo and stopped compiling. The options
+    give it the room a JVM with both compilers has."""
+    done = subprocess.run(
+        ["java", *jvm.QUICK_JVM, "-XX:+PrintFlagsFinal", "-version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "JDK_JAVA_OPTIONS": ""},
+    )
+    assert done.returncode == 0, done.stderr
+    flags = {p[1]: p[3] for line in done.stdout.splitlines() if len(p := line.split()) >= 4}
+    assert flags["TieredStopAtLevel"] == "1"
+    assert int(flags["ReservedCodeCacheSize"]) >= 240 * 1024 * 1024

@@ -167,14 +167,20 @@ def test_no_silent_fall_back_to_write_time(tmp_path: Path, monkeypatch: pytest.M
         jvm.jars("spark-kafka")
 
 
+CACHE = "-XX:ReservedCodeCacheSize=240m"
+
+
 @pytest.mark.parametrize(
     ("given", "after"),
     [
-        ("", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"),
-        ("-Xmx2g", "-Xmx2g -XX:TieredStopAtLevel=1 -XX:+UseSerialGC"),
-        ("-XX:+UseG1GC", "-XX:+UseG1GC -XX:TieredStopAtLevel=1"),
-        ("-XX:TieredStopAtLevel=4", "-XX:TieredStopAtLevel=4 -XX:+UseSerialGC"),
-        ("-XX:+UseZGC -XX:TieredStopAtLevel=4", "-XX:+UseZGC -XX:TieredStopAtLevel=4"),
+        ("", f"-XX:TieredStopAtLevel=1 -XX:+UseSerialGC {CACHE}"),
+        ("-Xmx2g", f"-Xmx2g -XX:TieredStopAtLevel=1 -XX:+UseSerialGC {CACHE}"),
+        ("-XX:+UseG1GC", f"-XX:+UseG1GC -XX:TieredStopAtLevel=1 {CACHE}"),
+        ("-XX:TieredStopAtLevel=4", f"-XX:TieredStopAtLevel=4 -XX:+UseSerialGC {CACHE}"),
+        (
+            "-XX:+UseZGC -XX:TieredStopAtLevel=4 -XX:ReservedCodeCacheSize=64m",
+            "-XX:+UseZGC -XX:TieredStopAtLevel=4 -XX:ReservedCodeCacheSize=64m",
+        ),
     ],
 )
 def test_dev_jvms_get_c1_and_the_serial_collector_unless_chosen(
