@@ -15,6 +15,7 @@ from tablecast.pipeline.run.trigger import (
     Trigger,
     assign,
     blockers,
+    column_forms,
     decide,
     requested,
     short,
@@ -198,6 +199,67 @@ def test_explain_prints_each_querys_trigger() -> None:
     ) in text
     plain, _ = shop("1 second")
     assert "trigger: micro-batch 1 s\n" in plain.explain()
+
+
+def board(k: str, tick: dict[str, int], agg: dict[str, int]) -> dict[str, int]:
+    return {**agg, "last": tick["x"]}
+
+
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+def test_explain_shows_the_column_form_of_python_functions_kept_in_micro_batch() -> None:
+    app = tc.App("py")
+    ev = app.stream("ev")
+    ev.filter(keep_all).map_values(x_of, value=LONG).to("kept")
+    ev.group_by_key().aggregate(dict, board).materialize("boards")
+    ev.filter(keep_all).group_by_key().count().materialize("counted")
+    ev.to("spread", partitioner=first_partition)
+    ev.to_table().materialize("by_x", indexes={"x": x_of})
+    app.table("t").group_by(by_g).reduce(add, add).materialize("sums")
+    ev.to_table().materialize("plain")
+    qs = queries(app)
+    assert column_forms(qs["py.to-kept"]) == [
+        'filter(keep_all) as a Column: filter(F.variant_get("value", "$.price", "double") > 0)',
+        'map_values(x_of) as a Column: map_values(F.variant_get("value", "$.price", "double"))',
+    ]
+    assert column_forms(qs["py.boards"]) == [
+        "aggregate(dict, board) as one Spark aggregate function: "
+        'aggregate(F.max_by(F.col("value"), F.variant_get("value", "$.time", "long")))'
+    ]
+    assert column_forms(qs["py.counted"])[-1] == (
+        "count() is Spark's own once every step before it is a Column"
+    )
+    assert column_forms(qs["py.to-spread"]) == [
+        'partitioner first_partition as a Column: partitioner=F.abs(F.hash(F.col("key"))) % 4'
+    ]
+    assert column_forms(qs["py.by_x"]) == [
+        "index 'x' x_of as a Column: "
+        'indexes={"NAME": F.variant_get("value", "$.field", "string")}'
+    ]
+    # a table's group_by keeps its state in Python whatever its functions are
+    sums = [q for n, q in qs.items() if n.startswith("py.sums")]
+    assert any(blockers(q) for q in sums) and not any(column_forms(q) for q in sums)
+    assert column_forms(qs["py.plain"]) == [] and blockers(qs["py.plain"]) == []
+
+    text = app.explain()
+    assert (
+        "      real time: not with Python callable filter(keep_all) (MapInArrowExec); "
+        "Python callable map_values(x_of) (MapInArrowExec)\n"
+        "        filter(keep_all) as a Column: "
+        'filter(F.variant_get("value", "$.price", "double") > 0)\n'
+    ) in text
+    assert "        aggregate(dict, board) as one Spark aggregate function: " in text
+    plain = text[text.index("query 'py.plain'") :]
+    assert plain.index('real time: its plan allows it (App(trigger="realtime"))') < plain.index(
+        "bad records"
+    )
+    # a query running in real time says nothing more
+    rt, _ = shop()
+    latest = rt.explain()
+    latest = latest[latest.index("query 'shop.latest'") : latest.index("table 'py'")]
+    assert "real time" not in latest
 
 
 def commit(checkpoint: Path, batch: int, version: str) -> None:

@@ -59,5 +59,18 @@ def explain(
             else:
                 slots = ""
             lines.append(f"      trigger: {trig.describe()}{slots}")
+            if not trig.realtime:
+                lines.extend(_real_time(q))
             lines.append(f"      bad records -> {app_id}.dlq")
     return "\n".join(lines)
+
+
+def _real_time(q: Query) -> list[str]:
+    """Whether `q`'s plan would let it run in Real-time Mode and, where a Python function
+    keeps it in micro-batches, the Column form that would not."""
+    reasons = triggers.blockers(q)
+    if not reasons:
+        return ['      real time: its plan allows it (App(trigger="realtime"))']
+    lines = ["      real time: not with " + "; ".join(reasons)]
+    lines += [f"        {hint}" for hint in triggers.column_forms(q)]
+    return lines

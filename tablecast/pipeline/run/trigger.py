@@ -110,6 +110,47 @@ def blockers(q: Query) -> list[str]:
     return reasons
 
 
+#: each stateless operator's Python function as a Column over `key` and `value` (an example
+#: of the form; a JSON value is a VARIANT), which Spark evaluates itself
+COLUMN_FORMS = {
+    "filter": 'filter(F.variant_get("value", "$.price", "double") > 0)',
+    "map_values": 'map_values(F.variant_get("value", "$.price", "double"))',
+    "map": 'map((F.variant_get("value", "$.symbol", "string"), F.col("value")))',
+    "flat_map_values": 'flat_map_values(F.split(F.col("value"), ","))',
+    "flat_map": (
+        'flat_map(F.array(F.struct(F.col("key").alias("key"), F.col("value").alias("value"))))'
+    ),
+    "select_key": 'select_key(F.variant_get("value", "$.symbol", "string"))',
+}
+#: a grouped stream's Python aggregate or reduce as one Spark aggregate function
+AGGREGATE_FORM = 'aggregate(F.max_by(F.col("value"), F.variant_get("value", "$.time", "long")))'
+PARTITIONER_FORM = 'partitioner=F.abs(F.hash(F.col("key"))) % 4'
+INDEX_FORM = 'indexes={"NAME": F.variant_get("value", "$.field", "string")}'
+
+
+def column_forms(q: Query) -> list[str]:
+    """For each Python function that keeps `q` out of Real-time Mode and has a Column form
+    Spark runs there, that form (an example to adapt): empty when none has one."""
+    hints = []
+    python_before = False
+    for s in q.steps:
+        node = s.node
+        if s.python and isinstance(node, plan.Op) and node.name in COLUMN_FORMS:
+            hints.append(f"{node.describe()} as a Column: {COLUMN_FORMS[node.name]}")
+        elif s.what == "stream_aggregate" and isinstance(node, plan.Aggregate):
+            if node.agg in ("aggregate", "reduce"):
+                hints.append(f"{node.describe()} as one Spark aggregate function: {AGGREGATE_FORM}")
+            elif node.agg == "count" and python_before:
+                hints.append("count() is Spark's own once every step before it is a Column")
+        python_before = python_before or s.python
+    if q.partitioner is not None and not plan.is_column(q.partitioner):
+        hints.append(f"partitioner {plan.fn_name(q.partitioner)} as a Column: {PARTITIONER_FORM}")
+    for name, fn in q.indexes:
+        if not plan.is_column(fn):
+            hints.append(f"index {name!r} {plan.fn_name(fn)} as a Column: {INDEX_FORM}")
+    return hints
+
+
 def slots_needed(q: Query, partitions: int) -> int:
     """Task slots a real-time batch of `q` holds: one per input partition, and as many
     for the partitions an aggregation shuffles into (as many as its input has)."""
