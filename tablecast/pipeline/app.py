@@ -43,11 +43,12 @@ class App:
         *,
         bootstrap_servers: str | None = None,
         state_dir: str | os.PathLike[str] | None = None,
-        trigger: str = "500 milliseconds",
+        trigger: str = "auto",
         checkpoint_dir: str | None = None,
         on_data_loss: str = "fail",
     ) -> None:
-        # trigger: a micro-batch interval, or "realtime" (see pipeline/trigger.py)
+        # trigger: "auto" (each query's micro-batch interval by what it does), a micro-batch
+        # interval for every query, or "realtime" (see pipeline/run/trigger.py)
         if not _APP_ID.match(app_id):
             raise ValueError(f"app id {app_id!r}: use letters, digits, '-' and '_'")
         # on_data_loss: what a query does when input records it has not read were deleted

@@ -11,7 +11,9 @@ from pathlib import Path
 import tablecast as tc
 from tablecast.pipeline.plan import queries as planner
 from tablecast.pipeline.run.trigger import (
+    AUTO,
     FALLBACK_INTERVAL,
+    STATELESS_INTERVAL,
     Trigger,
     assign,
     blockers,
@@ -80,10 +82,33 @@ def test_stateless_jvm_queries_run_in_real_time_and_the_rest_say_why_not() -> No
     for name, reason in why.items():
         assert blockers(qs[name]) == [reason], name
         t = decide("realtime", qs[name])
-        assert not t.realtime and t.interval == FALLBACK_INTERVAL, name
+        assert not t.realtime and t.interval == STATELESS_INTERVAL, name
         assert reason in (t.fallback or ""), name
     # without "realtime" nothing is a fallback
     assert decide("1 second", qs["shop.latest"]) == Trigger(False, "1 second")
+
+
+def test_auto_gives_stateless_queries_a_shorter_tick_than_stateful_ones() -> None:
+    _, qs = shop()
+    assert tc.App("x").trigger == AUTO
+    got = {name: decide(AUTO, q).interval for name, q in qs.items()}
+    assert got == {
+        "shop.latest": STATELESS_INTERVAL,
+        "shop.to-copy": STATELESS_INTERVAL,
+        "shop.py": STATELESS_INTERVAL,  # a Python callable: still stateless
+        "shop.to-spread": STATELESS_INTERVAL,
+        "shop.to-av-copy": STATELESS_INTERVAL,
+        "shop.counts": FALLBACK_INTERVAL,
+        "shop.counts.dlq": FALLBACK_INTERVAL,  # keeps its aggregation's pace
+    }
+    assert not any(decide(AUTO, q).realtime or decide(AUTO, q).fallback for q in qs.values())
+    # a stateful query that cannot run in real time falls back to the stateful tick
+    app = tc.App("s", trigger="realtime")
+    app.stream("ev").group_by_key().aggregate(dict, board).materialize("boards")
+    (boards,) = queries(app).values()
+    assert decide("realtime", boards).interval == FALLBACK_INTERVAL
+    # an interval the App names is every query's
+    assert {decide("2 seconds", q).interval for q in qs.values()} == {"2 seconds"}
 
 
 def test_a_grouped_stream_count_is_sparks_aggregation_and_runs_in_real_time() -> None:
@@ -194,7 +219,7 @@ def test_explain_prints_each_querys_trigger() -> None:
     assert text.count("trigger: realtime (checkpoint every 30 s)") == 4
     assert "given two free task slots per input partition" in text  # counts' shuffle
     assert (
-        "trigger: micro-batch 500 ms (fallback: not in Spark's Real-time Mode allowlist: "
+        "trigger: micro-batch 100 ms (fallback: not in Spark's Real-time Mode allowlist: "
         "Python callable map_values(x_of) (MapInArrowExec))"
     ) in text
     plain, _ = shop("1 second")

@@ -15,6 +15,10 @@ aggregation as many again for its shuffle partitions (:func:`slots_needed`).
 at least ``spark.sql.streaming.realTimeMode.minBatchDuration``, 5 s): Spark
 ends each long-running batch and checkpoints its offsets that often. It bounds
 how much is replayed after a crash, not the latency.
+
+By default (``"auto"``) every query runs micro-batches, a stateless one every
+100 ms and a stateful one every 500 ms (:func:`micro_batch_interval`); an
+interval string sets one for every query.
 """
 
 from __future__ import annotations
@@ -32,7 +36,16 @@ if TYPE_CHECKING:
     from tablecast.pipeline.plan.queries import Query
 
 REALTIME = "realtime"
-#: micro-batch interval of a query that cannot run in Real-time Mode
+#: the App's default: each query's micro-batch interval follows what it does
+#: (:func:`micro_batch_interval`)
+AUTO = "auto"
+#: a stateless query's interval under "auto", or when it cannot run in Real-time Mode: its
+#: batch costs about a hundred milliseconds, so with a longer tick a record waited mostly
+#: for the tick
+STATELESS_INTERVAL = "100 milliseconds"
+#: a stateful query's (and a dead-letter companion's): its batches cost several hundred
+#: milliseconds, so a shorter tick would shorten little and each idle tick asks Kafka
+#: for the topics' ends
 FALLBACK_INTERVAL = "500 milliseconds"
 #: Real-time Mode checkpoint interval unless the App names one: each batch end
 #: stalls records for a few hundred ms (measured in bench/pipeline.py), so not
@@ -68,8 +81,13 @@ def short(interval: str) -> str:
     return interval
 
 
+def micro_batch_interval(q: Query) -> str:
+    """The interval `q` runs micro-batches at when the App leaves it to tablecast."""
+    return FALLBACK_INTERVAL if q.stateful or q.dead_letters else STATELESS_INTERVAL
+
+
 def requested(trigger: str) -> tuple[bool, str]:
-    """(real time asked for?, interval) of an App's trigger string."""
+    """(real time asked for?, interval) of an App's trigger string (``AUTO`` as itself)."""
     word, _, rest = trigger.strip().partition(" ")
     if word.lower() == REALTIME:
         return True, rest.strip() or CHECKPOINT_INTERVAL
@@ -188,24 +206,25 @@ def decide(
     """
     realtime, interval = requested(trigger)
     if not realtime:
-        return Trigger(False, interval)
+        return Trigger(False, micro_batch_interval(q) if interval == AUTO else interval)
+    fallback = micro_batch_interval(q)
     reasons = blockers(q)
     if reasons:
         why = "not in Spark's Real-time Mode allowlist: " + "; ".join(reasons)
-        return Trigger(False, FALLBACK_INTERVAL, why)
+        return Trigger(False, fallback, why)
     if micro_batch_checkpoint is not None:
         why = (
             f"its checkpoint {micro_batch_checkpoint} was written by a micro-batch run, which "
             "Spark does not continue in Real-time Mode; deleting it switches (the query then "
             "reads its input again from the start)"
         )
-        return Trigger(False, FALLBACK_INTERVAL, why)
+        return Trigger(False, fallback, why)
     if partitions is not None and free_slots is not None and partitions > free_slots:
         per = "one per source partition"
         if slots_needed(q, 1) == 2:
             per += " and one per partition its aggregation shuffles into"
         why = f"needs {partitions} task slots at once ({per}), {max(free_slots, 0)} free"
-        return Trigger(False, FALLBACK_INTERVAL, why)
+        return Trigger(False, fallback, why)
     return Trigger(True, interval)
 
 
