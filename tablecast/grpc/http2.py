@@ -21,6 +21,7 @@ import re
 import ssl
 import struct
 import time
+import zlib
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Any, NamedTuple
@@ -189,8 +190,37 @@ def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
 
 
 def message(body: bytes) -> bytes:
-    """A gRPC length-prefixed message, not compressed."""
+    """A gRPC length-prefixed message, not compressed (answers never are)."""
     return b"\x00" + len(body).to_bytes(4, "big") + body
+
+
+#: the encodings a request's messages may be compressed with (its grpc-encoding), by the
+#: window bits zlib reads them with; gRPC's "deflate" is the zlib format
+ENCODINGS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+ACCEPT_ENCODING = ("grpc-accept-encoding", "gzip,deflate,identity")
+
+
+def decompressed(body: bytes, encoding: str | None) -> bytes:
+    """A compressed request message's bytes, never more than :data:`MAX_MESSAGE` of them
+    (a small message may inflate to gigabytes); a GrpcError where they cannot be had."""
+    wbits = ENCODINGS.get((encoding or "").strip().lower())
+    if wbits is None:
+        if not encoding or encoding.strip().lower() == "identity":
+            raise GrpcError(Status.INTERNAL, "a compressed message with no grpc-encoding")
+        # gRPC's answer to an encoding the server lacks: UNIMPLEMENTED, naming what it takes
+        raise GrpcError(
+            Status.UNIMPLEMENTED, f"no message encoding {encoding[:64]!r}", (ACCEPT_ENCODING,)
+        )
+    inflate = zlib.decompressobj(wbits)
+    try:
+        out = inflate.decompress(body, MAX_MESSAGE + 1)
+    except zlib.error:
+        raise GrpcError(Status.INTERNAL, f"a {encoding} message that does not inflate") from None
+    if len(out) > MAX_MESSAGE:
+        raise GrpcError(Status.RESOURCE_EXHAUSTED, "a message over 4 MiB")
+    if not inflate.eof:
+        raise GrpcError(Status.INTERNAL, f"a {encoding} message cut short")
+    return out
 
 
 def timeout_of(text: str | None) -> float | None:
@@ -632,17 +662,21 @@ class Connection(asyncio.Protocol):
     # -- calls ---------------------------------------------------------------------------
 
     def _messages(self, stream: Stream) -> list[bytes] | None:
-        """The whole messages in a stream's data, taken from it (None: a compressed one,
-        answered UNIMPLEMENTED)."""
+        """The whole messages in a stream's data, taken from it, compressed ones inflated
+        (None: one that could not be, the call answered with why)."""
         data, out, at = stream.data, [], 0
         while len(data) - at >= 5:
             size = int.from_bytes(data[at + 1 : at + 5], "big")
             if len(data) - at - 5 < size:
                 break
+            body = bytes(data[at + 5 : at + 5 + size])
             if data[at]:
-                self._fail(stream, GrpcError(Status.UNIMPLEMENTED, "compressed messages"))
-                return None
-            out.append(bytes(data[at + 5 : at + 5 + size]))
+                try:
+                    body = decompressed(body, stream.call.metadata.get("grpc-encoding"))
+                except GrpcError as e:
+                    self._fail(stream, e)
+                    return None
+            out.append(body)
             at += 5 + size
         del data[:at]
         return out

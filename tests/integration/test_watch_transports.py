@@ -446,6 +446,7 @@ def test_grpc_reflection_and_health_answer_without_a_token(nodes) -> None:  # ty
             "tablecast.v1.Tables",
             "grpc.health.v1.Health",
             "grpc.reflection.v1alpha.ServerReflection",
+            "grpc.reflection.v1.ServerReflection",
         }
         pool = DescriptorPool(db)
         service = pool.FindServiceByName("tablecast.v1.Tables")

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import socket
 import struct
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -461,3 +462,65 @@ def test_calls_are_counted_by_method_and_status() -> None:
         ("unknown", "UNIMPLEMENTED"): 1,
     }
     assert open_now == 1
+
+
+def test_compressed_requests_are_inflated_and_bounded() -> None:
+    """grpcio's client compressing its messages (gzip, deflate) is answered as any other;
+    an encoding the server lacks is UNIMPLEMENTED naming the ones it takes, and a message
+    that inflates past 4 MiB, one that does not inflate or a compressed one with no
+    encoding end that call only."""
+    text = b"tablecast " * 10_000  # 100 KB that compress well
+
+    async def test(port: int) -> Any:
+        got = []
+        for how in (grpc.Compression.Gzip, grpc.Compression.Deflate):
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", compression=how) as ch:
+                got.append(await _unary(ch, "Echo")(text, timeout=5))
+                each = ch.stream_stream("/t.T/Each")
+                got.append([m async for m in each(iter([b"ab", b"cd"]), timeout=5)])
+
+        def run() -> Any:
+            raw = RawH2(port)
+            answers = []
+            bomb = zlib.compressobj(wbits=16 + zlib.MAX_WBITS)
+            gz = bomb.compress(b"\0" * (5 << 20)) + bomb.flush()
+            cases = [
+                (gz, {"grpc-encoding": "gzip"}),
+                (b"not zlib at all", {"grpc-encoding": "deflate"}),
+                (zlib.compress(b"x"), {"grpc-encoding": "snappy"}),
+                (zlib.compress(b"x"), {}),
+                (zlib.compress(b"whole")[:-3], {"grpc-encoding": "deflate"}),
+            ]
+            for i, (body, metadata) in enumerate(cases):
+                sid = 2 * i + 1
+                compressed = b"\x01" + len(body).to_bytes(4, "big") + body
+                fields = [(":method", "POST"), (":scheme", "http"), (":path", "/t.T/Echo"),
+                          (":authority", "x"), ("content-type", "application/grpc"),
+                          *metadata.items()]  # fmt: skip
+                raw.sock.sendall(
+                    frame(1, 0x4, sid, raw.encoder.encode(fields))
+                    + b"".join(
+                        frame(0, 0x1 if at + MAX_FRAME >= len(compressed) else 0, sid, part)
+                        for at in range(0, len(compressed), MAX_FRAME)
+                        if (part := compressed[at : at + MAX_FRAME])
+                    )
+                )
+                answers.append(raw.frames(_ended(sid))[-1][3])
+            raw.call(99, "/t.T/Echo", b"still here")  # the connection goes on
+            answers.append(b"".join(p for k, _, s, p in raw.frames(_ended(99)) if k == 0))
+            raw.close()
+            return answers
+
+        return got, await asyncio.get_running_loop().run_in_executor(None, run)
+
+    (gz, gz_each, deflate, deflate_each), raw = _serve(test)
+    assert gz == deflate == text
+    assert gz_each == deflate_each == [b"ba" * 100, b"dc" * 100]
+    bomb, corrupt, unknown, unnamed, cut, after = raw
+    assert b"grpc-status', '8'" in bomb  # RESOURCE_EXHAUSTED
+    assert b"grpc-status', '13'" in corrupt and b"inflate" in corrupt
+    assert b"grpc-status', '12'" in unknown  # UNIMPLEMENTED, with what is accepted
+    assert b"('grpc-accept-encoding', 'gzip,deflate,identity')" in unknown
+    assert b"grpc-status', '13'" in unnamed and b"no grpc-encoding" in unnamed
+    assert b"grpc-status', '13'" in cut and b"cut short" in cut
+    assert after.endswith(b"still here")
