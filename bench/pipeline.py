@@ -257,17 +257,17 @@ def marked(
     marker: Any,
     client: httpx.Client,
     topic: str,
-    table: str,
+    path: str,
     key: str,
     value: Any,
     t0: float,
     poll_s: float,
 ) -> float:
-    """Produce one marker record (`marker`: a producer with linger 0) and poll the node every
-    `poll_s` until it answers the key: seconds from `t0` (taken before producing)."""
+    """Produce one marker record (`marker`: a producer with linger 0) and poll `path` on the
+    server every `poll_s` until it answers: seconds from `t0` (taken before producing)."""
     marker.produce(topic, key=key.encode(), value=orjson.dumps(value))
     marker.flush(5)
-    while client.get(f"/v1/tables/{table}/keys/{key}").status_code != 200:
+    while client.get(path).status_code != 200:
         if time.monotonic() - t0 > 60:
             raise TimeoutError(f"marker {key} never became queryable")
         time.sleep(poll_s)
@@ -365,7 +365,8 @@ def freshness(
             # grouped: the marker is a new group (the table's key), from a new source row
             value = {"g": key, "n": 1} if grouped else {"i": i}
             sent[key.encode()] = t0
-            queryable.append(marked(marker, client, topic, "fresh", key, value, t0, 0.005))
+            path = f"/v1/tables/fresh/keys/{key}"
+            queryable.append(marked(marker, client, topic, path, key, value, t0, 0.005))
             # at least 100 ms apart, and at a random point of the next tick rather than
             # just after the batch that answered this one
             time.sleep(max(0.0, 0.1 - (time.monotonic() - t0)) + rng.uniform(0, 0.1))
@@ -389,6 +390,61 @@ def freshness(
         watch.close()
         node.stop()
         pipeline.stop()
+
+
+#: Kafka Streams as its users run it for fresh reads: exactly-once, committed every 100 ms,
+#: no record cache (a store changes as each record is processed)
+KS_FRESH_PROPS = {
+    "processing.guarantee": "exactly_once_v2",
+    "commit.interval.ms": "100",
+    "statestore.cache.max.bytes": "0",
+}
+
+
+def ks_freshness(bootstrap: str, work: Path, seconds: float, load: int) -> dict[str, Any]:
+    """The stateless table's freshness row for Kafka Streams (bench/peers/kafka-streams-iq: a
+    KTable from the topic, read over its HTTP front): the same load, warm-up and markers."""
+    import random
+
+    from confluent_kafka import Producer
+
+    from bench.peers import kafka_streams as ks
+    from tablecast.contract.partitioner import PRODUCER_CONFIG
+    from tablecast.kafka.topics import ensure_topic
+
+    topic = "bench-fresh-ks"
+    ensure_topic(bootstrap, topic, FRESH_PARTITIONS)
+    stop = threading.Event()
+    with ks.start(bootstrap, topic, work_dir=work, props=KS_FRESH_PROPS) as peer:
+        (inst,) = peer.instances
+        try:
+            threading.Thread(
+                target=background_load, args=(bootstrap, topic, load, stop), daemon=True
+            ).start()
+            marker = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, **PRODUCER_CONFIG})
+            client = httpx.Client(base_url=inst.url, timeout=5)
+            time.sleep(WARM_S)
+            rng = random.Random(7)
+            queryable: list[float] = []
+            deadline = time.monotonic() + seconds
+            i = 0
+            while time.monotonic() < deadline:
+                key = f"m{i}"
+                i += 1
+                t0 = time.monotonic()
+                got = marked(marker, client, topic, f"/keys/{key}", key, {"i": i}, t0, 0.005)
+                queryable.append(got)
+                time.sleep(max(0.0, 0.1 - (time.monotonic() - t0)) + rng.uniform(0, 0.1))
+        finally:
+            stop.set()
+    return {
+        "pipeline": "the same table in Kafka Streams",
+        "trigger": "exactly-once, commit every 100 ms, no record cache",
+        "partitions": FRESH_PARTITIONS,
+        "samples": len(queryable),
+        "load_per_s": load,
+        "queryable": percentiles(queryable),
+    }
 
 
 #: marker ticks of the demo's row, each on a symbol of its own
@@ -445,7 +501,8 @@ def demo_freshness(
             t0 = time.monotonic()
             tick = {"exchange": "NYSE", "price": 1.0, "time": int(time.time() * 1000)}
             sent[key.encode()] = t0
-            queryable.append(marked(marker, client, topic, "prices", key, tick, t0, 0.01))
+            path = f"/v1/tables/prices/keys/{key}"
+            queryable.append(marked(marker, client, topic, path, key, tick, t0, 0.01))
             board = client.get(f"/v1/tables/prices/keys/{rng.choice(symbols)}").json()["value"]
             newest = max(q["time"] for q in board.values())
             board_age.append(time.time() - newest / 1000)
@@ -544,6 +601,14 @@ def render_freshness(r: dict[str, Any], argv: str) -> str:
     """The freshness rows of one run, with the stateless table on the old common tick first."""
     before, fm = r["freshness-500ms"], r["freshness"]
     fr, fg = r["freshness-realtime"], r["freshness-groupby"]
+    k = r.get("freshness-ks")
+    ks_row = (
+        f"| {k['pipeline']} | {k['trigger']} | {k['samples']} | | | {k['queryable']['p50_ms']} "
+        f"| {k['queryable']['p90_ms']} | {k['queryable']['p99_ms']} ({k['queryable']['max_ms']}) "
+        "| (the peer) |"
+        if k
+        else ""
+    )
     return f"""
 ## Pipeline freshness
 
@@ -564,12 +629,17 @@ the node's answer. Milliseconds:
 {fresh_row(fm, "p99 ≤ 300 ms", 300)}
 {fresh_row(fr, "p99 ≤ 25 ms", 25, 100)}
 {fresh_row(fg, "p99 ≤ 1 s", 1000)}
+{ks_row}
 
 The App's default trigger (`"auto"`) runs a stateless query every 100 ms and a stateful one
 every 500 ms; the first row is the same stateless table on 500 ms, which every query had
 before. A `group_by` is two queries in series (a repartition topic between them), each with
 its own micro-batch, and its stateful one runs applyInPandasWithState (not on Real-time
-Mode's list). Each row's samples are the markers its {r["args"]["seconds"]:.0f} s window
+Mode's list). The Kafka Streams row is `bench/peers/kafka-streams-iq` (a KTable
+materialized from the same kind of topic into RocksDB, read over its HTTP front) with
+exactly-once, a 100 ms commit interval and no record cache, as its users run it for fresh
+reads: interactive queries read the store as each record is processed, before the commit.
+Each row's samples are the markers its {r["args"]["seconds"]:.0f} s window
 held: a slow row has fewer. One run of each row, measured one after the other in one session: what the
 host did meanwhile moves them, and nothing here is an alternating comparison. Warm: what
 could flatter these rows is the warm-up, which a pipeline that has just started has not had.
@@ -847,6 +917,7 @@ def main(argv: list[str]) -> None:
         with stack("tc-bench-fresh-") as (root, bootstrap, spark):
             result = {"machine": machine(), "args": vars(args)}
             result.update(freshness_rows(spark, bootstrap, root, args, before=True))
+            result["freshness-ks"] = ks_freshness(bootstrap, root / "ks", args.seconds, args.load)
         publish("pipeline-freshness", result, render_freshness(result, command()))
         return
     if args.demo:
