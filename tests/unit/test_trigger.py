@@ -12,7 +12,7 @@ import tablecast as tc
 from tablecast.pipeline.plan import queries as planner
 from tablecast.pipeline.run.trigger import (
     AUTO,
-    FALLBACK_INTERVAL,
+    STATEFUL_INTERVAL,
     STATELESS_INTERVAL,
     Trigger,
     assign,
@@ -98,15 +98,16 @@ def test_auto_gives_stateless_queries_a_shorter_tick_than_stateful_ones() -> Non
         "shop.py": STATELESS_INTERVAL,  # a Python callable: still stateless
         "shop.to-spread": STATELESS_INTERVAL,
         "shop.to-av-copy": STATELESS_INTERVAL,
-        "shop.counts": FALLBACK_INTERVAL,
-        "shop.counts.dlq": FALLBACK_INTERVAL,  # keeps its aggregation's pace
+        "shop.counts": STATEFUL_INTERVAL,
+        "shop.counts.dlq": STATEFUL_INTERVAL,  # keeps its aggregation's pace
     }
     assert not any(decide(AUTO, q).realtime or decide(AUTO, q).fallback for q in qs.values())
+    assert decide(" Auto ", qs["shop.latest"]).interval == STATELESS_INTERVAL
     # a stateful query that cannot run in real time falls back to the stateful tick
     app = tc.App("s", trigger="realtime")
     app.stream("ev").group_by_key().aggregate(dict, board).materialize("boards")
     (boards,) = queries(app).values()
-    assert decide("realtime", boards).interval == FALLBACK_INTERVAL
+    assert decide("realtime", boards).interval == STATEFUL_INTERVAL
     # an interval the App names is every query's
     assert {decide("2 seconds", q).interval for q in qs.values()} == {"2 seconds"}
 

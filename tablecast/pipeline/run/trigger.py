@@ -46,7 +46,7 @@ STATELESS_INTERVAL = "100 milliseconds"
 #: a stateful query's (and a dead-letter companion's): its batches cost several hundred
 #: milliseconds, so a shorter tick would shorten little and each idle tick asks Kafka
 #: for the topics' ends
-FALLBACK_INTERVAL = "500 milliseconds"
+STATEFUL_INTERVAL = "500 milliseconds"
 #: Real-time Mode checkpoint interval unless the App names one: each batch end
 #: stalls records for a few hundred ms (measured in bench/pipeline.py), so not
 #: too often; a crash replays at most this much (idempotent for tables)
@@ -83,7 +83,7 @@ def short(interval: str) -> str:
 
 def micro_batch_interval(q: Query) -> str:
     """The interval `q` runs micro-batches at when the App leaves it to tablecast."""
-    return FALLBACK_INTERVAL if q.stateful or q.dead_letters else STATELESS_INTERVAL
+    return STATEFUL_INTERVAL if q.stateful or q.dead_letters else STATELESS_INTERVAL
 
 
 def requested(trigger: str) -> tuple[bool, str]:
@@ -206,7 +206,8 @@ def decide(
     """
     realtime, interval = requested(trigger)
     if not realtime:
-        return Trigger(False, micro_batch_interval(q) if interval == AUTO else interval)
+        auto = interval.strip().lower() == AUTO
+        return Trigger(False, micro_batch_interval(q) if auto else interval)
     fallback = micro_batch_interval(q)
     reasons = blockers(q)
     if reasons:
