@@ -30,7 +30,7 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -93,6 +93,45 @@ def sums_by_group(rows: Any) -> Any:
     return rows.group_by(lambda k, v: (v["g"], v["n"]), value=tc.serde.long()).reduce(
         lambda a, b: a + b, lambda a, b: a - b
     )
+
+
+def _table(app: Any, topic: str) -> Any:
+    import tablecast as tc
+
+    return app.table(topic, key=tc.serde.string(), value=tc.serde.json())
+
+
+def _stream(app: Any, topic: str) -> Any:
+    import tablecast as tc
+
+    return app.stream(topic, key=tc.serde.string(), value=tc.serde.json())
+
+
+def _sum_columns(app: Any, topic: str) -> Any:
+    """A grouped stream's n summed by Spark's own aggregation (Columns)."""
+    from pyspark.sql import functions as F
+
+    import tablecast as tc
+
+    total = F.sum(F.variant_get("value", "$.n", "long"))
+    return _stream(app, topic).group_by_key().aggregate(total, value=tc.serde.long())
+
+
+def _window_count(app: Any, topic: str) -> Any:
+    import tablecast as tc
+
+    grouped = _stream(app, topic).group_by_key()
+    return grouped.windowed_by(tc.windows.tumbling("1 minute")).count()
+
+
+#: the freshness rows' pipelines: how each is described, its input's partitions, and what it
+#: builds from its input topic (its table is materialized as "fresh")
+KINDS: dict[str, tuple[str, int, Callable[[Any, str], Any]]] = {
+    "table": ("table", FRESH_PARTITIONS, _table),
+    "group_by": ("group_by/reduce", FRESH_PARTITIONS, lambda a, t: sums_by_group(_table(a, t))),
+    "aggregate": ("stream group_by_key().aggregate(F.sum(...)), Columns", PARTITIONS, _sum_columns),
+    "window": ("tumbling-window count (1 minute)", PARTITIONS, _window_count),
+}
 
 
 def drained_rate(queries: list[Any], records: int) -> dict[str, float]:
@@ -262,16 +301,27 @@ def marked(
     value: Any,
     t0: float,
     poll_s: float,
+    answered: Callable[[httpx.Response], bool] | None = None,
 ) -> float:
     """Produce one marker record (`marker`: a producer with linger 0) and poll `path` on the
-    server every `poll_s` until it answers: seconds from `t0` (taken before producing)."""
+    server every `poll_s` until it answers (200, and `answered` if given): seconds from `t0`
+    (taken before producing)."""
     marker.produce(topic, key=key.encode(), value=orjson.dumps(value))
     marker.flush(5)
-    while client.get(path).status_code != 200:
+    while not _answers(client.get(path), answered):
         if time.monotonic() - t0 > 60:
             raise TimeoutError(f"marker {key} never became queryable")
         time.sleep(poll_s)
     return time.monotonic() - t0
+
+
+def _answers(r: httpx.Response, answered: Callable[[httpx.Response], bool] | None) -> bool:
+    return r.status_code == 200 and (answered is None or answered(r))
+
+
+def _has_windows(r: httpx.Response) -> bool:
+    """A window read that found the marker's window (not an empty list)."""
+    return bool(r.json()["items"])
 
 
 def percentiles(latencies: list[float]) -> dict[str, int]:
@@ -310,13 +360,12 @@ def freshness(
     seconds: float,
     load: int,
     trigger: str,
-    grouped: bool = False,
+    kind: str = "table",
     label: str = "",
 ) -> dict[str, Any]:
-    """Produce -> table topic and produce -> queryable, for a stateless table under `trigger`
-    (`grouped`: the group_by/reduce of the throughput runs, each marker a new group), after
-    :data:`WARM_S` of load (the query's first batches run cold code); `label` tells runs of
-    one mode apart."""
+    """Produce -> table topic and produce -> queryable, for the pipeline :data:`KINDS` names
+    under `trigger`, after :data:`WARM_S` of load (the query's first batches run cold code);
+    `label` tells runs of one mode apart."""
     import random
 
     import tablecast as tc
@@ -324,14 +373,14 @@ def freshness(
     from tablecast.kafka.topics import ensure_topic, table_topic
     from tests.support.procs import start_node
 
-    mode = ("rt" if trigger.startswith("realtime") else "mb") + ("gb" if grouped else "") + label
+    grouped = kind == "group_by"  # markers are new groups, from new source rows
+    mode = ("rt" if trigger.startswith("realtime") else "mb") + kind.replace("_", "") + label
     topic = f"bench-fresh-{mode}"
-    ensure_topic(bootstrap, topic, FRESH_PARTITIONS)
+    described, partitions, build = KINDS[kind]
+    ensure_topic(bootstrap, topic, partitions)
     app = tc.App(f"benchfresh{mode}", state_dir=state, trigger=trigger)
-    rows = app.table(topic, key=tc.serde.string(), value=tc.serde.json())
-    if grouped:
-        rows = sums_by_group(rows)
-    rows.materialize("fresh")
+    build(app, topic).materialize("fresh")
+    windows = kind == "window"
     pipeline = app.start(bootstrap_servers=bootstrap, spark=spark)
     # the query that writes the table (a group_by's second; the first's name ends in .0)
     final = next(n for n in pipeline.queries if not n.rsplit(".", 1)[-1].isdigit())
@@ -363,25 +412,28 @@ def freshness(
             i += 1
             t0 = time.monotonic()
             # grouped: the marker is a new group (the table's key), from a new source row
-            value = {"g": key, "n": 1} if grouped else {"i": i}
+            value = {"g": key, "n": 1} if grouped else {"i": i, "n": 1}
             sent[key.encode()] = t0
-            path = f"/v1/tables/fresh/keys/{key}"
-            queryable.append(marked(marker, client, topic, path, key, value, t0, 0.005))
+            path = f"/v1/tables/fresh/keys/{key}" + ("/windows" if windows else "")
+            found = _has_windows if windows else None
+            got = marked(marker, client, topic, path, key, value, t0, 0.005, found)
+            queryable.append(got)
             # at least 100 ms apart, and at a random point of the next tick rather than
             # just after the batch that answered this one
             time.sleep(max(0.0, 0.1 - (time.monotonic() - t0)) + rng.uniform(0, 0.1))
         # a real-time batch ends every checkpoint interval: how many the window held
         batches = (query.lastProgress or {}).get("batchId", -1) - first_batch
         # a marker is queryable only after it is in the topic: all were seen by now
+        # (a window table's records are keyed by key and window: not told apart here)
         in_topic = [watch.seen[k] - t0 for k, t0 in sent.items() if k in watch.seen]
         return {
-            "pipeline": "group_by/reduce" if grouped else "table",
+            "pipeline": described,
             "trigger": chosen.describe(),
-            "partitions": FRESH_PARTITIONS,
+            "partitions": partitions,
             "samples": len(queryable),
             "load_per_s": load,
             "queryable": percentiles(queryable),
-            "topic": percentiles(in_topic),
+            "topic": percentiles(in_topic) if in_topic else {},
             "topic_samples": len(in_topic),
             "batches": batches,
         }
@@ -629,11 +681,15 @@ the node's answer. Milliseconds:
 {fresh_row(fm, "p99 ≤ 300 ms", 300)}
 {fresh_row(fr, "p99 ≤ 25 ms", 25, 100)}
 {fresh_row(fg, "p99 ≤ 1 s", 1000)}
+{fresh_row(r["freshness-aggregate"], "p99 ≤ 500 ms", 500)}
+{fresh_row(r["freshness-window"], "p99 ≤ 1 s", 1000)}
 {ks_row}
 
 The App's default trigger (`"auto"`) runs a stateless query every 100 ms and a stateful one
 every 500 ms; the first row is the same stateless table on 500 ms, which every query had
-before. A `group_by` is two queries in series (a repartition topic between them), each with
+before. The grouped stream's sum (Spark's own aggregation, Columns, markers new keys) and
+the tumbling-window count (a Python state step; read at `/keys/{{key}}/windows`, so its
+*topic* columns are empty) read a {PARTITIONS}-partition input. A `group_by` is two queries in series (a repartition topic between them), each with
 its own micro-batch, and its stateful one runs applyInPandasWithState (not on Real-time
 Mode's list). The Kafka Streams row is `bench/peers/kafka-streams-iq` (a KTable
 materialized from the same kind of topic into RocksDB, read over its HTTP front) with
@@ -655,7 +711,7 @@ def fresh_row(
         met += f"; max ≤ {max_ms} ms: {verdict(q['max_ms'] <= max_ms)}"
     return (
         f"| {f.get('pipeline', 'table')} | {f['trigger']} | {f['samples']} ({f['batches']}) "
-        f"| {t['p50_ms']} | {t['p99_ms']} | {q['p50_ms']} "
+        f"| {t.get('p50_ms', '–')} | {t.get('p99_ms', '–')} | {q['p50_ms']} "
         f"| {q['p90_ms']} | {q['p99_ms']} ({q['max_ms']}) | {target}{met} |"
     )
 
@@ -952,9 +1008,14 @@ def main(argv: list[str]) -> None:
 
 #: the freshness rows: (result key, the App's trigger, a group_by?)
 FRESHNESS = (
-    ("freshness", "auto", False),
-    ("freshness-realtime", "realtime", False),
-    ("freshness-groupby", "auto", True),
+    ("freshness", "auto", "table"),
+    ("freshness-realtime", "realtime", "table"),
+    ("freshness-groupby", "auto", "group_by"),
+)
+#: rows of --freshness alone: the other stateful pipelines
+MORE_FRESHNESS = (
+    ("freshness-aggregate", "auto", "aggregate"),
+    ("freshness-window", "auto", "window"),
 )
 
 
@@ -963,10 +1024,14 @@ def freshness_rows(
 ) -> dict[str, Any]:
     """Every freshness row (`before`: first the stateless table on the tick every query had
     until the App's default chose per query, for a same-run comparison)."""
-    rows = (("freshness-500ms", "500 milliseconds", False), *FRESHNESS) if before else FRESHNESS
+    rows = (
+        (("freshness-500ms", "500 milliseconds", "table"), *FRESHNESS, *MORE_FRESHNESS)
+        if before
+        else FRESHNESS
+    )
     return {
-        key: freshness(spark, bootstrap, root / key, args.seconds, args.load, trigger, grouped, key)
-        for key, trigger, grouped in rows
+        key: freshness(spark, bootstrap, root / key, args.seconds, args.load, trigger, kind, key)
+        for key, trigger, kind in rows
     }
 
 
