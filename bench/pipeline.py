@@ -315,6 +315,38 @@ def marked(
     return time.monotonic() - t0
 
 
+def markers(
+    marker: Any,
+    client: httpx.Client,
+    topic: str,
+    seconds: float,
+    path_of: Callable[[str], str],
+    value_of: Callable[[str, int], Any],
+    answered: Callable[[httpx.Response], bool] | None = None,
+) -> tuple[list[float], dict[bytes, float]]:
+    """Marker records on keys of their own for `seconds`, each read at ``path_of(key)`` until
+    answered (:func:`marked`): their latencies, and when each key was sent. Markers are at
+    least 100 ms apart, at a random point of the next tick rather than just after the batch
+    that answered the last one."""
+    import random
+
+    rng = random.Random(7)
+    sent: dict[bytes, float] = {}
+    queryable: list[float] = []
+    deadline = time.monotonic() + seconds
+    i = 0
+    while time.monotonic() < deadline:
+        key = f"m{i}"
+        i += 1
+        t0 = sent[key.encode()] = time.monotonic()
+        value = value_of(key, i)
+        queryable.append(
+            marked(marker, client, topic, path_of(key), key, value, t0, 0.005, answered)
+        )
+        time.sleep(max(0.0, 0.1 - (time.monotonic() - t0)) + rng.uniform(0, 0.1))
+    return queryable, sent
+
+
 def _answers(r: httpx.Response, answered: Callable[[httpx.Response], bool] | None) -> bool:
     return r.status_code == 200 and (answered is None or answered(r))
 
@@ -366,7 +398,6 @@ def freshness(
     """Produce -> table topic and produce -> queryable, for the pipeline :data:`KINDS` names
     under `trigger`, after :data:`WARM_S` of load (the query's first batches run cold code);
     `label` tells runs of one mode apart."""
-    import random
 
     import tablecast as tc
     from tablecast.contract.partitioner import PRODUCER_CONFIG
@@ -399,28 +430,19 @@ def freshness(
         ).start()
         marker = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, **PRODUCER_CONFIG})
         client = httpx.Client(base_url=node.url, timeout=5)
-        sent: dict[bytes, float] = {}
-        queryable: list[float] = []
         time.sleep(WARM_S)  # the first batches, JIT-cold and with the load's backlog, pass
-        rng = random.Random(7)
         query = pipeline.queries[final]
         first_batch = (query.lastProgress or {}).get("batchId", -1)
-        deadline = time.monotonic() + seconds
-        i = 0
-        while time.monotonic() < deadline:
-            key = f"m{i}"
-            i += 1
-            t0 = time.monotonic()
+        queryable, sent = markers(
+            marker,
+            client,
+            topic,
+            seconds,
+            lambda key: f"/v1/tables/fresh/keys/{key}" + ("/windows" if windows else ""),
             # grouped: the marker is a new group (the table's key), from a new source row
-            value = {"g": key, "n": 1} if grouped else {"i": i, "n": 1}
-            sent[key.encode()] = t0
-            path = f"/v1/tables/fresh/keys/{key}" + ("/windows" if windows else "")
-            found = _has_windows if windows else None
-            got = marked(marker, client, topic, path, key, value, t0, 0.005, found)
-            queryable.append(got)
-            # at least 100 ms apart, and at a random point of the next tick rather than
-            # just after the batch that answered this one
-            time.sleep(max(0.0, 0.1 - (time.monotonic() - t0)) + rng.uniform(0, 0.1))
+            lambda key, i: {"g": key, "n": 1} if grouped else {"i": i, "n": 1},
+            _has_windows if windows else None,
+        )
         # a real-time batch ends every checkpoint interval: how many the window held
         batches = (query.lastProgress or {}).get("batchId", -1) - first_batch
         # a marker is queryable only after it is in the topic: all were seen by now
@@ -456,7 +478,6 @@ KS_FRESH_PROPS = {
 def ks_freshness(bootstrap: str, work: Path, seconds: float, load: int) -> dict[str, Any]:
     """The stateless table's freshness row for Kafka Streams (bench/peers/kafka-streams-iq: a
     KTable from the topic, read over its HTTP front): the same load, warm-up and markers."""
-    import random
 
     from confluent_kafka import Producer
 
@@ -476,17 +497,9 @@ def ks_freshness(bootstrap: str, work: Path, seconds: float, load: int) -> dict[
             marker = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, **PRODUCER_CONFIG})
             client = httpx.Client(base_url=inst.url, timeout=5)
             time.sleep(WARM_S)
-            rng = random.Random(7)
-            queryable: list[float] = []
-            deadline = time.monotonic() + seconds
-            i = 0
-            while time.monotonic() < deadline:
-                key = f"m{i}"
-                i += 1
-                t0 = time.monotonic()
-                got = marked(marker, client, topic, f"/keys/{key}", key, {"i": i}, t0, 0.005)
-                queryable.append(got)
-                time.sleep(max(0.0, 0.1 - (time.monotonic() - t0)) + rng.uniform(0, 0.1))
+            queryable, _ = markers(
+                marker, client, topic, seconds, lambda key: f"/keys/{key}", lambda key, i: {"i": i}
+            )
         finally:
             stop.set()
     return {
