@@ -398,7 +398,6 @@ def freshness(
     """Produce -> table topic and produce -> queryable, for the pipeline :data:`KINDS` names
     under `trigger`, after :data:`WARM_S` of load (the query's first batches run cold code);
     `label` tells runs of one mode apart."""
-
     import tablecast as tc
     from tablecast.contract.partitioner import PRODUCER_CONFIG
     from tablecast.kafka.topics import ensure_topic, table_topic
@@ -478,7 +477,6 @@ KS_FRESH_PROPS = {
 def ks_freshness(bootstrap: str, work: Path, seconds: float, load: int) -> dict[str, Any]:
     """The stateless table's freshness row for Kafka Streams (bench/peers/kafka-streams-iq: a
     KTable from the topic, read over its HTTP front): the same load, warm-up and markers."""
-
     from confluent_kafka import Producer
 
     from bench.peers import kafka_streams as ks
