@@ -31,10 +31,18 @@ class OneKept:
     def __init__(self) -> None:
         from tablecast.query.answer_bytes import kept_alive
 
-        self.entry = SimpleNamespace(wire=kept_alive(200, HEADERS, BODY))
+        wire = kept_alive(200, HEADERS, BODY)
+        self.entry = SimpleNamespace(wire=wire, whole=lambda: wire)
+        self.requests: set[bytes] = set()
 
     def kept(self, path: str, headers: Any) -> Any:
         return self.entry
+
+    def kept_request(self, request: bytes) -> Any:
+        return self.entry if request in self.requests else None
+
+    def keep_request(self, request: bytes, entry: Any) -> None:
+        self.requests.add(request)
 
     def forward(self, path: str, headers: Any, sink: Any) -> None:
         return None

@@ -325,6 +325,23 @@ class HttpApp:
             self.stats.kept += 1
         return entry
 
+    def kept_request(self, request: bytes) -> Entry | None:
+        """The kept answer a request of these very bytes got from :meth:`kept`, if it may
+        be given again as it is (counted as answered)."""
+        answers = self._answers
+        if answers is None:
+            return None
+        entry = answers.get_request(request)
+        if entry is not None:
+            self.stats.kept += 1
+        return entry
+
+    def keep_request(self, request: bytes, entry: Entry) -> None:
+        """`request`, the whole of a plain GET that :meth:`kept` answered with `entry`
+        (with keep-alive, no body and no ``expect``), gets the same answer while it is kept."""
+        if self._answers is not None:
+            self._answers.keep_request(request, entry)
+
     def forward(self, path: str, headers: Any, sink: Sink) -> Member | None:
         """Send a GET of `path` without a query string on the short path of plain reads of
         a peer's partition (:mod:`tablecast.query.short_path`), its answer to `sink`: the

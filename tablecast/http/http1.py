@@ -5,7 +5,10 @@ the event loop: every answer wakes that thread again with a system call (a
 quarter of a node's main thread under load, py-spy). This server parses with
 httptools on the loop itself and writes answers straight to the socket; a
 plain key read whose whole answer is kept (:mod:`tablecast.query.kept_answers`) is
-answered while its headers are parsed, without a task. Everything else runs
+answered while its headers are parsed, without a task. A request a client sends
+again byte for byte is not parsed again: it is answered with the kept answer
+its bytes got before while that is still kept, or goes on from its remembered
+parse (:mod:`tablecast.http.repeated_requests`). Everything else runs
 the same RSGI app as under granian, through the small subset of RSGI the app
 uses (:class:`_Proto`).
 
@@ -31,9 +34,10 @@ import httptools
 
 from tablecast.http import listen
 from tablecast.http.http1_websocket import GOING_AWAY, WRITE_WAIT_S, WebSocket
-from tablecast.query.answer_bytes import head, kept_alive, sized_head
+from tablecast.http.repeated_requests import Parsed, RepeatedRequests
+from tablecast.query.answer_bytes import head, sized_head
 from tablecast.query.errors import ApiError
-from tablecast.query.kept_answers import JSON
+from tablecast.query.kept_answers import JSON, Entry
 from tablecast.query.request import Scope, WebSocketScope
 
 log = logging.getLogger(__name__)
@@ -190,6 +194,16 @@ class _Connection(asyncio.Protocol):
         self.ws_task: asyncio.Task[None] | None = None
         #: a short-path forward's peer, path, headers and start, until its answer comes
         self.forwarding: tuple[Any, str, _Headers, float] | None = None
+        #: the parser is between requests: a chunk read now starts a request (or several)
+        self.between = True
+        #: the request being parsed or answered keeps the connection open after it
+        self.keep_alive = True
+        #: requests begun in the chunk being parsed
+        self.begun = 0
+        #: the parse of the request just parsed, if one to remember (repeated_requests.py)
+        self.parsed: Parsed | None = None
+        #: the kept answer it got
+        self.kept: Entry | None = None
 
     # -- connection ------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -250,12 +264,34 @@ class _Connection(asyncio.Protocol):
         if self.ws is not None:
             self.ws.data_received(data)
             return
+        fresh = self.between
+        if fresh:
+            kept = self.server.app.kept_request(data)
+            if kept is not None and not self.busy and not self.queue and not self.write_blocked:
+                self.transport.write(kept.whole())  # type: ignore[union-attr]
+                self.waiting_since = self.server.loop.time()
+                return
+            parsed = self.server.repeated.get(data)
+            if parsed is not None:  # as if the parser had just made it
+                self.headers = parsed.headers
+                self.kept = None
+                self._headed(parsed.method, parsed.path, parsed.query, True)
+                self.on_message_complete()
+                if self.kept is not None:
+                    self.server.app.keep_request(data, self.kept)
+                return
+        self.begun = 0
         try:
             # counted from the last complete head on (on_headers_complete starts it over): a
             # keep-alive connection's kept answers leave it waiting for a head after every
             # request, and counting every byte it ever sent refused it after 1 MiB of heads
             self.head_bytes += len(data)
             self.parser.feed_data(data)
+            parsed = self.parsed
+            if fresh and parsed is not None and self.begun == 1 and self.between:
+                self.server.repeated.remember(data, parsed)
+                if self.kept is not None:
+                    self.server.app.keep_request(data, self.kept)
             if self.waiting_since is None:
                 self.head_bytes = 0  # in a body, or answering: no head is being waited for
             elif self.head_bytes > MAX_HEAD:
@@ -329,7 +365,13 @@ class _Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
 
+    def on_message_begin(self) -> None:
+        self.between = False
+        self.begun += 1
+        self.parsed = self.kept = None
+
     def on_message_complete(self) -> None:
+        self.between = self.keep_alive
         if self.proto is not None:
             self.proto._feed(None)
             self.proto = None
@@ -337,20 +379,32 @@ class _Connection(asyncio.Protocol):
         self.headers = _Headers()
 
     def on_headers_complete(self) -> None:
-        self.waiting_since = None
-        self.head_bytes = 0
         method = self.parser.get_method().decode()
         raw_path, _, query = self.url.partition(b"?")
         path = received_path(raw_path)
+        headers = self.headers
         if self.parser.should_upgrade():  # served once the parser stops on it (data_received)
-            websocket = self.headers.get("upgrade", "").lower() == "websocket"
+            self.waiting_since = None
+            self.head_bytes = 0
+            self.keep_alive = False  # what follows is not a request
+            websocket = headers.get("upgrade", "").lower() == "websocket"
             if websocket and method == "GET" and not self.busy and not self.queue:
-                self.ws = WebSocket(self, self.url.decode("latin-1"), self.headers)
+                self.ws = WebSocket(self, self.url.decode("latin-1"), headers)
                 self.ws_scope = self._scope(_WebSocketScope, method, path, query)
             return
         keep_alive = self.parser.should_keep_alive()
-        if self.headers.get("expect", "").lower() == "100-continue":
-            self.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits a second for it
+        if "expect" in headers:
+            if headers["expect"].lower() == "100-continue":
+                self.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits a second for it
+        elif keep_alive and "content-length" not in headers and "transfer-encoding" not in headers:
+            self.parsed = Parsed(method, path, query, headers)
+        self._headed(method, path, query, keep_alive)
+
+    def _headed(self, method: str, path: str, query: bytes, keep_alive: bool) -> None:
+        """Go on with a request whose head is parsed (its headers in self.headers)."""
+        self.waiting_since = None
+        self.head_bytes = 0
+        self.keep_alive = keep_alive
         if (
             keep_alive
             and not self.busy
@@ -361,10 +415,8 @@ class _Connection(asyncio.Protocol):
         ):
             kept = self.server.app.kept(path, self.headers)
             if kept is not None:  # the hot path: no request objects, no task
-                wire = kept.wire
-                if wire is None:
-                    wire = kept.wire = kept_alive(200, kept.headers, kept.body)
-                self.write(wire)
+                self.write(kept.whole())
+                self.kept = kept
                 self.proto = None
                 self.waiting_since = self.server.loop.time()
                 return
@@ -498,7 +550,9 @@ class _Connection(asyncio.Protocol):
 class LoopServer:
     """Serve `app` on host:port from this event loop: an
     :class:`~tablecast.http.app.HttpApp`, of which it calls ``kept`` (a plain key read's
-    kept answer, before a request object is made) and ``begin`` (everything else)."""
+    kept answer, before a request object is made), ``kept_request`` and ``keep_request``
+    (that answer by the request's bytes), ``forward`` (the short path to a peer) and
+    ``begin`` (everything else)."""
 
     def __init__(
         self, app: Any, ssl_context: ssl.SSLContext | None = None, max_connections: int = 100_000
@@ -511,6 +565,7 @@ class LoopServer:
         self.scheme = "https" if ssl_context else "http"
         self.loop = asyncio.get_running_loop()
         self.connections: set[_Connection] = set()
+        self.repeated = RepeatedRequests()
         self._servers: list[asyncio.base_events.Server] = []
         self._relays: list[asyncio.base_events.Server] = []
         self._sweeper: asyncio.TimerHandle = self.loop.call_later(SWEEP_S, lambda: None)

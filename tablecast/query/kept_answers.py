@@ -15,6 +15,12 @@ catalog change and any reassignment moves one of those, so a hit never shows
 an answer the normal path would not give. Like the store's read cache it is
 bounded by an estimate of its bytes and drops its oldest eighth when full
 (:func:`tablecast.store.cache.drop_oldest`), which keeps a hit to one dict lookup.
+
+A front end may also keep an entry under the bytes of a request that was
+answered with it (:meth:`Answers.keep_request`): the loop engine does, for a
+request a client sends again byte for byte, and so answers it without parsing
+it. Such a name lives as long as its entry (a newer answer or a drop takes it)
+and counts towards the same bound.
 """
 
 from __future__ import annotations
@@ -34,6 +40,9 @@ ENTRY_OVERHEAD = 400
 #: the whole response kept beside it once written or sent to a forwarder (Entry.wire): the
 #: body again after the head (175 bytes measured, longer with a long node id) in a bytes object
 WIRE_OVERHEAD = 300
+#: per request an entry is also kept under, beyond the request's bytes: the bytes object's
+#: own, a dict slot and the entry's tuple of them
+REQUEST_OVERHEAD = 160
 JSON = ("content-type", "application/json")
 
 
@@ -43,14 +52,17 @@ class Entry:
         "end",
         "headers",
         "info",
+        "name",
         "position",
         "replica",
+        "requests",
         "slot",
         "wire",
     )
 
     def __init__(
         self,
+        name: str,
         info: TableInfo,
         replica: Replica,
         position: int,
@@ -58,6 +70,7 @@ class Entry:
         headers: Headers,
         body: bytes,
     ) -> None:
+        self.name = name
         self.info = info
         self.replica = replica
         self.slot = replica.slot
@@ -68,6 +81,8 @@ class Entry:
         #: the whole HTTP/1.1 response, once the loop engine has written it (http/http1.py)
         #: or a forwarder has been sent it (query/coalesce.py)
         self.wire: bytes | None = None
+        #: the requests' bytes it is also kept under (Answers.keep_request)
+        self.requests: tuple[bytes, ...] = ()
 
     def whole(self) -> bytes:
         """The whole HTTP/1.1 response (made once)."""
@@ -85,6 +100,7 @@ class Answers:
         self.me = node.id
         self.max_bytes = max_bytes
         self._entries: dict[str, Entry] = {}
+        self._requests: dict[bytes, Entry] = {}
         self._bytes = 0
         self.hits = 0
 
@@ -93,6 +109,30 @@ class Answers:
         entry = self._entries.get(path)
         if entry is None:
             return None
+        return self._still(entry)
+
+    def get_request(self, request: bytes) -> Entry | None:
+        """The kept answer a request of these very bytes was answered with
+        (:meth:`keep_request`), if it is still the one the read path would give."""
+        entry = self._requests.get(request)
+        if entry is None:
+            return None
+        return self._still(entry)
+
+    def keep_request(self, request: bytes, entry: Entry) -> None:
+        """Keep `entry` under the bytes of a request that was answered with it too, for as
+        long as it is kept: the caller knows every request of these bytes asks for the same
+        answer (one plain GET of the entry's path, none of the headers that change it)."""
+        if request in self._requests or self._entries.get(entry.name) is not entry:
+            return
+        size = len(request) + REQUEST_OVERHEAD
+        if self._bytes + size > self.max_bytes:
+            return  # answers come first: a name never pushes one out
+        self._requests[request] = entry
+        entry.requests += (request,)
+        self._bytes += size
+
+    def _still(self, entry: Entry) -> Entry | None:
         replica = entry.replica
         if (
             replica.position != entry.position
@@ -147,15 +187,33 @@ class Answers:
             return
         before = self._entries.pop(path, None)  # kept before, at an older position
         if before is not None:
-            self._bytes -= _size(path, before.body)
+            self._forget(before)
+        self._make_room(size)
+        self._entries[path] = Entry(path, info, replica, position, end, [JSON, *headers], body)
+        self._bytes += size
+
+    def _make_room(self, size: int) -> None:
+        """Drop the oldest requests' names, then the oldest answers, until `size` more bytes
+        fit: answers come first, so a name never keeps an answer out."""
         while self._bytes + size > self.max_bytes:
-            if not self._entries:
+            if self._requests:
+                for request, entry in drop_oldest(self._requests):
+                    self._bytes -= len(request) + REQUEST_OVERHEAD
+                    entry.requests = tuple(r for r in entry.requests if r is not request)
+            elif self._entries:
+                for _, gone in drop_oldest(self._entries):
+                    self._forget(gone)
+            else:
                 self._bytes = 0
                 break
-            for old_path, gone in drop_oldest(self._entries):
-                self._bytes -= _size(old_path, gone.body)
-        self._entries[path] = Entry(info, replica, position, end, [JSON, *headers], body)
-        self._bytes += size
+
+    def _forget(self, entry: Entry) -> None:
+        """Count out an entry taken out of the answers, and take its requests' names."""
+        self._bytes -= _size(entry.name, entry.body)
+        for request in entry.requests:
+            del self._requests[request]
+            self._bytes -= len(request) + REQUEST_OVERHEAD
+        entry.requests = ()
 
     def __len__(self) -> int:
         return len(self._entries)

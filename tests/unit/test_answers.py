@@ -24,6 +24,7 @@ from tablecast.query.errors import ApiError
 from tablecast.query.kept_answers import (
     ENTRY_OVERHEAD,
     JSON,
+    REQUEST_OVERHEAD,
     WIRE_OVERHEAD,
     Answers,
 )
@@ -176,8 +177,9 @@ def test_keeping_a_path_again_counts_it_once() -> None:
 
 
 def test_what_it_counts_covers_the_memory_it_takes() -> None:
-    """--answers-mb bounds the memory: each entry's path, body, headers and objects, and the
-    whole response the loop engine keeps beside it once written (Entry.wire)."""
+    """--answers-mb bounds the memory: each entry's path, body, headers and objects, the
+    whole response the loop engine keeps beside it once written (Entry.wire), and the
+    request it keeps it under."""
     import gc
     import tracemalloc
 
@@ -194,12 +196,14 @@ def test_what_it_counts_covers_the_memory_it_takes() -> None:
     try:
         for k in keys:
             _read(router, k)
-        for entry in answers._entries.values():  # as the loop engine does on a first hit
+        for path, entry in list(answers._entries.items()):  # as the loop engine does
             entry.whole()
+            answers.keep_request(f"GET {path} HTTP/1.1\r\nhost: n\r\n\r\n".encode(), entry)
         gc.collect()
         before = tracemalloc.get_traced_memory()[0]
         counted = answers._bytes
         answers._entries = {}
+        answers._requests = {}
         gc.collect()
         taken = before - tracemalloc.get_traced_memory()[0]
     finally:
@@ -269,3 +273,72 @@ def test_kept_answers_count_as_key_reads_when_the_figures_are_read() -> None:
     stats.kept += 2  # a read process's report (all since its last one) carries them too
     delta = orjson.loads(stats.delta())
     assert delta["requests"] == [["key", 200, 6]] and delta["buckets"]["key"][0] == 5
+
+
+RAW = b"GET /v1/tables/t/keys/k HTTP/1.1\r\nhost: n\r\n\r\n"
+
+
+def test_an_answer_kept_under_a_request_s_bytes_ends_with_it() -> None:
+    """The loop engine keeps an answer under the bytes of a request it answered, to answer
+    the same bytes again unparsed: every move that ends the answer ends that name too."""
+    router, answers, replica, _ = _setup()
+    _read(router)
+    entry = answers.get(PATH)
+    assert entry is not None
+    alone = answers._bytes
+    answers.keep_request(RAW, entry)
+    assert answers.get_request(RAW) is entry
+    assert answers._bytes == alone + len(RAW) + REQUEST_OVERHEAD
+    _write(replica, b"j", "moved")  # another key of the partition: the position moved
+    assert answers.get_request(RAW) is None
+    _read(router)  # kept anew: the old entry and the request's name with it go
+    new = answers.get(PATH)
+    assert new is not None and new is not entry
+    assert answers.get_request(RAW) is None and not answers._requests
+    assert answers._bytes == len(PATH) + 2 * len(new.body) + ENTRY_OVERHEAD + WIRE_OVERHEAD
+    answers.keep_request(RAW, entry)  # an entry no longer kept is not kept under a request
+    assert answers.get_request(RAW) is None
+    answers.keep_request(RAW, new)
+    assert answers.get_request(RAW) is new
+
+
+def test_requests_names_go_with_their_answers_when_full() -> None:
+    router, answers, replica, _ = _setup(max_bytes=40_000)
+    for i in range(200):
+        _write(replica, f"k{i}".encode(), i)
+    for i in range(200):
+        _read(router, f"k{i}")
+        entry = answers.get(f"/v1/tables/t/keys/k{i}")
+        assert entry is not None
+        answers.keep_request(RAW.replace(b"/k ", f"/k{i} ".encode()), entry)
+        assert answers._bytes <= answers.max_bytes
+    assert set(answers._requests.values()) <= set(answers._entries.values())
+    # answers come first: when full, a request's name waits for room; none pushes one out
+    assert 0 < len(answers._requests) <= len(answers)
+    full = len(answers)
+    for n in range(100):  # names for the answers kept: none pushes an answer out
+        for entry in list(answers._entries.values()):
+            answers.keep_request(b"%d " % n + RAW, entry)
+    assert len(answers) == full and answers._bytes <= answers.max_bytes
+    counted = sum(len(p) + 2 * len(e.body) for p, e in answers._entries.items())
+    counted += len(answers) * (ENTRY_OVERHEAD + WIRE_OVERHEAD)
+    counted += sum(len(r) + REQUEST_OVERHEAD for r in answers._requests)
+    assert answers._bytes == counted
+
+
+def test_an_answer_takes_the_room_of_requests_names_first() -> None:
+    router, answers, replica, _ = _setup(max_bytes=40_000)
+    for i in range(31):
+        _write(replica, f"k{i}".encode(), i)
+    for i in range(30):
+        _read(router, f"k{i}")
+    entries = list(answers._entries.values())
+    for n in range(1000):  # names until no more fit
+        answers.keep_request(b"%d " % n + RAW, entries[n % len(entries)])
+    assert answers._bytes > answers.max_bytes - (len(RAW) + 4 + REQUEST_OVERHEAD)
+    kept, names = len(answers), len(answers._requests)
+    _read(router, "k30")
+    assert len(answers) == kept + 1  # the new answer took names' room, not an answer's
+    assert 0 < len(answers._requests) < names
+    assert all(answers._requests[r] is e for e in answers._entries.values() for r in e.requests)
+    assert sum(len(e.requests) for e in answers._entries.values()) == len(answers._requests)

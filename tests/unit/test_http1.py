@@ -17,6 +17,7 @@ import pytest
 
 from tablecast.http import http1, http1_websocket, listen
 from tablecast.http.http1 import LoopServer
+from tablecast.query.answer_bytes import kept_alive
 from tests.support.ws import WebSocket
 
 JSON = [("content-type", "application/json")]
@@ -28,6 +29,11 @@ class Kept:
         self.body = body
         self.wire: bytes | None = None
 
+    def whole(self) -> bytes:
+        if self.wire is None:
+            self.wire = kept_alive(200, self.headers, self.body)
+        return self.wire
+
 
 class App:
     """Answers /echo (the body back), /slow (after a sleep), /stream (three chunks),
@@ -35,11 +41,24 @@ class App:
 
     def __init__(self) -> None:
         self.kept_paths = {"/kept": Kept(b'{"kept":true}'), "/kept1k": Kept(b"k" * 1000)}
+        #: whole requests answered with a kept answer, as the node's kept answers hold them
+        self.kept_requests: dict[bytes, Kept] = {}
+        self.paths_seen: list[str] = []  # paths of the requests that reached begin()
         self.websockets = 0  # WebSockets the app was called for
         self.flood_ended: Exception | None = None
 
     def kept(self, path: str, headers: Any) -> Kept | None:
+        if "x-not-kept" in headers:
+            return None
         return self.kept_paths.get(path)
+
+    def kept_request(self, request: bytes) -> Kept | None:
+        kept = self.kept_requests.get(request)
+        # as the node's: only while that answer is still the path's
+        return kept if kept is not None and kept in self.kept_paths.values() else None
+
+    def keep_request(self, request: bytes, kept: Kept) -> None:
+        self.kept_requests[request] = kept
 
     def forward(self, path: str, headers: Any, sink: Any) -> str | None:
         """/fwd/ok: a peer's answer after 10 ms; /fwd/fail: no answer (then forward_failed)."""
@@ -60,6 +79,7 @@ class App:
         return self._slow(proto, f"{failed} failed {scope.path}".encode())
 
     def begin(self, scope: Any, proto: Any) -> Awaitable[None] | None:
+        self.paths_seen.append(scope.path)
         kept = self.kept(scope.path, scope.headers)  # as the node's app: kept answers first
         if kept is not None:
             proto.response_bytes(200, kept.headers, kept.body)
@@ -223,6 +243,124 @@ def test_a_kept_answer_is_written_whole_and_remembered() -> None:
         assert app.kept_paths["/kept"].wire == head + b'{"kept":true}'
 
     _run(check, apps)
+
+
+def _begun(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Requests the parser has begun (one element each)."""
+    begun: list[int] = []
+    original = http1._Connection.on_message_begin
+
+    def counted(self: Any) -> None:
+        begun.append(1)
+        original(self)
+
+    monkeypatch.setattr(http1._Connection, "on_message_begin", counted)
+    return begun
+
+
+def test_a_request_sent_again_byte_for_byte_is_not_parsed_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    begun = _begun(monkeypatch)
+    apps: list[App] = []
+    raw = b"GET /a?x=1 HTTP/1.1\r\nhost: x\r\nx-a: 1\r\n\r\n"
+    other = raw.replace(b"/a?", b"/b?")
+
+    async def check(port: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for request, seen in [(raw, b"/a"), (raw, b"/a"), (other, b"/b"), (raw, b"/a")]:
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+            assert await reader.readexactly(len(b"GET /a ?x=1 1")) == b"GET " + seen + b" ?x=1 1"
+        writer.close()
+        [app] = apps
+        assert app.paths_seen == ["/a", "/a", "/b", "/a"]  # each reached the app as parsed
+
+    _run(check, apps)
+    assert len(begun) == 2  # the first of each; the rest went on from their parse
+
+
+def test_a_kept_answer_s_request_sent_again_is_answered_while_it_is_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    begun = _begun(monkeypatch)
+    apps: list[App] = []
+    raw = b"GET /kept HTTP/1.1\r\nhost: x\r\n\r\n"
+
+    async def check(port: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+
+        async def ask() -> bytes:
+            writer.write(raw)
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.split(b"content-length: ")[1].split(b"\r\n")[0])
+            return await reader.readexactly(length)
+
+        assert await ask() == b'{"kept":true}'
+        [app] = apps
+        assert list(app.kept_requests) == [raw]
+        assert [await ask() for _ in range(3)] == [b'{"kept":true}'] * 3
+        assert len(begun) == 1 and app.paths_seen == []  # neither parsed nor begun again
+        app.kept_paths["/kept"] = Kept(b'{"kept":"anew"}')  # the old answer is kept no more
+        assert await ask() == b'{"kept":"anew"}'
+        assert await ask() == b'{"kept":"anew"}'
+        writer.close()
+
+    _run(check, apps)
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        # two requests in one chunk, and a request in two
+        [b"GET /a HTTP/1.1\r\nhost: x\r\n\r\nGET /b HTTP/1.1\r\nhost: x\r\n\r\n"],
+        [b"GET /a HTTP/1.1\r\nho", b"st: x\r\n\r\n"],
+        # a body, an expect, a connection that closes after it
+        [b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nab"],
+        [b"GET /a HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\n\r\n"],
+        [b"GET /a HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"],
+        [b"GET /a HTTP/1.0\r\nhost: x\r\n\r\n"],
+    ],
+)
+def test_only_a_chunk_of_one_whole_plain_request_is_remembered(chunks: list[bytes]) -> None:
+    servers: list[LoopServer] = []
+
+    async def main() -> None:
+        server = LoopServer(App())
+        servers.append(server)
+        await server.start("127.0.0.1", 0)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            for chunk in chunks:
+                writer.write(chunk)
+                await writer.drain()
+                await asyncio.sleep(0.05)  # read apart
+            writer.write(b"GET /last HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            data = await asyncio.wait_for(reader.read(), 5)
+            answers = _responses(data.replace(b"HTTP/1.1 100 Continue\r\n\r\n", b""))
+            assert len(answers) >= 1 and all(status == 200 for status, _ in answers)
+            writer.close()
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
+    assert len(servers[0].repeated) == 0
+
+
+def test_remembered_requests_share_headers_and_stay_within_their_bound() -> None:
+    from tablecast.http.repeated_requests import OVERHEAD, Parsed, RepeatedRequests
+
+    chunks = [b"GET /k%04d HTTP/1.1\r\nhost: x\r\n\r\n" % i for i in range(1000)]
+    repeated = RepeatedRequests(max_bytes=100 * (len(chunks[0]) + len("/k0000") + OVERHEAD))
+    for i, chunk in enumerate(chunks):
+        repeated.remember(chunk, Parsed("GET", f"/k{i:04d}", b"", {"host": "x"}))
+    assert 50 <= len(repeated) <= 100
+    assert repeated._bytes <= repeated.max_bytes
+    kept = [c for c in chunks if repeated.get(c) is not None]
+    assert kept == chunks[-len(kept) :]  # the newest: the oldest went first
+    first, last = repeated.get(kept[0]), repeated.get(kept[-1])
+    assert first is not None and last is not None and first.headers is last.headers
 
 
 def test_a_chunked_body_and_a_streamed_answer() -> None:

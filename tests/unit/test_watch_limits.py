@@ -161,6 +161,12 @@ class App:
     def kept(self, path: str, headers: Any) -> None:
         return None
 
+    def kept_request(self, request: bytes) -> None:
+        return None
+
+    def keep_request(self, request: bytes, entry: Any) -> None:
+        pass
+
     def forward(self, path: str, headers: Any, sink: Any) -> None:
         return None
 
