@@ -268,7 +268,7 @@ class _Connection(asyncio.Protocol):
         if fresh:
             kept = self.server.app.kept_request(data)
             if kept is not None and not self.busy and not self.queue and not self.write_blocked:
-                self.transport.write(kept.whole())  # type: ignore[union-attr]
+                self.write(kept.whole())
                 self.waiting_since = self.server.loop.time()
                 return
             parsed = self.server.repeated.get(data)
