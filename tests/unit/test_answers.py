@@ -302,10 +302,18 @@ def test_an_answer_kept_under_a_request_s_bytes_ends_with_it() -> None:
     assert answers.get_request(RAW) is new
 
 
-def test_requests_names_go_with_their_answers_when_full() -> None:
-    router, answers, replica, _ = _setup(max_bytes=40_000)
-    for i in range(200):
+def _written_and_read(max_bytes: int, written: int, read: int) -> tuple[Router, Answers]:
+    """Keys k0.. written, then the first `read` of them read (kept) in order."""
+    router, answers, replica, _ = _setup(max_bytes)
+    for i in range(written):
         _write(replica, f"k{i}".encode(), i)
+    for i in range(read):
+        _read(router, f"k{i}")
+    return router, answers
+
+
+def test_requests_names_go_with_their_answers_when_full() -> None:
+    router, answers = _written_and_read(40_000, 200, 0)
     for i in range(200):
         _read(router, f"k{i}")
         entry = answers.get(f"/v1/tables/t/keys/k{i}")
@@ -327,11 +335,7 @@ def test_requests_names_go_with_their_answers_when_full() -> None:
 
 
 def test_an_answer_takes_the_room_of_requests_names_first() -> None:
-    router, answers, replica, _ = _setup(max_bytes=40_000)
-    for i in range(31):
-        _write(replica, f"k{i}".encode(), i)
-    for i in range(30):
-        _read(router, f"k{i}")
+    router, answers = _written_and_read(40_000, 31, 30)
     entries = list(answers._entries.values())
     for n in range(1000):  # names until no more fit
         answers.keep_request(b"%d " % n + RAW, entries[n % len(entries)])
