@@ -57,6 +57,8 @@ PARTITIONS = 4
 #: a real-time query holds a task slot per input partition: local[2] has two
 FRESH_PARTITIONS = 2
 GROUPS = 100
+#: keys of the freshness rows' background load (bg0, bg1, ...)
+BACKGROUND_KEYS = 10_000
 #: load before the first marker of a freshness run: a new query's first batches run code the
 #: JIT has not compiled yet (two to four times slower for about 15 s)
 WARM_S = 15.0
@@ -124,6 +126,37 @@ def _window_count(app: Any, topic: str) -> Any:
     return grouped.windowed_by(tc.windows.tumbling("1 minute")).count()
 
 
+#: the table a join row's stream meets, beside its input topic
+DIMENSION = "-dimension"
+#: keys of that table besides the background load's: the markers' (m0, m1, ...)
+MARKER_KEYS = 5000
+
+
+def _with_tier(record: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+    return {**record, "tier": row["tier"]}
+
+
+def _joined(app: Any, topic: str) -> Any:
+    """Each record with its key's row of the dimension table (filled by fill_dimension)."""
+    return _stream(app, topic).join(_table(app, topic + DIMENSION), _with_tier).to_table()
+
+
+def fill_dimension(bootstrap: str, topic: str, partitions: int) -> None:
+    """A row for every key the markers and the background load use, before the join starts."""
+    from confluent_kafka import Producer
+
+    from tablecast.contract.partitioner import PRODUCER_CONFIG
+    from tablecast.kafka.topics import ensure_topic
+
+    ensure_topic(bootstrap, topic, partitions)
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, **PRODUCER_CONFIG})
+    keys = [f"m{i}" for i in range(MARKER_KEYS)] + [f"bg{i}" for i in range(BACKGROUND_KEYS)]
+    for i, key in enumerate(keys):
+        p.produce(topic, key=key.encode(), value=b'{"tier": "t%d"}' % (i % 3))
+        p.poll(0)
+    p.flush(30)
+
+
 #: the freshness rows' pipelines: how each is described, its input's partitions, and what it
 #: builds from its input topic (its table is materialized as "fresh")
 KINDS: dict[str, tuple[str, int, Callable[[Any, str], Any]]] = {
@@ -131,6 +164,7 @@ KINDS: dict[str, tuple[str, int, Callable[[Any, str], Any]]] = {
     "group_by": ("group_by/reduce", FRESH_PARTITIONS, lambda a, t: sums_by_group(_table(a, t))),
     "aggregate": ("stream group_by_key().aggregate(F.sum(...)), Columns", PARTITIONS, _sum_columns),
     "window": ("tumbling-window count (1 minute)", PARTITIONS, _window_count),
+    "join": ("stream–table join (Python joiner), to_table()", PARTITIONS, _joined),
 }
 
 
@@ -366,7 +400,7 @@ def percentiles(latencies: list[float]) -> dict[str, int]:
 def background_load(
     bootstrap: str, topic: str, load: int, stop: threading.Event, grouped: bool = False
 ) -> None:
-    """`load` records/s over 10,000 keys, in 50 ms bursts, until `stop` is set (`grouped`:
+    """`load` records/s over BACKGROUND_KEYS keys, in 50 ms bursts, until `stop` is set (`grouped`:
     values a group_by selects from, in GROUPS groups)."""
     from confluent_kafka import Producer
 
@@ -378,7 +412,7 @@ def background_load(
         t = time.monotonic()
         for _ in range(load // 20):
             value = f'{{"g": "g{i % GROUPS}", "n": 1}}'.encode() if grouped else b'{"n": 1}'
-            p.produce(topic, key=f"bg{i % 10000}".encode(), value=value)
+            p.produce(topic, key=f"bg{i % BACKGROUND_KEYS}".encode(), value=value)
             i += 1
         p.poll(0)
         stop.wait(max(0.0, 0.05 - (time.monotonic() - t)))
@@ -408,6 +442,8 @@ def freshness(
     topic = f"bench-fresh-{mode}"
     described, partitions, build = KINDS[kind]
     ensure_topic(bootstrap, topic, partitions)
+    if kind == "join":
+        fill_dimension(bootstrap, topic + DIMENSION, partitions)
     app = tc.App(f"benchfresh{mode}", state_dir=state, trigger=trigger)
     build(app, topic).materialize("fresh")
     windows = kind == "window"
@@ -694,13 +730,16 @@ the node's answer. Milliseconds:
 {fresh_row(fg, "p99 ≤ 1 s", 1000)}
 {fresh_row(r["freshness-aggregate"], "p99 ≤ 500 ms", 500)}
 {fresh_row(r["freshness-window"], "p99 ≤ 1 s", 1000)}
+{fresh_row(r["freshness-join"], "p99 ≤ 1 s", 1000) if "freshness-join" in r else ""}
 {ks_row}
 
 The App's default trigger (`"auto"`) runs a stateless query every 100 ms and a stateful one
 every 500 ms; the first row is the same stateless table on 500 ms, which every query had
 before. The grouped stream's sum (Spark's own aggregation, Columns, markers new keys) and
 the tumbling-window count (a Python state step; read at `/keys/{{key}}/windows`, so its
-*topic* columns are empty) read a {PARTITIONS}-partition input. A `group_by` is two queries in series (a repartition topic between them), each with
+*topic* columns are empty) read a {PARTITIONS}-partition input, as does the stream–table
+join (each record meets its key's row of a table filled before the run: every marker's and
+background key has one; the joiner a Python function, its result `to_table()`). A `group_by` is two queries in series (a repartition topic between them), each with
 its own micro-batch, and its stateful one runs applyInPandasWithState (not on Real-time
 Mode's list). The Kafka Streams row is `bench/peers/kafka-streams-iq` (a KTable
 materialized from the same kind of topic into RocksDB, read over its HTTP front) with
@@ -1017,7 +1056,7 @@ def main(argv: list[str]) -> None:
     publish("pipeline", result, render(result, command()))
 
 
-#: the freshness rows: (result key, the App's trigger, a group_by?)
+#: the freshness rows: (result key, the App's trigger, the pipeline's kind in KINDS)
 FRESHNESS = (
     ("freshness", "auto", "table"),
     ("freshness-realtime", "realtime", "table"),
@@ -1027,6 +1066,7 @@ FRESHNESS = (
 MORE_FRESHNESS = (
     ("freshness-aggregate", "auto", "aggregate"),
     ("freshness-window", "auto", "window"),
+    ("freshness-join", "auto", "join"),
 )
 
 
