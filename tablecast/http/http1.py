@@ -265,20 +265,27 @@ class _Connection(asyncio.Protocol):
             self.ws.data_received(data)
             return
         fresh = self.between
-        if fresh:
-            kept = self.server.app.kept_request(data)
-            if kept is not None and not self.busy and not self.queue and not self.write_blocked:
-                self.write(kept.whole())
-                self.waiting_since = self.server.loop.time()
-                return
-            parsed = self.server.repeated.get(data)
-            if parsed is not None:  # as if the parser had just made it
-                self.headers = parsed.headers
-                self.kept = None
-                self._headed(parsed.method, parsed.path, parsed.query, True)
-                self.on_message_complete()
-                if self.kept is not None:
-                    self.server.app.keep_request(data, self.kept)
+        if fresh:  # a request seen before byte for byte: what it got, or how it parsed
+            try:
+                if not self.busy and not self.queue and not self.write_blocked:
+                    kept = self.server.app.kept_request(data)
+                    if kept is not None:
+                        self.write(kept.whole())
+                        self.waiting_since = self.server.loop.time()
+                        return
+                parsed = self.server.repeated.get(data)
+                if parsed is not None:  # as if the parser had just made it
+                    self.headers = parsed.headers
+                    self.kept = None
+                    self._headed(parsed.method, parsed.path, parsed.query, True)
+                    self.on_message_complete()
+                    if self.kept is not None:
+                        self.server.app.keep_request(data, self.kept)
+                    return
+            except Exception:  # a bug here or in the app: a 500, and the connection closes
+                log.exception("request failed")
+                self.headers = _Headers()  # never the remembered one, which is shared
+                self.refuse(ApiError("internal", "the request failed; the node's log says why"))
                 return
         self.begun = 0
         try:

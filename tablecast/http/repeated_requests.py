@@ -12,10 +12,11 @@ just made it.
 
 Only a chunk that held exactly one whole request, with no body, no upgrade, no
 ``expect`` and a connection kept alive, read while its connection was between
-requests, is remembered: its parse then depends on its bytes alone. Remembered
-requests share one headers dict per distinct header block, which nobody
-changes. The memory is bounded like the node's other caches: past
-:data:`MAX_BYTES` (estimated) the oldest eighth goes
+requests, is remembered: its parse then depends on its bytes alone. Requests
+with the same header block share one headers dict, which nobody changes. The
+memory is bounded like the node's other caches: past :data:`MAX_BYTES`
+(estimated: each request, and each header block once with its dict, for as
+long as a request remembered shares it) the oldest eighth goes
 (:func:`tablecast.store.cache.drop_oldest`).
 """
 
@@ -32,8 +33,11 @@ MAX_CHUNK = 4096
 #: per request beyond its chunk's and path's bytes: the bytes, str and tuple objects' own
 #: and a dict slot (about 230 measured with tracemalloc; the rest margin)
 OVERHEAD = 260
-#: distinct header blocks whose headers dict is shared
-MAX_BLOCKS = 4096
+#: per header block beyond its bytes (held twice: as the key it is shared by, and as the
+#: headers' names and values): the dict's own and a list, and per header two str objects
+#: and the dict's slot (a dict of 800 short headers takes 46 bytes a slot)
+BLOCK_OVERHEAD = 320
+HEADER_OVERHEAD = 160
 
 
 class Parsed(NamedTuple):
@@ -44,33 +48,56 @@ class Parsed(NamedTuple):
     query: bytes
     #: by lower-case name, the first of repeated ones: shared, never to be changed
     headers: dict[str, str]
+    #: the head's bytes after the request line, as sent (whose requests share `headers`)
+    block: bytes = b""
+
+
+class _Block:
+    """A header block's headers dict, shared by the requests remembered with it."""
+
+    __slots__ = ("block", "headers", "users")
+
+    def __init__(self, block: bytes, headers: dict[str, str]) -> None:
+        self.block, self.headers, self.users = block, headers, 0
 
 
 class RepeatedRequests:
     def __init__(self, max_bytes: int = MAX_BYTES) -> None:
         self.max_bytes = max_bytes
         self._parsed: dict[bytes, Parsed] = {}
-        self._blocks: dict[bytes, dict[str, str]] = {}
+        self._blocks: dict[bytes, _Block] = {}
         self._bytes = 0
         #: the parse of a chunk remembered, or None (bound here: called for every chunk read)
         self.get = self._parsed.get
 
     def remember(self, chunk: bytes, parsed: Parsed) -> None:
         """Remember that `chunk`, one whole request, parses as `parsed`."""
-        if len(chunk) > MAX_CHUNK or chunk in self._parsed:
+        line_end = chunk.find(b"\n")
+        if len(chunk) > MAX_CHUNK or line_end < 1 or chunk[line_end - 1] != 13:
+            return  # a request line ends in CRLF: what follows it is the header block
+        if chunk in self._parsed:
             return
-        block = chunk[chunk.find(b"\r\n") :]  # the headers, as sent
-        headers = self._blocks.get(block)
-        if headers is None:
-            if len(self._blocks) >= MAX_BLOCKS:
-                self._blocks.clear()  # requests remembered keep theirs
-            headers = self._blocks[block] = parsed.headers
+        block = chunk[line_end + 1 :]
         size = _size(chunk, parsed)
+        new_block = 0 if block in self._blocks else _block_size(block, parsed.headers)
+        self._make_room(size + new_block)
+        shared = self._blocks.get(block)
+        if shared is None:  # new, or its last request went to make room
+            shared = self._blocks[block] = _Block(block, parsed.headers)
+            new_block = _block_size(block, parsed.headers)
+        shared.users += 1
+        self._parsed[chunk] = parsed._replace(headers=shared.headers, block=shared.block)
+        self._bytes += size + new_block
+
+    def _make_room(self, size: int) -> None:
         while self._bytes + size > self.max_bytes and self._parsed:
             for old, gone in drop_oldest(self._parsed):
                 self._bytes -= _size(old, gone)
-        self._parsed[chunk] = parsed._replace(headers=headers)
-        self._bytes += size
+                shared = self._blocks[gone.block]
+                shared.users -= 1
+                if not shared.users:
+                    del self._blocks[gone.block]
+                    self._bytes -= _block_size(gone.block, gone.headers)
 
     def __len__(self) -> int:
         return len(self._parsed)
@@ -78,3 +105,7 @@ class RepeatedRequests:
 
 def _size(chunk: bytes, parsed: Parsed) -> int:
     return len(chunk) + len(parsed.path) + len(parsed.query) + OVERHEAD
+
+
+def _block_size(block: bytes, headers: dict[str, str]) -> int:
+    return 2 * len(block) + BLOCK_OVERHEAD + HEADER_OVERHEAD * len(headers)

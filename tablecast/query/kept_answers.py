@@ -43,6 +43,9 @@ WIRE_OVERHEAD = 300
 #: per request an entry is also kept under, beyond the request's bytes: the bytes object's
 #: own, a dict slot and the entry's tuple of them
 REQUEST_OVERHEAD = 160
+#: requests' bytes one answer is kept under at most: a client that sends each request
+#: different (a trace id header) would otherwise pile names on a hot answer
+MAX_REQUESTS_PER_ANSWER = 4
 JSON = ("content-type", "application/json")
 
 
@@ -123,7 +126,11 @@ class Answers:
         """Keep `entry` under the bytes of a request that was answered with it too, for as
         long as it is kept: the caller knows every request of these bytes asks for the same
         answer (one plain GET of the entry's path, none of the headers that change it)."""
-        if request in self._requests or self._entries.get(entry.name) is not entry:
+        if (
+            len(entry.requests) >= MAX_REQUESTS_PER_ANSWER
+            or request in self._requests
+            or self._entries.get(entry.name) is not entry
+        ):
             return
         size = len(request) + REQUEST_OVERHEAD
         if self._bytes + size > self.max_bytes:

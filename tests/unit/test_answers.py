@@ -24,6 +24,7 @@ from tablecast.query.errors import ApiError
 from tablecast.query.kept_answers import (
     ENTRY_OVERHEAD,
     JSON,
+    MAX_REQUESTS_PER_ANSWER,
     REQUEST_OVERHEAD,
     WIRE_OVERHEAD,
     Answers,
@@ -346,3 +347,14 @@ def test_an_answer_takes_the_room_of_requests_names_first() -> None:
     assert 0 < len(answers._requests) < names
     assert all(answers._requests[r] is e for e in answers._entries.values() for r in e.requests)
     assert sum(len(e.requests) for e in answers._entries.values()) == len(answers._requests)
+
+
+def test_an_answer_is_kept_under_a_few_requests_at_most() -> None:
+    """A client whose every request differs (a trace id) piles no names on a hot answer."""
+    router, answers, _, _ = _setup()
+    _read(router)
+    entry = answers.get(PATH)
+    assert entry is not None
+    for n in range(100):
+        answers.keep_request(RAW.replace(b"\r\n\r\n", b"\r\nx-trace: %d\r\n\r\n" % n), entry)
+    assert len(entry.requests) == len(answers._requests) == MAX_REQUESTS_PER_ANSWER

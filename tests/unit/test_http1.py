@@ -44,12 +44,13 @@ class App:
         #: whole requests answered with a kept answer, as the node's kept answers hold them
         self.kept_requests: dict[bytes, Kept] = {}
         self.paths_seen: list[str] = []  # paths of the requests that reached begin()
+        self.broken = False  # kept() of /kept-boom raises
         self.websockets = 0  # WebSockets the app was called for
         self.flood_ended: Exception | None = None
 
     def kept(self, path: str, headers: Any) -> Kept | None:
-        if "x-not-kept" in headers:
-            return None
+        if path == "/kept-boom" and self.broken:
+            raise RuntimeError("a bug")
         return self.kept_paths.get(path)
 
     def kept_request(self, request: bytes) -> Kept | None:
@@ -348,19 +349,78 @@ def test_only_a_chunk_of_one_whole_plain_request_is_remembered(chunks: list[byte
     assert len(servers[0].repeated) == 0
 
 
+def _counted(repeated: Any) -> int:
+    """What a RepeatedRequests should count: each request, and each header block once."""
+    from tablecast.http import repeated_requests as rr
+
+    requests = sum(rr._size(c, p) for c, p in repeated._parsed.items())
+    return requests + sum(rr._block_size(b, s.headers) for b, s in repeated._blocks.items())
+
+
 def test_remembered_requests_share_headers_and_stay_within_their_bound() -> None:
-    from tablecast.http.repeated_requests import OVERHEAD, Parsed, RepeatedRequests
+    from tablecast.http.repeated_requests import (
+        BLOCK_OVERHEAD,
+        HEADER_OVERHEAD,
+        OVERHEAD,
+        Parsed,
+        RepeatedRequests,
+    )
 
     chunks = [b"GET /k%04d HTTP/1.1\r\nhost: x\r\n\r\n" % i for i in range(1000)]
-    repeated = RepeatedRequests(max_bytes=100 * (len(chunks[0]) + len("/k0000") + OVERHEAD))
+    block = BLOCK_OVERHEAD + HEADER_OVERHEAD + 2 * len(b"host: x\r\n\r\n")
+    per_request = len(chunks[0]) + len("/k0000") + OVERHEAD
+    repeated = RepeatedRequests(max_bytes=100 * per_request + block)
     for i, chunk in enumerate(chunks):
         repeated.remember(chunk, Parsed("GET", f"/k{i:04d}", b"", {"host": "x"}))
-    assert 50 <= len(repeated) <= 100
-    assert repeated._bytes <= repeated.max_bytes
+    assert 87 <= len(repeated) <= 100
+    assert repeated._bytes == _counted(repeated) <= repeated.max_bytes
     kept = [c for c in chunks if repeated.get(c) is not None]
     assert kept == chunks[-len(kept) :]  # the newest: the oldest went first
     first, last = repeated.get(kept[0]), repeated.get(kept[-1])
     assert first is not None and last is not None and first.headers is last.headers
+    assert len(repeated._blocks) == 1
+    # a request line that does not end in CRLF is not remembered
+    repeated.remember(b"GET /lf HTTP/1.1\nhost: x\r\n\r\n", Parsed("GET", "/lf", b"", {}))
+    assert repeated.get(b"GET /lf HTTP/1.1\nhost: x\r\n\r\n") is None
+
+
+def test_header_blocks_count_with_their_headers_and_go_with_their_last_request() -> None:
+    """Requests of many headers, each block its own: the bound holds what they really take."""
+    from tablecast.http.repeated_requests import Parsed, RepeatedRequests
+
+    repeated = RepeatedRequests(max_bytes=1 << 20)
+    for n in range(2000):
+        lines = [f"h{i}: {n}" for i in range(100)]
+        chunk = ("GET /a HTTP/1.1\r\n" + "\r\n".join(lines) + "\r\n\r\n").encode()
+        headers = dict(line.split(": ") for line in lines)
+        repeated.remember(chunk, Parsed("GET", "/a", b"", headers))
+        assert repeated._bytes == _counted(repeated) <= repeated.max_bytes
+    assert 0 < len(repeated._blocks) == len(repeated) < 2000
+    assert all(s.users == 1 for s in repeated._blocks.values())
+
+
+def test_a_failure_answering_a_remembered_request_is_a_500_and_the_connection_closes() -> None:
+    apps: list[App] = []
+    raw = b"GET /kept-boom HTTP/1.1\r\nhost: x\r\n\r\n"
+
+    async def check(port: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(raw)
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n")  # remembered as it parsed
+        [app] = apps
+        app.broken = True
+        writer.write(raw)
+        rest = await reader.read()  # until the server closes
+        assert b"HTTP/1.1 500 " in rest and b'"internal"' in rest
+        writer.close()
+        # the remembered headers were not touched: the next connection parses as before
+        app.broken = False
+        assert _responses(
+            await _exchange(port, raw.replace(b"\r\n\r\n", b"\r\nconnection: close\r\n\r\n"))
+        ) == [(200, b"GET /kept-boom ? None")]
+
+    _run(check, apps)
 
 
 def test_a_chunked_body_and_a_streamed_answer() -> None:
