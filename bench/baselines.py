@@ -44,7 +44,7 @@ class OneKept:
     def keep_request(self, request: bytes, entry: Any) -> None:
         self.requests.add(request)
 
-    def forward(self, path: str, headers: Any, sink: Any) -> None:
+    def forward_plan(self, path: str, headers: Any) -> None:
         return None
 
     def begin(self, scope: Any, proto: Any) -> None:

@@ -71,6 +71,7 @@ from tablecast.query.request import (
     Scope,
     client_host,
 )
+from tablecast.query.short_path import Plan
 from tablecast.query.stats import HttpStats
 
 log = logging.getLogger(__name__)
@@ -342,14 +343,20 @@ class HttpApp:
         if self._answers is not None:
             self._answers.keep_request(request, entry)
 
-    def forward(self, path: str, headers: Any, sink: Sink) -> Member | None:
-        """Send a GET of `path` without a query string on the short path of plain reads of
-        a peer's partition (:mod:`tablecast.query.short_path`), its answer to `sink`: the
-        peer it went to; None when :meth:`begin` takes the request."""
+    def forward_plan(self, path: str, headers: Any) -> Plan | None:
+        """How a GET of `path` without a query string goes on the short path of plain reads
+        of a peer's partition (:mod:`tablecast.query.short_path`); None when :meth:`begin`
+        takes the request. The same request (its bytes) may be sent on it again."""
         forwards = self._forwards
         if forwards is None or AFTER_HEADER in headers or HOP in headers:
             return None
-        return forwards.send(path, sink)
+        return forwards.plan(path)
+
+    def forward(self, plan: Plan, sink: Sink) -> Member | None:
+        """Send the read `plan` is for, its answer to `sink`: the peer it went to; None,
+        and nothing sent, when :meth:`begin` must take the request after all."""
+        assert self._forwards is not None  # a plan comes from them
+        return self._forwards.send(plan, sink)
 
     def forwarded(self, status: int, started: float) -> None:
         """Count a short-path forward its peer answered (the sink wrote the answer)."""
@@ -540,8 +547,12 @@ class HttpApp:
                 is_error = isinstance(result, Exception)
                 answers[i] = _failed(result, "GET", targets[i]) if is_error else result
         took = perf_counter() - started
+        stats = self.stats
         for route, answer in zip(routes, answers, strict=True):
-            self.stats.record(route, 200 if isinstance(answer, Entry) else answer[0], took)
+            if isinstance(answer, Entry):
+                stats.kept += 1  # counted as a kept answer given alone is
+            else:
+                stats.record(route, answer[0], took)
         if path == ANSWERS_PATH:
             wires = [a.whole() if isinstance(a, Entry) else a for a in answers]
             return 200, encode_wires(wires), [BINARY]
@@ -611,6 +622,13 @@ async def _read_body(req: Request, proto: Any) -> bytes:
     declared = req.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY:
         raise too_large
+    arrived = getattr(proto, "arrived_body", None)  # the loop engine's: no timer to wait
+    if arrived is not None:
+        body = arrived()
+        if body is not None:
+            if len(body) > MAX_BODY:
+                raise too_large
+            return body
     chunks, size = [], 0
     try:
         async with asyncio.timeout(BODY_TIMEOUT_S):

@@ -134,6 +134,15 @@ class _Proto:
             self.arrived = asyncio.Event()
             await self.arrived.wait()
 
+    def arrived_body(self) -> bytes | None:
+        """The whole body, if all of it has arrived (most do with their head); None if not."""
+        if not self.complete:
+            return None
+        body = b"".join(self.chunks)
+        self.chunks.clear()
+        self.buffered = 0
+        return body
+
     async def client_disconnect(self) -> None:
         await asyncio.shield(self._conn.gone)
 
@@ -267,7 +276,8 @@ class _Connection(asyncio.Protocol):
         fresh = self.between
         if fresh:  # a request seen before byte for byte: what it got, or how it parsed
             try:
-                if not self.busy and not self.queue and not self.write_blocked:
+                idle = not self.busy and not self.queue and not self.write_blocked
+                if idle:
                     kept = self.server.app.kept_request(data)
                     if kept is not None:
                         self.write(kept.whole())
@@ -275,8 +285,14 @@ class _Connection(asyncio.Protocol):
                         return
                 parsed = self.server.repeated.get(data)
                 if parsed is not None:  # as if the parser had just made it
+                    plan = parsed.plan
+                    if plan is not None and idle:
+                        if self._forward(plan, parsed.path, parsed.headers):
+                            return
+                        parsed.plan = None  # not forwarded on it now: _headed decides again
                     self.headers = parsed.headers
                     self.kept = None
+                    self.parsed = parsed
                     self._headed(parsed.method, parsed.path, parsed.query, True)
                     self.on_message_complete()
                     if self.kept is not None:
@@ -427,13 +443,11 @@ class _Connection(asyncio.Protocol):
                 self.proto = None
                 self.waiting_since = self.server.loop.time()
                 return
-            started = perf_counter()
-            member = self.server.app.forward(path, self.headers, self)
-            if member is not None:  # a plain read of a peer's partition: no task either
-                self.proto = None
-                self.busy = True
-                # the next request's headers replace these before the answer comes
-                self.forwarding = (member, path, self.headers, started)
+            plan = self.server.app.forward_plan(path, self.headers)
+            # a plain read of a peer's partition: no task either
+            if plan is not None and self._forward(plan, path, self.headers):
+                if self.parsed is not None:  # the same bytes again go the same way
+                    self.parsed.plan = plan
                 return
         proto = _Proto(self, keep_alive, method == "HEAD")
         scope = self._scope(_Scope, method, path, query)
@@ -444,6 +458,22 @@ class _Connection(asyncio.Protocol):
         elif len(self.queue) >= MAX_QUEUED and self.transport is not None:
             self.paused = True  # a client that pipelines without reading waits for us
             self.transport.pause_reading()
+
+    def _forward(self, plan: Any, path: str, headers: _Headers | dict[str, str]) -> bool:
+        """Send the plain read of `path` being answered on the app's short path of
+        forwards (`plan`); False, and nothing sent, when the app's usual way must take it."""
+        started = perf_counter()
+        member = self.server.app.forward(plan, self)
+        if member is None:
+            return False
+        self.waiting_since = None
+        self.head_bytes = 0
+        self.keep_alive = True
+        self.proto = None
+        self.busy = True
+        # the next request's headers replace these before the answer comes
+        self.forwarding = (member, path, headers, started)
+        return True
 
     def _scope(self, kind: type[_Scope], method: str, path: str, query: bytes) -> _Scope:
         return kind(method, path, query.decode("latin-1"), self.headers, self.client, self.scheme)

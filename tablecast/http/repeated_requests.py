@@ -22,7 +22,7 @@ long as a request remembered shares it) the oldest eighth goes
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any
 
 from tablecast.store.cache import drop_oldest
 
@@ -30,9 +30,9 @@ from tablecast.store.cache import drop_oldest
 MAX_BYTES = 64 << 20
 #: a chunk longer than this is not remembered (requests are a few hundred bytes)
 MAX_CHUNK = 4096
-#: per request beyond its chunk's and path's bytes: the bytes, str and tuple objects' own
-#: and a dict slot (about 150 measured with tracemalloc; the rest margin)
-OVERHEAD = 260
+#: per request beyond its chunk's and path's bytes: the parse's record, a dict slot and a
+#: forward's plan it may hold (about 250 measured with tracemalloc; the rest margin)
+OVERHEAD = 420
 #: per header block beyond its bytes (held twice: as the key it is shared by, and as the
 #: headers' names and values): the dict's own and the block's record, and per header two
 #: str objects and the dict's slot (about 140 bytes a header measured for 800 short ones)
@@ -40,16 +40,27 @@ BLOCK_OVERHEAD = 320
 HEADER_OVERHEAD = 160
 
 
-class Parsed(NamedTuple):
+class Parsed:
     """What the loop engine takes from a request's head."""
 
-    method: str
-    path: str
-    query: bytes
-    #: by lower-case name, the first of repeated ones: shared, never to be changed
-    headers: dict[str, str]
-    #: the head's bytes after the request line, as sent (whose requests share `headers`)
-    block: bytes = b""
+    __slots__ = ("block", "headers", "method", "path", "plan", "query")
+
+    def __init__(
+        self,
+        method: str,
+        path: str,
+        query: bytes,
+        headers: dict[str, str],
+        block: bytes = b"",
+        plan: Any = None,
+    ) -> None:
+        self.method, self.path, self.query = method, path, query
+        #: by lower-case name, the first of repeated ones: shared, never to be changed
+        self.headers = headers
+        #: the head's bytes after the request line, as sent (whose requests share `headers`)
+        self.block = block
+        #: how the app forwarded the request the last time (its forward plan), if it did
+        self.plan = plan
 
 
 class _Block:
@@ -86,7 +97,9 @@ class RepeatedRequests:
             shared = self._blocks[block] = _Block(block, parsed.headers)
             new_block = _block_size(block, parsed.headers)
         shared.users += 1
-        self._parsed[chunk] = parsed._replace(headers=shared.headers, block=shared.block)
+        self._parsed[chunk] = Parsed(
+            parsed.method, parsed.path, parsed.query, shared.headers, shared.block, parsed.plan
+        )
         self._bytes += size + new_block
 
     def _make_room(self, size: int) -> None:

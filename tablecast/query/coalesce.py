@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Protocol
 
@@ -49,6 +50,9 @@ BATCH_PATH = "/internal/reads"
 MAX_READS = 64
 #: what each read of a batch may ask for: the routes a read of one partition forwards
 READ_PREFIX = "/v1/tables/"
+#: batches to one peer (with the same headers) sent and not yet answered, at most: the
+#: reads that come meanwhile wait in the open batch, so under load batches grow
+MAX_IN_FLIGHT = 2
 #: how long a peer without the route gets reads one by one before a batch is tried again
 ONE_BY_ONE_S = 60.0
 _WIRE_FRAME = struct.Struct("!HI")  # status, response bytes
@@ -182,13 +186,17 @@ def _now() -> float:
 
 
 class _Open:
-    __slots__ = ("loop", "sinks", "targets")
+    __slots__ = ("loop", "sinks", "targets", "timeout")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, timeout: float) -> None:
         #: kept: asyncio.get_running_loop() costs a getpid() system call per read here
         self.loop = loop
+        self.timeout = timeout
         self.targets: list[str] = []
         self.sinks: list[Sink | asyncio.Future[RawResponse]] = []
+
+
+_Key = tuple[str, tuple[tuple[str, str], ...]]
 
 
 def _deliver(
@@ -215,7 +223,11 @@ class Coalescer:
 
     def __init__(self, pool: PeerPool) -> None:
         self.pool = pool
-        self._open: dict[tuple[str, tuple[tuple[str, str], ...]], _Open] = {}
+        self._open: dict[_Key, _Open] = {}
+        #: per peer and headers, batches sent and not yet answered
+        self._in_flight: dict[_Key, int] = {}
+        #: per peer and headers, batches that wait for one in flight to be answered
+        self._held: dict[_Key, deque[_Open]] = {}
         #: peers without the batch route, and until when their reads go one by one
         self._one_by_one: dict[str, float] = {}
         #: batches being sent (the loop keeps only weak references to tasks)
@@ -283,9 +295,9 @@ class Coalescer:
         batch = self._open.get(key)
         if batch is None:
             loop = asyncio.get_running_loop()
-            batch = self._open[key] = _Open(loop)
+            batch = self._open[key] = _Open(loop, timeout)
             # after the callbacks that are ready now: the reads they start join this batch
-            loop.call_soon(self._leave, key, batch, timeout)
+            loop.call_soon(self._ready, key, batch)
         return batch
 
     def _join(
@@ -302,18 +314,40 @@ class Coalescer:
             # full: it leaves when its turn comes, the next read opens another
             del self._open[(base_url, tuple(headers))]
 
-    def _leave(
-        self, key: tuple[str, tuple[tuple[str, str], ...]], batch: _Open, timeout: float
-    ) -> None:
+    def _ready(self, key: _Key, batch: _Open) -> None:
+        """A batch's reads so far are in: it leaves now, or, while MAX_IN_FLIGHT of its
+        peer's are unanswered, it stays open for more reads and leaves when one is."""
+        if self._in_flight.get(key, 0) < MAX_IN_FLIGHT:
+            self._leave(key, batch)
+        else:
+            self._held.setdefault(key, deque()).append(batch)
+
+    def _leave(self, key: _Key, batch: _Open) -> None:
         if self._open.get(key) is batch:
             del self._open[key]
-        task = batch.loop.create_task(self._send(key[0], list(key[1]), batch, timeout))
+        self._in_flight[key] = self._in_flight.get(key, 0) + 1
+        task = batch.loop.create_task(self._send(key, batch))
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
 
-    async def _send(
-        self, base_url: str, headers: list[tuple[str, str]], batch: _Open, timeout: float
-    ) -> None:
+    def _answered(self, key: _Key) -> None:
+        """One of `key`'s batches is answered (or failed): the first held one leaves."""
+        held = self._held.get(key)
+        if held:
+            batch = held.popleft()
+            if not held:
+                del self._held[key]
+            self._in_flight[key] -= 1
+            self._leave(key, batch)
+            return
+        left = self._in_flight[key] - 1
+        if left:
+            self._in_flight[key] = left
+        else:
+            del self._in_flight[key]
+
+    async def _send(self, key: _Key, batch: _Open) -> None:
+        base_url, headers, timeout = key[0], list(key[1]), batch.timeout
         sinks = batch.sinks
         given = 0
         failure = PeerUnavailable(f"{base_url}: the batch was not answered")
@@ -324,6 +358,7 @@ class Coalescer:
         except PeerUnavailable as e:
             failure = e
         finally:
+            self._answered(key)
             # whatever went wrong (the peer, or a bug here), no read waits for ever
             for sink in sinks[given:]:
                 _deliver(sink, failure)

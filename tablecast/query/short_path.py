@@ -40,10 +40,10 @@ MAX_PLANS = 100_000
 class Plan:
     """What a path names: its table (as the catalog had it), partition and onward target."""
 
-    __slots__ = ("info", "partition", "target")
+    __slots__ = ("info", "partition", "path", "target")
 
-    def __init__(self, info: TableInfo, partition: int, target: str) -> None:
-        self.info, self.partition, self.target = info, partition, target
+    def __init__(self, path: str, info: TableInfo, partition: int, target: str) -> None:
+        self.path, self.info, self.partition, self.target = path, info, partition, target
 
 
 class Forwards:
@@ -53,17 +53,19 @@ class Forwards:
         self.coalescer = coalescer
         self._plans: dict[str, Plan] = {}
 
-    def send(self, path: str, sink: Sink) -> Member | None:
-        """The peer a plain read of `path` is forwarded to, its answer to be given to
-        `sink`; None, and nothing sent, when the router takes it: a path it has not
-        forwarded before (it leaves a plan, :meth:`remember`), one read here now, a table
-        changed in the catalog, the peer taking reads one by one."""
-        plan = self._plans.get(path)
-        if plan is None:
-            return None
+    def plan(self, path: str) -> Plan | None:
+        """The plan of a plain read of `path`; None for a path the router has not forwarded
+        (it leaves one as it does, :meth:`remember`)."""
+        return self._plans.get(path)
+
+    def send(self, plan: Plan, sink: Sink) -> Member | None:
+        """The peer the read `plan` is for is forwarded to, its answer to be given to
+        `sink`; None, and nothing sent, when the router takes it: one read here now, a
+        table changed in the catalog, the peer taking reads one by one."""
         info = plan.info
         if self._ingestor.tables.get(info.name) is not info:
-            del self._plans[path]
+            if self._plans.get(plan.path) is plan:
+                del self._plans[plan.path]
             return None
         member = self.routing.first_peer(info, plan.partition)
         if member is None:
@@ -79,4 +81,4 @@ class Forwards:
         if len(plans) >= MAX_PLANS:
             for _ in drop_oldest(plans):
                 pass
-        plans[path] = Plan(info, partition, target)
+        plans[path] = Plan(path, info, partition, target)

@@ -345,3 +345,45 @@ def test_a_forwarded_read_its_first_choice_cannot_answer_goes_to_the_next() -> N
             assert busy.seen == [("POST", ANSWERS_PATH)] + [("GET", t) for t in TARGETS]
 
     asyncio.run(run())
+
+
+def test_reads_wait_in_one_batch_while_batches_are_in_flight(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under load batches grow: while MAX_IN_FLIGHT batches to a peer are unanswered, the
+    reads that come meanwhile (over several turns of the loop) wait in one batch, which
+    leaves when one is answered; a batch whose peer failed frees its place too."""
+    monkeypatch.setattr(coalesce, "MAX_IN_FLIGHT", 1)
+    release = asyncio.Event()
+    batches: list[list[str]] = []
+
+    async def slow_then_garbled(method: str, target: str, body: bytes) -> tuple[int, bytes]:
+        if target != ANSWERS_PATH:
+            return _alone(target)
+        batches.append(orjson.loads(body))
+        if len(batches) == 1:
+            await release.wait()
+            return 200, b"\x00garbled"  # the first batch fails
+        return await _batching(method, target, body)
+
+    async def check(url: str, c: Coalescer, peer: Peer) -> None:
+        first = [asyncio.ensure_future(c.get(url, t, [], 5.0)) for t in TARGETS[:2]]
+        while not batches:
+            await asyncio.sleep(0.01)
+        later = []
+        for target in TARGETS[2:]:  # each in a turn of its own, as clients' reads come
+            later.append(asyncio.ensure_future(c.get(url, target, [], 5.0)))
+            await asyncio.sleep(0.01)
+        assert len(batches) == 1  # held while the first is unanswered
+        release.set()
+        failed = await asyncio.gather(*first, return_exceptions=True)
+        assert all(isinstance(f, PeerUnavailable) for f in failed)
+        answers = await asyncio.wait_for(asyncio.gather(*later), 5.0)
+        assert [(s, b) for s, _, b in answers] == [_alone(t) for t in TARGETS[2:]]
+        assert batches == [TARGETS[:2], TARGETS[2:]]
+        # nothing is left counted in flight: the next reads leave at once
+        again = await asyncio.wait_for(_all(c, url, TARGETS[:2]), 5.0)
+        assert [(s, b) for s, _, b in again] == [_alone(t) for t in TARGETS[:2]]
+        assert len(batches) == 3
+
+    _against(slow_then_garbled, check)

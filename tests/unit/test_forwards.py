@@ -160,11 +160,13 @@ def test_a_path_takes_the_short_path_once_the_router_forwarded_it() -> None:
         forwards = router.forwards
         assert forwards is not None
         path = "/v1/tables/t/keys/a%2Fb"
-        assert forwards.send(path, Sink()) is None
+        assert forwards.plan(path) is None
         answer = router.key(KeyQuery.latest("t", "a/b"), Request({}), path)
         assert (await answer)[0] == 200  # type: ignore[misc]
+        plan = forwards.plan(path)
+        assert plan is not None
         sink = Sink()
-        assert forwards.send(path, sink) == PEER1
+        assert forwards.send(plan, sink) == PEER1
         status, wire = await sink.answer
         assert status == 200 and wire == (
             b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
@@ -176,16 +178,16 @@ def test_a_path_takes_the_short_path_once_the_router_forwarded_it() -> None:
         node.view.target = {("t", 0): [ME_ID, "peer1"]}
         replica = Replica(INFO, 0, replica.store, freshness=Freshness.CURRENT)
         node.ingestor.replicas[("t", 0)] = replica
-        assert forwards.send(path, Sink()) is None
+        assert forwards.send(plan, Sink()) is None
         # the table changed in the catalog: the plan is dropped
         replica.release()
         sink = Sink()
-        assert forwards.send(path, sink) is not None
+        assert forwards.send(plan, sink) is not None
         await sink.answer
         node.ingestor.tables = {
             "t": TableInfo(**{**orjson.loads(INFO.to_json()), "kind": "window"})
         }
-        assert forwards.send(path, Sink()) is None and not forwards._plans
+        assert forwards.send(plan, Sink()) is None and forwards.plan(path) is None
 
     asyncio.run(main())
 

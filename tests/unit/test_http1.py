@@ -47,6 +47,9 @@ class App:
         self.broken = False  # kept() of /kept-boom raises
         self.websockets = 0  # WebSockets the app was called for
         self.flood_ended: Exception | None = None
+        self.forwards = 0  # reads sent on the short path of forwards
+        self.plans_asked = 0  # calls of forward_plan
+        self.forwarding = True
 
     def kept(self, path: str, headers: Any) -> Kept | None:
         if path == "/kept-boom" and self.broken:
@@ -61,10 +64,16 @@ class App:
     def keep_request(self, request: bytes, kept: Kept) -> None:
         self.kept_requests[request] = kept
 
-    def forward(self, path: str, headers: Any, sink: Any) -> str | None:
-        """/fwd/ok: a peer's answer after 10 ms; /fwd/fail: no answer (then forward_failed)."""
-        if not path.startswith("/fwd/"):
+    def forward_plan(self, path: str, headers: Any) -> str | None:
+        self.plans_asked += 1
+        return path if path.startswith("/fwd/") else None
+
+    def forward(self, path: str, sink: Any) -> str | None:
+        """/fwd/ok: a peer's answer after 10 ms; /fwd/fail: no answer (then forward_failed);
+        none sent while `forwarding` is off."""
+        if not self.forwarding:
             return None
+        self.forwards += 1
         loop = asyncio.get_running_loop()
         if path == "/fwd/ok":
             wire = b"HTTP/1.1 200 OK\r\nx-peer: 1\r\ncontent-length: 13\r\n\r\nfrom the peer"
@@ -306,6 +315,38 @@ def test_a_kept_answer_s_request_sent_again_is_answered_while_it_is_kept(
         app.kept_paths["/kept"] = Kept(b'{"kept":"anew"}')  # the old answer is kept no more
         assert await ask() == b'{"kept":"anew"}'
         assert await ask() == b'{"kept":"anew"}'
+        writer.close()
+
+    _run(check, apps)
+
+
+def test_a_forwarded_request_sent_again_goes_the_same_way_unparsed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Neither parsed nor looked up again while the app forwards it on the same plan; when
+    the app sends it no more that way, the usual way."""
+    begun = _begun(monkeypatch)
+    apps: list[App] = []
+    raw = b"GET /fwd/ok HTTP/1.1\r\nhost: x\r\n\r\n"
+
+    async def check(port: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+
+        async def ask() -> bytes:
+            writer.write(raw)
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.split(b"content-length: ")[1].split(b"\r\n")[0])
+            return await reader.readexactly(length)
+
+        assert [await ask() for _ in range(3)] == [b"from the peer"] * 3
+        [app] = apps
+        assert (len(begun), app.plans_asked, app.forwards) == (1, 1, 3)
+        app.forwarding = False
+        assert [await ask() for _ in range(2)] == [b"GET /fwd/ok ? None"] * 2
+        assert app.paths_seen == ["/fwd/ok"] * 2 and app.plans_asked == 3
+        app.forwarding = True
+        assert await ask() == b"from the peer"
+        assert len(begun) == 1 and app.forwards == 4
         writer.close()
 
     _run(check, apps)

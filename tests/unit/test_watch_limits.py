@@ -167,7 +167,7 @@ class App:
     def keep_request(self, request: bytes, entry: Any) -> None:
         pass
 
-    def forward(self, path: str, headers: Any, sink: Any) -> None:
+    def forward_plan(self, path: str, headers: Any) -> None:
         return None
 
     def begin(self, scope: Any, proto: Any) -> Awaitable[None] | None:
