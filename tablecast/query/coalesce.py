@@ -8,7 +8,10 @@ turn of the event loop (and carry the same onward headers) leave as one
 ``POST /internal/answers``, whose answer holds each read's whole HTTP/1.1
 response (status line, the headers a forwarder passes on, length, body), exactly
 as it would have answered alone. A lone read goes as before, so a quiet node adds
-no latency.
+no latency. While MAX_IN_FLIGHT batches to a peer are unanswered, the reads that
+come meanwhile wait in the open batch, which leaves when one is answered: under
+load batches grow, so both nodes pay a batch's fixed cost (a request, a task,
+system calls, wake-ups) less often. That wait counts towards its reads' timeout.
 
 The forwarder writes such a response to its client as it came (the owner's kept
 answers are already in that form: :mod:`tablecast.query.kept_answers`), and the
@@ -186,11 +189,12 @@ def _now() -> float:
 
 
 class _Open:
-    __slots__ = ("loop", "sinks", "targets", "timeout")
+    __slots__ = ("loop", "opened", "sinks", "targets", "timeout")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, timeout: float) -> None:
         #: kept: asyncio.get_running_loop() costs a getpid() system call per read here
         self.loop = loop
+        self.opened = loop.time()
         self.timeout = timeout
         self.targets: list[str] = []
         self.sinks: list[Sink | asyncio.Future[RawResponse]] = []
@@ -347,11 +351,15 @@ class Coalescer:
             del self._in_flight[key]
 
     async def _send(self, key: _Key, batch: _Open) -> None:
-        base_url, headers, timeout = key[0], list(key[1]), batch.timeout
+        base_url, headers = key[0], list(key[1])
+        # a batch held while others were in flight spent that wait of its reads' time
+        timeout = batch.timeout - (batch.loop.time() - batch.opened)
         sinks = batch.sinks
         given = 0
         failure = PeerUnavailable(f"{base_url}: the batch was not answered")
         try:
+            if timeout <= 0:
+                raise PeerUnavailable(f"{base_url}: no answer in time")
             for answer in await self._answers(base_url, headers, batch.targets, timeout):
                 given += 1
                 _deliver(sinks[given - 1], answer)

@@ -387,3 +387,27 @@ def test_reads_wait_in_one_batch_while_batches_are_in_flight(
         assert len(batches) == 3
 
     _against(slow_then_garbled, check)
+
+
+def test_a_batch_held_behind_unanswered_ones_fails_within_its_reads_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its wait for a place counts: when the batch in flight goes unanswered for the whole
+    timeout, the reads held behind it fail soon after, not a second timeout later."""
+    monkeypatch.setattr(coalesce, "MAX_IN_FLIGHT", 1)
+
+    async def never(method: str, target: str, body: bytes) -> tuple[int, bytes]:
+        await asyncio.sleep(60)
+        return _alone(target)
+
+    async def check(url: str, c: Coalescer, peer: Peer) -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        first = [asyncio.ensure_future(c.get(url, t, [], 1.0)) for t in TARGETS[:2]]
+        await asyncio.sleep(0.05)
+        held = [asyncio.ensure_future(c.get(url, t, [], 1.0)) for t in TARGETS[2:]]
+        failed = await asyncio.gather(*first, *held, return_exceptions=True)
+        assert all(isinstance(f, PeerUnavailable) for f in failed)
+        assert loop.time() - started < 1.6  # a second timeout would end at 2 s
+
+    _against(never, check)

@@ -268,6 +268,21 @@ def _begun(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return begun
 
 
+async def _asker(
+    port: int, raw: bytes
+) -> tuple[Callable[[], Awaitable[bytes]], asyncio.StreamWriter]:
+    """A call that sends `raw` on a connection of its own and gives its answer's body."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+
+    async def ask() -> bytes:
+        writer.write(raw)
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(head.split(b"content-length: ")[1].split(b"\r\n")[0])
+        return await reader.readexactly(length)
+
+    return ask, writer
+
+
 def test_a_request_sent_again_byte_for_byte_is_not_parsed_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -299,14 +314,7 @@ def test_a_kept_answer_s_request_sent_again_is_answered_while_it_is_kept(
     raw = b"GET /kept HTTP/1.1\r\nhost: x\r\n\r\n"
 
     async def check(port: int) -> None:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-
-        async def ask() -> bytes:
-            writer.write(raw)
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = int(head.split(b"content-length: ")[1].split(b"\r\n")[0])
-            return await reader.readexactly(length)
-
+        ask, writer = await _asker(port, raw)
         assert await ask() == b'{"kept":true}'
         [app] = apps
         assert list(app.kept_requests) == [raw]
@@ -330,14 +338,7 @@ def test_a_forwarded_request_sent_again_goes_the_same_way_unparsed(
     raw = b"GET /fwd/ok HTTP/1.1\r\nhost: x\r\n\r\n"
 
     async def check(port: int) -> None:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-
-        async def ask() -> bytes:
-            writer.write(raw)
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = int(head.split(b"content-length: ")[1].split(b"\r\n")[0])
-            return await reader.readexactly(length)
-
+        ask, writer = await _asker(port, raw)
         assert [await ask() for _ in range(3)] == [b"from the peer"] * 3
         [app] = apps
         assert (len(begun), app.plans_asked, app.forwards) == (1, 1, 3)
