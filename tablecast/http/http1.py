@@ -213,6 +213,8 @@ class _Connection(asyncio.Protocol):
         self.parsed: Parsed | None = None
         #: the kept answer it got
         self.kept: Entry | None = None
+        #: or the app's plan it was forwarded on
+        self.planned: Any = None
 
     # -- connection ------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -289,14 +291,15 @@ class _Connection(asyncio.Protocol):
                     if plan is not None and idle:
                         if self._forward(plan, parsed.path, parsed.headers):
                             return
-                        parsed.plan = None  # not forwarded on it now: _headed decides again
+                        self.server.repeated.plan(data, None)  # _headed decides again
                     self.headers = parsed.headers
-                    self.kept = None
-                    self.parsed = parsed
+                    self.kept = self.planned = None
                     self._headed(parsed.method, parsed.path, parsed.query, True)
                     self.on_message_complete()
                     if self.kept is not None:
                         self.server.app.keep_request(data, self.kept)
+                    elif self.planned is not None:
+                        self.server.repeated.plan(data, self.planned)
                     return
             except Exception:  # a bug here or in the app: a 500, and the connection closes
                 log.exception("request failed")
@@ -312,6 +315,7 @@ class _Connection(asyncio.Protocol):
             self.parser.feed_data(data)
             parsed = self.parsed
             if fresh and parsed is not None and self.begun == 1 and self.between:
+                parsed.plan = self.planned
                 self.server.repeated.remember(data, parsed)
                 if self.kept is not None:
                     self.server.app.keep_request(data, self.kept)
@@ -391,7 +395,7 @@ class _Connection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self.between = False
         self.begun += 1
-        self.parsed = self.kept = None
+        self.parsed = self.kept = self.planned = None
 
     def on_message_complete(self) -> None:
         self.between = self.keep_alive
@@ -446,8 +450,7 @@ class _Connection(asyncio.Protocol):
             plan = self.server.app.forward_plan(path, self.headers)
             # a plain read of a peer's partition: no task either
             if plan is not None and self._forward(plan, path, self.headers):
-                if self.parsed is not None:  # the same bytes again go the same way
-                    self.parsed.plan = plan
+                self.planned = plan  # the same bytes again go the same way
                 return
         proto = _Proto(self, keep_alive, method == "HEAD")
         scope = self._scope(_Scope, method, path, query)
@@ -588,8 +591,8 @@ class LoopServer:
     """Serve `app` on host:port from this event loop: an
     :class:`~tablecast.http.app.HttpApp`, of which it calls ``kept`` (a plain key read's
     kept answer, before a request object is made), ``kept_request`` and ``keep_request``
-    (that answer by the request's bytes), ``forward`` (the short path to a peer) and
-    ``begin`` (everything else)."""
+    (that answer by the request's bytes), ``forward_plan`` and ``forward`` (the short
+    path to a peer) and ``begin`` (everything else)."""
 
     def __init__(
         self, app: Any, ssl_context: ssl.SSLContext | None = None, max_connections: int = 100_000

@@ -30,9 +30,12 @@ from tablecast.store.cache import drop_oldest
 MAX_BYTES = 64 << 20
 #: a chunk longer than this is not remembered (requests are a few hundred bytes)
 MAX_CHUNK = 4096
-#: per request beyond its chunk's and path's bytes: the parse's record, a dict slot and a
-#: forward's plan it may hold (about 250 measured with tracemalloc; the rest margin)
-OVERHEAD = 420
+#: per request beyond its chunk's and path's bytes: the parse's record and a dict slot
+#: (about 150 measured with tracemalloc; the rest margin)
+OVERHEAD = 260
+#: per forward plan a request holds beyond twice its path's bytes (the plan's path and
+#: onward target): the plan's record, which outlives the app's when that drops it
+PLAN_OVERHEAD = 160
 #: per header block beyond its bytes (held twice: as the key it is shared by, and as the
 #: headers' names and values): the dict's own and the block's record, and per header two
 #: str objects and the dict's slot (about 140 bytes a header measured for 800 short ones)
@@ -59,7 +62,8 @@ class Parsed:
         self.headers = headers
         #: the head's bytes after the request line, as sent (whose requests share `headers`)
         self.block = block
-        #: how the app forwarded the request the last time (its forward plan), if it did
+        #: how the app forwarded the request the last time (its forward plan), if it did:
+        #: set by :meth:`RepeatedRequests.plan` once remembered, which counts it
         self.plan = plan
 
 
@@ -102,6 +106,16 @@ class RepeatedRequests:
         )
         self._bytes += size + new_block
 
+    def plan(self, chunk: bytes, plan: Any) -> None:
+        """Remember (or with None, forget) the app's plan the request `chunk` was forwarded
+        on, if the request is remembered."""
+        parsed = self._parsed.get(chunk)
+        if parsed is None or parsed.plan is plan:
+            return
+        self._bytes += _plan_size(parsed.path, plan) - _plan_size(parsed.path, parsed.plan)
+        parsed.plan = plan
+        self._make_room(0)
+
     def _make_room(self, size: int) -> None:
         while self._bytes + size > self.max_bytes and self._parsed:
             for old, gone in drop_oldest(self._parsed):
@@ -117,7 +131,12 @@ class RepeatedRequests:
 
 
 def _size(chunk: bytes, parsed: Parsed) -> int:
-    return len(chunk) + len(parsed.path) + len(parsed.query) + OVERHEAD
+    path = parsed.path
+    return len(chunk) + len(path) + len(parsed.query) + OVERHEAD + _plan_size(path, parsed.plan)
+
+
+def _plan_size(path: str, plan: Any) -> int:
+    return 0 if plan is None else PLAN_OVERHEAD + 2 * len(path)
 
 
 def _block_size(block: bytes, headers: dict[str, str]) -> int:

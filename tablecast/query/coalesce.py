@@ -11,7 +11,8 @@ as it would have answered alone. A lone read goes as before, so a quiet node add
 no latency. While MAX_IN_FLIGHT batches to a peer are unanswered, the reads that
 come meanwhile wait in the open batch, which leaves when one is answered: under
 load batches grow, so both nodes pay a batch's fixed cost (a request, a task,
-system calls, wake-ups) less often. That wait counts towards its reads' timeout.
+system calls, wake-ups) less often. That holds per peer and onward headers; a
+full batch is never held, and a held one fails when its first read's time is up.
 
 The forwarder writes such a response to its client as it came (the owner's kept
 answers are already in that form: :mod:`tablecast.query.kept_answers`), and the
@@ -34,6 +35,7 @@ import logging
 import struct
 from collections import deque
 from collections.abc import Iterator, Sequence
+from functools import partial
 from typing import Protocol
 
 import orjson
@@ -189,7 +191,7 @@ def _now() -> float:
 
 
 class _Open:
-    __slots__ = ("loop", "opened", "sinks", "targets", "timeout")
+    __slots__ = ("ended", "expiry", "loop", "opened", "sinks", "targets", "timeout")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, timeout: float) -> None:
         #: kept: asyncio.get_running_loop() costs a getpid() system call per read here
@@ -198,6 +200,10 @@ class _Open:
         self.timeout = timeout
         self.targets: list[str] = []
         self.sinks: list[Sink | asyncio.Future[RawResponse]] = []
+        #: while it is held: the timer that fails it if it is held past its reads' time
+        self.expiry: asyncio.TimerHandle | None = None
+        #: every read of it has been given its answer or its failure
+        self.ended = False
 
 
 _Key = tuple[str, tuple[tuple[str, str], ...]]
@@ -315,16 +321,39 @@ class Coalescer:
         batch.targets.append(target)
         batch.sinks.append(sink)
         if len(batch.targets) >= MAX_READS:
-            # full: it leaves when its turn comes, the next read opens another
-            del self._open[(base_url, tuple(headers))]
+            # full: the next read opens another, and a held one waits no more (it cannot grow)
+            key = (base_url, tuple(headers))
+            del self._open[key]
+            if batch.expiry is not None:
+                self._unhold(key, batch)
+                self._leave(key, batch)
 
     def _ready(self, key: _Key, batch: _Open) -> None:
         """A batch's reads so far are in: it leaves now, or, while MAX_IN_FLIGHT of its
-        peer's are unanswered, it stays open for more reads and leaves when one is."""
-        if self._in_flight.get(key, 0) < MAX_IN_FLIGHT:
+        peer's (with these headers) are unanswered, it stays open for more reads and leaves
+        when one is answered, when it is full, or fails when its reads' time is up."""
+        if len(batch.targets) >= MAX_READS or self._in_flight.get(key, 0) < MAX_IN_FLIGHT:
             self._leave(key, batch)
-        else:
-            self._held.setdefault(key, deque()).append(batch)
+            return
+        self._held.setdefault(key, deque()).append(batch)
+        batch.expiry = batch.loop.call_at(batch.opened + batch.timeout, self._expired, key, batch)
+
+    def _unhold(self, key: _Key, batch: _Open) -> None:
+        held = self._held[key]
+        held.remove(batch)
+        if not held:
+            del self._held[key]
+        assert batch.expiry is not None
+        batch.expiry.cancel()
+        batch.expiry = None
+
+    def _expired(self, key: _Key, batch: _Open) -> None:
+        """A batch held for its reads' whole time (the peer's batches before it unanswered
+        that long): its reads fail, as they would had it been sent and not answered."""
+        self._unhold(key, batch)
+        if self._open.get(key) is batch:
+            del self._open[key]
+        self._end(batch, PeerUnavailable(f"{key[0]}: no answer in time"))
 
     def _leave(self, key: _Key, batch: _Open) -> None:
         if self._open.get(key) is batch:
@@ -332,23 +361,33 @@ class Coalescer:
         self._in_flight[key] = self._in_flight.get(key, 0) + 1
         task = batch.loop.create_task(self._send(key, batch))
         self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
+        task.add_done_callback(partial(self._sent, key, batch))
+
+    def _sent(self, key: _Key, batch: _Open, task: asyncio.Task[None]) -> None:
+        self._sending.discard(task)
+        if not batch.ended:  # cancelled before it began: its reads are told, its place freed
+            self._end(batch, PeerUnavailable(f"{key[0]}: the batch was not sent"))
+            self._answered(key)
 
     def _answered(self, key: _Key) -> None:
         """One of `key`'s batches is answered (or failed): the first held one leaves."""
-        held = self._held.get(key)
-        if held:
-            batch = held.popleft()
-            if not held:
-                del self._held[key]
-            self._in_flight[key] -= 1
-            self._leave(key, batch)
-            return
         left = self._in_flight[key] - 1
         if left:
             self._in_flight[key] = left
         else:
             del self._in_flight[key]
+        held = self._held.get(key)
+        if held and left < MAX_IN_FLIGHT:
+            batch = held[0]
+            self._unhold(key, batch)
+            self._leave(key, batch)
+
+    @staticmethod
+    def _end(batch: _Open, failure: PeerUnavailable, given: int = 0) -> None:
+        """Give each read of `batch` from the `given`-th on `failure`: no read waits for ever."""
+        batch.ended = True
+        for sink in batch.sinks[given:]:
+            _deliver(sink, failure)
 
     async def _send(self, key: _Key, batch: _Open) -> None:
         base_url, headers = key[0], list(key[1])
@@ -366,10 +405,9 @@ class Coalescer:
         except PeerUnavailable as e:
             failure = e
         finally:
-            self._answered(key)
             # whatever went wrong (the peer, or a bug here), no read waits for ever
-            for sink in sinks[given:]:
-                _deliver(sink, failure)
+            self._end(batch, failure, given)
+            self._answered(key)
 
     async def _answers(
         self, base_url: str, headers: list[tuple[str, str]], targets: list[str], timeout: float

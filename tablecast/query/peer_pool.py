@@ -206,7 +206,13 @@ class PeerPool:
         # a timer, not asyncio.timeout(): this runs once per forwarded request
         timer = loop.call_later(timeout, _expire, waiter)
         try:
-            conn = await self._connection(peer)
+            conn = self._idle_connection(peer)
+            if conn is None:
+                try:
+                    async with asyncio.timeout(timeout):  # a peer dropping packets: not minutes
+                        conn = await self._connect(peer)
+                except TimeoutError:
+                    raise PeerUnavailable("no connection in time") from None
             conn.waiter = waiter
             assert conn.transport is not None
             conn.transport.write(raw)
@@ -214,6 +220,8 @@ class PeerPool:
         except (OSError, TimeoutError, PeerUnavailable) as e:
             if conn is not None:
                 conn.close()  # a late answer must never reach the next request
+            if waiter.done():
+                waiter.exception()  # its timer's, if it fired before the connection failed
             raise PeerUnavailable(f"{base_url}: {e or type(e).__name__}") from None
         finally:
             timer.cancel()
@@ -225,16 +233,19 @@ class PeerPool:
                 conn.close()
         return answer
 
-    async def _connection(self, peer: tuple[str, int, bool]) -> _Connection:
+    def _idle_connection(self, peer: tuple[str, int, bool]) -> _Connection | None:
         idle = self._idle.get(peer)
-        loop = asyncio.get_running_loop()
         if idle:
-            fresh_since = loop.time() - MAX_IDLE_S
+            fresh_since = asyncio.get_running_loop().time() - MAX_IDLE_S
             while idle:
                 conn, since = idle.pop()  # the most recently used first
                 if not conn.closed and since > fresh_since:
                     return conn
                 conn.close()
+        return None
+
+    async def _connect(self, peer: tuple[str, int, bool]) -> _Connection:
+        loop = asyncio.get_running_loop()
         host, port, tls = peer
         if tls:
             context = self._ssl or ssl.create_default_context()

@@ -6,6 +6,8 @@ its failure) reaches its future or sink exactly once."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import struct
 from collections.abc import Awaitable, Callable
 
@@ -411,3 +413,108 @@ def test_a_batch_held_behind_unanswered_ones_fails_within_its_reads_time(
         assert loop.time() - started < 1.6  # a second timeout would end at 2 s
 
     _against(never, check)
+
+
+def test_a_full_batch_leaves_at_once_also_while_others_are_in_flight(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Holding a batch that cannot grow would only delay it."""
+    monkeypatch.setattr(coalesce, "MAX_IN_FLIGHT", 1)
+    monkeypatch.setattr(coalesce, "MAX_READS", 2)
+    release = asyncio.Event()
+    batches: list[list[str]] = []
+
+    async def first_waits(method: str, target: str, body: bytes) -> tuple[int, bytes]:
+        batches.append(orjson.loads(body))
+        if len(batches) == 1:
+            await release.wait()
+        return await _batching(method, target, body)
+
+    async def check(url: str, c: Coalescer, peer: Peer) -> None:
+        first = [asyncio.ensure_future(c.get(url, t, [], 5.0)) for t in TARGETS[:2]]
+        while not batches:
+            await asyncio.sleep(0.01)
+        full = [asyncio.ensure_future(c.get(url, t, [], 5.0)) for t in TARGETS[2:4]]
+        answers = await asyncio.wait_for(asyncio.gather(*full), 5.0)  # the first still waits
+        assert [(s, b) for s, _, b in answers] == [_alone(t) for t in TARGETS[2:4]]
+        release.set()
+        await asyncio.gather(*first)
+        assert batches == [TARGETS[:2], TARGETS[2:4]]
+
+    _against(first_waits, check)
+
+
+def test_a_batch_held_past_its_reads_time_fails_them_without_being_sent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The batch in flight is still unanswered (its peer is slow to connect, say): the reads
+    held behind it fail when their time is up, and go no later."""
+    monkeypatch.setattr(coalesce, "MAX_IN_FLIGHT", 1)
+
+    async def never(method: str, target: str, body: bytes) -> tuple[int, bytes]:
+        await asyncio.sleep(60)
+        return _alone(target)
+
+    async def check(url: str, c: Coalescer, peer: Peer) -> None:
+        loop = asyncio.get_running_loop()
+        first = [asyncio.ensure_future(c.get(url, t, [], 5.0)) for t in TARGETS[:2]]
+        await asyncio.sleep(0.05)
+        started = loop.time()
+        held = [asyncio.ensure_future(c.get(url, t, [], 0.3)) for t in TARGETS[2:]]
+        failed = await asyncio.gather(*held, return_exceptions=True)
+        assert all(isinstance(f, PeerUnavailable) for f in failed)
+        assert loop.time() - started < 2.0  # not when the batch ahead of them failed (5 s)
+        assert len(peer.seen) == 1  # never sent
+        for f in first:
+            f.cancel()
+
+    _against(never, check)
+
+
+def test_a_batch_cancelled_before_it_is_sent_fails_its_reads_and_frees_its_place(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As when a node stops: no read waits for ever, and later reads still leave."""
+    monkeypatch.setattr(coalesce, "MAX_IN_FLIGHT", 1)
+
+    async def check(url: str, c: Coalescer, peer: Peer) -> None:
+        cancelled = [asyncio.ensure_future(c.get(url, t, [], 5.0)) for t in TARGETS[:2]]
+        await asyncio.sleep(0)  # the reads join their batch
+        await asyncio.sleep(0)  # the batch leaves: its task is made, and not yet run
+        (sending,) = c._sending
+        sending.cancel()
+        failed = await asyncio.wait_for(asyncio.gather(*cancelled, return_exceptions=True), 5)
+        assert all(isinstance(f, PeerUnavailable) for f in failed)
+        answers = await asyncio.wait_for(_all(c, url, TARGETS), 5.0)
+        assert [(s, b) for s, _, b in answers] == [_alone(t) for t in TARGETS]
+
+    _against(_batching, check)
+
+
+def test_a_peer_that_never_accepts_the_connection_fails_within_the_timeout() -> None:
+    """A peer whose accept queue is full drops the connection's SYNs, as a host that
+    drops packets does: the connection waits no longer than the request's timeout."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    queued = []
+    for _ in range(3):  # fill the accept queue
+        s = socket.socket()
+        s.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            s.connect(("127.0.0.1", port))
+        queued.append(s)
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(PeerUnavailable, match="no connection in time"):
+            await PeerPool().request(f"http://127.0.0.1:{port}", "GET", "/x", [], b"", 0.5)
+        return loop.time() - started
+
+    try:
+        assert asyncio.run(main()) < 3.0  # the system's own connect timeout is minutes
+    finally:
+        for s in (*queued, listener):
+            s.close()

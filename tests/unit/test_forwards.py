@@ -184,10 +184,13 @@ def test_a_path_takes_the_short_path_once_the_router_forwarded_it() -> None:
         sink = Sink()
         assert forwards.send(plan, sink) is not None
         await sink.answer
-        node.ingestor.tables = {
-            "t": TableInfo(**{**orjson.loads(INFO.to_json()), "kind": "window"})
-        }
+        changed = TableInfo(**{**orjson.loads(INFO.to_json()), "kind": "window"})
+        node.ingestor.tables = {"t": changed}
         assert forwards.send(plan, Sink()) is None and forwards.plan(path) is None
+        # an old plan (a remembered request's) leaves a newer one of the path as it is
+        forwards.remember(path, changed, 0, plan.target)
+        newer = forwards.plan(path)
+        assert forwards.send(plan, Sink()) is None and forwards.plan(path) is newer
 
     asyncio.run(main())
 

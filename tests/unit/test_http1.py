@@ -346,8 +346,9 @@ def test_a_forwarded_request_sent_again_goes_the_same_way_unparsed(
         assert [await ask() for _ in range(2)] == [b"GET /fwd/ok ? None"] * 2
         assert app.paths_seen == ["/fwd/ok"] * 2 and app.plans_asked == 3
         app.forwarding = True
-        assert await ask() == b"from the peer"
-        assert len(begun) == 1 and app.forwards == 4
+        assert [await ask() for _ in range(2)] == [b"from the peer"] * 2
+        # planned again once, then sent on that plan
+        assert (len(begun), app.plans_asked, app.forwards) == (1, 4, 5)
         writer.close()
 
     _run(check, apps)
@@ -424,6 +425,31 @@ def test_remembered_requests_share_headers_and_stay_within_their_bound() -> None
     # a request line that does not end in CRLF is not remembered
     repeated.remember(b"GET /lf HTTP/1.1\nhost: x\r\n\r\n", Parsed("GET", "/lf", b"", {}))
     assert repeated.get(b"GET /lf HTTP/1.1\nhost: x\r\n\r\n") is None
+
+
+def test_a_remembered_request_s_forward_plan_counts_towards_the_bound() -> None:
+    """A plan can outlive the app's own record of it, held by the request alone."""
+    from tablecast.http.repeated_requests import Parsed, RepeatedRequests
+
+    chunks = [b"GET /k%04d HTTP/1.1\r\nhost: x\r\n\r\n" % i for i in range(1000)]
+    repeated = RepeatedRequests(max_bytes=1 << 20)
+    for i, chunk in enumerate(chunks[:10]):
+        repeated.remember(chunk, Parsed("GET", f"/k{i:04d}", b"", {"host": "x"}))
+    before = repeated._bytes
+    repeated.plan(chunks[0], "plan")
+    assert repeated._bytes > before and repeated._bytes == _counted(repeated)
+    repeated.plan(chunks[0], None)
+    assert repeated._bytes == before == _counted(repeated)
+    repeated.plan(b"GET /never HTTP/1.1\r\n\r\n", "plan")  # not remembered: nothing
+    assert repeated._bytes == before
+    # remembered with its plan, or given one later: the bound holds either way
+    repeated = RepeatedRequests(max_bytes=50_000)
+    for i, chunk in enumerate(chunks):
+        parsed = Parsed("GET", f"/k{i:04d}", b"", {"host": "x"}, plan="p" if i % 2 else None)
+        repeated.remember(chunk, parsed)
+        repeated.plan(chunks[max(0, i - 3)], "later")
+        assert repeated._bytes == _counted(repeated) <= repeated.max_bytes
+    assert 0 < len(repeated) < 1000
 
 
 def test_header_blocks_count_with_their_headers_and_go_with_their_last_request() -> None:
