@@ -391,16 +391,18 @@ def test_reads_wait_in_one_batch_while_batches_are_in_flight(
     _against(slow_then_garbled, check)
 
 
+async def _never(method: str, target: str, body: bytes) -> tuple[int, bytes]:
+    """A peer that takes each request and never answers it."""
+    await asyncio.sleep(60)
+    return _alone(target)
+
+
 def test_a_batch_held_behind_unanswered_ones_fails_within_its_reads_time(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Its wait for a place counts: when the batch in flight goes unanswered for the whole
     timeout, the reads held behind it fail soon after, not a second timeout later."""
     monkeypatch.setattr(coalesce, "MAX_IN_FLIGHT", 1)
-
-    async def never(method: str, target: str, body: bytes) -> tuple[int, bytes]:
-        await asyncio.sleep(60)
-        return _alone(target)
 
     async def check(url: str, c: Coalescer, peer: Peer) -> None:
         loop = asyncio.get_running_loop()
@@ -412,7 +414,7 @@ def test_a_batch_held_behind_unanswered_ones_fails_within_its_reads_time(
         assert all(isinstance(f, PeerUnavailable) for f in failed)
         assert loop.time() - started < 1.6  # a second timeout would end at 2 s
 
-    _against(never, check)
+    _against(_never, check)
 
 
 def test_a_full_batch_leaves_at_once_also_while_others_are_in_flight(
@@ -451,10 +453,6 @@ def test_a_batch_held_past_its_reads_time_fails_them_without_being_sent(
     held behind it fail when their time is up, and go no later."""
     monkeypatch.setattr(coalesce, "MAX_IN_FLIGHT", 1)
 
-    async def never(method: str, target: str, body: bytes) -> tuple[int, bytes]:
-        await asyncio.sleep(60)
-        return _alone(target)
-
     async def check(url: str, c: Coalescer, peer: Peer) -> None:
         loop = asyncio.get_running_loop()
         first = [asyncio.ensure_future(c.get(url, t, [], 5.0)) for t in TARGETS[:2]]
@@ -468,7 +466,7 @@ def test_a_batch_held_past_its_reads_time_fails_them_without_being_sent(
         for f in first:
             f.cancel()
 
-    _against(never, check)
+    _against(_never, check)
 
 
 def test_a_batch_cancelled_before_it_is_sent_fails_its_reads_and_frees_its_place(
