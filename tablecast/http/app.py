@@ -413,6 +413,10 @@ class HttpApp:
         return snapshot.answer_peer(self.router, decode.snapshot_share(args, q), q)
 
     def _internal_batch(self, args: Args, q: HttpRequest, proto: Any) -> Reply:
+        if not self._peer_checks:  # an unsigned batch that came whole is answered at once
+            body = _arrived_body(q, proto)
+            if body is not None:
+                return self._batch_of(q, q.scope.path, body)
         return self._batch(q, proto, q.scope.path)
 
     def _ui_index(self, args: Args, q: HttpRequest, proto: Any) -> Reply:
@@ -517,13 +521,20 @@ class HttpApp:
         return await _encoded(self.router.read(decode.batch_query(table, body, req), req))
 
     async def _batch(self, req: HttpRequest, proto: Any, path: str) -> Answer:
-        """Reads a peer forwarded together (:mod:`tablecast.query.coalesce`): each answered
-        as if it had come alone with the batch's headers, framed in one answer (as whole
-        responses on ANSWERS_PATH; on BATCH_PATH, the version before's, headers apart)."""
+        """Reads a peer forwarded together (:mod:`tablecast.query.coalesce`), once their
+        body has arrived and, with a cluster secret, its signature is checked."""
         body = await _read_body(req, proto)
         if self._peer_checks:
             self._check_peer("POST", path, req.query, body, req.headers)
             await self._signed_caller(req)
+        answer = self._batch_of(req, path, body)
+        return answer if isinstance(answer, tuple) else await answer
+
+    def _batch_of(self, req: HttpRequest, path: str, body: bytes) -> Reply:
+        """The answer to a batch of reads: each answered as if it had come alone with the
+        batch's headers, framed in one answer (as whole responses on ANSWERS_PATH; on
+        BATCH_PATH, the version before's, headers apart). A coroutine only when one of its
+        reads awaits (none of a plain key read here)."""
         if not req.forwarded:
             raise ApiError("bad_request", f"{path} takes reads a peer forwards")
         started = perf_counter()
@@ -540,12 +551,22 @@ class HttpApp:
                 answer = _failed(e, "GET", target)
             routes.append(route)
             answers.append(answer)
+        if any(not isinstance(a, tuple | Entry) for a in answers):
+            return self._batch_awaited(path, targets, routes, answers, started)
+        return self._framed(path, routes, answers, started)
+
+    async def _batch_awaited(
+        self, path: str, targets: list[str], routes: list[str], answers: list[Any], started: float
+    ) -> Answer:
+        """A batch of which some reads await: all of them at once, then framed."""
         pending = [i for i, a in enumerate(answers) if not isinstance(a, tuple | Entry)]
-        if pending:  # a read that awaits (none of a plain key read here): all at once
-            done = await asyncio.gather(*(answers[i] for i in pending), return_exceptions=True)
-            for i, result in zip(pending, done, strict=True):
-                is_error = isinstance(result, Exception)
-                answers[i] = _failed(result, "GET", targets[i]) if is_error else result
+        done = await asyncio.gather(*(answers[i] for i in pending), return_exceptions=True)
+        for i, result in zip(pending, done, strict=True):
+            is_error = isinstance(result, Exception)
+            answers[i] = _failed(result, "GET", targets[i]) if is_error else result
+        return self._framed(path, routes, answers, started)
+
+    def _framed(self, path: str, routes: list[str], answers: list[Any], started: float) -> Answer:
         took = perf_counter() - started
         stats = self.stats
         for route, answer in zip(routes, answers, strict=True):
@@ -615,27 +636,36 @@ async def _encoded(read: Awaitable[Found | Answer]) -> Answer:
     return found.answer() if isinstance(found, Found) else found
 
 
+def _too_large() -> ApiError:
+    return ApiError("payload_too_large", f"the body is larger than {MAX_BODY} bytes")
+
+
+def _arrived_body(req: Request, proto: Any) -> bytes | None:
+    """The request body if all of it came with its head (the loop engine knows; most do),
+    None if it is still to be read; refused with 413 once it is over MAX_BODY."""
+    declared = req.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY:
+        raise _too_large()
+    arrived = getattr(proto, "arrived_body", None)
+    body = None if arrived is None else arrived()
+    if body is not None and len(body) > MAX_BODY:
+        raise _too_large()
+    return body
+
+
 async def _read_body(req: Request, proto: Any) -> bytes:
     """The request body, refused with 413 once it is over MAX_BODY (never read whole), and
     with 408 if it does not arrive within BODY_TIMEOUT_S (a slow sender holds no reader)."""
-    too_large = ApiError("payload_too_large", f"the body is larger than {MAX_BODY} bytes")
-    declared = req.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY:
-        raise too_large
-    arrived = getattr(proto, "arrived_body", None)  # the loop engine's: no timer to wait
-    if arrived is not None:
-        body = arrived()
-        if body is not None:
-            if len(body) > MAX_BODY:
-                raise too_large
-            return body
+    body = _arrived_body(req, proto)
+    if body is not None:
+        return body
     chunks, size = [], 0
     try:
         async with asyncio.timeout(BODY_TIMEOUT_S):
             async for chunk in proto:
                 size += len(chunk)
                 if size > MAX_BODY:
-                    raise too_large
+                    raise _too_large()
                 chunks.append(chunk)
     except TimeoutError:
         raise ApiError(
