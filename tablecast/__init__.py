@@ -4,7 +4,9 @@ The public API: ``App`` and its streams and tables, ``serde``,
 ``windows``, ``Client`` and the errors it raises (``QueryError``, its subclass
 ``AuthError`` for a refused token, ``WatchError`` and ``WatchAuthError``), and
 ``producer`` (a Kafka producer for feeding an App's input: Java's partitioning and
-the Kafka client settings in force). Everything else is internal and may change.
+the Kafka client settings in force), and ``attach`` / ``detach`` (serve a topic
+something else writes as a table, no pipeline; ``AttachError`` says why one cannot).
+Everything else is internal and may change.
 ``App`` is imported lazily so that a serving node never loads PySpark, and
 ``Client`` so that Spark executors, which import this package to run an App's
 callables, need no HTTP client; the errors are imported lazily too, from a module
@@ -21,15 +23,19 @@ from tablecast.version import __version__ as __version__
 if TYPE_CHECKING:
     from tablecast.client import Client
     from tablecast.client.errors import AuthError, QueryError, WatchAuthError, WatchError
+    from tablecast.kafka.attach import AttachError, attach, detach
     from tablecast.pipeline.app import App
 
 __all__ = [
     "App",
+    "AttachError",
     "AuthError",
     "Client",
     "QueryError",
     "WatchAuthError",
     "WatchError",
+    "attach",
+    "detach",
     "producer",
     "serde",
     "windows",
@@ -64,6 +70,10 @@ def __getattr__(name: str) -> Any:
         from tablecast.client import client
 
         return client.Client
+    if name in ("attach", "detach", "AttachError"):
+        from tablecast.kafka import attach
+
+        return getattr(attach, name)
     if name in _ERRORS:
         from tablecast.client import errors
 

@@ -527,6 +527,61 @@ def build_parser() -> Parser:
             metavar="FILE",
             help="the CA file that signed the nodes' certificates (https:// URLs)",
         )
+
+    from tablecast.contract.partitioner import HASHES
+    from tablecast.contract.table_info import STORES
+    from tablecast.kafka.attach import FORMATS
+
+    p = _command(
+        sub, parser, "attach", "serve a topic something else writes as a table (no pipeline)"
+    )
+    p.add_argument("name", help="the table's name")
+    option(p, "--app", required=True, metavar="ID", help="the App whose nodes serve it")
+    option(p, "--topic", required=True, help="the topic to serve")
+    formats = ", ".join(FORMATS)
+    option(p, "--key", "string", choices=FORMATS, metavar="FORMAT", help=f"the keys': {formats}")
+    option(p, "--value", "json", choices=FORMATS, metavar="FORMAT", help=f"the values': {formats}")
+    option(
+        p,
+        "--partitioner",
+        "murmur2",
+        choices=tuple(HASHES),
+        help="how the topic's writer picks a key's partition: murmur2 (Java clients, Kafka "
+        "Connect, Kafka Streams), consistent_random (librdkafka's default: confluent-kafka)",
+    )
+    option(
+        p,
+        "--history",
+        metavar="DURATION",
+        help="keep every version of every key this long (60s, 5m, 1 day, or ms)",
+    )
+    option(p, "--store", "rocksdb", choices=STORES, help="where the nodes keep it")
+    option(
+        p,
+        "--retention-ok",
+        switch=True,
+        help="attach a topic that deletes records: the table loses what the topic deletes",
+    )
+    option(
+        p,
+        "--bootstrap-servers",
+        DEFAULT_BOOTSTRAP,
+        metavar="HOST:PORT,...",
+        help="Kafka's bootstrap servers",
+    )
+    _kafka_config(p)
+
+    p = _command(sub, parser, "detach", "stop serving an attached table (its topic stays)")
+    p.add_argument("name", help="the table's name")
+    option(p, "--app", required=True, metavar="ID", help="the App whose nodes serve it")
+    option(
+        p,
+        "--bootstrap-servers",
+        DEFAULT_BOOTSTRAP,
+        metavar="HOST:PORT,...",
+        help="Kafka's bootstrap servers",
+    )
+    _kafka_config(p)
     return parser
 
 
@@ -849,6 +904,32 @@ def _dev(args: argparse.Namespace) -> int:
     return dev.run(args)
 
 
+def _attach(args: argparse.Namespace) -> int:
+    from tablecast.kafka.attach import AttachError, attach, detach
+
+    try:
+        if args.command == "detach":
+            detach(args.name, app=args.app, bootstrap_servers=args.bootstrap_servers)
+            print(f"detached {args.name}")
+            return 0
+        info = attach(
+            args.name,
+            app=args.app,
+            topic=args.topic,
+            bootstrap_servers=args.bootstrap_servers,
+            key=args.key,
+            value=args.value,
+            partitioner=args.partitioner,
+            history=args.history,
+            store=args.store,
+            retention_ok=args.retention_ok,
+        )
+    except AttachError as e:
+        raise Failure(str(e)) from None
+    print(f"attached {info.topic} as {info.name} ({info.partitions} partitions)")
+    return 0
+
+
 def _http(args: argparse.Namespace) -> int:
     from tablecast.cli import http
 
@@ -867,6 +948,8 @@ _COMMANDS = {
     "history": _http,
     "tables": _http,
     "cluster": _http,
+    "attach": _attach,
+    "detach": _attach,
 }
 
 if __name__ == "__main__":

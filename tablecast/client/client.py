@@ -1,7 +1,7 @@
 """``tablecast.Client``: asks the node that owns a key, directly.
 
 It reads ``/v1/tables`` and ``/v1/cluster`` once, computes a key's partition
-itself (Kafka's murmur2, as the nodes do) and sends the request to that
+itself (by the partitioner `/v1/tables` names, as the nodes do) and sends the request to that
 partition's active replica, skipping the forwarding hop. When that node cannot
 be reached it tries the standbys, then any node (every node answers every
 key); when an answer comes from another node than the one asked, or a node
@@ -51,7 +51,8 @@ from tablecast import serde as serdes
 from tablecast.client.errors import AuthError, QueryError
 from tablecast.client.watch import Resumer, WatchEvent, watch_async, watch_params, watch_sync
 from tablecast.contract import index_codec, positions
-from tablecast.contract.partitioner import partition_for
+from tablecast.contract.partitioner import DEFAULT as DEFAULT_PARTITIONER
+from tablecast.contract.partitioner import HASHES, partition_for
 
 REFRESH_MIN_INTERVAL_S = 0.5
 AFTER = "x-tablecast-after"
@@ -236,7 +237,10 @@ class Client:
         urls: list[str] = []
         if info is not None and info["key_format"] in ("string", "json", "long", "bytes"):
             raw = serdes.from_spec({"format": info["key_format"]}).serialize(key)
-            urls = list(self._owners.get((table, partition_for(raw, info["partitions"])), []))
+            partitioner = info.get("partitioner", DEFAULT_PARTITIONER)  # older nodes: murmur2
+            if partitioner in HASHES:
+                partition = partition_for(raw, info["partitions"], partitioner)
+                urls = list(self._owners.get((table, partition), []))
         return urls + [u for u in self._nodes if u not in urls]
 
     # -- positions ---------------------------------------------------------------

@@ -4,18 +4,25 @@ The catalog (:class:`~tablecast.kafka.catalog.CatalogReader`) says which tables
 an app has; an entry is served once its topic is checked: it exists, with the
 partition count the entry gives. Until then the table is left out, with why
 (logged once per reason, shown in ``/readyz`` and the metrics), and checked
-again at every look.
+again at every look. A table served already is checked again every
+RECHECK_S: a topic that gained partitions places its keys anew (the writer's
+hash modulo the new count), so its table is left out, loudly, rather than
+answering from the wrong partitions.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 
 from tablecast.cluster.topicinfo import TopicInfo
 from tablecast.contract.table_info import TableInfo
 from tablecast.kafka.catalog import CatalogReader
 
 log = logging.getLogger(__name__)
+
+#: how often the partition counts of tables served already are checked again
+RECHECK_S = 30.0
 
 
 class CatalogFollower:
@@ -25,13 +32,17 @@ class CatalogFollower:
         #: catalog entries left out, with why
         self.left_out: dict[str, str] = {}
         self._seen: dict[str, TableInfo] = {}
+        self._rechecked = time.monotonic()
 
     def usable(self, serving: dict[str, TableInfo]) -> dict[str, TableInfo] | None:
         """The tables to serve from now on, when they are not `serving` (None: keep those)."""
         known = self.catalog.poll(timeout=0.0 if self.catalog.loaded else 1.0)
-        if known == self._seen and not self.left_out:
+        recheck = time.monotonic() - self._rechecked >= RECHECK_S
+        if known == self._seen and not self.left_out and not recheck:
             return None
-        unverified = [i for n, i in known.items() if serving.get(n) != i]
+        if recheck:
+            self._rechecked = time.monotonic()
+        unverified = [i for n, i in known.items() if recheck or serving.get(n) != i]
         counts: dict[str, int | None] = {}
         if unverified:
             try:
@@ -42,10 +53,11 @@ class CatalogFollower:
         usable: dict[str, TableInfo] = {}
         left_out: dict[str, str] = {}
         for name, info in known.items():
-            if serving.get(name) == info:
+            count = counts.get(info.topic)
+            if serving.get(name) == info and (count is None or count == info.partitions):
+                # served: a topic missing from one answer (a broker restarting) is no reason
                 usable[name] = info
                 continue
-            count = counts.get(info.topic)
             if count is None:
                 left_out[name] = f"its topic {info.topic} does not exist"
             elif count != info.partitions:

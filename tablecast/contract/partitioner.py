@@ -1,12 +1,16 @@
-"""Kafka's default partitioning, bit for bit: murmur2 of the serialized key.
+"""How a key's partition is picked, bit for bit, by the producers that write tables.
 
-partition = (murmur2(key_bytes) & 0x7fffffff) % partitions, as Kafka's Java
-producer and Spark's Kafka sink compute it. librdkafka agrees only with
-``partitioner: murmur2_random`` (see :data:`PRODUCER_CONFIG`).
+``murmur2``: partition = (murmur2(key_bytes) & 0x7fffffff) % partitions, as Kafka's
+Java producer, Kafka Connect, Kafka Streams and Spark's Kafka sink compute it.
+librdkafka agrees only with ``partitioner: murmur2_random`` (see :data:`PRODUCER_CONFIG`).
+``consistent_random``: librdkafka's default (confluent-kafka, and the clients of
+Go, .NET, Node and C built on it): CRC-32 of the key bytes % partitions.
 """
 
 from __future__ import annotations
 
+import zlib
+from collections.abc import Callable
 from typing import Final
 
 _SEED: Final = 0x9747B28C
@@ -42,11 +46,24 @@ def murmur2(data: bytes) -> int:
     return h - (1 << 32) if h & 0x80000000 else h
 
 
-def partition_for(key: bytes, partitions: int) -> int:
-    """The partition Kafka's Java producer picks for a serialized, non-null key."""
+def _murmur2_hash(key: bytes) -> int:
+    return murmur2(key) & 0x7FFFFFFF
+
+
+#: a partitioner's name -> the non-negative hash whose remainder by the partition count
+#: is a key's partition
+HASHES: Final[dict[str, Callable[[bytes], int]]] = {
+    "murmur2": _murmur2_hash,
+    "consistent_random": zlib.crc32,
+}
+DEFAULT: Final = "murmur2"
+
+
+def partition_for(key: bytes, partitions: int, partitioner: str = DEFAULT) -> int:
+    """The partition `partitioner` picks for a serialized, non-null key."""
     if partitions <= 0:
         raise ValueError("partitions must be positive")
-    return (murmur2(key) & 0x7FFFFFFF) % partitions
+    return HASHES[partitioner](key) % partitions
 
 
 class Partitioner:
@@ -57,10 +74,11 @@ class Partitioner:
     starts over rather than tracking recency.
     """
 
-    def __init__(self, partitions: int, max_entries: int = 1 << 18) -> None:
+    def __init__(self, partitions: int, partitioner: str = DEFAULT, max_entries: int = 1 << 18):
         if partitions <= 0:
             raise ValueError("partitions must be positive")
         self.partitions = partitions
+        self._hash = HASHES[partitioner]
         self._max = max_entries
         self._memo: dict[bytes, int] = {}
 
@@ -69,5 +87,5 @@ class Partitioner:
         if p is None:
             if len(self._memo) >= self._max:
                 self._memo = {}
-            p = self._memo[key] = (murmur2(key) & 0x7FFFFFFF) % self.partitions
+            p = self._memo[key] = self._hash(key) % self.partitions
         return p

@@ -19,7 +19,7 @@ import orjson
 
 from tablecast import serde
 from tablecast.contract import index_codec
-from tablecast.contract.partitioner import Partitioner
+from tablecast.contract.partitioner import DEFAULT, HASHES, Partitioner
 from tablecast.contract.views import Views
 
 KINDS = ("kv", "window")
@@ -41,6 +41,10 @@ class TableInfo:
     is_global: bool = False
     store: Literal["rocksdb", "memory"] = "rocksdb"
     extra: dict[str, Any] = field(default_factory=dict)
+    #: how the topic's writer picks a key's partition (:mod:`tablecast.contract.partitioner`)
+    partitioner: str = DEFAULT
+    #: written by something else than a pipeline (``tablecast attach``)
+    attached: bool = False
 
     def to_json(self) -> bytes:
         return orjson.dumps(asdict(self))
@@ -78,6 +82,10 @@ class TableInfo:
             problems.append(f"store {info.store!r} is not one of {STORES}")
         if not isinstance(info.is_global, bool):
             problems.append("is_global is not a boolean")
+        if info.partitioner not in HASHES:
+            problems.append(f"partitioner {info.partitioner!r} is not one of {tuple(HASHES)}")
+        if not isinstance(info.attached, bool):
+            problems.append("attached is not a boolean")
         if not isinstance(info.extra, dict):
             problems.append("extra is not an object")
         for side in ("key", "value"):
@@ -128,8 +136,8 @@ class TableInfo:
 
     @cached_property
     def partition_of(self) -> Partitioner:
-        """serialized key -> partition, as Kafka's Java producer picks it."""
-        return Partitioner(self.partitions)
+        """serialized key -> partition, as the topic's writer picks it."""
+        return Partitioner(self.partitions, self.partitioner)
 
     def public(self) -> dict[str, Any]:
         """The table as `GET /v1/tables` lists it."""
@@ -141,7 +149,10 @@ class TableInfo:
             "global": self.is_global,
             "key_format": self.key["format"],
             "value_format": self.value["format"],
+            "partitioner": self.partitioner,
         }
+        if self.attached:
+            out["attached"] = True
         if self.history_ms is not None:
             out["history_ms"] = self.history_ms
         if self.indexes:

@@ -192,6 +192,8 @@ TABLE_INFO = object_of(
     kind={"enum": ["kv", "window"]},
     key_format=STR,
     value_format=STR,
+    partitioner={"enum": ["murmur2", "consistent_random"]},
+    attached=BOOL,
     history_ms=INT,
     indexes=_array(STR),
     **{"global": BOOL},
@@ -238,7 +240,8 @@ ROUTES: tuple[Route, ...] = (
         "tables",
         summary="list tables (with --auth-policy, those the token may read)",
         ok=object_of(tables=_array(TABLE_INFO)),
-        ok_description="tables",
+        ok_description="tables (partitioner: how the topic's writer picks a key's partition; "
+        "attached: a topic tablecast attach made a table)",
         errors=(401, 429),
     ),
     Route(

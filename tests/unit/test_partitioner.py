@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -36,3 +37,24 @@ def test_partition_is_positive_hash_mod_partitions() -> None:
 @given(st.binary(max_size=64), st.integers(min_value=1, max_value=1000))
 def test_partition_in_range(data: bytes, partitions: int) -> None:
     assert 0 <= partition_for(data, partitions) < partitions
+
+
+def test_consistent_random_is_crc32_mod_partitions() -> None:
+    # CRC-32 (ISO-HDLC) of "123456789" is 0xCBF43926, librdkafka's rd_crc32 check value
+    assert partition_for(b"123456789", 1000, "consistent_random") == 0xCBF43926 % 1000
+    assert partition_for(b"foobar", 30, "consistent_random") != partition_for(b"foobar", 30)
+
+
+def test_a_catalog_entry_names_a_known_partitioner() -> None:
+    from tablecast.contract.table_info import BadEntry, TableInfo
+
+    info = TableInfo("t", "t", 4, {"format": "string"}, {"format": "json"})
+    assert info.partitioner == "murmur2" and info.public()["partitioner"] == "murmur2"
+    crc = TableInfo.checked("t", info.to_json().replace(b'"murmur2"', b'"consistent_random"'))
+    assert crc.partition_of(b"123456789") == 0xCBF43926 % 4
+    with pytest.raises(BadEntry, match="partitioner 'fnv'"):
+        TableInfo.checked("t", info.to_json().replace(b'"murmur2"', b'"fnv"'))
+    # an entry of a version before partitioners is Java's
+    old = orjson.loads(info.to_json())
+    del old["partitioner"], old["attached"]
+    assert TableInfo.checked("t", orjson.dumps(old)).partitioner == "murmur2"

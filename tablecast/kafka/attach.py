@@ -1,0 +1,161 @@
+"""Attaching a topic that something else writes as a table of an app, and detaching it.
+
+Attaching checks the topic (it exists; its records are kept by key, or the caller
+accepts that a deleting topic's table loses what the topic deletes) and writes the
+table's catalog entry: every node of the app then serves it as it serves a
+pipeline's table. Nothing is copied: the nodes read the topic itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import ConfigResource, ResourceType
+
+from tablecast.contract import index_codec
+from tablecast.contract.partitioner import DEFAULT as DEFAULT_PARTITIONER
+from tablecast.contract.partitioner import HASHES
+from tablecast.contract.table_info import STORES, BadEntry, TableInfo
+from tablecast.kafka.catalog import CatalogReader
+from tablecast.kafka.config import producer_conf
+from tablecast.kafka.topics import COMPACTED, admin, catalog_topic, ensure_topic
+from tablecast.windows import to_ms
+
+log = logging.getLogger(__name__)
+
+#: the formats a topic written by something else can be read in, for now
+FORMATS = ("string", "json", "long", "bytes")
+#: how long attach waits for the brokers' answers
+TIMEOUT_S = 30.0
+
+
+class AttachError(ValueError):
+    """The topic cannot be attached as asked, or the table cannot be detached; says why."""
+
+
+def duration_ms(duration: timedelta | str | int) -> int:
+    """``60s``, ``5m``, ``1 day``, a timedelta, or whole milliseconds, as milliseconds."""
+    if isinstance(duration, int) and not isinstance(duration, bool):
+        ms = duration
+    elif isinstance(duration, str) and duration.strip().isdigit():
+        ms = int(duration)
+    else:
+        try:
+            ms = to_ms(duration)  # type: ignore[arg-type]
+        except (TypeError, ValueError) as e:
+            raise AttachError(f"{duration!r} is not a duration: {e}") from None
+    if ms <= 0:
+        raise AttachError(f"{duration!r} is not a positive duration")
+    return ms
+
+
+def attach(
+    name: str,
+    *,
+    app: str,
+    topic: str,
+    bootstrap_servers: str,
+    key: str = "string",
+    value: str = "json",
+    partitioner: str = DEFAULT_PARTITIONER,
+    history: timedelta | str | int | None = None,
+    store: str = "rocksdb",
+    retention_ok: bool = False,
+) -> TableInfo:
+    """Check `topic` and write the catalog entry that makes every node of `app` serve it
+    as table `name`; the entry written. Attaching a name again replaces its entry (a
+    pipeline's table is never replaced)."""
+    if not index_codec.NAME.fullmatch(name):
+        raise AttachError(f"table name {name!r}: 1-64 of A-Z a-z 0-9 _ . -")
+    for side, fmt in (("key", key), ("value", value)):
+        if fmt not in FORMATS:
+            raise AttachError(f"{side} format {fmt!r} is not one of {FORMATS}")
+    if partitioner not in HASHES:
+        raise AttachError(f"partitioner {partitioner!r} is not one of {tuple(HASHES)}")
+    if store not in STORES:
+        raise AttachError(f"store {store!r} is not one of {STORES}")
+    extra = {} if history is None else {"history_ms": duration_ms(history)}
+    partitions, policy = _topic(bootstrap_servers, topic)
+    if "delete" in policy and not retention_ok:
+        raise AttachError(
+            f"topic {topic} deletes records (cleanup.policy={policy}): a table over it loses "
+            "every key whose records the topic deleted; attach it with retention_ok "
+            "(--retention-ok) if that is what you want, or make the topic compacted"
+        )
+    info = TableInfo(
+        name=name,
+        topic=topic,
+        partitions=partitions,
+        key={"format": key},
+        value={"format": value},
+        store=store,  # type: ignore[arg-type]
+        extra=extra,
+        partitioner=partitioner,
+        attached=True,
+    )
+    try:
+        TableInfo.checked(name, info.to_json())  # what a node would refuse, refused here
+    except BadEntry as e:
+        raise AttachError(str(e)) from None
+    existing = _catalog(bootstrap_servers, app).get(name)
+    if existing is not None and not existing.attached:
+        raise AttachError(f"{name} is a table of app {app}'s pipeline, not an attached topic")
+    _write(bootstrap_servers, app, name, info.to_json())
+    log.info(
+        "attached topic %s (%d partitions, %s) as table %s of app %s",
+        topic,
+        partitions,
+        partitioner,
+        name,
+        app,
+    )
+    return info
+
+
+def detach(name: str, *, app: str, bootstrap_servers: str) -> None:
+    """Remove the attached table `name` from `app`'s catalog: the nodes stop serving it
+    (the topic is left as it is)."""
+    existing = _catalog(bootstrap_servers, app).get(name)
+    if existing is None:
+        raise AttachError(f"app {app} has no table {name}")
+    if not existing.attached:
+        raise AttachError(f"{name} is a table of app {app}'s pipeline: remove it from the App")
+    _write(bootstrap_servers, app, name, None)
+    log.info("detached table %s of app %s (topic %s left as it is)", name, app, existing.topic)
+
+
+def _topic(bootstrap_servers: str, topic: str) -> tuple[int, str]:
+    """`topic`'s partition count and cleanup policy."""
+    client = admin(bootstrap_servers)
+    metadata = client.list_topics(topic, timeout=TIMEOUT_S).topics.get(topic)
+    if metadata is None or metadata.error is not None or not metadata.partitions:
+        raise AttachError(f"topic {topic} does not exist")
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    configs = client.describe_configs([resource])[resource].result(TIMEOUT_S)
+    return len(metadata.partitions), configs["cleanup.policy"].value
+
+
+def _catalog(bootstrap_servers: str, app: str) -> dict[str, TableInfo]:
+    """The app's catalog as it is now (all of it read)."""
+    ensure_topic(bootstrap_servers, catalog_topic(app), 1, COMPACTED)
+    reader = CatalogReader(bootstrap_servers, app)
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        tables = reader.poll(1.0)
+        while not reader.loaded:
+            if time.monotonic() > deadline:
+                raise AttachError(f"could not read {reader.topic} in {TIMEOUT_S:g} s")
+            tables = reader.poll(1.0)
+        return dict(tables)
+    finally:
+        reader.close()
+
+
+def _write(bootstrap_servers: str, app: str, name: str, entry: bytes | None) -> None:
+    producer = Producer(producer_conf(bootstrap_servers))
+    producer.produce(catalog_topic(app), key=name.encode(), value=entry)
+    if producer.flush(TIMEOUT_S) != 0:
+        raise AttachError(f"could not write {catalog_topic(app)} in {TIMEOUT_S:g} s")

@@ -1,0 +1,180 @@
+"""A topic something else writes, served as a table with no pipeline: ``tablecast attach``
+checks it and writes its catalog entry, the nodes serve it beside a pipeline's table,
+``tablecast detach`` takes it away. The writer here is confluent-kafka with librdkafka's
+default partitioner, whose partitions are not Java's."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import quote
+
+import orjson
+import pytest
+from confluent_kafka import Producer
+
+from tablecast import Client, serde
+from tablecast.cluster.catalog_follow import RECHECK_S
+from tablecast.contract.partitioner import partition_for
+from tablecast.kafka.config import client_conf
+from tablecast.kafka.topics import ensure_topic
+
+from ..support.procs import eventually, start_node, stop_all
+from .kafka_io import read_all
+from .tables import make_table
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 6
+KEYS = [f"card-{i}" for i in range(240)] + ["ключ-é", "a/b", "with space"]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tablecast.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _librdkafka_default(bootstrap: str, topic: str, records: list[tuple[str, object]]) -> None:
+    """Write as a service on confluent-kafka does: its default partitioner, JSON values."""
+    producer = Producer(client_conf(bootstrap))
+    for key, value in records:
+        body = None if value is None else orjson.dumps(value)
+        producer.produce(topic, key=key.encode(), value=body)
+        producer.poll(0)
+    assert producer.flush(60) == 0
+
+
+def test_librdkafka_default_partitioner_is_consistent_random(bootstrap: str, unique: str) -> None:
+    topic = f"{unique}-crc"
+    ensure_topic(bootstrap, topic, 7)
+    _librdkafka_default(bootstrap, topic, [(k, 1) for k in KEYS])
+    written = read_all(bootstrap, topic, len(KEYS))
+    for m in written:
+        assert m.partition() == partition_for(m.key(), 7, "consistent_random"), m.key()
+    # not Java's: a node hashing these keys with murmur2 would look in the wrong partition
+    murmur = sum(m.partition() == partition_for(m.key(), 7, "murmur2") for m in written)
+    assert murmur < len(written) / 3
+
+
+def test_attach_serve_detach(bootstrap: str, unique: str, logs: Path) -> None:
+    app, topic = f"{unique}-app", f"{unique}.cards"
+    ensure_topic(bootstrap, topic, PARTITIONS, {"cleanup.policy": "compact"})
+    model: dict[str, object] = {}
+    records: list[tuple[str, object]] = []
+    for i, key in enumerate(KEYS):
+        records.append((key, {"points": i}))
+        model[key] = {"points": i}
+    for i, key in enumerate(KEYS[::3]):  # updated
+        records.append((key, {"points": 1000 + i}))
+        model[key] = {"points": 1000 + i}
+    for key in KEYS[1::7]:  # deleted
+        records.append((key, None))
+        model.pop(key)
+    _librdkafka_default(bootstrap, topic, records)
+    # a pipeline's table in the same app
+    piped = make_table(bootstrap, app, "piped", 3, serde.string(), serde.json())
+    piped.write(bootstrap, [("x", {"n": 1})])
+
+    done = _cli(
+        "attach", "cards", "--app", app, "--topic", topic, "--partitioner", "consistent_random",
+        "--bootstrap-servers", bootstrap,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"attached {topic} as cards ({PARTITIONS} partitions)" in done.stdout
+
+    nodes = [start_node(app, bootstrap, logs) for _ in range(2)]
+    try:
+        for node in nodes:
+            node.wait_ready()
+        listed = {t["name"]: t for t in nodes[0].get("/v1/tables").json()["tables"]}
+        assert listed["cards"]["partitioner"] == "consistent_random"
+        assert listed["cards"]["attached"] is True
+        assert listed["piped"]["partitioner"] == "murmur2"
+        assert "attached" not in listed["piped"]
+        # both nodes own some partitions: half of these reads are forwarded
+        eventually(lambda: all(len(_actives(n)) > 0 for n in nodes))
+        nodes[0].wait_caught_up(bootstrap, "cards", topic)
+        for key in KEYS:
+            got = nodes[0].get(f"/v1/tables/cards/keys/{quote(key, safe='')}")
+            if key in model:
+                assert got.status_code == 200, (key, got.text)
+                assert got.json()["value"] == model[key], key
+            else:
+                assert got.status_code == 404, (key, got.text)
+        assert nodes[1].get("/v1/tables/piped/keys/x").json()["value"] == {"n": 1}
+
+        # the nodes and the Client place each key where the writer put it
+        where = {m.key().decode(): m.partition() for m in read_all(bootstrap, topic, len(records))}
+        with Client([n.url for n in nodes]) as client:
+            for key in KEYS[:60]:
+                meta = nodes[1].get(f"/v1/tables/cards/keys/{quote(key, safe='')}/metadata")
+                assert meta.json()["partition"] == where[key], key
+                assert client._candidates("cards", key)[0] == meta.json()["active"]["url"], key
+                read = client.read("cards", key)
+                assert (read.record or {}).get("value") == model.get(key), key
+
+        # the topic gains partitions: its keys' places change, so the table is left out
+        from confluent_kafka.admin import NewPartitions
+
+        from tablecast.kafka.topics import admin
+
+        client = admin(bootstrap)  # outlives its future
+        client.create_partitions([NewPartitions(topic, PARTITIONS + 2)])[topic].result(30)
+
+        def left_out() -> bool:
+            r = nodes[0].get("/v1/tables/cards/keys/card-0")
+            return r.status_code == 503 and "topic " + topic + " has 8" in r.text
+
+        eventually(left_out, timeout=RECHECK_S + 30)
+        assert nodes[1].get("/v1/tables/piped/keys/x").status_code == 200
+
+        # a pipeline's table is not detached; the attached one is, and no node serves it
+        refused = _cli("detach", "piped", "--app", app, "--bootstrap-servers", bootstrap)
+        assert refused.returncode == 1
+        assert "pipeline" in refused.stderr
+        done = _cli("detach", "cards", "--app", app, "--bootstrap-servers", bootstrap)
+        assert done.returncode == 0, done.stderr
+        for node in nodes:
+            eventually(lambda n=node: n.get("/v1/tables/cards/keys/card-0").status_code == 404)
+            assert "cards" not in {t["name"] for t in node.get("/v1/tables").json()["tables"]}
+        assert nodes[0].get("/v1/tables/piped/keys/x").status_code == 200
+    finally:
+        stop_all(nodes)
+
+
+def _actives(node) -> list[int]:  # type: ignore[no-untyped-def]
+    return [
+        r["partition"]
+        for n in node.get("/v1/cluster").json()["nodes"]
+        if n["url"] == node.url
+        for r in n["replicas"]
+        if r["table"] == "cards" and r["role"] == "active"
+    ]
+
+
+def test_attach_refuses_what_it_cannot_serve(bootstrap: str, unique: str) -> None:
+    app = f"{unique}-app"
+    missing = _cli("attach", "t", "--app", app, "--topic", f"{unique}.none",
+                   "--bootstrap-servers", bootstrap)  # fmt: skip
+    assert missing.returncode == 1 and "does not exist" in missing.stderr
+
+    deleting = f"{unique}.events"
+    ensure_topic(bootstrap, deleting, 2, {"cleanup.policy": "delete"})
+    refused = _cli("attach", "events", "--app", app, "--topic", deleting,
+                   "--bootstrap-servers", bootstrap)  # fmt: skip
+    assert refused.returncode == 1
+    assert "cleanup.policy=delete" in refused.stderr and "--retention-ok" in refused.stderr
+    accepted = _cli("attach", "events", "--app", app, "--topic", deleting, "--retention-ok",
+                    "--history", "5m", "--bootstrap-servers", bootstrap)  # fmt: skip
+    assert accepted.returncode == 0, accepted.stderr
+
+    bad = _cli("attach", "t", "--app", app, "--topic", deleting, "--key", "xml",
+               "--bootstrap-servers", bootstrap)  # fmt: skip
+    assert bad.returncode == 2 and "xml" in bad.stderr
+    gone = _cli("detach", "nothing", "--app", app, "--bootstrap-servers", bootstrap)
+    assert gone.returncode == 1 and "no table nothing" in gone.stderr
