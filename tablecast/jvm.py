@@ -186,20 +186,21 @@ def require_java(compiler: bool = False) -> Path:
 # -- jar sets -----------------------------------------------------------------------------
 
 
-def _target(name: str) -> Path:
-    pom = POM_ROOT / name / "pom.xml"
+def _target(name: str, root: Path = POM_ROOT) -> Path:
+    pom = root / name / "pom.xml"
     if not pom.exists():
         raise FileNotFoundError(f"no pom for jar set {name!r} at {pom}")
     digest = hashlib.sha256(pom.read_bytes() + (POM_ROOT / "settings.xml").read_bytes())
     return cache_root() / "jars" / f"{name}-{digest.hexdigest()[:12]}"
 
 
-def jar_dir(name: str) -> Path:
-    """The directory holding jar set `name`, resolving it with Maven on first use."""
-    target = _target(name)
+def jar_dir(name: str, root: Path = POM_ROOT) -> Path:
+    """The directory holding jar set `name` (the pom at `root`/`name`: tablecast's own, or
+    one of the tests'), resolving it with Maven on first use."""
+    target = _target(name, root)
     if (target / ".complete").exists():
         return target
-    _resolve(name, POM_ROOT / name / "pom.xml", target)
+    _resolve(name, root / name / "pom.xml", target)
     return target
 
 

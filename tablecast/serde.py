@@ -18,6 +18,8 @@ from typing import Any, ClassVar
 
 import orjson
 
+from tablecast.contract import debezium
+
 # the module defines a function named `bytes` (the public `tc.serde.bytes()`), so in here
 # the builtin type is always spelled `builtins.bytes`
 _BINARY = (builtins.bytes, bytearray)
@@ -290,9 +292,65 @@ def avro(schema: dict[str, Any] | str, confluent: bool = False, schema_id: int =
     return _Avro(schema, confluent=confluent, schema_id=schema_id)
 
 
+class _DebeziumKey(Serde):
+    """A Debezium key as a table keeps it: the primary key struct's canonical JSON
+    (:mod:`tablecast.contract.debezium`); `head` and `fields` rebuild its writer's bytes."""
+
+    format = "debezium"
+
+    def __init__(self, head: str, fields: list[str]) -> None:
+        self.head = head
+        self.fields = list(fields)
+
+    def serialize(self, obj: Any) -> builtins.bytes:
+        if not isinstance(obj, dict):
+            if len(self.fields) != 1:
+                raise SerdeError(f"a key of the fields {self.fields} is a dict")
+            obj = {self.fields[0]: obj}
+        try:
+            return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
+        except TypeError as e:
+            raise SerdeError(str(e)) from None
+
+    def deserialize(self, data: builtins.bytes) -> Any:
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError as e:
+            raise SerdeError(f"not JSON: {e}") from None
+
+    def text_to_bytes(self, text: str) -> builtins.bytes:
+        try:
+            return debezium.key_of_text(text, self.fields)
+        except debezium.BadEvent as e:
+            raise SerdeError(str(e)) from None
+
+    def from_json(self, obj: Any) -> Any:
+        return obj
+
+    def writer_bytes(self, data: builtins.bytes) -> builtins.bytes:
+        """The bytes its writer gave the key stored as `data` (they chose its partition)."""
+        return debezium.writer_key(data, self.head, self.fields)
+
+    def spec(self) -> dict[str, Any]:
+        return {"format": "debezium", "head": self.head, "fields": self.fields}
+
+
+class _DebeziumValue(_Json):
+    """A Debezium change event's row as a table keeps it: the ``after`` struct as JSON."""
+
+    format = "debezium"
+
+    def spec(self) -> dict[str, Any]:
+        return {"format": "debezium"}
+
+
 def from_spec(spec: dict[str, Any]) -> Serde:
     """Rebuild a serde from :meth:`Serde.spec` (as the catalog topic carries it)."""
     fmt = spec.get("format")
+    if fmt == "debezium":
+        if "fields" in spec:
+            return _DebeziumKey(str(spec.get("head", "")), list(spec["fields"]))
+        return _DebeziumValue()
     if fmt == "string":
         return _String()
     if fmt == "json":

@@ -49,6 +49,7 @@ from confluent_kafka import (
 )
 
 from tablecast.cluster import freshness, write_recovery
+from tablecast.cluster.attached_records import BadRecord, Translate, translation
 from tablecast.cluster.catalog_follow import CatalogFollower
 from tablecast.cluster.fetchwatch import FetchWatch
 from tablecast.cluster.replica import Replica
@@ -104,6 +105,7 @@ class Ingestor:
         self.desired: set[Slot] | None = None
         self._by_topic: dict[str, TableInfo] = {}
         self._checks: dict[str, Check] = {}
+        self._translations: dict[str, Translate] = {}
         #: topic -> the table's index names, for tables that have indexes
         self._indexed: dict[str, tuple[str, ...]] = {}
         self._topics = TopicInfo(bootstrap_servers)
@@ -199,6 +201,9 @@ class Ingestor:
         if usable is None:
             return
         self._checks = {i.topic: checker(i) for i in usable.values()}
+        self._translations = {
+            i.topic: t for i in usable.values() if (t := translation(i)) is not None
+        }
         self._by_topic = {t.topic: t for t in usable.values()}
         self._indexed = {i.topic: i.indexes for i in usable.values() if i.indexes}
         self._restart_changed_views(usable)
@@ -392,6 +397,7 @@ class Ingestor:
         # position must never run ahead of its store
         ends: list[tuple[str, int, int]] = []
         checks = self._checks
+        translations = self._translations
         indexed = self._indexed
         for m in msgs:
             err = m.error()
@@ -407,6 +413,16 @@ class Ingestor:
                 self._bad(topic, m.partition(), m.offset(), "bad key: none")
                 continue  # a table record needs a key; the pipeline never writes one without
             value = m.value()
+            timestamp = m.timestamp()[1]
+            translate = translations.get(topic) if translations else None
+            if translate is not None:
+                try:
+                    key, value, timestamp = translate(key, value, timestamp)
+                except BadRecord as e:
+                    self._bad(topic, m.partition(), m.offset(), str(e))
+                    if e.key is None:
+                        continue
+                    key, value = e.key, None
             check = checks.get(topic)
             if check is not None:
                 why = check(key, value)
@@ -416,7 +432,7 @@ class Ingestor:
             names = indexed.get(topic) if value is not None else None
             index = self._index_entries(m, names) if names else ()
             slices[(topic, m.partition())].append(
-                _write((key, value, m.offset(), m.timestamp()[1], index))
+                _write((key, value, m.offset(), timestamp, index))
             )
         for (topic, partition), writes in slices.items():
             replica = self._replica(topic, partition)

@@ -74,11 +74,20 @@ class Partitioner:
     starts over rather than tracking recency.
     """
 
-    def __init__(self, partitions: int, partitioner: str = DEFAULT, max_entries: int = 1 << 18):
+    def __init__(
+        self,
+        partitions: int,
+        partitioner: str = DEFAULT,
+        max_entries: int = 1 << 18,
+        written: Callable[[bytes], bytes] | None = None,
+    ):
+        """`written`: the bytes the writer hashed for a key as a table keeps it, where the
+        two differ (a Debezium key's envelope)."""
         if partitions <= 0:
             raise ValueError("partitions must be positive")
         self.partitions = partitions
-        self._hash = HASHES[partitioner]
+        hashed = HASHES[partitioner]
+        self._hash = hashed if written is None else lambda key: hashed(written(key))
         self._max = max_entries
         self._memo: dict[bytes, int] = {}
 

@@ -137,7 +137,8 @@ class TableInfo:
     @cached_property
     def partition_of(self) -> Partitioner:
         """serialized key -> partition, as the topic's writer picks it."""
-        return Partitioner(self.partitions, self.partitioner)
+        written = getattr(self.key_serde, "writer_bytes", None)
+        return Partitioner(self.partitions, self.partitioner, written=written)
 
     def public(self) -> dict[str, Any]:
         """The table as `GET /v1/tables` lists it."""

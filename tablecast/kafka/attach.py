@@ -12,22 +12,22 @@ import logging
 import time
 from datetime import timedelta
 
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import ConfigResource, ResourceType
 
-from tablecast.contract import index_codec
+from tablecast.contract import debezium, index_codec
 from tablecast.contract.partitioner import DEFAULT as DEFAULT_PARTITIONER
 from tablecast.contract.partitioner import HASHES
 from tablecast.contract.table_info import STORES, BadEntry, TableInfo
 from tablecast.kafka.catalog import CatalogReader
-from tablecast.kafka.config import producer_conf
+from tablecast.kafka.config import client_conf, producer_conf
 from tablecast.kafka.topics import COMPACTED, admin, catalog_topic, ensure_topic
 from tablecast.windows import to_ms
 
 log = logging.getLogger(__name__)
 
 #: the formats a topic written by something else can be read in, for now
-FORMATS = ("string", "json", "long", "bytes")
+FORMATS = ("string", "json", "long", "bytes", "debezium")
 #: how long attach waits for the brokers' answers
 TIMEOUT_S = 30.0
 
@@ -85,11 +85,15 @@ def attach(
             "every key whose records the topic deleted; attach it with retention_ok "
             "(--retention-ok) if that is what you want, or make the topic compacted"
         )
+    key_spec: dict[str, object] = {"format": key}
+    if key == "debezium":
+        head, fields = _debezium_key_layout(bootstrap_servers, topic, partitions)
+        key_spec.update(head=head, fields=fields)
     info = TableInfo(
         name=name,
         topic=topic,
         partitions=partitions,
-        key={"format": key},
+        key=key_spec,
         value={"format": value},
         store=store,  # type: ignore[arg-type]
         extra=extra,
@@ -136,6 +140,38 @@ def _topic(bootstrap_servers: str, topic: str) -> tuple[int, str]:
     resource = ConfigResource(ResourceType.TOPIC, topic)
     configs = client.describe_configs([resource])[resource].result(TIMEOUT_S)
     return len(metadata.partitions), configs["cleanup.policy"].value
+
+
+def _debezium_key_layout(
+    bootstrap_servers: str, topic: str, partitions: int
+) -> tuple[str, list[str]]:
+    """How the topic's writer lays out its keys (envelope and field order), from the
+    newest record of a partition that has one: nodes rebuild a key's bytes with it."""
+    conf = {"group.id": "tablecast-attach", "auto.offset.reset": "earliest"}
+    consumer = Consumer(client_conf(bootstrap_servers, conf))
+    try:
+        for p in range(partitions):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=TIMEOUT_S)
+            if high <= low:
+                continue
+            consumer.assign([TopicPartition(topic, p, high - 1)])
+            deadline = time.monotonic() + 5.0
+            while time.monotonic() < deadline:
+                m = consumer.poll(0.5)
+                if m is None or m.error() is not None:
+                    continue
+                if m.key() is None:
+                    break
+                try:
+                    return debezium.key_layout(m.key())
+                except debezium.BadEvent as e:
+                    raise AttachError(f"topic {topic}: {e}") from None
+    finally:
+        consumer.close()
+    raise AttachError(
+        f"topic {topic} holds no keyed record yet: attach it once Debezium has written to it "
+        "(the layout of its keys is read from one)"
+    )
 
 
 def _catalog(bootstrap_servers: str, app: str) -> dict[str, TableInfo]:

@@ -1,0 +1,47 @@
+"""Records of an attached topic as its table keeps them, where the writer's form is not
+the table's: a Debezium change event becomes its row (or the row's delete) under its
+key's canonical form, at the source database's commit time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tablecast.contract import debezium
+from tablecast.contract.table_info import TableInfo
+
+#: (key, value, timestamp) as written -> as the table keeps them; raises BadRecord
+Translate = Callable[[bytes, bytes | None, int], tuple[bytes, bytes | None, int]]
+
+
+class BadRecord(ValueError):
+    """A record its table cannot keep; says why (counted and logged as a bad record).
+    With `key`, only its value was bad: the key reads as absent, not as an older row."""
+
+    def __init__(self, why: str, key: bytes | None = None) -> None:
+        super().__init__(why)
+        self.key = key
+
+
+def translation(info: TableInfo) -> Translate | None:
+    """How `info`'s records become its rows; None where they are its rows already."""
+    key_debezium = info.key.get("format") == "debezium"
+    value_debezium = info.value.get("format") == "debezium"
+    if not (key_debezium or value_debezium):
+        return None
+
+    def translate(key: bytes, value: bytes | None, ts: int) -> tuple[bytes, bytes | None, int]:
+        if key_debezium:
+            try:
+                key = debezium.canonical_key(key)
+            except debezium.BadEvent as e:
+                raise BadRecord(f"bad key: {e}") from None
+        if value_debezium and value is not None:
+            try:
+                value, at = debezium.row(value)
+            except debezium.BadEvent as e:
+                raise BadRecord(f"bad value: {e}", key) from None
+            if at is not None:
+                ts = at
+        return key, value, ts
+
+    return translate

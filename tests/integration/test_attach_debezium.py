@@ -1,0 +1,196 @@
+"""A real PostgreSQL database's change stream, from Debezium's connector in Kafka Connect,
+attached as tables: after random inserts, updates and deletes every key answers what
+SELECT says, also after kill -9 of a node (its standby takes over). One database and
+one Connect worker for the module."""
+
+from __future__ import annotations
+
+import random
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import orjson
+import pytest
+
+import tablecast
+
+from ..support.debezium import DebeziumConnect
+from ..support.postgres import Postgres
+from ..support.procs import NodeProcess, eventually, start_node, stop_all
+from .kafka_io import read_all
+
+pytestmark = pytest.mark.integration
+
+IDS = range(1, 301)
+SEED = 51
+
+
+@pytest.fixture(scope="module")
+def pg() -> Iterator[Postgres]:
+    server = Postgres().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def connect(bootstrap: str, pg: Postgres) -> Iterator[DebeziumConnect]:
+    with pg.connect(autocommit=True) as conn:
+        conn.execute("CREATE TABLE customers (id int PRIMARY KEY, name text, points int)")
+        conn.execute(
+            "CREATE TABLE bookings (customer int, code text, seats int, "
+            "PRIMARY KEY (customer, code))"
+        )
+        # rows before the connector starts: they come as its snapshot (op r)
+        for i in IDS[:100]:
+            conn.execute("INSERT INTO customers VALUES (%s, %s, %s)", (i, f"c{i}", i))
+        for c in range(1, 11):
+            conn.execute("INSERT INTO bookings VALUES (%s, 'AB 1', %s)", (c, c))
+    worker = DebeziumConnect(
+        bootstrap, pg, f"pg{random.randrange(1 << 30)}", ["customers", "bookings"]
+    ).start()
+    try:
+        for table, count in (("customers", 100), ("bookings", 10)):
+            eventually(
+                lambda t=table, n=count: (
+                    _written(bootstrap, worker.topic(t)) >= n or not worker.alive()
+                ),
+                timeout=180,
+            )
+            assert worker.alive(), worker.log_tail()
+        yield worker
+    finally:
+        worker.stop()
+
+
+def _written(bootstrap: str, topic: str) -> int:
+    from tablecast.kafka.topics import end_offsets
+
+    return sum(end_offsets(bootstrap, topic).values())
+
+
+def _change(pg: Postgres, rng: random.Random, operations: int) -> None:
+    """Random inserts, updates and deletes, a few to a transaction."""
+    with pg.connect() as conn:
+        for n in range(operations):
+            i = rng.choice(IDS)
+            what = rng.random()
+            if what < 0.45:
+                conn.execute(
+                    "INSERT INTO customers VALUES (%s, %s, %s) ON CONFLICT (id) DO UPDATE "
+                    "SET name = excluded.name, points = excluded.points",
+                    (i, f"c{i}-{n}", rng.randrange(10_000)),
+                )
+            elif what < 0.8:
+                conn.execute("UPDATE customers SET points = points + 1 WHERE id = %s", (i,))
+            else:
+                conn.execute("DELETE FROM customers WHERE id = %s", (i,))
+            if rng.random() < 0.1:
+                c, code = rng.randrange(1, 15), rng.choice(["AB 1", "ü/2", "x"])
+                if rng.random() < 0.7:
+                    conn.execute(
+                        "INSERT INTO bookings VALUES (%s, %s, %s) ON CONFLICT (customer, code) "
+                        "DO UPDATE SET seats = excluded.seats",
+                        (c, code, n),
+                    )
+                else:
+                    conn.execute(
+                        "DELETE FROM bookings WHERE customer = %s AND code = %s", (c, code)
+                    )
+            if n % 8 == 7:
+                conn.commit()
+        conn.commit()
+
+
+def _selected(pg: Postgres) -> tuple[dict[int, dict[str, Any]], dict[tuple[int, str], int]]:
+    with pg.connect() as conn:
+        customers = {
+            i: {"id": i, "name": name, "points": points}
+            for i, name, points in conn.execute("SELECT id, name, points FROM customers")
+        }
+        bookings = {
+            (c, code): seats
+            for c, code, seats in conn.execute("SELECT customer, code, seats FROM bookings")
+        }
+    return customers, bookings
+
+
+def _answers_match(node: NodeProcess, pg: Postgres) -> bool:
+    """Every key of both tables answers what SELECT says (a missing row: 404)."""
+    customers, bookings = _selected(pg)
+    with httpx.Client(base_url=node.url, timeout=10) as http:
+        for i in IDS:
+            r = http.get(f"/v1/tables/customers/keys/{i}")
+            expected = customers.get(i)
+            if (r.status_code, r.json().get("value")) != (
+                (200, expected) if expected else (404, None)
+            ):
+                return False
+        for c in range(1, 15):
+            for code in ("AB 1", "ü/2", "x"):
+                key = quote(orjson.dumps({"customer": c, "code": code}).decode(), safe="")
+                r = http.get(f"/v1/tables/bookings/keys/{key}")
+                seats = bookings.get((c, code))
+                got = r.json()["value"]["seats"] if r.status_code == 200 else None
+                if got != seats:
+                    return False
+    return True
+
+
+def test_debezium_tables_answer_what_select_says(
+    bootstrap: str, pg: Postgres, connect: DebeziumConnect, logs: Path, unique: str
+) -> None:
+    app = f"{unique}-app"
+    for table in ("customers", "bookings"):
+        info = tablecast.attach(
+            table,
+            app=app,
+            topic=connect.topic(table),
+            bootstrap_servers=bootstrap,
+            key="debezium",
+            value="debezium",
+            history="1 day",
+        )
+        assert info.key["fields"] == (["id"] if table == "customers" else ["customer", "code"])
+    rng = random.Random(SEED)
+    nodes = [start_node(app, bootstrap, logs, "--standby-replicas", "1") for _ in range(2)]
+    try:
+        for node in nodes:
+            node.wait_ready()
+        _change(pg, rng, 1500)
+        eventually(lambda: _answers_match(nodes[0], pg), timeout=120, interval=1.0)
+        assert _answers_match(nodes[1], pg)
+
+        # a key by its only field's value or by its struct's JSON; the row's time is the
+        # source database's commit time (source.ts_ms), not the record's
+        customers, _ = _selected(pg)
+        some = min(customers)
+        by_value = nodes[0].get(f"/v1/tables/customers/keys/{some}").json()
+        as_json = quote(orjson.dumps({"id": some}).decode(), safe="")
+        by_json = nodes[1].get(f"/v1/tables/customers/keys/{as_json}").json()
+        assert by_value["value"] == by_json["value"] == customers[some]
+        assert by_value["key"] == {"id": some}
+        events = [
+            orjson.loads(m.value())["payload"]
+            for m in read_all(bootstrap, connect.topic("customers"), 1, to_the_end=True)
+            if m.value() is not None and orjson.loads(m.key())["payload"] == {"id": some}
+        ]
+        assert by_value["timestamp"] == events[-1]["source"]["ts_ms"]
+        history = nodes[0].get(f"/v1/tables/customers/keys/{some}/history").json()["items"]
+        assert len(history) >= 1 and history[-1]["value"] == customers[some]
+
+        listed = {t["name"]: t for t in nodes[0].get("/v1/tables").json()["tables"]}
+        assert listed["customers"]["key_format"] == "debezium"
+        assert listed["customers"]["partitioner"] == "murmur2"
+
+        # kill -9 of a node: its standbys answer, and the changes after it too
+        nodes[1].stop(signal.SIGKILL)
+        _change(pg, rng, 500)
+        eventually(lambda: _answers_match(nodes[0], pg), timeout=120, interval=1.0)
+    finally:
+        stop_all(nodes)

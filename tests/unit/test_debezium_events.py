@@ -1,0 +1,85 @@
+"""Debezium change events and keys as the JSON converter writes them, and the rows and
+keys a table keeps of them."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from tablecast import serde
+from tablecast.contract import debezium
+from tablecast.contract.partitioner import partition_for
+from tablecast.contract.table_info import TableInfo
+
+# as Kafka Connect 4.2's JsonConverter wrote them for Debezium 3.6's PostgreSQL connector
+KEY = (
+    b'{"schema":{"type":"struct","fields":[{"type":"int32","optional":false,"field":"id"}],'
+    b'"optional":false,"name":"try1.public.customers.Key"},"payload":{"id":1}}'
+)
+COMPOSITE = (
+    b'{"schema":{"type":"struct","fields":[{"type":"int32","optional":false,"field":"customer"},'
+    b'{"type":"string","optional":false,"field":"code"}],"optional":false,'
+    b'"name":"p.public.bookings.Key"},"payload":{"customer":3,"code":"\xc3\xbc/2"}}'
+)
+
+
+def _event(op: str, after: object, ts: int | None = 1700, schema: bool = True) -> bytes:
+    payload = {"before": None, "after": after, "op": op, "ts_ms": 1800}
+    if ts is not None:
+        payload["source"] = {"ts_ms": ts, "table": "customers"}
+    return orjson.dumps({"schema": {"type": "struct"}, "payload": payload} if schema else payload)
+
+
+def test_a_key_is_kept_canonical_and_its_writer_bytes_rebuilt() -> None:
+    head, fields = debezium.key_layout(KEY)
+    assert fields == ["id"] and head.endswith(',"payload":')
+    canonical = debezium.canonical_key(KEY)
+    assert canonical == b'{"id":1}'
+    assert debezium.writer_key(canonical, head, fields) == KEY
+    head, fields = debezium.key_layout(COMPOSITE)
+    assert fields == ["customer", "code"]
+    canonical = debezium.canonical_key(COMPOSITE)
+    assert canonical == '{"code":"ü/2","customer":3}'.encode()
+    assert debezium.writer_key(canonical, head, fields) == COMPOSITE
+
+
+def test_a_key_without_an_envelope() -> None:
+    bare = b'{"id":7}'
+    head, fields = debezium.key_layout(bare)
+    assert (head, fields) == ("", ["id"])
+    assert debezium.writer_key(debezium.canonical_key(bare), head, fields) == bare
+
+
+def test_a_key_from_its_text() -> None:
+    assert debezium.key_of_text("42", ["id"]) == b'{"id":42}'
+    assert debezium.key_of_text('{"id": 42}', ["id"]) == b'{"id":42}'
+    assert debezium.key_of_text("abc", ["code"]) == b'{"code":"abc"}'
+    assert debezium.key_of_text('"42"', ["code"]) == b'{"code":"42"}'
+    both = '{"customer": 3, "code": "x"}'
+    assert debezium.key_of_text(both, ["customer", "code"]) == b'{"code":"x","customer":3}'
+    with pytest.raises(debezium.BadEvent):
+        debezium.key_of_text("3", ["customer", "code"])
+
+
+def test_events_make_rows_at_the_source_time() -> None:
+    row = {"id": 1, "name": "ann"}
+    for op in ("c", "u", "r"):
+        assert debezium.row(_event(op, row)) == (orjson.dumps(row), 1700)
+        assert debezium.row(_event(op, row, schema=False)) == (orjson.dumps(row), 1700)
+    assert debezium.row(_event("d", None)) == (None, 1700)
+    assert debezium.row(_event("u", row, ts=None)) == (orjson.dumps(row), 1800)
+    for bad in (b"not json", b"[1]", _event("t", None), _event("u", None), b'{"op": "c"}'):
+        with pytest.raises(debezium.BadEvent):
+            debezium.row(bad)
+
+
+def test_a_debezium_table_finds_a_key_where_kafka_connect_put_it() -> None:
+    head, fields = debezium.key_layout(KEY)
+    info = TableInfo(
+        "t", "t", 12, {"format": "debezium", "head": head, "fields": fields}, {"format": "debezium"}
+    )
+    assert serde.from_spec(info.key) == info.key_serde
+    stored = info.key_serde.text_to_bytes("1")
+    assert stored == b'{"id":1}'
+    assert info.partition_of(stored) == partition_for(KEY, 12)
+    assert info.key_serde.to_json(stored) == {"id": 1}
