@@ -555,6 +555,14 @@ def build_parser() -> Parser:
         metavar="DURATION",
         help="keep every version of every key this long (60s, 5m, 1 day, or ms)",
     )
+    p.add_argument(
+        "--index",
+        action="append",
+        default=[],
+        metavar="NAME=JSONPATH",
+        help="a secondary index whose values the nodes take from each row: $.a.b, "
+        "$.tags[*] (again for more indexes)",
+    )
     option(p, "--store", "rocksdb", choices=STORES, help="where the nodes keep it")
     option(
         p,
@@ -905,8 +913,12 @@ def _dev(args: argparse.Namespace) -> int:
 
 
 def _attach(args: argparse.Namespace) -> int:
-    from tablecast.kafka.attach import AttachError, attach, detach
+    from tablecast.kafka.attach import AttachError, attach, detach, index_option
 
+    try:
+        indexes = dict(index_option(text) for text in getattr(args, "index", []))
+    except AttachError as e:
+        raise UsageError(str(e)) from None
     try:
         if args.command == "detach":
             detach(args.name, app=args.app, bootstrap_servers=args.bootstrap_servers)
@@ -921,6 +933,7 @@ def _attach(args: argparse.Namespace) -> int:
             value=args.value,
             partitioner=args.partitioner,
             history=args.history,
+            indexes=indexes,
             store=args.store,
             retention_ok=args.retention_ok,
         )

@@ -38,7 +38,9 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from functools import partial
+from typing import Any
 
+import orjson
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
@@ -106,6 +108,7 @@ class Ingestor:
         self._by_topic: dict[str, TableInfo] = {}
         self._checks: dict[str, Check] = {}
         self._translations: dict[str, Translate] = {}
+        self._index_paths: dict[str, TableInfo] = {}
         #: topic -> the table's index names, for tables that have indexes
         self._indexed: dict[str, tuple[str, ...]] = {}
         self._topics = TopicInfo(bootstrap_servers)
@@ -205,7 +208,11 @@ class Ingestor:
             i.topic: t for i in usable.values() if (t := translation(i)) is not None
         }
         self._by_topic = {t.topic: t for t in usable.values()}
-        self._indexed = {i.topic: i.indexes for i in usable.values() if i.indexes}
+        # indexes whose values come in a header, and those a node takes from the row itself
+        self._indexed = {
+            i.topic: i.indexes for i in usable.values() if i.indexes and not i.index_paths
+        }
+        self._index_paths = {i.topic: i for i in usable.values() if i.index_paths}
         self._restart_changed_views(usable)
         self.tables = usable
 
@@ -431,6 +438,8 @@ class Ingestor:
                     value = None  # unreadable: the key reads as absent, not as an older value
             names = indexed.get(topic) if value is not None else None
             index = self._index_entries(m, names) if names else ()
+            if value is not None and topic in self._index_paths:
+                index = self._index_entries_of_row(m, self._index_paths[topic], value)
             slices[(topic, m.partition())].append(
                 _write((key, value, m.offset(), timestamp, index))
             )
@@ -512,6 +521,25 @@ class Ingestor:
         try:
             return index_codec.entries(raw, names)
         except index_codec.BadIndex as e:
+            self._bad(m.topic(), m.partition(), m.offset(), f"bad index: {e}")
+            return ()
+
+    def _index_entries_of_row(self, m: Message, info: TableInfo, value: bytes) -> tuple[bytes, ...]:
+        """The row's index entries by the table's paths; none, counted as a bad record, for
+        a value a path selects that the index contract refuses (the row itself is kept)."""
+        try:
+            row = orjson.loads(value)
+            values = {}
+            for name, path in info.index_paths.items():
+                found: list[Any] = []
+                for v in path.values(row):
+                    if isinstance(v, list):
+                        found.extend(v)
+                    elif v is not None:
+                        found.append(v)
+                values[name] = found
+            return index_codec.entries_of(values, info.indexes)
+        except (index_codec.BadIndex, orjson.JSONDecodeError) as e:
             self._bad(m.topic(), m.partition(), m.offset(), f"bad index: {e}")
             return ()
 

@@ -90,7 +90,16 @@ def entries(raw: bytes | None, names: Iterable[str]) -> tuple[bytes, ...]:
     each of the table's index `names`, sorted and without duplicates."""
     if raw is None:
         return ()
-    decoded = decode_header(raw)
+    return _entries(decode_header(raw), names)
+
+
+def entries_of(values: Mapping[str, Any], names: Iterable[str]) -> tuple[bytes, ...]:
+    """:func:`entries` of index values a node computed itself ({name: value | [values] |
+    None}, as a header holds them)."""
+    return _entries({name: _listed(name, value) for name, value in values.items()}, names)
+
+
+def _entries(decoded: Mapping[str, list[IndexValue]], names: Iterable[str]) -> tuple[bytes, ...]:
     out = set()
     for name in names:
         prefix = name_prefix(name)

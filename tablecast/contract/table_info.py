@@ -19,6 +19,7 @@ import orjson
 
 from tablecast import serde
 from tablecast.contract import index_codec
+from tablecast.contract.json_path import BadPath, JsonPath
 from tablecast.contract.partitioner import DEFAULT, HASHES, Partitioner
 from tablecast.contract.views import Views
 
@@ -121,6 +122,12 @@ class TableInfo:
         return tuple(self.extra.get("indexes", ()))
 
     @cached_property
+    def index_paths(self) -> dict[str, JsonPath]:
+        """Indexes whose values the nodes take from each row by a path
+        (``extra["index_paths"]``, an attached table's), rather than from a header."""
+        return {n: JsonPath(p) for n, p in self.extra.get("index_paths", {}).items()}
+
+    @cached_property
     def views(self) -> Views:
         """What a store of this table keeps besides the latest row per key."""
         return Views(self.history_ms, self.indexes)
@@ -179,6 +186,16 @@ def _view_problems(info: TableInfo) -> list[str]:
             )
         elif len(set(names)) != len(names):
             problems.append(f"extra.indexes {names!r} names an index twice")
+    paths = info.extra.get("index_paths")
+    if paths is not None:
+        if not isinstance(paths, dict) or set(paths) != set(names or ()):
+            problems.append("extra.index_paths does not give a path for each of extra.indexes")
+        else:
+            for name, path in paths.items():
+                try:
+                    JsonPath(path)
+                except (BadPath, TypeError) as e:
+                    problems.append(f"extra.index_paths[{name!r}]: {e}")
     if (history is not None or names) and info.kind != "kv":
         problems.append("history and indexes are kept for kv tables only")
     return problems

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from datetime import timedelta
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import ConfigResource, ResourceType
 
 from tablecast.contract import debezium, index_codec
+from tablecast.contract.json_path import BadPath, JsonPath
 from tablecast.contract.partitioner import DEFAULT as DEFAULT_PARTITIONER
 from tablecast.contract.partitioner import HASHES
 from tablecast.contract.table_info import STORES, BadEntry, TableInfo
@@ -34,6 +36,14 @@ TIMEOUT_S = 30.0
 
 class AttachError(ValueError):
     """The topic cannot be attached as asked, or the table cannot be detached; says why."""
+
+
+def index_option(text: str) -> tuple[str, str]:
+    """``NAME=JSONPATH`` (``--index``) as (name, path)."""
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise AttachError(f"--index {text!r}: write it NAME=JSONPATH (points=$.points)")
+    return name, path
 
 
 def duration_ms(duration: timedelta | str | int) -> int:
@@ -62,12 +72,14 @@ def attach(
     value: str = "json",
     partitioner: str = DEFAULT_PARTITIONER,
     history: timedelta | str | int | None = None,
+    indexes: Mapping[str, str] | None = None,
     store: str = "rocksdb",
     retention_ok: bool = False,
 ) -> TableInfo:
     """Check `topic` and write the catalog entry that makes every node of `app` serve it
     as table `name`; the entry written. Attaching a name again replaces its entry (a
-    pipeline's table is never replaced)."""
+    pipeline's table is never replaced). `indexes`: {NAME: JSONPATH}, secondary indexes
+    whose values the nodes take from each row (``$.a.b``, ``$.tags[*]``)."""
     if not index_codec.NAME.fullmatch(name):
         raise AttachError(f"table name {name!r}: 1-64 of A-Z a-z 0-9 _ . -")
     for side, fmt in (("key", key), ("value", value)):
@@ -77,7 +89,16 @@ def attach(
         raise AttachError(f"partitioner {partitioner!r} is not one of {tuple(HASHES)}")
     if store not in STORES:
         raise AttachError(f"store {store!r} is not one of {STORES}")
-    extra = {} if history is None else {"history_ms": duration_ms(history)}
+    extra: dict[str, object] = {} if history is None else {"history_ms": duration_ms(history)}
+    if indexes:
+        if value not in ("json", "debezium"):
+            raise AttachError(f"indexes are taken from JSON rows: --value {value} has none")
+        for index, path in indexes.items():
+            try:
+                JsonPath(path)
+            except BadPath as e:
+                raise AttachError(f"index {index}: {e}") from None
+        extra.update(indexes=list(indexes), index_paths=dict(indexes))
     partitions, policy = _topic(bootstrap_servers, topic)
     if "delete" in policy and not retention_ok:
         raise AttachError(

@@ -124,6 +124,17 @@ def _answers_match(node: NodeProcess, pg: Postgres) -> bool:
     """Every key of both tables answers what SELECT says (a missing row: 404)."""
     customers, bookings = _selected(pg)
     with httpx.Client(base_url=node.url, timeout=10) as http:
+        # the node's own indexes of the rows: by points, and by name
+        for points in sorted({c["points"] for c in customers.values()})[::17]:
+            r = http.get(f"/v1/tables/customers/index/points/{points}", params={"limit": 1000})
+            want = sorted(i for i, c in customers.items() if c["points"] == points)
+            if r.status_code != 200 or sorted(it["key"]["id"] for it in r.json()["items"]) != want:
+                return False
+        some = next(iter(customers.values()), None)
+        if some is not None:
+            r = http.get(f"/v1/tables/customers/index/name/{quote(some['name'], safe='')}")
+            if r.status_code != 200 or [item["value"] for item in r.json()["items"]] != [some]:
+                return False
         for i in IDS:
             r = http.get(f"/v1/tables/customers/keys/{i}")
             expected = customers.get(i)
@@ -155,6 +166,7 @@ def test_debezium_tables_answer_what_select_says(
             key="debezium",
             value="debezium",
             history="1 day",
+            indexes={"points": "$.points", "name": '$["name"]'} if table == "customers" else None,
         )
         assert info.key["fields"] == (["id"] if table == "customers" else ["customer", "code"])
     rng = random.Random(SEED)
