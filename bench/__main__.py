@@ -37,6 +37,7 @@ BENCHES = {
     "builds": "bench.builds",
     "rolling": "bench.rolling",
     "grpc_get": "bench.grpc_get",
+    "attach": "bench.attach",
 }
 # the pipeline benchmark is written by another change; run it once its module exists
 if importlib.util.find_spec("bench.pipeline") is not None:
@@ -52,6 +53,7 @@ QUICK = {
     "chaos": ["--minutes", "3"],
     "rolling": ["--nodes", "3", "--partitions", "6", "--keys", "2000"],
     "console": ["--rounds", "3", "--keys", "200"],
+    "attach": ["--mb", "20", "--operations", "5000", "--rounds", "1"],
 }
 
 log = logging.getLogger("bench")

@@ -19,6 +19,8 @@ import psycopg
 from tablecast.cli.supervisor import reap
 from tablecast.kafka.broker import free_port
 
+from .apt import apt_install
+
 USER = "tc"
 DATABASE = "shop"
 
@@ -32,18 +34,11 @@ def bin_dir() -> Path | None:
 def installed() -> Path:
     """PostgreSQL's programs, installing Debian's postgresql package first as root."""
     programs = bin_dir()
-    if programs is not None:
-        return programs
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise RuntimeError("PostgreSQL is not installed: apt-get install -y postgresql")
-    print("[tablecast] installing Debian's postgresql for the attach tests ...", flush=True)
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-q"], check=True, capture_output=True, env=env)
-    subprocess.run(
-        ["apt-get", "install", "-y", "-q", "postgresql"], check=True, capture_output=True, env=env
-    )
-    programs = bin_dir()
-    assert programs is not None, "apt-get installed postgresql, but no initdb was found"
+    if programs is None:
+        problem = apt_install("postgresql")
+        programs = bin_dir()
+        if programs is None:
+            raise RuntimeError(f"PostgreSQL is not installed: {problem}")
     return programs
 
 
