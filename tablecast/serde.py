@@ -292,13 +292,14 @@ def avro(schema: dict[str, Any] | str, confluent: bool = False, schema_id: int =
     return _Avro(schema, confluent=confluent, schema_id=schema_id)
 
 
-class _DebeziumKey(Serde):
+class _DebeziumKey(_Json):
     """A Debezium key as a table keeps it: the primary key struct's canonical JSON
     (:mod:`tablecast.contract.debezium`); `head` and `fields` rebuild its writer's bytes."""
 
     format = "debezium"
 
     def __init__(self, head: str, fields: list[str]) -> None:
+        super().__init__()
         self.head = head
         self.fields = list(fields)
 
@@ -312,11 +313,8 @@ class _DebeziumKey(Serde):
         except TypeError as e:
             raise SerdeError(str(e)) from None
 
-    def deserialize(self, data: builtins.bytes) -> Any:
-        try:
-            return orjson.loads(data)
-        except orjson.JSONDecodeError as e:
-            raise SerdeError(f"not JSON: {e}") from None
+    def parse_text(self, text: str) -> Any:
+        return self.deserialize(self.text_to_bytes(text))
 
     def text_to_bytes(self, text: str) -> builtins.bytes:
         try:
@@ -324,8 +322,8 @@ class _DebeziumKey(Serde):
         except debezium.BadEvent as e:
             raise SerdeError(str(e)) from None
 
-    def from_json(self, obj: Any) -> Any:
-        return obj
+    def to_json(self, data: builtins.bytes) -> Any:
+        return self.deserialize(data)
 
     def writer_bytes(self, data: builtins.bytes) -> builtins.bytes:
         """The bytes its writer gave the key stored as `data` (they chose its partition)."""

@@ -42,6 +42,18 @@ DEFAULT_BOOTSTRAP = "localhost:9092"
 MOST_PROCESSES = 64
 
 
+def _kafka_options(p: Parser) -> None:
+    """The options that reach Kafka: its bootstrap servers and the client settings."""
+    option(
+        p,
+        "--bootstrap-servers",
+        DEFAULT_BOOTSTRAP,
+        metavar="HOST:PORT,...",
+        help="Kafka's bootstrap servers",
+    )
+    _kafka_config(p)
+
+
 def _kafka_config(p: Parser) -> None:
     option(
         p,
@@ -165,14 +177,7 @@ def build_parser() -> Parser:
 
     p = _command(sub, parser, "run", "run an App's pipeline (the Spark driver)")
     p.add_argument("app_file", help="the Python file that defines the App")
-    option(
-        p,
-        "--bootstrap-servers",
-        DEFAULT_BOOTSTRAP,
-        metavar="HOST:PORT,...",
-        help="Kafka's bootstrap servers",
-    )
-    _kafka_config(p)
+    _kafka_options(p)
     option(
         p,
         "--master",
@@ -209,14 +214,7 @@ def build_parser() -> Parser:
         "(cache-mb = 64); flags and variables win over it",
     )
     option(p, "--app", required=True, metavar="ID", help="the id of the App whose tables to serve")
-    option(
-        p,
-        "--bootstrap-servers",
-        DEFAULT_BOOTSTRAP,
-        metavar="HOST:PORT,...",
-        help="Kafka's bootstrap servers",
-    )
-    _kafka_config(p)
+    _kafka_options(p)
     option(p, "--port", 8080, type=int, check=PORT, help="the HTTP port")
     option(p, "--host", "127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
     option(
@@ -570,26 +568,12 @@ def build_parser() -> Parser:
         switch=True,
         help="attach a topic that deletes records: the table loses what the topic deletes",
     )
-    option(
-        p,
-        "--bootstrap-servers",
-        DEFAULT_BOOTSTRAP,
-        metavar="HOST:PORT,...",
-        help="Kafka's bootstrap servers",
-    )
-    _kafka_config(p)
+    _kafka_options(p)
 
     p = _command(sub, parser, "detach", "stop serving an attached table (its topic stays)")
     p.add_argument("name", help="the table's name")
     option(p, "--app", required=True, metavar="ID", help="the App whose nodes serve it")
-    option(
-        p,
-        "--bootstrap-servers",
-        DEFAULT_BOOTSTRAP,
-        metavar="HOST:PORT,...",
-        help="Kafka's bootstrap servers",
-    )
-    _kafka_config(p)
+    _kafka_options(p)
     return parser
 
 

@@ -150,6 +150,19 @@ class Pages(Generic[T]):
             params = {**params, "cursor": self.next_cursor}
 
 
+def _written_key(info: dict[str, Any], key: Any) -> bytes | None:
+    """The bytes the table's writer gave `key` (they chose its partition), as a node
+    rebuilds them; None for a key format the client does not place itself."""
+    fmt = info["key_format"]
+    if fmt in ("string", "json", "long", "bytes"):
+        return serdes.from_spec({"format": fmt}).serialize(key)
+    layout = info.get("key_layout")
+    if fmt == "debezium" and layout:
+        keys = serdes.from_spec({"format": "debezium", **layout})
+        return keys.writer_bytes(keys.serialize(key))  # type: ignore[attr-defined, no-any-return]
+    return None
+
+
 class Client:
     def __init__(
         self,
@@ -235,12 +248,11 @@ class Client:
             self.refresh()
         info = self._tables.get(table)
         urls: list[str] = []
-        if info is not None and info["key_format"] in ("string", "json", "long", "bytes"):
-            raw = serdes.from_spec({"format": info["key_format"]}).serialize(key)
-            partitioner = info.get("partitioner", DEFAULT_PARTITIONER)  # older nodes: murmur2
-            if partitioner in HASHES:
-                partition = partition_for(raw, info["partitions"], partitioner)
-                urls = list(self._owners.get((table, partition), []))
+        raw = None if info is None else _written_key(info, key)
+        partitioner = None if info is None else info.get("partitioner", DEFAULT_PARTITIONER)
+        if raw is not None and partitioner in HASHES:  # older nodes name none: murmur2
+            partition = partition_for(raw, info["partitions"], partitioner)  # type: ignore[index]
+            urls = list(self._owners.get((table, partition), []))
         return urls + [u for u in self._nodes if u not in urls]
 
     # -- positions ---------------------------------------------------------------

@@ -29,15 +29,17 @@ def translation(info: TableInfo) -> Translate | None:
     if not (key_debezium or value_debezium):
         return None
 
+    keys, events = debezium.Unwrapper(), debezium.Unwrapper()
+
     def translate(key: bytes, value: bytes | None, ts: int) -> tuple[bytes, bytes | None, int]:
         if key_debezium:
             try:
-                key = debezium.canonical_key(key)
+                key = debezium.canonical_key(key, keys)
             except debezium.BadEvent as e:
                 raise BadRecord(f"bad key: {e}") from None
         if value_debezium and value is not None:
             try:
-                value, at = debezium.row(value)
+                value, at = debezium.row(value, events)
             except debezium.BadEvent as e:
                 raise BadRecord(f"bad value: {e}", key) from None
             if at is not None:

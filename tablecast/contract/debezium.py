@@ -17,11 +17,13 @@ written as the converter wrote it, then the struct's fields in the schema's orde
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
-#: what follows a key's schema in the converter's envelope: the payload comes last
+#: how the converter's envelope begins, and what follows its schema: the payload comes last
+_SCHEMA = b'{"schema":'
 _PAYLOAD = b',"payload":'
 
 
@@ -31,18 +33,53 @@ class BadEvent(ValueError):
 
 def unwrapped(data: bytes) -> Any:
     """The payload of a JSON converter record, with or without its schema envelope."""
+    return _parse(data)[0]
+
+
+def _parse(data: bytes) -> tuple[Any, bytes | None]:
+    """The payload, and the envelope's head as written (None without an envelope)."""
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as e:
         raise BadEvent(f"not JSON: {e}") from None
-    if isinstance(obj, dict) and obj.keys() == {"schema", "payload"}:
-        return obj["payload"]
-    return obj
+    if not (isinstance(obj, dict) and obj.keys() == {"schema", "payload"}):
+        return obj, None
+    at = data.find(_PAYLOAD)
+    while at >= 0:  # the schema's own text may hold the marker: the head ends where it parses
+        if data.startswith(_SCHEMA):
+            try:
+                if orjson.loads(data[len(_SCHEMA) : at]) == obj["schema"]:
+                    return obj["payload"], data[: at + len(_PAYLOAD)]
+            except orjson.JSONDecodeError:
+                pass
+        at = data.find(_PAYLOAD, at + 1)
+    return obj["payload"], None
 
 
-def canonical_key(data: bytes) -> bytes:
+class Unwrapper:
+    """:func:`unwrapped` for the records of one topic, whose envelopes repeat: once a
+    record's head (``{"schema":...,"payload":``) is known, a record that starts with
+    those very bytes has only its payload parsed (the schema is most of an event)."""
+
+    def __init__(self) -> None:
+        self._head: bytes | None = None
+
+    def __call__(self, data: bytes) -> Any:
+        head = self._head
+        if head is not None and data.startswith(head) and data.endswith(b"}"):
+            try:
+                return orjson.loads(memoryview(data)[len(head) : -1])
+            except orjson.JSONDecodeError:
+                pass  # not an envelope around one payload after all: parsed whole below
+        payload, found = _parse(data)
+        if found is not None:
+            self._head = found
+        return payload
+
+
+def canonical_key(data: bytes, unwrap: Callable[[bytes], Any] = unwrapped) -> bytes:
     """A key record's canonical form: its struct as JSON, fields sorted."""
-    payload = unwrapped(data)
+    payload = unwrap(data)
     if not isinstance(payload, dict) or not payload:
         raise BadEvent("a key is a struct of the row's primary key columns")
     return orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)
@@ -50,17 +87,18 @@ def canonical_key(data: bytes) -> bytes:
 
 def key_layout(data: bytes) -> tuple[str, list[str]]:
     """What rebuilds a table's writer key bytes, read from one of its key records: the
-    envelope's head ("" without one) and the struct's fields in the writer's order."""
-    payload = unwrapped(data)
+    envelope's head ("" without one) and the struct's fields in the writer's order.
+    Refused unless they rebuild this very record's key."""
+    payload, head = _parse(data)
     if not isinstance(payload, dict) or not payload:
         raise BadEvent("a key is a struct of the row's primary key columns")
-    head = ""
-    if data.lstrip().startswith(b'{"schema":'):
-        at = data.rfind(_PAYLOAD)
-        if at < 0:
-            raise BadEvent("a key's envelope is not as Kafka Connect's JSON converter writes it")
-        head = data[: at + len(_PAYLOAD)].decode()
-    return head, list(payload)
+    layout = ("" if head is None else head.decode(), list(payload))
+    if writer_key(orjson.dumps(payload, option=orjson.OPT_SORT_KEYS), *layout) != data:
+        raise BadEvent(
+            "its keys are not written as Kafka Connect's JSON converter writes them (compact "
+            f"JSON, the payload last): cannot rebuild {data[:200]!r}"
+        )
+    return layout
 
 
 def writer_key(canonical: bytes, head: str, fields: list[str]) -> bytes:
@@ -89,10 +127,10 @@ def key_of_text(text: str, fields: list[str]) -> bytes:
     return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
 
 
-def row(data: bytes) -> tuple[bytes | None, int | None]:
+def row(data: bytes, unwrap: Callable[[bytes], Any] = unwrapped) -> tuple[bytes | None, int | None]:
     """A change event's row (None: the row is deleted) and its time: the source's commit
     time, else the event's."""
-    event = unwrapped(data)
+    event = unwrap(data)
     if not isinstance(event, dict) or "op" not in event:
         raise BadEvent("not a Debezium change event (no op)")
     op = event["op"]

@@ -161,6 +161,8 @@ class TableInfo:
         }
         if self.attached:
             out["attached"] = True
+        if self.key["format"] == "debezium":  # clients rebuild its writer's bytes as nodes do
+            out["key_layout"] = {"head": self.key.get("head", ""), "fields": self.key["fields"]}
         if self.history_ms is not None:
             out["history_ms"] = self.history_ms
         if self.indexes:

@@ -194,6 +194,7 @@ TABLE_INFO = object_of(
     value_format=STR,
     partitioner={"enum": ["murmur2", "consistent_random"]},
     attached=BOOL,
+    key_layout=object_of(head=STR, fields=_array(STR)),
     history_ms=INT,
     indexes=_array(STR),
     **{"global": BOOL},
@@ -241,7 +242,8 @@ ROUTES: tuple[Route, ...] = (
         summary="list tables (with --auth-policy, those the token may read)",
         ok=object_of(tables=_array(TABLE_INFO)),
         ok_description="tables (partitioner: how the topic's writer picks a key's partition; "
-        "attached: a topic tablecast attach made a table)",
+        "attached: a topic tablecast attach made a table; key_layout: how a Debezium key's "
+        "bytes are rebuilt)",
         errors=(401, 429),
     ),
     Route(

@@ -43,6 +43,7 @@ from typing import Any, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from tablecast.cluster.attached_records import translation
 from tablecast.cluster.validate import checker
 from tablecast.contract.table_info import TableInfo
 from tablecast.live import tcpdiag
@@ -344,7 +345,7 @@ class Hub:
             known = self._renderers[info.name] = (
                 info,
                 renderer,
-                Source(info.topic, renderer, checker(info)),
+                Source(info.topic, renderer, checker(info), translation(info)),
             )
         return known[1], known[2]
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
+from tablecast.cluster.attached_records import BadRecord, Translate
 from tablecast.kafka import batches
 from tablecast.kafka.config import client_conf
 from tablecast.kafka.deafness import (
@@ -57,6 +58,8 @@ class Source:
     topic: str
     renderer: Renderer
     check: Check
+    #: how the topic's records become the table's (a Debezium event its row), if they differ
+    translate: Translate | None = None
 
 
 @dataclass
@@ -93,6 +96,13 @@ def convert(
     """A record as a change, read as the node's stores read it (None: never delivered)."""
     if key is None:
         return None
+    if source.translate is not None:
+        try:
+            key, value, ts = source.translate(key, value, ts)
+        except BadRecord as e:
+            if e.key is None:
+                return None  # skipped by the stores too
+            key, value = e.key, None
     if source.check(key, value) is not None:
         value = None  # unreadable: stored as a delete, so delivered as one
     change = Change(source.renderer, partition, key, value, offset, ts)

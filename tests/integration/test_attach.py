@@ -17,6 +17,8 @@ from confluent_kafka import Producer
 from tablecast import Client, serde
 from tablecast.cluster.catalog_follow import RECHECK_S
 from tablecast.contract.partitioner import partition_for
+from tablecast.kafka import config
+from tablecast.kafka.broker import Broker
 from tablecast.kafka.config import client_conf
 from tablecast.kafka.topics import ensure_topic
 
@@ -178,3 +180,30 @@ def test_attach_refuses_what_it_cannot_serve(bootstrap: str, unique: str) -> Non
     assert bad.returncode == 2 and "xml" in bad.stderr
     gone = _cli("detach", "nothing", "--app", app, "--bootstrap-servers", bootstrap)
     assert gone.returncode == 1 and "no table nothing" in gone.stderr
+
+
+def test_attach_through_sasl_ssl(secure_broker: Broker, unique: str, logs: Path) -> None:
+    """attach, the nodes and detach reach a SASL_SSL-only broker through one --kafka-config."""
+    settings = str(secure_broker.client_properties)
+    bootstrap = secure_broker.bootstrap_servers
+    app, topic = f"{unique}-app", f"{unique}.secure"
+    config.use(settings)  # this process's own clients: the topic and its writer
+    try:
+        ensure_topic(bootstrap, topic, 3, {"cleanup.policy": "compact"})
+        _librdkafka_default(bootstrap, topic, [(k, {"n": i}) for i, k in enumerate(KEYS[:50])])
+    finally:
+        config.use(None)
+    common = ("--app", app, "--bootstrap-servers", bootstrap, "--kafka-config", settings)
+    done = _cli("attach", "secure", "--topic", topic, "--partitioner", "consistent_random", *common)
+    assert done.returncode == 0, done.stderr
+    node = start_node(app, bootstrap, logs, "--kafka-config", settings)
+    try:
+        node.wait_ready()
+        for i, key in enumerate(KEYS[:50]):
+            got = node.get(f"/v1/tables/secure/keys/{quote(key, safe='')}")
+            assert got.status_code == 200 and got.json()["value"] == {"n": i}, (key, got.text)
+        done = _cli("detach", "secure", *common)
+        assert done.returncode == 0, done.stderr
+        eventually(lambda: node.get("/v1/tables/secure/keys/card-0").status_code == 404)
+    finally:
+        stop_all([node])

@@ -5,6 +5,7 @@ one Connect worker for the module."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import signal
 from collections.abc import Iterator
@@ -12,11 +13,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import grpc
 import httpx
 import orjson
 import pytest
 
 import tablecast
+from tablecast.grpc.service import TablesStub
+from tablecast.kafka.broker import free_port
+from tablecast.proto import tables_pb2 as pb
 
 from ..support.debezium import DebeziumConnect
 from ..support.postgres import Postgres
@@ -170,7 +175,11 @@ def test_debezium_tables_answer_what_select_says(
         )
         assert info.key["fields"] == (["id"] if table == "customers" else ["customer", "code"])
     rng = random.Random(SEED)
-    nodes = [start_node(app, bootstrap, logs, "--standby-replicas", "1") for _ in range(2)]
+    grpc_port = free_port()
+    nodes = [
+        start_node(app, bootstrap, logs, "--standby-replicas", "1", *grpc)
+        for grpc in (("--grpc-port", str(grpc_port)), ())
+    ]
     try:
         for node in nodes:
             node.wait_ready()
@@ -199,6 +208,33 @@ def test_debezium_tables_answer_what_select_says(
         listed = {t["name"]: t for t in nodes[0].get("/v1/tables").json()["tables"]}
         assert listed["customers"]["key_format"] == "debezium"
         assert listed["customers"]["partitioner"] == "murmur2"
+        # the Client rebuilds a key's bytes as the nodes do, and asks its owner first
+        with tablecast.Client([n.url for n in nodes]) as client:
+            for i in list(customers)[:20]:
+                meta = nodes[0].get(f"/v1/tables/customers/keys/{i}/metadata").json()
+                assert client._candidates("customers", i)[0] == meta["active"]["url"], i
+                assert client.get("customers", i)["value"] == customers[i]
+            booking = {"customer": 1, "code": "AB 1"}
+            meta_key = quote(orjson.dumps(booking).decode(), safe="")
+            meta = nodes[0].get(f"/v1/tables/bookings/keys/{meta_key}/metadata").json()
+            assert client._candidates("bookings", booking)[0] == meta["active"]["url"]
+
+        # gRPC reads the same rows; a watch sees the database's next change live
+        async def grpc_get(key: str) -> pb.GetResponse:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+                return await TablesStub(channel).Get(pb.GetRequest(table="customers", key=key))
+
+        for key in (str(some), orjson.dumps({"id": some}).decode()):
+            got = asyncio.run(grpc_get(key))
+            assert got.found and orjson.loads(got.row.value) == customers[some], key
+        with tablecast.Client([nodes[0].url]) as client:
+            events = client.watch("customers", key=[some])
+            assert next(events).event == "snapshot" and next(events).event == "ready"
+            with pg.connect(autocommit=True) as conn:
+                conn.execute("UPDATE customers SET points = -7 WHERE id = %s", (some,))
+            change = next(events)
+            assert change.event == "change" and change.value["points"] == -7, change
+            events.close()  # type: ignore[attr-defined]
 
         # kill -9 of a node: its standbys answer, and the changes after it too
         nodes[1].stop(signal.SIGKILL)

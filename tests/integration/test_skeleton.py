@@ -104,6 +104,7 @@ def test_tables_listing_and_bad_requests(running: Running) -> None:
             "global": False,
             "key_format": "string",
             "value_format": "json",
+            "partitioner": "murmur2",
         }
     ]
     assert node.get("/healthz").status_code == 200

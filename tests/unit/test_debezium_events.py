@@ -83,3 +83,30 @@ def test_a_debezium_table_finds_a_key_where_kafka_connect_put_it() -> None:
     assert stored == b'{"id":1}'
     assert info.partition_of(stored) == partition_for(KEY, 12)
     assert info.key_serde.to_json(stored) == {"id": 1}
+
+
+def test_an_unwrapper_parses_only_the_payload_of_a_known_envelope() -> None:
+    unwrap = debezium.Unwrapper()
+    tricky = {"id": 1, "note": ',"payload":{"id":2}}'}
+    events = [
+        _event("c", {"id": 1}),
+        _event("u", tricky),  # the marker inside the row
+        _event("u", {"id": 1}, schema=False),
+        orjson.dumps({"schema": {"type": "other"}, "payload": {"op": "d"}}),  # a new schema
+        _event("c", {"id": 3}),
+    ]
+    for data in events:
+        assert (
+            unwrap(data)
+            == debezium.unwrapped(data)
+            == orjson.loads(data).get("payload", orjson.loads(data))
+        )
+    # the envelope's bytes with something after the payload: not the fast path's to read
+    odd = _event("c", {"id": 4})[:-1] + b',"extra":1}'
+    assert unwrap(odd) == {"schema": {"type": "struct"}, "payload": orjson.loads(odd)["payload"],
+                           "extra": 1}  # fmt: skip
+
+
+def test_keys_not_written_as_the_converter_writes_them_are_refused() -> None:
+    with pytest.raises(debezium.BadEvent, match="cannot rebuild"):
+        debezium.key_layout(b'{"schema": {"type": "struct"}, "payload": {"id": 1}}')
