@@ -302,6 +302,7 @@ class _DebeziumKey(_Json):
         super().__init__()
         self.head = head
         self.fields = list(fields)
+        self._text_field = debezium.text_field(head, self.fields)
 
     def serialize(self, obj: Any) -> builtins.bytes:
         if not isinstance(obj, dict):
@@ -318,7 +319,7 @@ class _DebeziumKey(_Json):
 
     def text_to_bytes(self, text: str) -> builtins.bytes:
         try:
-            return debezium.key_of_text(text, self.fields)
+            return debezium.key_of_text(text, self.fields, self._text_field)
         except debezium.BadEvent as e:
             raise SerdeError(str(e)) from None
 

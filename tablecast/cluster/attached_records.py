@@ -13,6 +13,10 @@ from tablecast.contract.table_info import TableInfo
 Translate = Callable[[bytes, bytes | None, int], tuple[bytes, bytes | None, int]]
 
 
+#: deleted keys whose tombstone is awaited, at most
+MAX_DELETES_KEPT = 10_000
+
+
 class BadRecord(ValueError):
     """A record its table cannot keep; says why (counted and logged as a bad record).
     With `key`, only its value was bad: the key reads as absent, not as an older row."""
@@ -30,6 +34,9 @@ def translation(info: TableInfo) -> Translate | None:
         return None
 
     keys, events = debezium.Unwrapper(), debezium.Unwrapper()
+    #: a deleted key's commit time, for the tombstone Debezium writes after its delete: the
+    #: tombstone then stands at that time too (one delete version, stream time unmoved)
+    deleted_at: dict[bytes, int] = {}
 
     def translate(key: bytes, value: bytes | None, ts: int) -> tuple[bytes, bytes | None, int]:
         if key_debezium:
@@ -37,13 +44,20 @@ def translation(info: TableInfo) -> Translate | None:
                 key = debezium.canonical_key(key, keys)
             except debezium.BadEvent as e:
                 raise BadRecord(f"bad key: {e}") from None
-        if value_debezium and value is not None:
-            try:
-                value, at = debezium.row(value, events)
-            except debezium.BadEvent as e:
-                raise BadRecord(f"bad value: {e}", key) from None
-            if at is not None:
-                ts = at
+        if not value_debezium:
+            return key, value, ts
+        if value is None:
+            return key, None, deleted_at.pop(key, ts)
+        try:
+            value, at = debezium.row(value, events)
+        except debezium.BadEvent as e:
+            raise BadRecord(f"bad value: {e}", key) from None
+        if at is not None:
+            ts = at
+        if value is None:
+            if len(deleted_at) >= MAX_DELETES_KEPT:  # tombstones that never came
+                deleted_at.clear()
+            deleted_at[key] = ts
         return key, value, ts
 
     return translate

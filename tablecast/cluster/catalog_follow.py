@@ -66,6 +66,15 @@ class CatalogFollower:
                 )
             else:
                 usable[name] = info
+        # a node reads a topic for one table: of two entries on one topic, the one served
+        # already (else the first by name) stays
+        first_on: dict[str, str] = {}
+        for name in sorted(usable, key=lambda n: (n not in serving, n)):
+            topic = usable[name].topic
+            if first_on.setdefault(topic, name) != name:
+                left_out[name] = f"table {first_on[topic]!r} is served from topic {topic}"
+        for name in left_out.keys() & usable.keys():
+            del usable[name]
         for name, why in left_out.items():
             if self.left_out.get(name) != why:
                 log.warning("table %r is left out until fixed: %s", name, why)

@@ -111,13 +111,30 @@ def writer_key(canonical: bytes, head: str, fields: list[str]) -> bytes:
     return head.encode() + body + b"}" if head else body
 
 
-def key_of_text(text: str, fields: list[str]) -> bytes:
-    """A key's canonical form from its text: the struct's JSON (``{"id":42}``), or the
-    value of its only field (``42``, ``abc``)."""
+def text_field(head: str, fields: list[str]) -> bool:
+    """Whether a one-field key's field is a string by the envelope's schema: its text is
+    then the string itself (``/keys/42`` is "42", not 42)."""
+    if len(fields) != 1 or not head.startswith(_SCHEMA.decode()):
+        return False
     try:
-        obj = orjson.loads(text)
-    except orjson.JSONDecodeError:
-        obj = text  # a string key's value, unquoted
+        schema = orjson.loads(head[len(_SCHEMA) : -len(_PAYLOAD)])
+        return bool(schema["fields"][0]["type"] == "string")
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+        return False
+
+
+def key_of_text(text: str, fields: list[str], text_field: bool = False) -> bytes:
+    """A key's canonical form from its text: the struct's JSON (``{"id":42}``), or the
+    value of its only field (``42``, ``abc``; a string field's text is the string, unless
+    quoted as JSON)."""
+    obj: Any
+    if text_field and not text.startswith(("{", '"')):
+        obj = text
+    else:
+        try:
+            obj = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            obj = text  # a string key's value, unquoted
     if not isinstance(obj, dict):
         if len(fields) != 1:
             raise BadEvent(f"a key of the fields {fields} is written as JSON: {{...}}")
@@ -125,6 +142,11 @@ def key_of_text(text: str, fields: list[str]) -> bytes:
     if not obj:
         raise BadEvent("a key is a struct of the row's primary key columns")
     return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
+
+
+def _is_time(ts: object) -> bool:
+    """Epoch milliseconds a store can keep (a non-negative int64)."""
+    return isinstance(ts, int) and not isinstance(ts, bool) and 0 <= ts < 1 << 63
 
 
 def row(data: bytes, unwrap: Callable[[bytes], Any] = unwrapped) -> tuple[bytes | None, int | None]:
@@ -136,8 +158,8 @@ def row(data: bytes, unwrap: Callable[[bytes], Any] = unwrapped) -> tuple[bytes 
     op = event["op"]
     source = event.get("source")
     ts = source.get("ts_ms") if isinstance(source, dict) else None
-    if not isinstance(ts, int):
-        ts = event.get("ts_ms") if isinstance(event.get("ts_ms"), int) else None
+    if not _is_time(ts):
+        ts = event.get("ts_ms") if _is_time(event.get("ts_ms")) else None
     if op == "d":
         return None, ts
     if op not in ("c", "u", "r"):

@@ -12,7 +12,7 @@ import orjson
 
 _STEP = re.compile(
     r"""\.(?P<field>[A-Za-z_][A-Za-z0-9_-]*)"""
-    r"""|\[(?P<index>-?\d+)\]"""
+    r"""|\[(?P<index>-?\d{1,18})\]"""
     r"""|\[(?P<all>\*)\]"""
     r"""|\[(?P<quoted>"(?:[^"\\]|\\.)*")\]"""
 )
@@ -34,14 +34,17 @@ class JsonPath:
             m = _STEP.match(text, at)
             if m is None:
                 raise BadPath(f"{text!r}: cannot read it from character {at + 1} on")
-            if m["field"] is not None:
-                steps.append(("field", m["field"]))
-            elif m["index"] is not None:
-                steps.append(("index", int(m["index"])))
-            elif m["all"] is not None:
-                steps.append(("all", None))
-            else:
-                steps.append(("field", orjson.loads(m["quoted"])))
+            try:
+                if m["field"] is not None:
+                    steps.append(("field", m["field"]))
+                elif m["index"] is not None:
+                    steps.append(("index", int(m["index"])))
+                elif m["all"] is not None:
+                    steps.append(("all", None))
+                else:
+                    steps.append(("field", orjson.loads(m["quoted"])))
+            except ValueError as e:  # a bad escape, or an index of thousands of digits
+                raise BadPath(f"{text!r}: {e}") from None
             at = m.end()
         if len(steps) > MAX_STEPS:
             raise BadPath(f"{text!r}: more than {MAX_STEPS} steps")

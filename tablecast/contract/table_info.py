@@ -94,6 +94,16 @@ class TableInfo:
             if not isinstance(spec, dict) or not isinstance(spec.get("format"), str):
                 problems.append(f"{side} {spec!r} is not a serde spec with a format")
                 continue
+            if side == "key" and spec["format"] == "debezium":
+                fields, head = spec.get("fields"), spec.get("head", "")
+                if not (
+                    isinstance(fields, list)
+                    and fields
+                    and all(isinstance(f, str) for f in fields)
+                    and isinstance(head, str)
+                ):
+                    problems.append("a debezium key needs fields (names) and head (a string)")
+                    continue
             try:
                 getattr(info, f"{side}_serde")  # built now, once: a spec that cannot is refused
             except Exception as e:  # fastavro raises many kinds on a bad schema
@@ -130,7 +140,15 @@ class TableInfo:
     @cached_property
     def views(self) -> Views:
         """What a store of this table keeps besides the latest row per key."""
-        return Views(self.history_ms, self.indexes)
+        return Views(self.history_ms, self.indexes, self._source())
+
+    def _source(self) -> str:
+        """What an attached table's rows are made from (a store of other rows starts over);
+        "" for a pipeline's table, whose stores predate this."""
+        if not self.attached:
+            return ""
+        made_of = [self.topic, self.key, self.value, self.extra.get("index_paths")]
+        return orjson.dumps(made_of, option=orjson.OPT_SORT_KEYS).decode()
 
     # rebuilt once per table, not per request: an Avro schema is costly to parse
     @cached_property
@@ -190,7 +208,12 @@ def _view_problems(info: TableInfo) -> list[str]:
             problems.append(f"extra.indexes {names!r} names an index twice")
     paths = info.extra.get("index_paths")
     if paths is not None:
-        if not isinstance(paths, dict) or set(paths) != set(names or ()):
+        if (
+            problems
+            or not isinstance(paths, dict)
+            or not isinstance(names, list)
+            or set(paths) != set(names)
+        ):
             problems.append("extra.index_paths does not give a path for each of extra.indexes")
         else:
             for name, path in paths.items():

@@ -15,10 +15,14 @@ class Views:
 
     history_ms: int | None = None
     indexes: tuple[str, ...] = ()
+    #: what the rows are made from, where a table can change it (an attached topic, its
+    #: formats and index paths); "" where it cannot
+    source: str = ""
 
     def fingerprint(self) -> bytes:
         """How a store records which views it holds: one built for others starts over."""
-        return orjson.dumps([self.history_ms, sorted(self.indexes)])
+        held: list[object] = [self.history_ms, sorted(self.indexes)]
+        return orjson.dumps([*held, self.source] if self.source else held)
 
 
 NO_VIEWS = Views()

@@ -125,9 +125,13 @@ def attach(
         TableInfo.checked(name, info.to_json())  # what a node would refuse, refused here
     except BadEntry as e:
         raise AttachError(str(e)) from None
-    existing = _catalog(bootstrap_servers, app).get(name)
+    tables = _catalog(bootstrap_servers, app)
+    existing = tables.get(name)
     if existing is not None and not existing.attached:
         raise AttachError(f"{name} is a table of app {app}'s pipeline, not an attached topic")
+    for other in tables.values():
+        if other.topic == topic and other.name != name:
+            raise AttachError(f"topic {topic} is table {other.name} of app {app} already")
     _write(bootstrap_servers, app, name, info.to_json())
     log.info(
         "attached topic %s (%d partitions, %s) as table %s of app %s",
@@ -166,33 +170,38 @@ def _topic(bootstrap_servers: str, topic: str) -> tuple[int, str]:
 def _debezium_key_layout(
     bootstrap_servers: str, topic: str, partitions: int
 ) -> tuple[str, list[str]]:
-    """How the topic's writer lays out its keys (envelope and field order), from the
-    newest record of a partition that has one: nodes rebuild a key's bytes with it."""
+    """How the topic's writer lays out its keys now (envelope and field order): from the
+    newest keyed record among the last few of each partition (a transaction's markers
+    take offsets too). Nodes rebuild a key's bytes with it."""
     conf = {"group.id": "tablecast-attach", "auto.offset.reset": "earliest"}
     consumer = Consumer(client_conf(bootstrap_servers, conf))
+    newest: tuple[int, bytes] | None = None
     try:
         for p in range(partitions):
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=TIMEOUT_S)
             if high <= low:
                 continue
-            consumer.assign([TopicPartition(topic, p, high - 1)])
+            consumer.assign([TopicPartition(topic, p, max(low, high - 10))])
             deadline = time.monotonic() + 5.0
             while time.monotonic() < deadline:
                 m = consumer.poll(0.5)
                 if m is None or m.error() is not None:
                     continue
-                if m.key() is None:
+                if m.key() is not None and (newest is None or m.timestamp()[1] >= newest[0]):
+                    newest = (m.timestamp()[1], m.key())
+                if m.offset() >= high - 1:
                     break
-                try:
-                    return debezium.key_layout(m.key())
-                except debezium.BadEvent as e:
-                    raise AttachError(f"topic {topic}: {e}") from None
     finally:
         consumer.close()
-    raise AttachError(
-        f"topic {topic} holds no keyed record yet: attach it once Debezium has written to it "
-        "(the layout of its keys is read from one)"
-    )
+    if newest is None:
+        raise AttachError(
+            f"topic {topic} holds no keyed record yet: attach it once Debezium has written to "
+            "it (the layout of its keys is read from one)"
+        )
+    try:
+        return debezium.key_layout(newest[1])
+    except debezium.BadEvent as e:
+        raise AttachError(f"topic {topic}: {e}") from None
 
 
 def _catalog(bootstrap_servers: str, app: str) -> dict[str, TableInfo]:

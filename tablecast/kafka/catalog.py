@@ -19,7 +19,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from tablecast.contract.table_info import BadEntry, TableInfo
+from tablecast.contract.table_info import TableInfo
 from tablecast.kafka import batches
 from tablecast.kafka.config import client_conf, producer_conf
 from tablecast.kafka.deafness import STATS_MS, DeafCheck, close_in_background, fetching
@@ -140,7 +140,7 @@ class CatalogReader:
         # an entry this version cannot serve is left out: the rest keeps serving
         try:
             info = TableInfo.checked(name, value)
-        except BadEntry as e:
+        except Exception as e:  # BadEntry, or a check this version did not foresee
             self.tables.pop(name, None)
             self._refuse(name, offset, str(e))
             return

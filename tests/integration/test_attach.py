@@ -174,6 +174,9 @@ def test_attach_refuses_what_it_cannot_serve(bootstrap: str, unique: str) -> Non
     accepted = _cli("attach", "events", "--app", app, "--topic", deleting, "--retention-ok",
                     "--history", "5m", "--bootstrap-servers", bootstrap)  # fmt: skip
     assert accepted.returncode == 0, accepted.stderr
+    twice = _cli("attach", "events2", "--app", app, "--topic", deleting, "--retention-ok",
+                 "--bootstrap-servers", bootstrap)  # fmt: skip
+    assert twice.returncode == 1 and "is table events" in twice.stderr
 
     bad = _cli("attach", "t", "--app", app, "--topic", deleting, "--key", "xml",
                "--bootstrap-servers", bootstrap)  # fmt: skip

@@ -110,3 +110,65 @@ def test_an_unwrapper_parses_only_the_payload_of_a_known_envelope() -> None:
 def test_keys_not_written_as_the_converter_writes_them_are_refused() -> None:
     with pytest.raises(debezium.BadEvent, match="cannot rebuild"):
         debezium.key_layout(b'{"schema": {"type": "struct"}, "payload": {"id": 1}}')
+
+
+def test_a_text_key_is_the_text_and_times_are_int64() -> None:
+    head, fields = debezium.key_layout(
+        b'{"schema":{"type":"struct","fields":[{"type":"string","optional":false,'
+        b'"field":"code"}],"optional":false,"name":"k"},"payload":{"code":"42"}}'
+    )
+    assert debezium.text_field(head, fields)
+    assert debezium.key_of_text("42", fields, True) == b'{"code":"42"}'
+    assert debezium.key_of_text('"{x"', fields, True) == b'{"code":"{x"}'
+    assert not debezium.text_field(*debezium.key_layout(KEY))
+    huge = orjson.dumps({"op": "c", "after": {}, "source": {"ts_ms": 1 << 63}, "ts_ms": 5})
+    assert debezium.row(huge) == (b"{}", 5)
+    assert debezium.row(orjson.dumps({"op": "c", "after": {}, "ts_ms": True})) == (b"{}", None)
+
+
+def test_a_tombstone_stands_at_its_delete_time() -> None:
+    from tablecast.cluster.attached_records import translation
+
+    head, fields = debezium.key_layout(KEY)
+    info = TableInfo(
+        "t", "t", 4, {"format": "debezium", "head": head, "fields": fields}, {"format": "debezium"}
+    )
+    translate = translation(info)
+    assert translate is not None
+    assert translate(KEY, _event("d", None, ts=1700), 9000) == (b'{"id":1}', None, 1700)
+    assert translate(KEY, None, 9001) == (b'{"id":1}', None, 1700)
+    assert translate(KEY, None, 9002) == (b'{"id":1}', None, 9002)  # no delete before it
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"format": "debezium"},
+        {"format": "debezium", "fields": []},
+        {"format": "debezium", "fields": [1]},
+        {"format": "debezium", "fields": ["id"], "head": None},
+    ],
+)
+def test_a_debezium_key_spec_names_its_fields(spec: dict[str, object]) -> None:
+    from tablecast.contract.table_info import BadEntry
+
+    info = TableInfo("t", "t", 4, spec, {"format": "debezium"})
+    with pytest.raises(BadEntry, match="debezium key"):
+        TableInfo.checked("t", info.to_json())
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"indexes": 5, "index_paths": {}},
+        {"indexes": [[1]], "index_paths": {}},
+        {"indexes": ["a"], "index_paths": {"a": '$["\\q"]'}},
+        {"indexes": ["a"], "index_paths": {"a": "$[" + "9" * 5000 + "]"}},
+    ],
+)
+def test_bad_index_paths_are_a_bad_entry(extra: dict[str, object]) -> None:
+    from tablecast.contract.table_info import BadEntry
+
+    info = TableInfo("t", "t", 4, {"format": "string"}, {"format": "json"}, extra=extra)
+    with pytest.raises(BadEntry):
+        TableInfo.checked("t", info.to_json())

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import time
@@ -103,11 +104,29 @@ class StandaloneCluster:
             # its REST submission server would take the fixed port 6066
             {"SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false"},
         )
+        # another process may take a port between free_port() and the bind: the master then
+        # takes the next one, and says which in its log
+        port = self._bound(self.master, "sparkMaster", port, timeout)
+        ui = self._bound(self.master, "MasterUI", ui, timeout)
         self.url, self.ui_url = f"spark://127.0.0.1:{port}", f"http://127.0.0.1:{ui}"
         for i in range(self.workers):
             self.add_worker(f"worker-{i}")
         self.wait_workers(self.workers, timeout)
         return self
+
+    @staticmethod
+    def _bound(daemon: Daemon, service: str, asked: int, timeout: float) -> int:
+        """The port `daemon` bound `service` to (its log's "Successfully started service")."""
+        said = re.compile(rf"Successfully started service '{service}' on port (\d+)")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if daemon.proc.poll() is not None:
+                raise RuntimeError(f"{daemon.name} exited: {daemon.log_file.read_text()[-3000:]}")
+            found = said.search(daemon.log_file.read_text(errors="replace"))
+            if found:
+                return int(found.group(1))
+            time.sleep(0.2)
+        return asked
 
     def add_worker(self, name: str) -> Daemon:
         return self._spawn(
