@@ -168,7 +168,11 @@ class StandaloneCluster:
         self.running.clear()
 
     def __enter__(self) -> StandaloneCluster:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:  # __exit__ is not called then: stop what did start
+            self.stop()
+            raise
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
