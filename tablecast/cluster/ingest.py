@@ -405,6 +405,7 @@ class Ingestor:
         ends: list[tuple[str, int, int]] = []
         checks = self._checks
         translations = self._translations
+        index_paths = self._index_paths
         indexed = self._indexed
         for m in msgs:
             err = m.error()
@@ -438,8 +439,9 @@ class Ingestor:
                     value = None  # unreadable: the key reads as absent, not as an older value
             names = indexed.get(topic) if value is not None else None
             index = self._index_entries(m, names) if names else ()
-            if value is not None and topic in self._index_paths:
-                index = self._index_entries_of_row(m, self._index_paths[topic], value)
+            by_path = index_paths.get(topic) if index_paths and value is not None else None
+            if by_path is not None:
+                index = self._index_entries_of_row(m, by_path, value)  # type: ignore[arg-type]
             slices[(topic, m.partition())].append(
                 _write((key, value, m.offset(), timestamp, index))
             )
