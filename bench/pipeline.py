@@ -619,7 +619,7 @@ def demo_freshness(
             name: statistics.median(d.get(name, 0) for d in with_input)
             for name in sorted({n for d in with_input for n in d})
         }
-        final = next(n for n in pipeline.queries if not n.rsplit(".", 1)[-1].isdigit())
+        final = f"{app.id}.prices"  # the query that writes the board
         return {
             "pipeline": "the board as a Python function"
             if python_board
@@ -690,8 +690,9 @@ a node returns it. Milliseconds:
 
 One run each; the node, the load and the pipeline share the cores, as in `./run demo`. The
 markers begin 10 s after the node is ready, so the first minute of a fresh session is in
-them. A marker waits for the next trigger (half the interval on average) and then a whole
-batch. Where a batch with input spends its time (Spark's progress reports, medians, ms):
+them. A marker waits for the next batch to start (a tick away, or the batch in progress when
+batches take longer than the tick) and then a whole batch. Where a batch with input spends its
+time (Spark's progress reports, medians, ms):
 {phases}.
 """
 

@@ -73,7 +73,7 @@ def test_realtime_for_stateless_tables_and_micro_batch_with_a_reason_otherwise(
     assert "trigger: realtime (checkpoint every 5 s)" in text
     # a stateless query falls back to a shorter tick than a stateful one
     assert "trigger: micro-batch 100 ms (fallback: needs 1 task slots" in text
-    assert "trigger: micro-batch 500 ms (fallback: needs 2 task slots" in text
+    assert "trigger: micro-batch 200 ms (fallback: needs 2 task slots" in text
 
 
 def test_realtime_and_fallback_queries_match_the_reference_model(

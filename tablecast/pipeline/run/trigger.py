@@ -17,8 +17,8 @@ ends each long-running batch and checkpoints its offsets that often. It bounds
 how much is replayed after a crash, not the latency.
 
 By default (``"auto"``) every query runs micro-batches, a stateless one every
-100 ms and a stateful one every 500 ms (:func:`micro_batch_interval`); an
-interval string sets one for every query.
+100 ms, a stateful one every 200 ms and a dead-letter companion every 2 s
+(:func:`micro_batch_interval`); an interval string sets one for every query.
 """
 
 from __future__ import annotations
@@ -43,10 +43,13 @@ AUTO = "auto"
 #: batch costs about a hundred milliseconds, so with a longer tick a record waited mostly
 #: for the tick
 STATELESS_INTERVAL = "100 milliseconds"
-#: a stateful query's (and a dead-letter companion's): its batches cost several hundred
-#: milliseconds, so a shorter tick would shorten little and each idle tick asks Kafka
-#: for the topics' ends
-STATEFUL_INTERVAL = "500 milliseconds"
+#: a stateful query's: its batches cost a few hundred milliseconds, so under a steady
+#: trickle they run back to back and a record waits for the batch in progress rather
+#: than for the tick; no shorter, as each idle tick asks Kafka for the topics' ends
+STATEFUL_INTERVAL = "200 milliseconds"
+#: a dead-letter companion's: it reads the same topics as its aggregation again, and
+#: its CPU would lengthen the batches that make the table; a bad record may wait
+DEAD_LETTER_INTERVAL = "2 seconds"
 #: Real-time Mode checkpoint interval unless the App names one: each batch end
 #: stalls records for a few hundred ms (measured in bench/pipeline.py), so not
 #: too often; a crash replays at most this much (idempotent for tables)
@@ -83,7 +86,9 @@ def short(interval: str) -> str:
 
 def micro_batch_interval(q: Query) -> str:
     """The interval `q` runs micro-batches at when the App leaves it to tablecast."""
-    return STATEFUL_INTERVAL if q.stateful or q.dead_letters else STATELESS_INTERVAL
+    if q.dead_letters:
+        return DEAD_LETTER_INTERVAL
+    return STATEFUL_INTERVAL if q.stateful else STATELESS_INTERVAL
 
 
 def requested(trigger: str) -> tuple[bool, str]:
