@@ -448,8 +448,8 @@ def freshness(
     build(app, topic).materialize("fresh")
     windows = kind == "window"
     pipeline = app.start(bootstrap_servers=bootstrap, spark=spark)
-    # the query that writes the table (a group_by's second; the first's name ends in .0)
-    final = next(n for n in pipeline.queries if not n.rsplit(".", 1)[-1].isdigit())
+    # the query that writes the table (not a group_by's first, nor a dead-letter companion)
+    final = f"{app.id}.fresh"
     chosen = pipeline.triggers[final]
     if chosen.realtime != mode.startswith("rt"):
         raise RuntimeError(f"asked for {trigger!r}, the query runs {chosen.describe()}")
@@ -734,9 +734,9 @@ the node's answer. Milliseconds:
 {fresh_row(r["freshness-join"], "p99 ≤ 1 s", 1000) if "freshness-join" in r else ""}
 {ks_row}
 
-The App's default trigger (`"auto"`) runs a stateless query every 100 ms and a stateful one
-every 500 ms; the first row is the same stateless table on 500 ms, which every query had
-before. The grouped stream's sum (Spark's own aggregation, Columns, markers new keys) and
+The App's default trigger (`"auto"`) runs a stateless query every 100 ms, a stateful one
+every 200 ms and a dead-letter companion every 2 s; the first row is the same stateless
+table on 500 ms, which every query had before. The grouped stream's sum (Spark's own aggregation, Columns, markers new keys) and
 the tumbling-window count (a Python state step; read at `/keys/{{key}}/windows`, so its
 *topic* columns are empty) read a {PARTITIONS}-partition input, as does the stream–table
 join (each record meets its key's row of a table filled before the run: every marker's and
