@@ -528,7 +528,7 @@ def build_parser() -> Parser:
 
     from tablecast.contract.partitioner import HASHES
     from tablecast.contract.table_info import STORES
-    from tablecast.kafka.attach import FORMATS
+    from tablecast.kafka.attach import FORMATS, KEY_FORMATS
 
     p = _command(
         sub, parser, "attach", "serve a topic something else writes as a table (no pipeline)"
@@ -537,7 +537,16 @@ def build_parser() -> Parser:
     option(p, "--app", required=True, metavar="ID", help="the App whose nodes serve it")
     option(p, "--topic", required=True, help="the topic to serve")
     formats = ", ".join(FORMATS)
-    option(p, "--key", "string", choices=FORMATS, metavar="FORMAT", help=f"the keys': {formats}")
+    option(
+        p,
+        "--key",
+        "string",
+        choices=KEY_FORMATS,
+        metavar="FORMAT",
+        help=f"the keys': {formats}, or a Kafka Streams window or session store's "
+        "(kafka-streams-window:INNER, kafka-streams-session:INNER; INNER one of string, json, "
+        "long, bytes)",
+    )
     option(p, "--value", "json", choices=FORMATS, metavar="FORMAT", help=f"the values': {formats}")
     option(
         p,
@@ -546,6 +555,13 @@ def build_parser() -> Parser:
         choices=tuple(HASHES),
         help="how the topic's writer picks a key's partition: murmur2 (Java clients, Kafka "
         "Connect, Kafka Streams), consistent_random (librdkafka's default: confluent-kafka)",
+    )
+    option(
+        p,
+        "--window-size",
+        metavar="DURATION",
+        help="a Kafka Streams window store's window size (60s, 5m, or ms): its records carry "
+        "their window's start only",
     )
     option(
         p,
@@ -916,6 +932,7 @@ def _attach(args: argparse.Namespace) -> int:
             key=args.key,
             value=args.value,
             partitioner=args.partitioner,
+            window_size=args.window_size,
             history=args.history,
             indexes=indexes,
             store=args.store,

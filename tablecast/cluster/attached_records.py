@@ -1,6 +1,7 @@
 """Records of an attached topic as its table keeps them, where the writer's form is not
 the table's: a Debezium change event becomes its row (or the row's delete) under its
-key's canonical form, at the source database's commit time."""
+key's canonical form, at the source database's commit time; a Kafka Streams window or
+session store changelog key becomes the window table's key."""
 
 from __future__ import annotations
 
@@ -8,6 +9,12 @@ from collections.abc import Callable
 
 from tablecast.contract import debezium
 from tablecast.contract.table_info import TableInfo
+from tablecast.contract.window_keys import (
+    STREAMS_SESSION,
+    STREAMS_WINDOW,
+    from_streams_session_key,
+    from_streams_window_key,
+)
 
 #: (key, value, timestamp) as written -> as the table keeps them; raises BadRecord
 Translate = Callable[[bytes, bytes | None, int], tuple[bytes, bytes | None, int]]
@@ -28,6 +35,9 @@ class BadRecord(ValueError):
 
 def translation(info: TableInfo) -> Translate | None:
     """How `info`'s records become its rows; None where they are its rows already."""
+    changelog = info.key.get("changelog")
+    if changelog in (STREAMS_WINDOW, STREAMS_SESSION):
+        return _streams_store(changelog)
     key_debezium = info.key.get("format") == "debezium"
     value_debezium = info.value.get("format") == "debezium"
     if not (key_debezium or value_debezium):
@@ -59,5 +69,17 @@ def translation(info: TableInfo) -> Translate | None:
                 deleted_at.clear()
             deleted_at[key] = ts
         return key, value, ts
+
+    return translate
+
+
+def _streams_store(layout: str) -> Translate:
+    rewrite = from_streams_window_key if layout == STREAMS_WINDOW else from_streams_session_key
+
+    def translate(key: bytes, value: bytes | None, ts: int) -> tuple[bytes, bytes | None, int]:
+        try:
+            return rewrite(key), value, ts
+        except ValueError as e:
+            raise BadRecord(f"bad key: {e}") from None
 
     return translate

@@ -22,6 +22,7 @@ from tablecast.contract import index_codec
 from tablecast.contract.json_path import BadPath, JsonPath
 from tablecast.contract.partitioner import DEFAULT, HASHES, Partitioner
 from tablecast.contract.views import Views
+from tablecast.contract.window_keys import STREAMS_LAYOUTS, STREAMS_SESSION
 
 KINDS = ("kv", "window")
 STORES = ("rocksdb", "memory")
@@ -108,12 +109,23 @@ class TableInfo:
                 getattr(info, f"{side}_serde")  # built now, once: a spec that cannot is refused
             except Exception as e:  # fastavro raises many kinds on a bad schema
                 problems.append(f"{side} serde: {e}")
+        extra = info.extra if isinstance(info.extra, dict) else {}
+        changelog = info.key.get("changelog") if isinstance(info.key, dict) else None
         if info.kind == "window":
-            extra = info.extra if isinstance(info.extra, dict) else {}
-            # a session table's windows have no one size: their keys carry start and end
+            # a session table's windows have no one size: their keys carry start and end;
+            # its gap is 0 where it is not known (an attached Kafka Streams session store)
             size = extra.get("session_gap_ms", extra.get("size_ms"))
-            if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+            least = 0 if changelog == STREAMS_SESSION else 1
+            if not isinstance(size, int) or isinstance(size, bool) or size < least:
                 problems.append("a window table needs extra.size_ms or session_gap_ms > 0")
+        if changelog is not None:
+            session = changelog == STREAMS_SESSION
+            if changelog not in STREAMS_LAYOUTS:
+                problems.append(f"key changelog {changelog!r} is not one of {STREAMS_LAYOUTS}")
+            elif info.kind != "window" or session != ("session_gap_ms" in extra):
+                problems.append(
+                    f"a {changelog} key needs a {'session' if session else 'window'} table"
+                )
         if isinstance(info.extra, dict):
             problems += _view_problems(info)
         if problems:

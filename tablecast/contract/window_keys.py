@@ -39,3 +39,29 @@ def split_session_key(data: bytes) -> tuple[bytes, int, int]:
     if len(data) < SESSION_SUFFIX:
         raise ValueError("a session window key is at least 16 bytes")
     return data[:-16], _START.unpack(data[-16:-8])[0], _START.unpack(data[-8:])[0]
+
+
+#: the key layouts of Kafka Streams' windowed and session store changelogs, as attached
+#: tables name them (``kafka-streams-window:INNER``)
+STREAMS_WINDOW = "kafka-streams-window"
+STREAMS_SESSION = "kafka-streams-session"
+STREAMS_LAYOUTS = (STREAMS_WINDOW, STREAMS_SESSION)
+#: a windowed store's changelog key ends with the window start and a 4-byte sequence number
+#: (``WindowKeySchema.toStoreKeyBinary``): one for each duplicate a join store keeps
+_STREAMS_WINDOW_SUFFIX = 12
+
+
+def from_streams_window_key(data: bytes) -> bytes:
+    """A Kafka Streams windowed store changelog key (inner + start + sequence number) as a
+    window table's key (inner + start): duplicates of one window are one row here."""
+    if len(data) < _STREAMS_WINDOW_SUFFIX:
+        raise ValueError("a Kafka Streams window key is at least 12 bytes")
+    return data[:-4]
+
+
+def from_streams_session_key(data: bytes) -> bytes:
+    """A Kafka Streams session store changelog key (inner + end + start) as a session
+    table's key (inner + start + end)."""
+    if len(data) < SESSION_SUFFIX:
+        raise ValueError("a Kafka Streams session key is at least 16 bytes")
+    return data[:-16] + data[-8:] + data[-16:-8]

@@ -21,6 +21,7 @@ from tablecast.contract.json_path import BadPath, JsonPath
 from tablecast.contract.partitioner import DEFAULT as DEFAULT_PARTITIONER
 from tablecast.contract.partitioner import HASHES
 from tablecast.contract.table_info import STORES, BadEntry, TableInfo
+from tablecast.contract.window_keys import STREAMS_LAYOUTS, STREAMS_WINDOW
 from tablecast.kafka.catalog import CatalogReader
 from tablecast.kafka.config import client_conf, producer_conf
 from tablecast.kafka.topics import COMPACTED, admin, catalog_topic, ensure_topic
@@ -30,6 +31,11 @@ log = logging.getLogger(__name__)
 
 #: the formats a topic written by something else can be read in, for now
 FORMATS = ("string", "json", "long", "bytes", "debezium")
+#: the formats inside a Kafka Streams window or session store's key
+#: (``kafka-streams-window:string``)
+INNER_FORMATS = ("string", "json", "long", "bytes")
+#: every key format, the Kafka Streams store layouts with each inner format included
+KEY_FORMATS = FORMATS + tuple(f"{s}:{i}" for s in STREAMS_LAYOUTS for i in INNER_FORMATS)
 #: how long attach waits for the brokers' answers
 TIMEOUT_S = 30.0
 
@@ -62,6 +68,20 @@ def duration_ms(duration: timedelta | str | int) -> int:
     return ms
 
 
+def streams_layout(key: str) -> tuple[str | None, str]:
+    """(Kafka Streams store layout or None, the key's own format) of a key format:
+    ``kafka-streams-window:string`` -> ("kafka-streams-window", "string")."""
+    layout, sep, inner = key.partition(":")
+    if not sep:
+        return None, key
+    if layout not in STREAMS_LAYOUTS or inner not in INNER_FORMATS:
+        raise AttachError(
+            f"key format {key!r}: a Kafka Streams store key is one of {STREAMS_LAYOUTS} and "
+            f"one of {INNER_FORMATS} after a colon (kafka-streams-window:string)"
+        )
+    return layout, inner
+
+
 def attach(
     name: str,
     *,
@@ -71,6 +91,7 @@ def attach(
     key: str = "string",
     value: str = "json",
     partitioner: str = DEFAULT_PARTITIONER,
+    window_size: timedelta | str | int | None = None,
     history: timedelta | str | int | None = None,
     indexes: Mapping[str, str] | None = None,
     store: str = "rocksdb",
@@ -79,9 +100,14 @@ def attach(
     """Check `topic` and write the catalog entry that makes every node of `app` serve it
     as table `name`; the entry written. Attaching a name again replaces its entry (a
     pipeline's table is never replaced). `indexes`: {NAME: JSONPATH}, secondary indexes
-    whose values the nodes take from each row (``$.a.b``, ``$.tags[*]``)."""
+    whose values the nodes take from each row (``$.a.b``, ``$.tags[*]``). A Kafka Streams
+    window or session store's changelog (`key` ``kafka-streams-window:INNER`` or
+    ``kafka-streams-session:INNER``) is served as a window table; `window_size` gives a
+    windowed store's windows their end (a session store's inactivity gap, if given, is
+    only recorded)."""
     if not index_codec.NAME.fullmatch(name):
         raise AttachError(f"table name {name!r}: 1-64 of A-Z a-z 0-9 _ . -")
+    layout, key = streams_layout(key)
     for side, fmt in (("key", key), ("value", value)):
         if fmt not in FORMATS:
             raise AttachError(f"{side} format {fmt!r} is not one of {FORMATS}")
@@ -90,6 +116,19 @@ def attach(
     if store not in STORES:
         raise AttachError(f"store {store!r} is not one of {STORES}")
     extra: dict[str, object] = {} if history is None else {"history_ms": duration_ms(history)}
+    if layout == STREAMS_WINDOW:
+        if window_size is None:
+            raise AttachError(
+                "a Kafka Streams window store's records carry their window's start only: "
+                "give its windows' size (--window-size 60s)"
+            )
+        extra["size_ms"] = duration_ms(window_size)
+    elif layout is not None:
+        extra["session_gap_ms"] = 0 if window_size is None else duration_ms(window_size)
+    elif window_size is not None:
+        raise AttachError("--window-size is for Kafka Streams window and session stores' keys")
+    if indexes and layout is not None:
+        raise AttachError("indexes are for tables of one row per key, not of windows")
     if indexes:
         if value not in ("json", "debezium"):
             raise AttachError(f"indexes are taken from JSON rows: --value {value} has none")
@@ -100,13 +139,18 @@ def attach(
                 raise AttachError(f"index {index}: {e}") from None
         extra.update(indexes=list(indexes), index_paths=dict(indexes))
     partitions, policy = _topic(bootstrap_servers, topic)
-    if "delete" in policy and not retention_ok:
+    # a window store's changelog deletes windows past the store's retention, as the store
+    # itself forgets them: the table holds what the store holds
+    expires = layout is not None and "compact" in policy
+    if "delete" in policy and not retention_ok and not expires:
         raise AttachError(
             f"topic {topic} deletes records (cleanup.policy={policy}): a table over it loses "
             "every key whose records the topic deleted; attach it with retention_ok "
             "(--retention-ok) if that is what you want, or make the topic compacted"
         )
     key_spec: dict[str, object] = {"format": key}
+    if layout is not None:
+        key_spec["changelog"] = layout
     if key == "debezium":
         head, fields = _debezium_key_layout(bootstrap_servers, topic, partitions)
         key_spec.update(head=head, fields=fields)
@@ -116,6 +160,7 @@ def attach(
         partitions=partitions,
         key=key_spec,
         value={"format": value},
+        kind="window" if layout is not None else "kv",
         store=store,  # type: ignore[arg-type]
         extra=extra,
         partitioner=partitioner,

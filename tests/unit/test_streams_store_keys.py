@@ -1,0 +1,73 @@
+"""Kafka Streams window and session store changelog keys, as the window tables of
+attached changelogs keep them, and the catalog entries of such tables."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from tablecast.cluster.attached_records import BadRecord, translation
+from tablecast.contract.table_info import BadEntry, TableInfo
+from tablecast.contract.window_keys import split_session_key, split_window_key
+from tablecast.kafka.attach import AttachError, streams_layout
+
+_Q = struct.Struct(">q")
+
+
+def _info(layout: str, extra: dict[str, object]) -> TableInfo:
+    return TableInfo(
+        "t",
+        "t",
+        4,
+        {"format": "string", "changelog": layout},
+        {"format": "long"},
+        kind="window",
+        extra=extra,
+        attached=True,
+    )
+
+
+def test_a_window_key_loses_its_sequence_number() -> None:
+    # WindowKeySchema.toStoreKeyBinary: key, window start, sequence number
+    written = b"user-1" + _Q.pack(1_790_000_040_000) + struct.pack(">i", 3)
+    translate = translation(_info("kafka-streams-window", {"size_ms": 60_000}))
+    assert translate is not None
+    key, value, ts = translate(written, b"\0" * 8, 5)
+    assert split_window_key(key) == (b"user-1", 1_790_000_040_000)
+    assert (value, ts) == (b"\0" * 8, 5)
+    with pytest.raises(BadRecord, match="at least 12 bytes"):
+        translate(b"short", None, 5)
+
+
+def test_a_session_key_puts_its_start_first() -> None:
+    # SessionKeySchema.toBinary: key, end, start
+    written = b"user-1" + _Q.pack(2_000) + _Q.pack(1_000)
+    translate = translation(_info("kafka-streams-session", {"session_gap_ms": 0}))
+    assert translate is not None
+    key, value, _ = translate(written, None, 5)
+    assert split_session_key(key) == (b"user-1", 1_000, 2_000) and value is None
+    with pytest.raises(BadRecord):
+        translate(b"x" * 15, None, 5)
+
+
+def test_store_layouts_in_key_formats() -> None:
+    assert streams_layout("kafka-streams-window:json") == ("kafka-streams-window", "json")
+    assert streams_layout("string") == (None, "string")
+    for bad in ("kafka-streams-window:debezium", "kafka-streams-windows:string", "x:string"):
+        with pytest.raises(AttachError):
+            streams_layout(bad)
+
+
+def test_catalog_entries_of_store_changelogs_are_checked() -> None:
+    def checked(info: TableInfo) -> TableInfo:
+        return TableInfo.checked(info.name, info.to_json())
+
+    checked(_info("kafka-streams-window", {"size_ms": 60_000}))
+    checked(_info("kafka-streams-session", {"session_gap_ms": 0}))  # a gap not known
+    with pytest.raises(BadEntry, match="needs a session table"):
+        checked(_info("kafka-streams-session", {"size_ms": 60_000}))
+    with pytest.raises(BadEntry, match="size_ms or session_gap_ms > 0"):
+        checked(_info("kafka-streams-window", {"size_ms": 0}))
+    with pytest.raises(BadEntry, match="not one of"):
+        checked(_info("kafka-streams-hop", {"size_ms": 60_000}))
