@@ -38,6 +38,7 @@ BENCHES = {
     "rolling": "bench.rolling",
     "grpc_get": "bench.grpc_get",
     "attach": "bench.attach",
+    "streams_restore": "bench.streams_restore",
 }
 # the pipeline benchmark is written by another change; run it once its module exists
 if importlib.util.find_spec("bench.pipeline") is not None:
