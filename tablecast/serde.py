@@ -343,9 +343,31 @@ class _DebeziumValue(_Json):
         return {"format": "debezium"}
 
 
+#: values written through a Schema Registry in its wire format, kept as their rows' JSON
+REGISTRY_FORMATS = ("confluent-avro", "confluent-json")
+
+
+class _RegistryValue(_Json):
+    """A value written through a Schema Registry as a table keeps it: its row as JSON
+    (decoded at ingest with the writer's schema, fetched from ``registry`` by id)."""
+
+    def __init__(self, fmt: str, registry: str) -> None:
+        super().__init__()
+        self.format = fmt
+        self.registry = registry
+
+    def spec(self) -> dict[str, Any]:
+        return {"format": self.format, "registry": self.registry}
+
+
 def from_spec(spec: dict[str, Any]) -> Serde:
     """Rebuild a serde from :meth:`Serde.spec` (as the catalog topic carries it)."""
     fmt = spec.get("format")
+    if fmt in REGISTRY_FORMATS:
+        registry = spec.get("registry")
+        if not isinstance(registry, str) or not registry.startswith(("http://", "https://")):
+            raise SerdeError(f"a {fmt} value needs the registry's http(s) URL")
+        return _RegistryValue(fmt, registry)
     if fmt == "debezium":
         if "fields" in spec:
             return _DebeziumKey(str(spec.get("head", "")), list(spec["fields"]))

@@ -528,7 +528,7 @@ def build_parser() -> Parser:
 
     from tablecast.contract.partitioner import HASHES
     from tablecast.contract.table_info import STORES
-    from tablecast.kafka.attach import FORMATS, KEY_FORMATS
+    from tablecast.kafka.attach import FORMATS, KEY_FORMATS, VALUE_FORMATS
 
     p = _command(
         sub, parser, "attach", "serve a topic something else writes as a table (no pipeline)"
@@ -547,7 +547,21 @@ def build_parser() -> Parser:
         "(kafka-streams-window:INNER, kafka-streams-session:INNER; INNER one of string, json, "
         "long, bytes)",
     )
-    option(p, "--value", "json", choices=FORMATS, metavar="FORMAT", help=f"the values': {formats}")
+    option(
+        p,
+        "--value",
+        "json",
+        choices=VALUE_FORMATS,
+        metavar="FORMAT",
+        help=f"the values': {formats}, or confluent-avro, confluent-json (written through a "
+        "Schema Registry: --registry)",
+    )
+    option(
+        p,
+        "--registry",
+        metavar="URL",
+        help="the Schema Registry the values were written through (its Confluent API)",
+    )
     option(
         p,
         "--partitioner",
@@ -932,6 +946,7 @@ def _attach(args: argparse.Namespace) -> int:
             key=args.key,
             value=args.value,
             partitioner=args.partitioner,
+            registry=args.registry,
             window_size=args.window_size,
             history=args.history,
             indexes=indexes,

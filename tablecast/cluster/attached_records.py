@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from tablecast import serde
+from tablecast.cluster import schema_registry
 from tablecast.contract import debezium
 from tablecast.contract.table_info import TableInfo
 from tablecast.contract.window_keys import (
@@ -38,6 +40,8 @@ def translation(info: TableInfo) -> Translate | None:
     changelog = info.key.get("changelog")
     if changelog in (STREAMS_WINDOW, STREAMS_SESSION):
         return _streams_store(changelog)
+    if info.value.get("format") in serde.REGISTRY_FORMATS:
+        return _registry_values(schema_registry.registry(info.value["registry"]))
     key_debezium = info.key.get("format") == "debezium"
     value_debezium = info.value.get("format") == "debezium"
     if not (key_debezium or value_debezium):
@@ -81,5 +85,17 @@ def _streams_store(layout: str) -> Translate:
             return rewrite(key), value, ts
         except ValueError as e:
             raise BadRecord(f"bad key: {e}") from None
+
+    return translate
+
+
+def _registry_values(registry: schema_registry.Registry) -> Translate:
+    def translate(key: bytes, value: bytes | None, ts: int) -> tuple[bytes, bytes | None, int]:
+        if value is None:
+            return key, None, ts
+        try:
+            return key, registry.decode(value), ts
+        except ValueError as e:
+            raise BadRecord(f"bad value: {e}", key) from None
 
     return translate

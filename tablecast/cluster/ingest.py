@@ -55,6 +55,7 @@ from tablecast.cluster.attached_records import BadRecord, Translate, translation
 from tablecast.cluster.catalog_follow import CatalogFollower
 from tablecast.cluster.fetchwatch import FetchWatch
 from tablecast.cluster.replica import Replica
+from tablecast.cluster.schema_registry import RegistryUnavailable
 from tablecast.cluster.topicinfo import TopicInfo
 from tablecast.cluster.validate import Check, checker
 from tablecast.contract import index_codec
@@ -407,6 +408,8 @@ class Ingestor:
         translations = self._translations
         index_paths = self._index_paths
         indexed = self._indexed
+        #: partitions stopped at a record whose writer schema the registry did not give
+        waiting: dict[tuple[str, int], tuple[Write, Exception]] = {}
         for m in msgs:
             err = m.error()
             if err is not None:
@@ -424,8 +427,14 @@ class Ingestor:
             timestamp = m.timestamp()[1]
             translate = translations.get(topic) if translations else None
             if translate is not None:
+                slot = (topic, m.partition())
+                if slot in waiting:
+                    continue  # behind a record that waits for its schema: taken again with it
                 try:
                     key, value, timestamp = translate(key, value, timestamp)
+                except RegistryUnavailable as e:
+                    waiting[slot] = (_write((key, value, m.offset(), timestamp, ())), e)
+                    continue
                 except BadRecord as e:
                     self._bad(topic, m.partition(), m.offset(), str(e))
                     if e.key is None:
@@ -460,8 +469,13 @@ class Ingestor:
             self.records_applied += len(writes)
             # waiters count in offsets applied: everything below the position is
             replica.waiters.advanced(replica.position - 1)
+        for (topic, partition), (write, error) in waiting.items():
+            replica = self._replica(topic, partition)
+            if replica is not None and not replica.paused:
+                self._stop_at(replica, [write], error, "reading the writer schema of")
         for topic, partition, offset in ends:
-            self._reached_end(topic, partition, offset)
+            if (topic, partition) not in waiting:
+                self._reached_end(topic, partition, offset)
 
     def _fetch_stuck_again(self) -> None:
         """Restart the fetch of partitions the statistics show stuck (see fetchwatch)."""
@@ -586,8 +600,11 @@ class Ingestor:
 
     # -- failed writes (tablecast.cluster.write_recovery) ---------------------------
     def _write_failed(self, replica: Replica, writes: list[Write], error: Exception) -> None:
-        write_recovery.failed(replica, writes, error)
         self.write_failures += 1
+        self._stop_at(replica, writes, error, "writing to the store")
+
+    def _stop_at(self, replica: Replica, writes: list[Write], error: Exception, doing: str) -> None:
+        write_recovery.failed(replica, writes, error, doing)
         # off the consumer: what it had fetched beyond the failed batch is dropped, and
         # the partition is assigned again at the failed batch when it is retried
         self._consumer.incremental_unassign(

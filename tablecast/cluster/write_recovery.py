@@ -31,9 +31,12 @@ MAX_BACKOFF_S = 10.0
 REOPEN_FREE_BYTES = 8 * 1024 * 1024
 
 
-def failed(replica: Replica, writes: Sequence[Write], error: Exception) -> None:
-    """The store refused `writes`: the replica stops at them until :func:`retry` says to
-    go on (the caller takes the partition off the consumer)."""
+def failed(
+    replica: Replica, writes: Sequence[Write], error: Exception, doing: str = "writing to the store"
+) -> None:
+    """The store refused `writes` (or, as `doing` says, they could not be made: their
+    writer schema did not come): the replica stops at them until :func:`retry` says to go
+    on (the caller takes the partition off the consumer)."""
     first = replica.failed is None
     replica.failures += 1
     replica.error = f"{type(error).__name__}: {error}"[:500]
@@ -43,11 +46,12 @@ def failed(replica: Replica, writes: Sequence[Write], error: Exception) -> None:
     replica.move(Writes.FAILED)
     if first:
         log.error(
-            "table %r partition %d: writing offsets %d..%d to the store failed: %s; "
+            "table %r partition %d: %s offsets %d..%d failed: %s; "
             "the partition stops there, keeps answering from what it holds, "
-            "and is retried until the write succeeds",
+            "and is retried until it succeeds",
             replica.table.name,
             replica.partition,
+            doing,
             writes[0].offset,
             writes[-1].offset,
             replica.failed,

@@ -13,6 +13,7 @@ import time
 from collections.abc import Mapping
 from datetime import timedelta
 
+import httpx
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import ConfigResource, ResourceType
 
@@ -25,6 +26,7 @@ from tablecast.contract.window_keys import STREAMS_LAYOUTS, STREAMS_WINDOW
 from tablecast.kafka.catalog import CatalogReader
 from tablecast.kafka.config import client_conf, producer_conf
 from tablecast.kafka.topics import COMPACTED, admin, catalog_topic, ensure_topic
+from tablecast.serde import REGISTRY_FORMATS
 from tablecast.windows import to_ms
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,8 @@ FORMATS = ("string", "json", "long", "bytes", "debezium")
 INNER_FORMATS = ("string", "json", "long", "bytes")
 #: every key format, the Kafka Streams store layouts with each inner format included
 KEY_FORMATS = FORMATS + tuple(f"{s}:{i}" for s in STREAMS_LAYOUTS for i in INNER_FORMATS)
+#: every value format, those written through a Schema Registry included (``--registry``)
+VALUE_FORMATS = FORMATS + REGISTRY_FORMATS
 #: how long attach waits for the brokers' answers
 TIMEOUT_S = 30.0
 
@@ -91,6 +95,7 @@ def attach(
     key: str = "string",
     value: str = "json",
     partitioner: str = DEFAULT_PARTITIONER,
+    registry: str | None = None,
     window_size: timedelta | str | int | None = None,
     history: timedelta | str | int | None = None,
     indexes: Mapping[str, str] | None = None,
@@ -104,13 +109,23 @@ def attach(
     window or session store's changelog (`key` ``kafka-streams-window:INNER`` or
     ``kafka-streams-session:INNER``) is served as a window table; `window_size` gives a
     windowed store's windows their end (a session store's inactivity gap, if given, is
-    only recorded)."""
+    only recorded). Values written through a Schema Registry (`value` ``confluent-avro``
+    or ``confluent-json``) need its URL, `registry`: the nodes fetch each writer schema
+    from it by id."""
     if not index_codec.NAME.fullmatch(name):
         raise AttachError(f"table name {name!r}: 1-64 of A-Z a-z 0-9 _ . -")
     layout, key = streams_layout(key)
-    for side, fmt in (("key", key), ("value", value)):
-        if fmt not in FORMATS:
-            raise AttachError(f"{side} format {fmt!r} is not one of {FORMATS}")
+    if key not in FORMATS:
+        raise AttachError(f"key format {key!r} is not one of {FORMATS}")
+    if value not in VALUE_FORMATS:
+        raise AttachError(f"value format {value!r} is not one of {VALUE_FORMATS}")
+    value_spec: dict[str, object] = {"format": value}
+    if value in REGISTRY_FORMATS:
+        if registry is None:
+            raise AttachError(f"a {value} value needs its Schema Registry's URL (--registry)")
+        value_spec["registry"] = _registry_url(registry)
+    elif registry is not None:
+        raise AttachError("--registry is for values written through a Schema Registry")
     if partitioner not in HASHES:
         raise AttachError(f"partitioner {partitioner!r} is not one of {tuple(HASHES)}")
     if store not in STORES:
@@ -130,7 +145,7 @@ def attach(
     if indexes and layout is not None:
         raise AttachError("indexes are for tables of one row per key, not of windows")
     if indexes:
-        if value not in ("json", "debezium"):
+        if value not in ("json", "debezium", *REGISTRY_FORMATS):
             raise AttachError(f"indexes are taken from JSON rows: --value {value} has none")
         for index, path in indexes.items():
             try:
@@ -159,7 +174,7 @@ def attach(
         topic=topic,
         partitions=partitions,
         key=key_spec,
-        value={"format": value},
+        value=value_spec,
         kind="window" if layout is not None else "kv",
         store=store,  # type: ignore[arg-type]
         extra=extra,
@@ -187,6 +202,20 @@ def attach(
         app,
     )
     return info
+
+
+def _registry_url(url: str) -> str:
+    """`url` once a Schema Registry answers there (its subjects list)."""
+    url = url.rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise AttachError(f"registry {url!r} is not an http(s) URL")
+    try:
+        r = httpx.get(url + "/subjects", timeout=TIMEOUT_S)
+    except httpx.HTTPError as e:
+        raise AttachError(f"registry {url}: {type(e).__name__}: {e}") from None
+    if r.status_code != 200:
+        raise AttachError(f"registry {url}/subjects answered {r.status_code}: {r.text[:200]}")
+    return url
 
 
 def detach(name: str, *, app: str, bootstrap_servers: str) -> None:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from tablecast.cluster.attached_records import BadRecord, Translate
+from tablecast.cluster.schema_registry import RegistryUnavailable
 from tablecast.kafka import batches
 from tablecast.kafka.config import client_conf
 from tablecast.kafka.deafness import (
@@ -96,13 +97,18 @@ def convert(
     """A record as a change, read as the node's stores read it (None: never delivered)."""
     if key is None:
         return None
-    if source.translate is not None:
+    while source.translate is not None:
         try:
             key, value, ts = source.translate(key, value, ts)
+            break
+        except RegistryUnavailable as e:  # the change waits for its schema: never skipped
+            log.warning("%s; its change waits: trying again in a second", e)
+            time.sleep(1.0)
         except BadRecord as e:
             if e.key is None:
                 return None  # skipped by the stores too
             key, value = e.key, None
+            break
     if source.check(key, value) is not None:
         value = None  # unreadable: stored as a delete, so delivered as one
     change = Change(source.renderer, partition, key, value, offset, ts)

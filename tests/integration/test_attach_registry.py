@@ -1,0 +1,234 @@
+"""Topics written through a real Schema Registry (Apicurio Registry's Confluent API) by
+confluent-kafka's own serializers, served as tables: Avro values under two versions of
+their schema, JSON Schema values with an index; records not in the wire format, or of a
+schema the registry does not have, counted as bad records, and the node serving on."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.schema_registry.json_schema import JSONSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from tablecast import AttachError, attach
+from tablecast.contract import confluent_wire
+from tablecast.kafka.config import client_conf
+from tablecast.kafka.topics import ensure_topic
+
+from ..support.procs import NodeProcess, eventually, start_node
+from ..support.registry import SchemaRegistry
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 4
+CARD_V1 = {
+    "type": "record",
+    "name": "Card",
+    "namespace": "shop",
+    "fields": [
+        {"name": "id", "type": "int"},
+        {"name": "holder", "type": "string"},
+        {"name": "points", "type": "long"},
+    ],
+}
+#: a later version: an optional field more (a compatible change)
+CARD_V2 = {
+    **CARD_V1,
+    "fields": [*CARD_V1["fields"], {"name": "tier", "type": ["null", "string"], "default": None}],
+}
+ORDER = {
+    "type": "object",
+    "properties": {"order": {"type": "integer"}, "item": {"type": "string"}},
+    "required": ["order", "item"],
+}
+
+
+@pytest.fixture(scope="module")
+def registry() -> Iterator[SchemaRegistry]:
+    r = SchemaRegistry().start()
+    try:
+        yield r
+    finally:
+        r.stop()
+
+
+def _write(bootstrap: str, topic: str, records: list[tuple[str, bytes | None]]) -> None:
+    """As a Java service writes (murmur2), the serializers' bytes as they made them."""
+    producer = Producer(client_conf(bootstrap, {"partitioner": "murmur2_random"}))
+    for key, value in records:
+        producer.produce(topic, key=key.encode(), value=value)
+    assert producer.flush(60) == 0
+
+
+def _bad_records(node: NodeProcess, table: str) -> int:
+    total = 0
+    for line in node.get("/metrics").text.splitlines():
+        if line.startswith("tablecast_bad_records_total{") and f'table="{table}"' in line:
+            total += int(float(line.rsplit(" ", 1)[1]))
+    return total
+
+
+def test_values_written_through_a_registry(
+    bootstrap: str, unique: str, logs: Path, registry: SchemaRegistry
+) -> None:
+    app, cards, orders = f"{unique}-app", f"{unique}.cards", f"{unique}.orders"
+    for topic in (cards, orders):
+        ensure_topic(bootstrap, topic, PARTITIONS, {"cleanup.policy": "compact"})
+    client = SchemaRegistryClient({"url": registry.url})
+    into_cards = SerializationContext(cards, MessageField.VALUE)
+    v1 = AvroSerializer(client, orjson.dumps(CARD_V1).decode())
+    v2 = AvroSerializer(client, orjson.dumps(CARD_V2).decode())
+    model: dict[str, Any] = {}
+    records: list[tuple[str, bytes | None]] = []
+    for i in range(120):
+        row = {"id": i, "holder": f"holder {i} ü", "points": i * 1_000_000_007}
+        records.append((f"card-{i}", v1(row, into_cards)))
+        model[f"card-{i}"] = row
+    for i in range(0, 120, 4):  # written again under the schema's second version
+        row = {"id": i, "holder": f"holder {i}", "points": -i, "tier": "gold" if i % 8 else None}
+        records.append((f"card-{i}", v2(row, into_cards)))
+        model[f"card-{i}"] = row
+    records.append(("card-7", None))  # a delete
+    model.pop("card-7")
+    # not the wire format; a schema id the registry never gave; a payload its schema
+    # does not read: each counted, its key absent
+    records += [
+        ("bad-magic", b"plain text"),
+        ("bad-id", confluent_wire.join(987_654, b"\x02")),
+        ("bad-payload", confluent_wire.join(confluent_wire.split(records[0][1])[0], b"\x02")),
+    ]
+    _write(bootstrap, cards, records)
+    into_orders = SerializationContext(orders, MessageField.VALUE)
+    order = JSONSerializer(orjson.dumps(ORDER).decode(), client)
+    items = ["tea", "cake", "cup"]
+    ordered = {f"o-{i}": {"order": i, "item": items[i % 3]} for i in range(60)}
+    _write(bootstrap, orders, [(k, order(v, into_orders)) for k, v in ordered.items()])
+
+    with pytest.raises(AttachError, match="--registry"):
+        attach("cards", app=app, topic=cards, bootstrap_servers=bootstrap, value="confluent-avro")
+    attach(
+        "cards",
+        app=app,
+        topic=cards,
+        bootstrap_servers=bootstrap,
+        value="confluent-avro",
+        registry=registry.url,
+    )
+    attach(
+        "orders",
+        app=app,
+        topic=orders,
+        bootstrap_servers=bootstrap,
+        value="confluent-json",
+        registry=registry.url,
+        indexes={"item": "$.item"},
+    )
+    data = logs / "node-data"
+    node = start_node(app, bootstrap, logs, "--data-dir", str(data))
+    try:
+        node.wait_ready()
+        _answers(node, bootstrap, (cards, orders), model, ordered)
+        eventually(lambda: _bad_records(node, "cards") == 3, 10)
+        node.stop(signal.SIGKILL)  # and again on the same data
+        node = start_node(app, bootstrap, logs, "--data-dir", str(data))
+        node.wait_ready()
+        _answers(node, bootstrap, (cards, orders), model, ordered)
+    finally:
+        node.stop()
+
+
+def _answers(
+    node: NodeProcess,
+    bootstrap: str,
+    topics: tuple[str, str],
+    model: dict[str, Any],
+    ordered: dict[str, Any],
+) -> None:
+    node.wait_caught_up(bootstrap, "cards", topics[0])
+    node.wait_caught_up(bootstrap, "orders", topics[1])
+    with httpx.Client(base_url=node.url, timeout=10) as http:
+        for i in range(120):
+            r = http.get(f"/v1/tables/cards/keys/card-{i}")
+            want = model.get(f"card-{i}")
+            got = r.json()["value"] if r.status_code == 200 else None
+            assert (r.status_code, got) == (200 if want else 404, want), i
+        for bad in ("bad-magic", "bad-id", "bad-payload"):
+            assert http.get(f"/v1/tables/cards/keys/{bad}").status_code == 404
+        assert http.get("/v1/tables/cards/count").json()["count"] == len(model)
+        for item in {v["item"] for v in ordered.values()}:
+            r = http.get(f"/v1/tables/orders/index/item/{item}", params={"limit": 100})
+            want = sorted(k for k, v in ordered.items() if v["item"] == item)
+            assert sorted(it["key"] for it in r.json()["items"]) == want
+
+
+def test_a_record_waits_for_its_schema_while_the_registry_is_down(
+    bootstrap: str, unique: str, logs: Path, registry: SchemaRegistry
+) -> None:
+    """A record whose schema the node has not fetched yet, with the registry not answering
+    (its process stopped): the partition stops there and answers what it holds, other
+    tables ingest on, and once the registry answers the record is applied, not skipped."""
+    app, cards, plain = f"{unique}-app", f"{unique}.cards", f"{unique}.plain"
+    ensure_topic(bootstrap, cards, 1, {"cleanup.policy": "compact"})
+    ensure_topic(bootstrap, plain, 1, {"cleanup.policy": "compact"})
+    client = SchemaRegistryClient({"url": registry.url})
+    into = SerializationContext(cards, MessageField.VALUE)
+    v1 = AvroSerializer(client, orjson.dumps(CARD_V1).decode())
+    _write(bootstrap, cards, [("card-1", v1({"id": 1, "holder": "a", "points": 1}, into))])
+    attach(
+        "cards",
+        app=app,
+        topic=cards,
+        bootstrap_servers=bootstrap,
+        value="confluent-avro",
+        registry=registry.url,
+    )
+    attach("plain", app=app, topic=plain, bootstrap_servers=bootstrap)
+    node = start_node(app, bootstrap, logs)
+    try:
+        node.wait_ready()
+        node.wait_caught_up(bootstrap, "cards", cards)
+        # a third version, registered now (the serializer does), first read by the node later
+        third = {
+            **CARD_V2,
+            "fields": [*CARD_V2["fields"], {"name": "x", "type": "int", "default": 0}],
+        }
+        v3 = AvroSerializer(client, orjson.dumps(third).decode())
+        newer = v3({"id": 1, "holder": "b", "points": 2, "tier": None, "x": 5}, into)
+        assert registry.proc is not None
+        registry.proc.send_signal(signal.SIGSTOP)
+        try:
+            _write(
+                bootstrap,
+                cards,
+                [("card-1", newer), ("card-2", v1({"id": 2, "holder": "c", "points": 3}, into))],
+            )
+            _write(bootstrap, plain, [("p", b'{"n":1}')])
+            node.wait_caught_up(bootstrap, "plain", plain)  # the other table goes on
+            eventually(
+                lambda: any(
+                    r["table"] == "cards" and "RegistryUnavailable" in (r.get("error") or "")
+                    for n in node.get("/v1/cluster").json()["nodes"]
+                    for r in n["replicas"]
+                ),
+                30,
+            )
+            # stopped at the waiting record: the row as before it, the next not yet
+            assert node.get("/v1/tables/cards/keys/card-1").json()["value"]["holder"] == "a"
+            assert node.get("/v1/tables/cards/keys/card-2").status_code == 404
+        finally:
+            registry.proc.send_signal(signal.SIGCONT)
+        node.wait_caught_up(bootstrap, "cards", cards, timeout=60)
+        assert node.get("/v1/tables/cards/keys/card-1").json()["value"]["x"] == 5
+        assert node.get("/v1/tables/cards/keys/card-2").json()["value"]["holder"] == "c"
+        assert _bad_records(node, "cards") == 0
+    finally:
+        node.stop()
