@@ -344,7 +344,7 @@ class _DebeziumValue(_Json):
 
 
 #: values written through a Schema Registry in its wire format, kept as their rows' JSON
-REGISTRY_FORMATS = ("confluent-avro", "confluent-json")
+REGISTRY_FORMATS = ("confluent-avro", "confluent-json", "confluent-protobuf")
 
 
 class _RegistryValue(_Json):

@@ -553,8 +553,8 @@ def build_parser() -> Parser:
         "json",
         choices=VALUE_FORMATS,
         metavar="FORMAT",
-        help=f"the values': {formats}, or confluent-avro, confluent-json (written through a "
-        "Schema Registry: --registry)",
+        help=f"the values': {formats}, or confluent-avro, confluent-json, confluent-protobuf "
+        "(written through a Schema Registry: --registry)",
     )
     option(
         p,

@@ -68,6 +68,114 @@ def _json(payload: bytes) -> bytes:
     return payload
 
 
+def _protobuf(schema_text: str, schema_id: int) -> Decode:
+    """Messages of a Protobuf schema, answered in the proto3 JSON mapping. The schema is
+    a base64 FileDescriptorProto (what confluent-kafka registers) or .proto text (what
+    Java's serializer registers: compiled with protoc, from ``tablecast[protobuf]``)."""
+    try:
+        from google.protobuf import descriptor_pool, json_format, message_factory
+    except ImportError:
+        raise UnknownSchema(
+            f"schema {schema_id} is Protobuf: reading it needs pip install 'tablecast[protobuf]'"
+        ) from None
+
+    proto = _file_descriptor(schema_text, schema_id)
+    pool = descriptor_pool.DescriptorPool()
+    _add_with_imports(pool, proto)
+    file = pool.FindFileByName(proto.name)
+
+    def decode(payload: bytes) -> bytes:
+        path, body = confluent_wire.message_indexes(payload)
+        try:
+            desc = file.message_types_by_name[proto.message_type[path[0]].name]
+            for i in path[1:]:
+                desc = desc.nested_types[i]
+        except (IndexError, KeyError):
+            raise ValueError(f"message path {path} is not in schema {schema_id}") from None
+        message = message_factory.GetMessageClass(desc)()
+        try:
+            message.ParseFromString(body)
+        except Exception as e:  # DecodeError, and others from the C implementation
+            raise ValueError(f"not a {desc.full_name}: {e}") from None
+        return orjson.dumps(json_format.MessageToDict(message))
+
+    return decode
+
+
+def _file_descriptor(schema_text: str, schema_id: int) -> Any:
+    import base64
+    import binascii
+
+    from google.protobuf import descriptor_pb2
+    from google.protobuf.message import DecodeError
+
+    proto = descriptor_pb2.FileDescriptorProto()
+    try:
+        proto.ParseFromString(base64.b64decode(schema_text, validate=True))
+        if proto.name:
+            return proto
+    except (binascii.Error, DecodeError, ValueError):
+        pass
+    return _compiled(schema_text, schema_id)
+
+
+def _compiled(schema_text: str, schema_id: int) -> Any:
+    """.proto text as its FileDescriptorProto, compiled by protoc (grpcio-tools)."""
+    import os
+    import tempfile
+
+    from google.protobuf import descriptor_pb2
+
+    try:
+        import grpc_tools
+        from grpc_tools import protoc
+    except ImportError:
+        raise UnknownSchema(
+            f"schema {schema_id} is .proto text: reading it needs protoc "
+            "(pip install 'tablecast[protobuf]')"
+        ) from None
+    with tempfile.TemporaryDirectory(prefix="tablecast-proto-") as tmp:
+        with open(os.path.join(tmp, "schema.proto"), "w") as f:
+            f.write(schema_text)
+        out = os.path.join(tmp, "schema.pb")
+        includes = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
+        code = protoc.main(
+            ["protoc", f"-I{tmp}", f"-I{includes}", f"--descriptor_set_out={out}", "schema.proto"]
+        )
+        if code != 0:
+            raise UnknownSchema(f"schema {schema_id}: protoc could not compile its .proto text")
+        files = descriptor_pb2.FileDescriptorSet()
+        with open(out, "rb") as f:
+            files.ParseFromString(f.read())
+    return files.file[0]
+
+
+def _add_with_imports(pool: Any, proto: Any) -> None:
+    """`proto` into `pool`, with the files it imports that Protobuf itself ships (its
+    well-known types); an import of another subject's schema is not resolved."""
+    import importlib
+
+    from google.protobuf import descriptor_pb2, descriptor_pool
+
+    for name in proto.dependency:
+        if name.startswith("google/protobuf/"):
+            module = "google.protobuf." + name.removeprefix("google/protobuf/")[:-6] + "_pb2"
+            try:
+                importlib.import_module(module)
+                found = descriptor_pool.Default().FindFileByName(name)
+            except (ImportError, KeyError):
+                raise UnknownSchema(f"the schema imports {name}, not known here") from None
+            dep = descriptor_pb2.FileDescriptorProto()
+            found.CopyToProto(dep)
+            _add_with_imports(pool, dep)
+        else:
+            raise UnknownSchema(f"the schema imports {name} (another subject's): not read yet")
+    try:
+        pool.FindFileByName(proto.name)
+    except KeyError:
+        pool.Add(proto)
+
+
 class Registry:
     """One registry at `url`; `client` for its TLS and auth (an httpx.Client)."""
 
@@ -99,8 +207,10 @@ class Registry:
                 decoder = _avro(body["schema"])
             elif kind == "JSON":
                 decoder = _json
+            elif kind == "PROTOBUF":
+                decoder = _protobuf(body["schema"], schema_id)
             else:
-                raise UnknownSchema(f"schema {schema_id} is {kind}, which is not read yet")
+                raise UnknownSchema(f"schema {schema_id} is {kind}, which is not read")
             self._decoders[schema_id] = decoder
             return decoder
 

@@ -1,6 +1,7 @@
 """The Schema Registry wire format of Confluent's serializers (Java, confluent-kafka, Go,
 .NET): byte 0, the writer schema's id as 4 bytes big-endian, then the payload in that
-schema (Avro binary, or JSON text for JSON Schema)."""
+schema (Avro binary, JSON text for JSON Schema; for Protobuf, first the path of the
+message type within the schema's file, then the message)."""
 
 from __future__ import annotations
 
@@ -23,3 +24,32 @@ def split(data: bytes) -> tuple[int, bytes]:
 
 def join(schema_id: int, payload: bytes) -> bytes:
     return _HEAD.pack(MAGIC, schema_id) + payload
+
+
+def message_indexes(data: bytes) -> tuple[list[int], bytes]:
+    """(path of the message type, message) of a Protobuf payload: a count and that many
+    indexes, each a zigzag varint; a lone 0 byte is the file's first message, ``[0]``."""
+    pos = 0
+
+    def varint() -> int:
+        nonlocal pos
+        shift = result = 0
+        while True:
+            if pos >= len(data) or shift > 63:
+                raise ValueError("the message indexes end early")
+            b = data[pos]
+            pos += 1
+            result |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return (result >> 1) ^ -(result & 1)  # zigzag
+            shift += 7
+
+    count = varint()
+    if count == 0:
+        return [0], data[pos:]
+    if not 0 < count <= 64:
+        raise ValueError(f"{count} message indexes")
+    path = [varint() for _ in range(count)]
+    if any(i < 0 for i in path):
+        raise ValueError(f"message indexes {path}")
+    return path, data[pos:]

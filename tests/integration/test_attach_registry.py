@@ -232,3 +232,105 @@ def test_a_record_waits_for_its_schema_while_the_registry_is_down(
         assert _bad_records(node, "cards") == 0
     finally:
         node.stop()
+
+
+CARD_PROTO = """syntax = "proto3";
+package shop;
+import "google/protobuf/timestamp.proto";
+message Card {
+  enum Tier { NONE = 0; GOLD = 1; }
+  int32 id = 1;
+  string holder_name = 2;
+  int64 points = 3;
+  google.protobuf.Timestamp since = 4;
+  Tier tier = 5;
+  message Note { string text = 1; }
+  repeated Note notes = 6;
+}
+"""
+
+
+def test_protobuf_values_answer_in_the_proto3_json_mapping(
+    bootstrap: str, unique: str, logs: Path, registry: SchemaRegistry, tmp_path: Path
+) -> None:
+    """Written by confluent-kafka's ProtobufSerializer (which registers the schema as a
+    serialized descriptor) and, as Java's serializer does, under the schema registered as
+    .proto text: both answer the proto3 JSON mapping (camelCase names, 64-bit integers as
+    strings, enum names, RFC 3339 times); a nested message type by its message indexes."""
+    import importlib
+    import sys
+
+    import grpc_tools
+    import httpx
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+    from grpc_tools import protoc
+
+    (tmp_path / "card.proto").write_text(CARD_PROTO)
+    includes = str(Path(grpc_tools.__file__).parent / "_proto")
+    assert (
+        protoc.main(
+            ["protoc", f"-I{tmp_path}", f"-I{includes}", f"--python_out={tmp_path}", "card.proto"]
+        )
+        == 0
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        card_pb2 = importlib.import_module("card_pb2")
+    finally:
+        sys.path.remove(str(tmp_path))
+    app, topic = f"{unique}-app", f"{unique}.cards"
+    ensure_topic(bootstrap, topic, PARTITIONS, {"cleanup.policy": "compact"})
+    client = SchemaRegistryClient({"url": registry.url})
+    into = SerializationContext(topic, MessageField.VALUE)
+    serialize = ProtobufSerializer(card_pb2.Card, client, {"use.deprecated.format": False})
+    card = card_pb2.Card(id=1, holder_name="Ada", points=2**40, tier=card_pb2.Card.GOLD)
+    card.since.FromSeconds(1_790_000_000)
+    card.notes.add(text="vip")
+    # the schema as Java's serializer registers it: .proto text
+    r = httpx.post(
+        f"{registry.url}/subjects/{unique}-text/versions",
+        json={"schema": CARD_PROTO, "schemaType": "PROTOBUF"},
+    )
+    text_id = r.json()["id"]
+    plain = card_pb2.Card(id=2, holder_name="Bo")
+    note = card_pb2.Card.Note(text="nested")
+    _write(
+        bootstrap,
+        topic,
+        [
+            ("card-1", serialize(card, into)),
+            ("card-2", confluent_wire.join(text_id, b"\x00" + plain.SerializeToString())),
+            # message indexes [0, 0]: the first type nested in the first message
+            ("note", confluent_wire.join(text_id, b"\x04\x00\x00" + note.SerializeToString())),
+            ("bad-path", confluent_wire.join(text_id, b"\x02\x0e" + note.SerializeToString())),
+        ],
+    )
+    attach(
+        "cards",
+        app=app,
+        topic=topic,
+        bootstrap_servers=bootstrap,
+        value="confluent-protobuf",
+        registry=registry.url,
+    )
+    node = start_node(app, bootstrap, logs)
+    try:
+        node.wait_ready()
+        node.wait_caught_up(bootstrap, "cards", topic)
+        assert node.get("/v1/tables/cards/keys/card-1").json()["value"] == {
+            "id": 1,
+            "holderName": "Ada",
+            "points": str(2**40),
+            "since": "2026-09-21T14:13:20Z",
+            "tier": "GOLD",
+            "notes": [{"text": "vip"}],
+        }
+        assert node.get("/v1/tables/cards/keys/card-2").json()["value"] == {
+            "id": 2,
+            "holderName": "Bo",
+        }
+        assert node.get("/v1/tables/cards/keys/note").json()["value"] == {"text": "nested"}
+        assert node.get("/v1/tables/cards/keys/bad-path").status_code == 404
+        eventually(lambda: _bad_records(node, "cards") == 1, 10)
+    finally:
+        node.stop()

@@ -65,3 +65,13 @@ def test_json_schema_values_are_their_json() -> None:
     assert _json(b'{"a":1}') == b'{"a":1}'
     with pytest.raises(ValueError, match="not JSON"):
         _json(b"{")
+
+
+def test_protobuf_message_indexes_are_zigzag_varints() -> None:
+    assert confluent_wire.message_indexes(b"\x00msg") == ([0], b"msg")
+    assert confluent_wire.message_indexes(b"\x04\x02\x00msg") == ([1, 0], b"msg")
+    # an index past 63 takes two varint bytes
+    assert confluent_wire.message_indexes(b"\x02\x80\x01msg") == ([64], b"msg")
+    for bad in (b"", b"\x04\x02", b"\x01", b"\x02\x01"):  # short; a negative count or index
+        with pytest.raises(ValueError):
+            confluent_wire.message_indexes(bad)
