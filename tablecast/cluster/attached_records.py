@@ -38,10 +38,14 @@ class BadRecord(ValueError):
 def translation(info: TableInfo) -> Translate | None:
     """How `info`'s records become its rows; None where they are its rows already."""
     changelog = info.key.get("changelog")
-    if changelog in (STREAMS_WINDOW, STREAMS_SESSION):
-        return _streams_store(changelog)
+    keys = _streams_store(changelog) if changelog in (STREAMS_WINDOW, STREAMS_SESSION) else None
+    values = None
     if info.value.get("format") in serde.REGISTRY_FORMATS:
-        return _registry_values(schema_registry.registry(info.value["registry"]))
+        values = _registry_values(schema_registry.registry(info.value["registry"]))
+    if keys is not None and values is not None:
+        return lambda key, value, ts: values(*keys(key, value, ts))
+    if keys is not None or values is not None:
+        return keys or values
     key_debezium = info.key.get("format") == "debezium"
     value_debezium = info.value.get("format") == "debezium"
     if not (key_debezium or value_debezium):
@@ -90,12 +94,19 @@ def _streams_store(layout: str) -> Translate:
 
 
 def _registry_values(registry: schema_registry.Registry) -> Translate:
+    """Values decoded with their writer schemas: a value that is not one is a bad record;
+    one whose schema cannot be had now raises RegistryUnavailable (the record waits)."""
+
     def translate(key: bytes, value: bytes | None, ts: int) -> tuple[bytes, bytes | None, int]:
         if value is None:
             return key, None, ts
         try:
             return key, registry.decode(value), ts
+        except schema_registry.RegistryUnavailable:
+            raise
         except ValueError as e:
             raise BadRecord(f"bad value: {e}", key) from None
+        except Exception as e:  # never a record skipped for a fault of our own
+            raise schema_registry.RegistryUnavailable(f"{type(e).__name__}: {e}") from None
 
     return translate

@@ -53,6 +53,9 @@ class Replica:
     #: while writes fail: when (monotonic) to try again, and how many tries failed
     retry_at: float = 0.0
     failures: int = 0
+    #: whether the store itself refused them (it is reopened before the retry), or they
+    #: could not be made (their writer schema did not come: the store is fine)
+    store_failed: bool = True
     #: reads waiting for an offset to be applied (``min_offset``), woken by the ingest thread
     waiters: AppliedWaiters = field(default_factory=AppliedWaiters)
     #: a seqlock over (store contents, position): odd while a batch is being applied.

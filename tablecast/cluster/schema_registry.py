@@ -8,6 +8,7 @@ import datetime
 import decimal
 import io
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +33,19 @@ class RegistryUnavailable(Exception):
     """The registry did not answer: the record waits for it (it is never skipped)."""
 
 
+class SchemaUnreadable(RegistryUnavailable):
+    """The registry gave a schema this node cannot read (an extra not installed, another
+    subject's import, a schema fastavro or protoc refuses): its records wait, as for an
+    unreachable registry, rather than be skipped; the partition's error says why."""
+
+
+#: a registry that did not answer is not asked again for this long (each try may take
+#: TIMEOUT_S of the ingestion, which every table of the node shares)
+QUIET_S = 5.0
+#: an id the registry said it does not have is not asked for again for this long
+UNKNOWN_TTL_S = 60.0
+
+
 def _json_default(obj: Any) -> Any:
     """Avro values orjson does not write itself, as JSON (bytes and fixed as their Latin-1
     text, as Avro's own JSON encoding writes them; a decimal as its exact text)."""
@@ -45,7 +59,10 @@ def _json_default(obj: Any) -> Any:
 
 
 def _avro(schema_text: str) -> Decode:
-    parsed = fastavro.parse_schema(orjson.loads(schema_text))
+    try:
+        parsed = fastavro.parse_schema(orjson.loads(schema_text))
+    except Exception as e:  # fastavro's parse errors are not ValueErrors
+        raise SchemaUnreadable(f"an Avro schema fastavro cannot read: {e}") from None
 
     def decode(payload: bytes) -> bytes:
         buf = io.BytesIO(payload)
@@ -75,14 +92,19 @@ def _protobuf(schema_text: str, schema_id: int) -> Decode:
     try:
         from google.protobuf import descriptor_pool, json_format, message_factory
     except ImportError:
-        raise UnknownSchema(
+        raise SchemaUnreadable(
             f"schema {schema_id} is Protobuf: reading it needs pip install 'tablecast[protobuf]'"
         ) from None
 
     proto = _file_descriptor(schema_text, schema_id)
     pool = descriptor_pool.DescriptorPool()
-    _add_with_imports(pool, proto)
-    file = pool.FindFileByName(proto.name)
+    try:
+        _add_with_imports(pool, proto)
+        file = pool.FindFileByName(proto.name)
+    except SchemaUnreadable:
+        raise
+    except Exception as e:  # the runtime's own errors on a descriptor it refuses
+        raise SchemaUnreadable(f"schema {schema_id}: {type(e).__name__}: {e}") from None
 
     def decode(payload: bytes) -> bytes:
         path, body = confluent_wire.message_indexes(payload)
@@ -95,9 +117,9 @@ def _protobuf(schema_text: str, schema_id: int) -> Decode:
         message = message_factory.GetMessageClass(desc)()
         try:
             message.ParseFromString(body)
-        except Exception as e:  # DecodeError, and others from the C implementation
-            raise ValueError(f"not a {desc.full_name}: {e}") from None
-        return orjson.dumps(json_format.MessageToDict(message))
+            return orjson.dumps(json_format.MessageToDict(message))
+        except Exception as e:  # DecodeError, an Any of an unknown type, and the like
+            raise ValueError(f"not a {desc.full_name} it can answer: {e}") from None
 
     return decode
 
@@ -130,7 +152,7 @@ def _compiled(schema_text: str, schema_id: int) -> Any:
         import grpc_tools
         from grpc_tools import protoc
     except ImportError:
-        raise UnknownSchema(
+        raise SchemaUnreadable(
             f"schema {schema_id} is .proto text: reading it needs protoc "
             "(pip install 'tablecast[protobuf]')"
         ) from None
@@ -143,7 +165,7 @@ def _compiled(schema_text: str, schema_id: int) -> Any:
             ["protoc", f"-I{tmp}", f"-I{includes}", f"--descriptor_set_out={out}", "schema.proto"]
         )
         if code != 0:
-            raise UnknownSchema(f"schema {schema_id}: protoc could not compile its .proto text")
+            raise SchemaUnreadable(f"schema {schema_id}: protoc could not compile its .proto text")
         files = descriptor_pb2.FileDescriptorSet()
         with open(out, "rb") as f:
             files.ParseFromString(f.read())
@@ -164,12 +186,12 @@ def _add_with_imports(pool: Any, proto: Any) -> None:
                 importlib.import_module(module)
                 found = descriptor_pool.Default().FindFileByName(name)
             except (ImportError, KeyError):
-                raise UnknownSchema(f"the schema imports {name}, not known here") from None
+                raise SchemaUnreadable(f"the schema imports {name}, not known here") from None
             dep = descriptor_pb2.FileDescriptorProto()
             found.CopyToProto(dep)
             _add_with_imports(pool, dep)
         else:
-            raise UnknownSchema(f"the schema imports {name} (another subject's): not read yet")
+            raise SchemaUnreadable(f"the schema imports {name} (another subject's): not read yet")
     try:
         pool.FindFileByName(proto.name)
     except KeyError:
@@ -183,25 +205,51 @@ class Registry:
         self.url = url.rstrip("/")
         self._client = client or httpx.Client(timeout=TIMEOUT_S)
         self._decoders: dict[int, Decode] = {}
+        #: ids the registry said it does not have, until when that answer stands
+        self._unknown: dict[int, float] = {}
+        #: (until when, why) the registry is not asked, after it did not answer
+        self._quiet: tuple[float, str] = (0.0, "")
         self._lock = threading.Lock()
 
     def decode(self, data: bytes) -> bytes:
-        """A value in the wire format as its row's JSON; ValueError (UnknownSchema among
-        them) for a value that is not one; :class:`RegistryUnavailable` when its schema
-        is not known yet and the registry does not answer (the caller tries again later:
-        a record is never skipped for want of its schema)."""
+        """A value in the wire format as its row's JSON. ValueError (UnknownSchema among
+        them) for a value that is not one: a bad record. :class:`RegistryUnavailable`
+        (SchemaUnreadable among them) when its schema cannot be had or read now: the
+        record waits (the caller tries again later; it is never skipped)."""
         schema_id, payload = confluent_wire.split(data)
         decoder = self._decoders.get(schema_id)
         if decoder is None:
             decoder = self._fetch(schema_id)
-        return decoder(payload)
+        try:
+            return decoder(payload)
+        except ValueError:
+            raise
+        except Exception as e:  # a decoder's surprise is the payload's, never the ingestion's
+            raise ValueError(f"{type(e).__name__}: {e}") from None
 
     def _fetch(self, schema_id: int) -> Decode:
         with self._lock:
             found = self._decoders.get(schema_id)
             if found is not None:
                 return found
-            body = self._get(f"/schemas/ids/{schema_id}")
+            now = time.monotonic()
+            if self._unknown.get(schema_id, 0.0) > now:
+                raise UnknownSchema(f"the registry has no schema {schema_id}")
+            until, why = self._quiet
+            if until > now:
+                raise RegistryUnavailable(why)
+            try:
+                body = self._get(f"/schemas/ids/{schema_id}")
+            except UnknownSchema:
+                if len(self._unknown) > 10_000:
+                    self._unknown.clear()
+                self._unknown[schema_id] = now + UNKNOWN_TTL_S
+                raise
+            except RegistryUnavailable as e:
+                self._quiet = (time.monotonic() + QUIET_S, str(e))
+                raise
+            if not isinstance(body, dict) or not isinstance(body.get("schema"), str):
+                raise SchemaUnreadable(f"{self.url}: schema {schema_id} came as {body!r:.200}")
             kind = body.get("schemaType", "AVRO")
             if kind == "AVRO":
                 decoder = _avro(body["schema"])
@@ -210,20 +258,31 @@ class Registry:
             elif kind == "PROTOBUF":
                 decoder = _protobuf(body["schema"], schema_id)
             else:
-                raise UnknownSchema(f"schema {schema_id} is {kind}, which is not read")
+                raise SchemaUnreadable(f"schema {schema_id} is {kind}, which is not read")
             self._decoders[schema_id] = decoder
             return decoder
 
-    def _get(self, path: str) -> dict[str, Any]:
+    def _get(self, path: str) -> Any:
         try:
             r = self._client.get(self.url + path)
-        except httpx.HTTPError as e:
+        except Exception as e:  # httpx.HTTPError, and InvalidURL which is not one
             raise RegistryUnavailable(f"{self.url}: {type(e).__name__}: {e}") from None
-        if r.status_code == 404:
+        if r.status_code == 404 and _error_code(r) == 40403:  # Confluent's "schema not found"
             raise UnknownSchema(f"the registry has no schema {path.rsplit('/', 1)[1]}")
         if r.status_code != 200:
             raise RegistryUnavailable(f"{self.url}{path}: HTTP {r.status_code}: {r.text[:200]}")
-        return r.json()
+        try:
+            return r.json()
+        except ValueError:
+            raise RegistryUnavailable(f"{self.url}{path}: not JSON: {r.text[:200]}") from None
+
+
+def _error_code(r: httpx.Response) -> int | None:
+    try:
+        body = r.json()
+    except ValueError:
+        return None
+    return body.get("error_code") if isinstance(body, dict) else None
 
 
 _registries: dict[str, Registry] = {}

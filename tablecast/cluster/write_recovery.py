@@ -31,13 +31,18 @@ MAX_BACKOFF_S = 10.0
 REOPEN_FREE_BYTES = 8 * 1024 * 1024
 
 
+#: what failed() says by default: the store refused the writes
+STORE_WRITE = "writing to the store"
+
+
 def failed(
-    replica: Replica, writes: Sequence[Write], error: Exception, doing: str = "writing to the store"
+    replica: Replica, writes: Sequence[Write], error: Exception, doing: str = STORE_WRITE
 ) -> None:
     """The store refused `writes` (or, as `doing` says, they could not be made: their
     writer schema did not come): the replica stops at them until :func:`retry` says to go
     on (the caller takes the partition off the consumer)."""
     first = replica.failed is None
+    replica.store_failed = doing == STORE_WRITE
     replica.failures += 1
     replica.error = f"{type(error).__name__}: {error}"[:500]
     replica.failed_offset = writes[0].offset
@@ -79,7 +84,7 @@ def retry(replica: Replica, now: float, open_store: Callable[[], PartitionStore]
     is due, and its store (opened again with `open_store`) takes writes."""
     if replica.retry_at > now:
         return False
-    if not _reopen(replica, open_store):
+    if replica.store_failed and not _reopen(replica, open_store):
         replica.retry_at = now + min(MAX_BACKOFF_S, 2.0 ** min(replica.failures, 5))
         return False
     replica.move(Writes.RETRYING)

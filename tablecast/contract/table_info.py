@@ -22,7 +22,7 @@ from tablecast.contract import index_codec
 from tablecast.contract.json_path import BadPath, JsonPath
 from tablecast.contract.partitioner import DEFAULT, HASHES, Partitioner
 from tablecast.contract.views import Views
-from tablecast.contract.window_keys import STREAMS_LAYOUTS, STREAMS_SESSION
+from tablecast.contract.window_keys import STREAMS_INNER, STREAMS_LAYOUTS, STREAMS_SESSION
 
 KINDS = ("kv", "window")
 STORES = ("rocksdb", "memory")
@@ -126,6 +126,18 @@ class TableInfo:
                 problems.append(
                     f"a {changelog} key needs a {'session' if session else 'window'} table"
                 )
+        key_format = info.key.get("format") if isinstance(info.key, dict) else None
+        value_format = info.value.get("format") if isinstance(info.value, dict) else None
+        if changelog is not None and key_format not in STREAMS_INNER:
+            problems.append(f"a {changelog} key's own format is one of {STREAMS_INNER}")
+        if key_format in serde.REGISTRY_FORMATS:
+            problems.append(f"keys in {key_format} are not read yet (values only)")
+        if value_format in serde.REGISTRY_FORMATS and (
+            not info.attached or key_format == "debezium"
+        ):
+            problems.append(f"{value_format} values are read in attached tables, not debezium's")
+        if info.kind == "window" and extra.get("index_paths"):
+            problems.append("indexes are for tables of one row per key, not of windows")
         if isinstance(info.extra, dict):
             problems += _view_problems(info)
         if problems:

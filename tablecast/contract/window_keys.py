@@ -46,6 +46,8 @@ def split_session_key(data: bytes) -> tuple[bytes, int, int]:
 STREAMS_WINDOW = "kafka-streams-window"
 STREAMS_SESSION = "kafka-streams-session"
 STREAMS_LAYOUTS = (STREAMS_WINDOW, STREAMS_SESSION)
+#: the formats of the key inside such a store's key
+STREAMS_INNER = ("string", "json", "long", "bytes")
 #: a windowed store's changelog key ends with the window start and a 4-byte sequence number
 #: (``WindowKeySchema.toStoreKeyBinary``): one for each duplicate a join store keeps
 _STREAMS_WINDOW_SUFFIX = 12

@@ -22,7 +22,7 @@ from tablecast.contract.json_path import BadPath, JsonPath
 from tablecast.contract.partitioner import DEFAULT as DEFAULT_PARTITIONER
 from tablecast.contract.partitioner import HASHES
 from tablecast.contract.table_info import STORES, BadEntry, TableInfo
-from tablecast.contract.window_keys import STREAMS_LAYOUTS, STREAMS_WINDOW
+from tablecast.contract.window_keys import STREAMS_INNER, STREAMS_LAYOUTS, STREAMS_WINDOW
 from tablecast.kafka.catalog import CatalogReader
 from tablecast.kafka.config import client_conf, producer_conf
 from tablecast.kafka.topics import COMPACTED, admin, catalog_topic, ensure_topic
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 FORMATS = ("string", "json", "long", "bytes", "debezium")
 #: the formats inside a Kafka Streams window or session store's key
 #: (``kafka-streams-window:string``)
-INNER_FORMATS = ("string", "json", "long", "bytes")
+INNER_FORMATS = STREAMS_INNER
 #: every key format, the Kafka Streams store layouts with each inner format included
 KEY_FORMATS = FORMATS + tuple(f"{s}:{i}" for s in STREAMS_LAYOUTS for i in INNER_FORMATS)
 #: every value format, those written through a Schema Registry included (``--registry``)

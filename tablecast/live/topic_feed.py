@@ -92,9 +92,17 @@ def _conf(bootstrap: str, group: str) -> dict[str, object]:
 
 
 def convert(
-    source: Source, partition: int, key: bytes | None, value: bytes | None, offset: int, ts: int
+    source: Source,
+    partition: int,
+    key: bytes | None,
+    value: bytes | None,
+    offset: int,
+    ts: int,
+    stopping: Callable[[], bool] = lambda: False,
 ) -> Change | None:
-    """A record as a change, read as the node's stores read it (None: never delivered)."""
+    """A record as a change, read as the node's stores read it (None: never delivered).
+    A change whose writer schema the registry does not give yet waits for it, until
+    `stopping` says the feed is stopping."""
     if key is None:
         return None
     while source.translate is not None:
@@ -102,6 +110,8 @@ def convert(
             key, value, ts = source.translate(key, value, ts)
             break
         except RegistryUnavailable as e:  # the change waits for its schema: never skipped
+            if stopping():
+                return None
             log.warning("%s; its change waits: trying again in a second", e)
             time.sleep(1.0)
         except BadRecord as e:
@@ -123,6 +133,7 @@ def split(
     msgs: list,  # type: ignore[type-arg]
     sources: dict[str, Source],
     generation: Callable[[Slot], int],
+    stopping: Callable[[], bool] = lambda: False,
 ) -> Batch:
     grouped: dict[Slot, list[Change]] = defaultdict(list)
     #: how far each partition was read beyond its changes (its end, or records not delivered)
@@ -139,7 +150,8 @@ def split(
         source = sources.get(slot[0])
         if source is None:
             continue
-        change = convert(source, slot[1], m.key(), m.value(), m.offset(), m.timestamp()[1])
+        ts = m.timestamp()[1]
+        change = convert(source, slot[1], m.key(), m.value(), m.offset(), ts, stopping)
         if change is not None:
             grouped[slot].append(change)
         else:
@@ -301,7 +313,9 @@ class Feed:
                 self._renew_if_deaf()
                 if not msgs:
                     continue
-                batch = split(msgs, self._sources, lambda slot: generation(slot, 0))
+                batch = split(
+                    msgs, self._sources, lambda slot: generation(slot, 0), self._stop.is_set
+                )
                 self.records += len(msgs)
                 while not self._room.acquire(timeout=0.5):
                     if self._stop.is_set():
@@ -353,6 +367,6 @@ class CatchUp:
                     return
                 msgs = consumer.consume(BATCH, 0.2)
                 if msgs:
-                    self._on_batch(split(msgs, sources, lambda slot: 0))
+                    self._on_batch(split(msgs, sources, lambda slot: 0, self.cancelled.is_set))
         finally:
             consumer.close()

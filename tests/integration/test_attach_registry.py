@@ -97,6 +97,12 @@ def test_values_written_through_a_registry(
         row = {"id": i, "holder": f"holder {i}", "points": -i, "tier": "gold" if i % 8 else None}
         records.append((f"card-{i}", v2(row, into_cards)))
         model[f"card-{i}"] = row
+    # a third version without the optional field again (a removed optional field)
+    v3 = AvroSerializer(client, orjson.dumps({**CARD_V1, "doc": "tier removed"}).decode())
+    for i in range(1, 120, 10):
+        row = {"id": i, "holder": "again", "points": 3}
+        records.append((f"card-{i}", v3(row, into_cards)))
+        model[f"card-{i}"] = row
     records.append(("card-7", None))  # a delete
     model.pop("card-7")
     # not the wire format; a schema id the registry never gave; a payload its schema

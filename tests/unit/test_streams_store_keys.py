@@ -71,3 +71,71 @@ def test_catalog_entries_of_store_changelogs_are_checked() -> None:
         checked(_info("kafka-streams-window", {"size_ms": 0}))
     with pytest.raises(BadEntry, match="not one of"):
         checked(_info("kafka-streams-hop", {"size_ms": 60_000}))
+
+
+def test_a_store_key_and_a_registry_value_are_both_translated() -> None:
+    from tablecast.cluster import schema_registry
+    from tablecast.contract import confluent_wire
+
+    url = "http://127.0.0.1:9/never-asked"
+    info = TableInfo(
+        "t",
+        "t",
+        4,
+        {"format": "string", "changelog": "kafka-streams-window"},
+        {"format": "confluent-json", "registry": url},
+        kind="window",
+        extra={"size_ms": 60_000},
+        attached=True,
+    )
+    checked = TableInfo.checked(info.name, info.to_json())
+    # schema 7 known already (a JSON Schema's values are their JSON): no request made
+    schema_registry.registry(url)._decoders[7] = schema_registry._json
+    translate = translation(checked)
+    assert translate is not None
+    written = b"user-1" + _Q.pack(60_000) + struct.pack(">i", 0)
+    key, value, _ = translate(written, confluent_wire.join(7, b'{"n":1}'), 5)
+    assert (split_window_key(key), value) == ((b"user-1", 60_000), b'{"n":1}')
+    with pytest.raises(BadRecord, match="bad value"):
+        translate(written, b"not the wire format", 5)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "extra", "why"),
+    [
+        ({"format": "confluent-avro", "registry": "http://r"}, {"format": "json"}, {}, "keys in"),
+        (
+            {"format": "debezium", "head": "", "fields": ["id"]},
+            {"format": "confluent-avro", "registry": "http://r"},
+            {},
+            "not debezium",
+        ),
+        ({"format": "json"}, {"format": "confluent-json", "registry": "ftp://r"}, {}, "http"),
+    ],
+)
+def test_registry_formats_where_they_are_not_read_are_refused(
+    key: dict[str, object], value: dict[str, object], extra: dict[str, object], why: str
+) -> None:
+    info = TableInfo("t", "t", 1, key, value, extra=extra, attached=True)
+    with pytest.raises(BadEntry, match=why):
+        TableInfo.checked("t", info.to_json())
+
+
+def test_a_store_key_of_another_inner_format_or_indexed_windows_are_refused() -> None:
+    bad_inner = TableInfo(
+        "t",
+        "t",
+        1,
+        {"format": "debezium", "head": "", "fields": ["id"], "changelog": "kafka-streams-window"},
+        {"format": "long"},
+        kind="window",
+        extra={"size_ms": 1},
+        attached=True,
+    )
+    with pytest.raises(BadEntry, match="own format"):
+        TableInfo.checked("t", bad_inner.to_json())
+    indexed = _info(
+        "kafka-streams-window", {"size_ms": 1, "indexes": ["a"], "index_paths": {"a": "$.a"}}
+    )
+    with pytest.raises(BadEntry, match="not of windows"):
+        TableInfo.checked("t", indexed.to_json())
