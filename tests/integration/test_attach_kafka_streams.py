@@ -9,6 +9,7 @@ import random
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +17,9 @@ import pytest
 from confluent_kafka import Producer
 
 from tablecast.kafka.config import client_conf
-from tablecast.kafka.topics import ensure_topic
+from tablecast.kafka.topics import end_offsets, ensure_topic
 
-from ..support.kafka_streams import StoresApp
+from ..support.kafka_streams import STORES, StoresApp
 from ..support.procs import NodeProcess, eventually, start_node
 
 pytestmark = pytest.mark.integration
@@ -27,8 +28,12 @@ PARTITIONS = 4
 WINDOW_MS = 60_000
 GAP_MS = 30_000
 KEYS = [f"user-{i}" for i in range(30)]
-#: a window-aligned start, so windows are whole minutes
-BASE_MS = 1_790_000_040_000 - 1_790_000_040_000 % WINDOW_MS
+#: a window-aligned start an hour ago, so windows are whole minutes. Not older: a window
+#: changelog deletes records by their time (the store's retention plus a day), and
+#: records older than a segment's age (7 days) roll a segment each, which the broker's
+#: retention check then deletes under the test
+BASE_MS = int(time.time() * 1000) - 3_600_000
+BASE_MS -= BASE_MS % WINDOW_MS
 
 
 def _cli(*args: str) -> None:
@@ -85,10 +90,20 @@ def _theirs(streams: StoresApp) -> dict[str, Any]:
 
 
 def _same(node: NodeProcess, streams: StoresApp, bootstrap: str) -> None:
-    for store, table in zip(
-        ("latest", "per-window", "sessions"), ("latest", "per-window", "sessions"), strict=True
-    ):
-        node.wait_caught_up(bootstrap, table, streams.changelog(store))
+    for store in STORES:
+        try:
+            node.wait_caught_up(bootstrap, store, streams.changelog(store), timeout=120)
+        except AssertionError as e:
+            replicas = [
+                {k: r.get(k) for k in ("table", "partition", "role", "offset", "error")}
+                for n in node.get("/v1/cluster").json()["nodes"]
+                for r in n["replicas"]
+            ]
+            ends = end_offsets(bootstrap, streams.changelog(store))
+            raise AssertionError(
+                f"{store}: {e}; ends {ends}; replicas {replicas}; node log:\n"
+                f"{node.log_file.read_text(errors='replace')[-3000:]}"
+            ) from None
     theirs = _theirs(streams)
     assert _served(node) == theirs
     assert len(theirs["latest"]) == len(KEYS)
