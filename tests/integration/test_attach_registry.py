@@ -19,7 +19,7 @@ from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from tablecast import AttachError, attach
+from tablecast import AttachError, Client, attach
 from tablecast.contract import confluent_wire
 from tablecast.kafka.config import client_conf
 from tablecast.kafka.topics import ensure_topic
@@ -67,6 +67,10 @@ def _write(bootstrap: str, topic: str, records: list[tuple[str, bytes | None]]) 
     for key, value in records:
         producer.produce(topic, key=key.encode(), value=value)
     assert producer.flush(60) == 0
+
+
+def _attach(app: str, topic: str, bootstrap: str, url: str, fmt: str = "confluent-avro") -> None:
+    attach("cards", app=app, topic=topic, bootstrap_servers=bootstrap, value=fmt, registry=url)
 
 
 def _bad_records(node: NodeProcess, table: str) -> int:
@@ -121,14 +125,7 @@ def test_values_written_through_a_registry(
 
     with pytest.raises(AttachError, match="--registry"):
         attach("cards", app=app, topic=cards, bootstrap_servers=bootstrap, value="confluent-avro")
-    attach(
-        "cards",
-        app=app,
-        topic=cards,
-        bootstrap_servers=bootstrap,
-        value="confluent-avro",
-        registry=registry.url,
-    )
+    _attach(app, cards, bootstrap, registry.url)
     attach(
         "orders",
         app=app,
@@ -144,6 +141,16 @@ def test_values_written_through_a_registry(
         node.wait_ready()
         _answers(node, bootstrap, (cards, orders), model, ordered)
         eventually(lambda: _bad_records(node, "cards") == 3, 10)
+        # a watch gets a new version's row decoded, as reads do
+        with Client([node.url]) as tc_client:
+            events = tc_client.watch("cards", key=["card-9"])
+            assert next(events).event == "snapshot" and next(events).event == "ready"
+            row = {"id": 9, "holder": "live", "points": 9, "tier": "new"}
+            _write(bootstrap, cards, [("card-9", v2(row, into_cards))])
+            change = next(events)
+            assert change.event == "change" and change.value == row, change
+            events.close()  # type: ignore[attr-defined]
+        model["card-9"] = row
         node.stop(signal.SIGKILL)  # and again on the same data
         node = start_node(app, bootstrap, logs, "--data-dir", str(data))
         node.wait_ready()
@@ -189,14 +196,7 @@ def test_a_record_waits_for_its_schema_while_the_registry_is_down(
     into = SerializationContext(cards, MessageField.VALUE)
     v1 = AvroSerializer(client, orjson.dumps(CARD_V1).decode())
     _write(bootstrap, cards, [("card-1", v1({"id": 1, "holder": "a", "points": 1}, into))])
-    attach(
-        "cards",
-        app=app,
-        topic=cards,
-        bootstrap_servers=bootstrap,
-        value="confluent-avro",
-        registry=registry.url,
-    )
+    _attach(app, cards, bootstrap, registry.url)
     attach("plain", app=app, topic=plain, bootstrap_servers=bootstrap)
     node = start_node(app, bootstrap, logs)
     try:
@@ -311,14 +311,7 @@ def test_protobuf_values_answer_in_the_proto3_json_mapping(
             ("bad-path", confluent_wire.join(text_id, b"\x02\x0e" + note.SerializeToString())),
         ],
     )
-    attach(
-        "cards",
-        app=app,
-        topic=topic,
-        bootstrap_servers=bootstrap,
-        value="confluent-protobuf",
-        registry=registry.url,
-    )
+    _attach(app, topic, bootstrap, registry.url, "confluent-protobuf")
     node = start_node(app, bootstrap, logs)
     try:
         node.wait_ready()

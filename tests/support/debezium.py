@@ -5,15 +5,13 @@ with Kafka Connect's JSON converter, partitioned as Kafka Connect partitions (mu
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 from tablecast import jvm
-from tablecast.cli.supervisor import stop_process
 from tablecast.kafka.broker import free_port
 
+from .jvm_service import JvmService
 from .postgres import DATABASE, USER, Postgres
 
 POMS = Path(__file__).resolve().parent / "jvm"
@@ -25,7 +23,7 @@ def _properties(path: Path, settings: dict[str, object]) -> Path:
     return path
 
 
-class DebeziumConnect:
+class DebeziumConnect(JvmService):
     """One Connect worker running one Debezium PostgreSQL connector on `tables`, writing
     ``PREFIX.public.TABLE`` topics of `partitions` partitions (compacted)."""
 
@@ -38,8 +36,7 @@ class DebeziumConnect:
         partitions: int = 4,
         schemas: bool = True,
     ) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="tablecast-connect-"))
-        self.log = self.dir / "connect.log"
+        super().__init__("tablecast-connect-", "connect.log")
         self.prefix = prefix
         port = free_port()
         self.worker = _properties(
@@ -78,7 +75,6 @@ class DebeziumConnect:
                 "topic.creation.default.cleanup.policy": "compact",
             },
         )
-        self.proc: subprocess.Popen[bytes] | None = None
 
     def topic(self, table: str) -> str:
         return f"{self.prefix}.public.{table}"
@@ -105,14 +101,3 @@ class DebeziumConnect:
                 stdin=subprocess.DEVNULL,
             )
         return self
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def log_tail(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:]
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop_process(self.proc)
-        shutil.rmtree(self.dir, ignore_errors=True)

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import os
 import queue
-import shutil
 import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -18,7 +16,8 @@ from typing import Any
 import orjson
 
 from tablecast import jvm
-from tablecast.cli.supervisor import stop_process
+
+from .jvm_service import JvmService
 
 POMS = Path(__file__).resolve().parent / "jvm"
 SOURCE = POMS / "kafka-streams-stores" / "StoresApp.java"
@@ -26,17 +25,15 @@ SOURCE = POMS / "kafka-streams-stores" / "StoresApp.java"
 STORES = ("latest", "per-window", "sessions")
 
 
-class StoresApp:
+class StoresApp(JvmService):
     """One instance of StoresApp reading `topic` (String keys and values)."""
 
     def __init__(
         self, bootstrap: str, app_id: str, topic: str, window_ms: int, gap_ms: int
     ) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="tablecast-streams-"))
-        self.log = self.dir / "streams.log"
+        super().__init__("tablecast-streams-", "streams.log")
         self.args = [bootstrap, app_id, topic, str(self.dir / "state"), str(window_ms), str(gap_ms)]
         self.app_id = app_id
-        self.proc: subprocess.Popen[bytes] | None = None
         self._lines: queue.Queue[str] = queue.Queue()
 
     def changelog(self, store: str) -> str:
@@ -89,11 +86,3 @@ class StoresApp:
         self.proc.stdin.write(b"dump\n")
         self.proc.stdin.flush()
         return orjson.loads(self._expect(lambda line: line.startswith("{"), 60.0))
-
-    def log_tail(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:]
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop_process(self.proc)
-        shutil.rmtree(self.dir, ignore_errors=True)

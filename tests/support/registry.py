@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import tempfile
 import time
 import zipfile
 from pathlib import Path
@@ -14,8 +13,9 @@ from pathlib import Path
 import httpx
 
 from tablecast import jvm
-from tablecast.cli.supervisor import stop_process
 from tablecast.kafka.broker import free_port
+
+from .jvm_service import JvmService
 
 POMS = Path(__file__).resolve().parent / "jvm"
 
@@ -36,12 +36,10 @@ def _unpacked() -> Path:
     return runner
 
 
-class SchemaRegistry:
+class SchemaRegistry(JvmService):
     def __init__(self) -> None:
+        super().__init__("tablecast-registry-", "registry.log")
         self.port = free_port()
-        self.dir = Path(tempfile.mkdtemp(prefix="tablecast-registry-"))
-        self.log = self.dir / "registry.log"
-        self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -78,11 +76,3 @@ class SchemaRegistry:
                 pass
             time.sleep(0.3)
         raise TimeoutError(f"schema registry not up; log:\n{self.log_tail()}")
-
-    def log_tail(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:]
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop_process(self.proc)
-        shutil.rmtree(self.dir, ignore_errors=True)
