@@ -601,7 +601,7 @@ class Ingestor:
     # -- failed writes (tablecast.cluster.write_recovery) ---------------------------
     def _write_failed(self, replica: Replica, writes: list[Write], error: Exception) -> None:
         self.write_failures += 1
-        self._stop_at(replica, writes, error, "writing to the store")
+        self._stop_at(replica, writes, error, write_recovery.STORE_WRITE)
 
     def _stop_at(self, replica: Replica, writes: list[Write], error: Exception, doing: str) -> None:
         write_recovery.failed(replica, writes, error, doing)
