@@ -66,12 +66,13 @@ def failed(
 
 
 def recovered(replica: Replica) -> None:
-    """A write worked again after failed ones."""
+    """A write worked again after failed ones (or the records could be made again)."""
+    what = "store writes work again" if replica.store_failed else "records are read again"
     log.info(
-        "table %r partition %d: store writes work again after %d failure(s); "
-        "continuing from offset %d",
+        "table %r partition %d: %s after %d failure(s); continuing from offset %d",
         replica.table.name,
         replica.partition,
+        what,
         replica.failures,
         replica.failed_offset,
     )
