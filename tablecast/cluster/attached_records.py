@@ -36,16 +36,32 @@ class BadRecord(ValueError):
 
 
 def translation(info: TableInfo) -> Translate | None:
-    """How `info`'s records become its rows; None where they are its rows already."""
+    """How `info`'s records become its rows; None where they are its rows already. Each
+    step the table's formats ask for, in turn: a Kafka Streams store key rewritten, a
+    registry value decoded, a Debezium event unwrapped (the catalog allows no Debezium
+    step beside the others)."""
     changelog = info.key.get("changelog")
-    keys = _streams_store(changelog) if changelog in (STREAMS_WINDOW, STREAMS_SESSION) else None
-    values = None
-    if info.value.get("format") in serde.REGISTRY_FORMATS:
-        values = _registry_values(schema_registry.registry(info.value["registry"]))
-    if keys is not None and values is not None:
-        return lambda key, value, ts: values(*keys(key, value, ts))
-    if keys is not None or values is not None:
-        return keys or values
+    steps = [
+        _streams_store(changelog) if changelog in (STREAMS_WINDOW, STREAMS_SESSION) else None,
+        _registry_values(schema_registry.registry(info.value["registry"]))
+        if info.value.get("format") in serde.REGISTRY_FORMATS
+        else None,
+        _debezium(info),
+    ]
+    chosen = [step for step in steps if step is not None]
+    if len(chosen) <= 1:
+        return chosen[0] if chosen else None
+
+    def translate(key: bytes, value: bytes | None, ts: int) -> tuple[bytes, bytes | None, int]:
+        for step in chosen:
+            key, value, ts = step(key, value, ts)
+        return key, value, ts
+
+    return translate
+
+
+def _debezium(info: TableInfo) -> Translate | None:
+    """Debezium change events as rows, under their keys' canonical form."""
     key_debezium = info.key.get("format") == "debezium"
     value_debezium = info.value.get("format") == "debezium"
     if not (key_debezium or value_debezium):
