@@ -526,7 +526,7 @@ def build_parser() -> Parser:
             help="the CA file that signed the nodes' certificates (https:// URLs)",
         )
 
-    from tablecast.contract.partitioner import HASHES
+    from tablecast.contract.partitioner import PARTITIONERS
     from tablecast.contract.table_info import STORES
     from tablecast.kafka.attach import FORMATS, KEY_FORMATS, VALUE_FORMATS
 
@@ -566,9 +566,10 @@ def build_parser() -> Parser:
         p,
         "--partitioner",
         "murmur2",
-        choices=tuple(HASHES),
+        choices=PARTITIONERS,
         help="how the topic's writer picks a key's partition: murmur2 (Java clients, Kafka "
-        "Connect, Kafka Streams), consistent_random (librdkafka's default: confluent-kafka)",
+        "Connect, Kafka Streams), consistent_random (librdkafka's default: confluent-kafka), "
+        "unknown (anything else: the nodes look keys up)",
     )
     option(
         p,

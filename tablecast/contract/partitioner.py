@@ -5,6 +5,8 @@ Java producer, Kafka Connect, Kafka Streams and Spark's Kafka sink compute it.
 librdkafka agrees only with ``partitioner: murmur2_random`` (see :data:`PRODUCER_CONFIG`).
 ``consistent_random``: librdkafka's default (confluent-kafka, and the clients of
 Go, .NET, Node and C built on it): CRC-32 of the key bytes % partitions.
+``unknown``: a writer whose choice cannot be computed (a custom partitioner, keys
+moved by hand): nodes look a key up instead (:mod:`tablecast.query.locate`).
 """
 
 from __future__ import annotations
@@ -57,6 +59,19 @@ HASHES: Final[dict[str, Callable[[bytes], int]]] = {
     "consistent_random": zlib.crc32,
 }
 DEFAULT: Final = "murmur2"
+#: the partitioner of a topic whose writer's choice tablecast cannot compute
+UNKNOWN: Final = "unknown"
+#: every partitioner a table may name
+PARTITIONERS: Final = (*HASHES, UNKNOWN)
+
+
+class Unplaced(LookupError):
+    """A key of a table whose partitioner is :data:`UNKNOWN`: no function places it."""
+
+
+def unplaced(key: bytes) -> int:
+    """What an ``unknown`` table's key -> partition function does: refuse to guess."""
+    raise Unplaced("the topic's writer places keys in a way no function here computes")
 
 
 def partition_for(key: bytes, partitions: int, partitioner: str = DEFAULT) -> int:

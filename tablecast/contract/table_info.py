@@ -11,6 +11,7 @@ header of :mod:`tablecast.contract.index_codec`. Both are for ``kv`` tables only
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Any, Literal
@@ -20,7 +21,7 @@ import orjson
 from tablecast import serde
 from tablecast.contract import index_codec
 from tablecast.contract.json_path import BadPath, JsonPath
-from tablecast.contract.partitioner import DEFAULT, HASHES, Partitioner
+from tablecast.contract.partitioner import DEFAULT, PARTITIONERS, UNKNOWN, Partitioner, unplaced
 from tablecast.contract.views import Views
 from tablecast.contract.window_keys import STREAMS_INNER, STREAMS_LAYOUTS, STREAMS_SESSION
 
@@ -84,8 +85,10 @@ class TableInfo:
             problems.append(f"store {info.store!r} is not one of {STORES}")
         if not isinstance(info.is_global, bool):
             problems.append("is_global is not a boolean")
-        if info.partitioner not in HASHES:
-            problems.append(f"partitioner {info.partitioner!r} is not one of {tuple(HASHES)}")
+        if info.partitioner not in PARTITIONERS:
+            problems.append(f"partitioner {info.partitioner!r} is not one of {PARTITIONERS}")
+        elif info.partitioner == UNKNOWN and info.kind != "kv":
+            problems.append("a window table's keys need a partitioner: unknown is for kv tables")
         if not isinstance(info.attached, bool):
             problems.append("attached is not a boolean")
         if not isinstance(info.extra, dict):
@@ -184,10 +187,26 @@ class TableInfo:
         return serde.from_spec(self.value)
 
     @cached_property
-    def partition_of(self) -> Partitioner:
-        """serialized key -> partition, as the topic's writer picks it."""
+    def partition_of(self) -> Callable[[bytes], int]:
+        """serialized key -> partition, as the topic's writer picks it (a table whose
+        partitioner is unknown raises :class:`~tablecast.contract.partitioner.Unplaced`:
+        its keys are looked up, see :attr:`placed`)."""
+        if self.partitioner == UNKNOWN:
+            return unplaced
         written = getattr(self.key_serde, "writer_bytes", None)
         return Partitioner(self.partitions, self.partitioner, written=written)
+
+    @property
+    def placed(self) -> bool:
+        """Whether a key's partition follows from its bytes (:attr:`partition_of`); else
+        a node looks for it (:mod:`tablecast.query.locate`)."""
+        return self.partitioner != UNKNOWN
+
+    def partitions_for(self, raw: bytes) -> tuple[int, ...]:
+        """The partitions `raw` may be in: its own, or every one when keys are unplaced."""
+        if self.partitioner == UNKNOWN:
+            return tuple(range(self.partitions))
+        return (self.partition_of(raw),)
 
     def public(self) -> dict[str, Any]:
         """The table as `GET /v1/tables` lists it."""

@@ -26,6 +26,7 @@ from tablecast.query.queries import (
     HistoryQuery,
     IndexQuery,
     KeyQuery,
+    LocateShare,
     MetadataQuery,
     PartitionCount,
     PartitionScan,
@@ -178,6 +179,18 @@ def partition_count(args: Args, req: HttpRequest) -> PartitionCount:
     """A peer's ``/internal/tables/{t}/count``: the rows of some of this node's partitions."""
     partitions = partitions_of(req.params.get("partitions", ""))
     return PartitionCount(args["table"], partitions, bound(req))
+
+
+def locate_share(args: Args, req: HttpRequest) -> LocateShare:
+    """A peer's ``/internal/tables/{t}/locate``: which of some of this node's partitions
+    hold which keys (hex, comma-separated)."""
+    params = req.params
+    try:
+        keys = tuple(bytes.fromhex(k) for k in params.get("keys", "").split(",") if k)
+    except ValueError:
+        raise ApiError("bad_request", "keys are hex") from None
+    partitions = partitions_of(params.get("partitions", ""))
+    return LocateShare(args["table"], partitions, keys, bound(req))
 
 
 def snapshot_share(args: Args, req: HttpRequest) -> SnapshotShare:

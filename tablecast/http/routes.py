@@ -192,7 +192,7 @@ TABLE_INFO = object_of(
     kind={"enum": ["kv", "window"]},
     key_format=STR,
     value_format=STR,
-    partitioner={"enum": ["murmur2", "consistent_random"]},
+    partitioner={"enum": ["murmur2", "consistent_random", "unknown"]},
     attached=BOOL,
     key_layout=object_of(head=STR, fields=_array(STR)),
     history_ms=INT,
@@ -560,6 +560,14 @@ ROUTES: tuple[Route, ...] = (
         "read",
         (*READ, *_internal("partitions")),
         read=decode.partition_count,
+    ),
+    Route(
+        "internal_locate",
+        "GET",
+        "/internal/tables/{table}/locate",
+        "read",
+        (*READ, *_internal("partitions", "keys")),
+        read=decode.locate_share,
     ),
     Route(
         "internal_snapshot",

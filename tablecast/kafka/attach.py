@@ -20,7 +20,7 @@ from confluent_kafka.admin import ConfigResource, ResourceType
 from tablecast.contract import debezium, index_codec
 from tablecast.contract.json_path import BadPath, JsonPath
 from tablecast.contract.partitioner import DEFAULT as DEFAULT_PARTITIONER
-from tablecast.contract.partitioner import HASHES
+from tablecast.contract.partitioner import PARTITIONERS, UNKNOWN
 from tablecast.contract.table_info import STORES, BadEntry, TableInfo
 from tablecast.contract.window_keys import STREAMS_INNER, STREAMS_LAYOUTS, STREAMS_WINDOW
 from tablecast.kafka.catalog import CatalogReader
@@ -126,8 +126,13 @@ def attach(
         value_spec["registry"] = _registry_url(registry)
     elif registry is not None:
         raise AttachError("--registry is for values written through a Schema Registry")
-    if partitioner not in HASHES:
-        raise AttachError(f"partitioner {partitioner!r} is not one of {tuple(HASHES)}")
+    if partitioner not in PARTITIONERS:
+        raise AttachError(f"partitioner {partitioner!r} is not one of {PARTITIONERS}")
+    if partitioner == UNKNOWN and layout is not None:
+        raise AttachError(
+            "a Kafka Streams window or session store's keys need their partitioner "
+            "(murmur2, or consistent_random): unknown serves key-value tables only"
+        )
     if store not in STORES:
         raise AttachError(f"store {store!r} is not one of {STORES}")
     extra: dict[str, object] = {} if history is None else {"history_ms": duration_ms(history)}

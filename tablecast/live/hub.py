@@ -556,7 +556,7 @@ class Hub:
         watch.take(pf.since(watch.pos[p]))
         if watch.selection.keys is not None:
             for key in watch.selection.keys:
-                if pf.info.partition_of(key) == p:
+                if p in pf.info.partitions_for(key):
                     pf.by_key.setdefault(key, []).append(watch)
         else:
             pf.spanning.append(watch)

@@ -31,7 +31,7 @@ class Selection:
     @classmethod
     def of_keys(cls, info: TableInfo, raws: Iterable[bytes]) -> Selection:
         keys = tuple(sorted(set(raws)))
-        parts = tuple(sorted({info.partition_of(k) for k in keys}))
+        parts = tuple(sorted({p for k in keys for p in info.partitions_for(k)}))
         return cls(keys, None, parts)
 
     @classmethod

@@ -131,7 +131,7 @@ async def read_local(
         finally:
             if subject is not None:
                 router.waits.leave(subject)
-    keys = [k for k in selection.keys or () if info.partition_of(k) == partition]
+    keys = [k for k in selection.keys or () if partition in info.partitions_for(k)]
     try:
         if selection.keys is not None:
             records, position = replica.read(lambda: replica.store.multi_get(keys))
@@ -190,7 +190,7 @@ async def _ask(
 ) -> tuple[list[Change], Positions] | None:
     keys = None
     if selection.keys is not None:
-        keys = tuple(k for k in selection.keys if info.partition_of(k) in parts)
+        keys = tuple(k for k in selection.keys if any(p in parts for p in info.partitions_for(k)))
     share = SnapshotShare(
         info.name,
         tuple(parts),

@@ -27,6 +27,7 @@ from tablecast.query.consistency import ReadOptions, TopicEnds, reach
 from tablecast.query.cursor import Cursors
 from tablecast.query.errors import ApiError
 from tablecast.query.local import Answer, Found, Local, Reflected, merged, short_pages
+from tablecast.query.locate import Locator
 from tablecast.query.ownership import Routing
 from tablecast.query.params import int_param
 from tablecast.query.peer_calls import Rpc, not_refused, target_of
@@ -65,6 +66,7 @@ class Tables(Protocol):
     cursors: Cursors
     waits: WaitSlots
     ends: TopicEnds
+    locator: Locator
 
     def table(self, name: str, req: Request) -> tuple[TableInfo, KeyScope | None]: ...
 
@@ -116,12 +118,23 @@ class FanOut:
                 ) from None
         results: list[Any] = [None] * len(keys)
         by_partition: dict[int, list[int]] = {}
+        wanted = []
         for i, raw in enumerate(raws):
             if scope is not None and not scope.allows(raw):
                 # never read, never forwarded: a key outside the grants has no value to show
                 results[i] = {"key": keys[i], "found": False, "forbidden": True}
             else:
-                by_partition.setdefault(info.partition_of(raw), []).append(i)
+                wanted.append(i)
+        if info.placed:
+            for i in wanted:
+                by_partition.setdefault(info.partition_of(raws[i]), []).append(i)
+        else:  # the keys' partitions are looked for first
+            found = await self.router.locator.locate(info, [raws[i] for i in wanted], req, opts)
+            for j, i in enumerate(wanted):
+                if j in found:
+                    by_partition.setdefault(found[j], []).append(i)
+                else:
+                    results[i] = {"key": keys[i], "found": False}
         redirect = self.rpc.redirect_fan_out(info, sorted(by_partition), req, q)
         if redirect is not None:
             return redirect

@@ -45,6 +45,7 @@ from tablecast.query.queries import (
     HistoryQuery,
     IndexQuery,
     KeyQuery,
+    LocateShare,
     ManyPartitions,
     MetadataQuery,
     PartitionCount,
@@ -361,6 +362,10 @@ def target_of(query: Query, partitions: Iterable[int]) -> str:
     elif type(query) is PartitionCount:
         target = f"/internal/tables/{t}/count"
         _put(params, partitions=",".join(map(str, query.partitions)))
+    elif type(query) is LocateShare:
+        target = f"/internal/tables/{t}/locate"
+        params["partitions"] = ",".join(map(str, query.partitions))
+        params["keys"] = ",".join(k.hex() for k in query.keys)
     elif type(query) is SnapshotShare:
         target = f"/internal/tables/{t}/snapshot"
         params["partitions"] = ",".join(map(str, query.partitions))

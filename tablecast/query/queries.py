@@ -241,6 +241,16 @@ class PartitionCount(NamedTuple):
     bound: ReadOptions = NO_OPTIONS
 
 
+class LocateShare(NamedTuple):
+    """Which of some of the asked node's own partitions hold which of `keys` (serialized):
+    what a node asks a peer to find the keys of a table whose partitioner is unknown."""
+
+    table: str
+    partitions: tuple[int, ...]
+    keys: tuple[bytes, ...]
+    bound: ReadOptions = NO_OPTIONS
+
+
 class SnapshotShare(NamedTuple):
     """The rows of a watch's snapshot that some of the asked node's partitions hold, with
     the positions they are exact at: what a node opening a watch asks a peer. `keys`
@@ -257,7 +267,7 @@ class SnapshotShare(NamedTuple):
 #: a read of many partitions, answered by the nodes holding them and merged
 ManyPartitions = RangeQuery | IndexQuery | CountQuery | BatchQuery
 #: what a node asks a peer for its share of a read of many partitions
-PeerShare = PartitionScan | PartitionCount | SnapshotShare
+PeerShare = PartitionScan | PartitionCount | SnapshotShare | LocateShare
 
 
 class WatchQuery(NamedTuple):

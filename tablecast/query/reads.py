@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
 from tablecast.cluster.membership import Member
 from tablecast.cluster.node import Node
 from tablecast.cluster.replica import Replica
+from tablecast.contract.partitioner import UNKNOWN
 from tablecast.contract.table_info import TableInfo
 from tablecast.query.consistency import (
     NO_OPTIONS,
@@ -43,6 +44,7 @@ from tablecast.query.local import (
     Local,
     entry,
 )
+from tablecast.query.locate import Locator
 from tablecast.query.ownership import ME, Routing
 from tablecast.query.peer_calls import Rpc, key_target, maybe, target_of
 from tablecast.query.peer_pool import PeerPool
@@ -53,6 +55,7 @@ from tablecast.query.queries import (
     HistoryQuery,
     IndexQuery,
     KeyQuery,
+    LocateShare,
     MetadataQuery,
     PartitionCount,
     PartitionScan,
@@ -72,6 +75,7 @@ TIME_MIN, TIME_MAX = -(2**63), 2**63 - 1
 _TS = struct.Struct(">q")
 
 Read = Callable[[Replica], Answer]
+T = TypeVar("T")
 
 
 class Router:
@@ -105,6 +109,8 @@ class Router:
         #: partition ends as the broker says them, for positions callers name (after, resumes)
         self.ends = TopicEnds(lambda: node.config.bootstrap_servers)
         self.fan = FanOut(self)
+        #: where keys are, in tables whose partitioner is unknown
+        self.locator = Locator(self)
         self._readers: dict[type, Callable[[Any, Request], Any]] = {
             KeyQuery: self.key,
             WindowsQuery: self.windows,
@@ -116,6 +122,7 @@ class Router:
             BatchQuery: self.fan.batch_get,
             PartitionScan: self.fan.partition_scan,
             PartitionCount: self.fan.partition_count,
+            LocateShare: self.locate_share,
         }
 
     def table(self, name: str, req: Request) -> tuple[TableInfo, KeyScope | None]:
@@ -170,7 +177,30 @@ class Router:
         raw = self.local.key_bytes(info, key_text)
         if scope is not None and not scope.allows(raw):
             raise forbidden_key(table, key_text)
-        partition = info.partition_of(raw)
+        if info.partitioner == UNKNOWN:
+            return self._unplaced(
+                info,
+                raw,
+                key_text,
+                q.bound,
+                req,
+                lambda p: self._key_in(info, raw, p, q, req, keep_as, encode),
+                None,
+            )
+        return self._key_in(info, raw, info.partition_of(raw), q, req, keep_as, encode)
+
+    def _key_in(
+        self,
+        info: TableInfo,
+        raw: bytes,
+        partition: int,
+        q: KeyQuery,
+        req: Request,
+        keep_as: str | None,
+        encode: EncodeEntry,
+    ) -> EntryAnswer | Awaitable[EntryAnswer]:
+        """:meth:`key` of the key's partition."""
+        table, key_text = q.table, q.key
         opts = q.bound
         local = self.local
         plain = opts is NO_OPTIONS and q.as_of is None
@@ -216,7 +246,13 @@ class Router:
         table, key_text = q.table, q.key
         info = self.local.table(table)
         raw = self.local.key_bytes(info, key_text)
-        partition = info.partition_of(raw)
+        if info.partitioner == UNKNOWN:
+            learned = self.locator.learned(info, raw)
+            if learned is None:  # forgotten since the short path took it: look again
+                return self.key(q, req)
+            partition = learned
+        else:
+            partition = info.partition_of(raw)
         local = self.local
         choices = [
             c
@@ -292,8 +328,50 @@ class Router:
             }
             return 200, orjson.dumps(body), headers
 
-        partition = info.partition_of(raw)
-        return self.one_partition(info, partition, req, q.bound, target_of(q, (partition,)), read)
+        def at(partition: int) -> Answer | Awaitable[Answer]:
+            return self.one_partition(
+                info, partition, req, q.bound, target_of(q, (partition,)), read
+            )
+
+        if info.partitioner == UNKNOWN:
+            nothing = 200, orjson.dumps({"items": [], "next_cursor": None}), []
+            return self._unplaced(info, raw, q.key, q.bound, req, at, nothing)
+        return at(info.partition_of(raw))
+
+    async def _unplaced(
+        self,
+        info: TableInfo,
+        raw: bytes,
+        key_text: str,
+        opts: ReadOptions,
+        req: Request,
+        at: Callable[[int], T | Awaitable[T]],
+        nowhere: T | None,
+    ) -> T:
+        """`at` the partition of a key of a table whose partitioner is unknown: the one it
+        was learned in, else the one it is found in (:mod:`tablecast.query.locate`).
+        `nowhere`: the answer when no partition holds it (None: 404)."""
+        locator = self.locator
+        learned = locator.learned(info, raw)
+        if learned is not None:
+            try:
+                return await maybe(at(learned))
+            except ApiError as e:
+                if e.code != "key_not_found":
+                    raise
+                locator.forget(info, raw)  # deleted there, or moved: look again
+        found = await locator.locate(info, [raw], req, opts)
+        if found:
+            return await maybe(at(found[0]))
+        if nowhere is not None:
+            return nowhere
+        raise ApiError("key_not_found", f"key {key_text!r} is not in {info.name!r}")
+
+    async def locate_share(self, q: LocateShare, req: Request) -> Answer:
+        """A peer asks which of this node's partitions hold which keys."""
+        info, scope = self.table(q.table, req)
+        q.bound.check(info)
+        return await self.locator.share(q, info, req, scope)
 
     def _history_cursor(self, q: HistoryQuery) -> bytes:
         """The last timestamp (8 bytes) a history cursor names; 400 for any other cursor,
@@ -392,9 +470,15 @@ class Router:
         return await maybe(again())
 
     # -- where a key lives -----------------------------------------------------
-    def metadata(self, q: MetadataQuery, req: Request) -> Answer:
+    def metadata(self, q: MetadataQuery, req: Request) -> Answer | Awaitable[Answer]:
         info, raw = self._key(q.table, q.key, req)
-        partition = info.partition_of(raw)
+        if info.partitioner == UNKNOWN:
+            nowhere = 200, orjson.dumps({"partition": None, "active": None, "standbys": []}), []
+            at = lambda p: self._metadata_of(info, p)  # noqa: E731
+            return self._unplaced(info, raw, q.key, NO_OPTIONS, req, at, nowhere)
+        return self._metadata_of(info, info.partition_of(raw))
+
+    def _metadata_of(self, info: TableInfo, partition: int) -> Answer:
         slot = (info.name, partition)
         view = self.node.view
         active_id = view.effective_active(slot)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from urllib.parse import quote
 
+import httpx
 import orjson
 import pytest
 from confluent_kafka import Producer
@@ -149,14 +150,105 @@ def test_attach_serve_detach(bootstrap: str, unique: str, logs: Path) -> None:
         stop_all(nodes)
 
 
-def _actives(node) -> list[int]:  # type: ignore[no-untyped-def]
+def _actives(node, table: str = "cards") -> list[int]:  # type: ignore[no-untyped-def]
     return [
         r["partition"]
         for n in node.get("/v1/cluster").json()["nodes"]
         if n["url"] == node.url
         for r in n["replicas"]
-        if r["table"] == "cards" and r["role"] == "active"
+        if r["table"] == table and r["role"] == "active"
     ]
+
+
+def _placed_by_hand(bootstrap: str, topic: str, records: list[tuple[str, int, object]]) -> None:
+    """Write each record to the partition named beside it: a writer whose partitioner no
+    node can compute."""
+    producer = Producer(client_conf(bootstrap))
+    for key, partition, value in records:
+        body = None if value is None else orjson.dumps(value)
+        producer.produce(topic, key=key.encode(), value=body, partition=partition)
+        producer.poll(0)
+    assert producer.flush(60) == 0
+
+
+def test_an_unknown_partitioner_has_its_keys_looked_up(
+    bootstrap: str, unique: str, logs: Path
+) -> None:
+    app, topic = f"{unique}-app", f"{unique}.placed"
+    ensure_topic(bootstrap, topic, PARTITIONS, {"cleanup.policy": "compact"})
+    keys = KEYS[:90]
+    # neither murmur2 nor CRC-32: the key's length and last character
+    where = {k: (len(k) * 7 + ord(k[-1])) % PARTITIONS for k in keys}
+    model: dict[str, object] = {k: {"n": i} for i, k in enumerate(keys)}
+    records: list[tuple[str, int, object]] = [(k, where[k], model[k]) for k in keys]
+    for k in keys[1::9]:
+        records.append((k, where[k], None))
+        model.pop(k)
+    moved = keys[4]  # its writer deletes it in one partition and writes it to another
+    records.append((moved, where[moved], None))
+    where[moved] = (where[moved] + 1) % PARTITIONS
+    records.append((moved, where[moved], {"n": "moved"}))
+    model[moved] = {"n": "moved"}
+    _placed_by_hand(bootstrap, topic, records)
+    done = _cli("attach", "placed", "--app", app, "--topic", topic, "--partitioner", "unknown",
+                "--bootstrap-servers", bootstrap)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+    nodes = [start_node(app, bootstrap, logs) for _ in range(2)]
+    try:
+        for node in nodes:
+            node.wait_ready()
+        assert {t["name"]: t for t in nodes[1].get("/v1/tables").json()["tables"]}["placed"][
+            "partitioner"
+        ] == "unknown"
+        eventually(lambda: all(len(_actives(n, "placed")) > 0 for n in nodes))
+        nodes[0].wait_caught_up(bootstrap, "placed", topic)
+        nodes[1].wait_caught_up(bootstrap, "placed", topic)
+        for _ in range(2):  # looked for, then learned
+            for node in nodes:
+                for key in [*keys, "never-written"]:
+                    got = node.get(f"/v1/tables/placed/keys/{quote(key, safe='')}")
+                    if key in model:
+                        assert got.status_code == 200, (key, got.text)
+                        assert got.json()["value"] == model[key], key
+                    else:
+                        assert got.status_code == 404, (key, got.text)
+                        assert got.json()["error"]["code"] == "key_not_found"
+        batch = httpx.post(
+            nodes[1].url + "/v1/tables/placed/keys:batchGet", json={"keys": keys}, timeout=10
+        ).json()
+        for key, item in zip(keys, batch["results"], strict=True):
+            assert item.get("value") == model.get(key) and item["found"] == (key in model), key
+        for key in keys[:30]:
+            meta = nodes[0].get(f"/v1/tables/placed/keys/{quote(key, safe='')}/metadata").json()
+            assert meta["partition"] == (where[key] if key in model else None), key
+
+        # learned keys that move or go are looked for again; a watch sees every partition
+        again = keys[7]
+        with Client([n.url for n in nodes]) as client:
+            events = client.watch("placed", key=[again])
+            assert next(events).event == "snapshot" and next(events).event == "ready"
+            _placed_by_hand(
+                bootstrap,
+                topic,
+                [(again, where[again], None), (again, (where[again] + 2) % PARTITIONS, {"n": 2})],
+            )
+            # two partitions: their events come in either order
+            seen = [next(events), next(events)]
+            assert all(e.event == "change" for e in seen), seen
+            assert sorted(orjson.dumps(e.value) for e in seen) == [b"null", b'{"n":2}'], seen
+            events.close()  # type: ignore[attr-defined]
+            path = f"/v1/tables/placed/keys/{again}"
+            for node in nodes:
+                eventually(lambda n=node: n.get(path).json().get("value") == {"n": 2})
+            assert (client.read("placed", again).record or {}).get("value") == {"n": 2}
+            _placed_by_hand(bootstrap, topic, [(again, (where[again] + 2) % PARTITIONS, None)])
+            for node in nodes:
+                eventually(
+                    lambda n=node: n.get(f"/v1/tables/placed/keys/{again}").status_code == 404
+                )
+    finally:
+        stop_all(nodes)
 
 
 def test_attach_refuses_what_it_cannot_serve(bootstrap: str, unique: str) -> None:

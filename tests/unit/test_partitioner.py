@@ -58,3 +58,57 @@ def test_a_catalog_entry_names_a_known_partitioner() -> None:
     old = orjson.loads(info.to_json())
     del old["partitioner"], old["attached"]
     assert TableInfo.checked("t", orjson.dumps(old)).partitioner == "murmur2"
+
+
+def test_an_unknown_partitioner_places_no_key() -> None:
+    from tablecast.contract.partitioner import Unplaced
+    from tablecast.contract.table_info import BadEntry, TableInfo
+
+    info = TableInfo("t", "t", 4, {"format": "string"}, {"format": "json"}, partitioner="unknown")
+    entry = TableInfo.checked("t", info.to_json())
+    assert not entry.placed and entry.public()["partitioner"] == "unknown"
+    assert entry.partitions_for(b"k") == (0, 1, 2, 3)
+    with pytest.raises(Unplaced):
+        entry.partition_of(b"k")
+    placed = TableInfo("t", "t", 4, {"format": "string"}, {"format": "json"})
+    assert placed.placed and placed.partitions_for(b"abc") == (placed.partition_of(b"abc"),)
+    # a window table's keys carry their window: looking one up would need a scan
+    window = orjson.loads(info.to_json())
+    window.update(kind="window", extra={"size_ms": 1000})
+    with pytest.raises(BadEntry, match="unknown is for kv tables"):
+        TableInfo.checked("t", orjson.dumps(window))
+
+
+def test_what_a_node_learns_of_unplaced_keys_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from tablecast.contract.table_info import TableInfo
+    from tablecast.query import locate
+
+    monkeypatch.setattr(locate, "MAX_LEARNED", 3)
+    router = SimpleNamespace(local=None, routing=None, rpc=None)
+    locator = locate.Locator(router)  # type: ignore[arg-type]
+    info = TableInfo("t", "t", 4, {"format": "string"}, {"format": "json"}, partitioner="unknown")
+    for i, key in enumerate([b"a", b"b", b"c"]):
+        locator.learn(info, key, i)
+    locator.learn(info, b"a", 3)  # learned again: moved, not one more
+    assert [locator.learned(info, k) for k in (b"a", b"b", b"c")] == [3, 1, 2]
+    locator.forget(info, b"b")
+    assert locator.learned(info, b"b") is None
+    locator.learn(info, b"d", 0)
+    locator.learn(info, b"e", 0)  # past the bound: starts over
+    assert locator.learned(info, b"a") is None and locator.learned(info, b"e") == 0
+    # the same table described anew (re-attached) learns anew
+    again = TableInfo("t", "t", 4, {"format": "string"}, {"format": "json"}, partitioner="unknown")
+    assert locator.learned(again, b"e") is None
+
+
+def test_keys_asked_of_a_peer_go_in_asks_of_bounded_size() -> None:
+    from tablecast.query.locate import ASK_KEY_CHARS, _chunks
+
+    raws = [bytes(100)] * 100
+    chunks = _chunks(list(range(100)), raws)
+    assert [i for c in chunks for i in c] == list(range(100))
+    assert all(sum(2 * len(raws[i]) + 1 for i in c) <= ASK_KEY_CHARS for c in chunks)
+    assert len(chunks) > 1
+    assert _chunks([0], [bytes(10_000)]) == [[0]]  # one key larger than an ask still goes

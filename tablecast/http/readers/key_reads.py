@@ -269,8 +269,8 @@ class Answerer:
             info = self._table(table)
         except ApiError:
             return None  # the node says why (and counts it)
-        if info.kind != "kv":
-            return None
+        if info.kind != "kv" or not info.placed:
+            return None  # a key the node looks for (an unknown partitioner) is the node's
         try:
             raw = key_bytes(info, key_text, self.max_key_bytes)
         except ApiError:
