@@ -39,6 +39,7 @@ BENCHES = {
     "grpc_get": "bench.grpc_get",
     "attach": "bench.attach",
     "streams_restore": "bench.streams_restore",
+    "unknown_partitioner": "bench.unknown_partitioner",
 }
 # the pipeline benchmark is written by another change; run it once its module exists
 if importlib.util.find_spec("bench.pipeline") is not None:
@@ -55,6 +56,7 @@ QUICK = {
     "rolling": ["--nodes", "3", "--partitions", "6", "--keys", "2000"],
     "console": ["--rounds", "3", "--keys", "200"],
     "attach": ["--mb", "20", "--operations", "5000", "--rounds", "1"],
+    "unknown_partitioner": ["--keys", "5000", "--seconds", "1", "--rounds", "3"],
 }
 
 log = logging.getLogger("bench")

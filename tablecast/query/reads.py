@@ -178,6 +178,15 @@ class Router:
         if scope is not None and not scope.allows(raw):
             raise forbidden_key(table, key_text)
         if info.partitioner == UNKNOWN:
+            learned = self.locator.learned(info, raw)
+            if learned is not None:
+                # as fast as a computed partition; a peer's 404 is its own full look
+                try:
+                    return self._key_in(info, raw, learned, q, req, keep_as, encode)
+                except ApiError as e:
+                    if e.code != "key_not_found":
+                        raise
+                    self.locator.forget(info, raw)  # deleted here, or moved: look again
             return self._unplaced(
                 info,
                 raw,
