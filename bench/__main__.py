@@ -40,6 +40,7 @@ BENCHES = {
     "attach": "bench.attach",
     "streams_restore": "bench.streams_restore",
     "unknown_partitioner": "bench.unknown_partitioner",
+    "pg_get": "bench.pg_get",
 }
 # the pipeline benchmark is written by another change; run it once its module exists
 if importlib.util.find_spec("bench.pipeline") is not None:
@@ -57,6 +58,7 @@ QUICK = {
     "console": ["--rounds", "3", "--keys", "200"],
     "attach": ["--mb", "20", "--operations", "5000", "--rounds", "1"],
     "unknown_partitioner": ["--keys", "5000", "--seconds", "1", "--rounds", "3"],
+    "pg_get": ["--keys", "5000", "--seconds", "2", "--rounds", "3"],
 }
 
 log = logging.getLogger("bench")

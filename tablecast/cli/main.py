@@ -391,6 +391,21 @@ def build_parser() -> Parser:
     )
     option(
         p,
+        "--pg-port",
+        type=int,
+        check=PORT,
+        shown="none: no SQL",
+        help="also serve the PostgreSQL protocol (psql, JDBC, psycopg: read-only SQL over "
+        "every table) on this port, with the same auth (the password is the JWT) and TLS",
+    )
+    option(
+        p,
+        "--pg-allow-cleartext",
+        switch=True,
+        help="with auth on, accept a PostgreSQL password (a JWT) without TLS from loopback",
+    )
+    option(
+        p,
         "--http-engine",
         "loop",
         choices=("granian", "loop"),
@@ -861,6 +876,10 @@ def _serve(args: argparse.Namespace) -> int:
     ensure_free(args, "--port", args.host, args.port)
     if args.grpc_port is not None:
         ensure_free(args, "--grpc-port", args.host, args.grpc_port)
+    if args.pg_port is not None:
+        if find_spec("sqlglot") is None:
+            raise Failure("--pg-port needs sqlglot: pip install 'tablecast[pg]'")
+        ensure_free(args, "--pg-port", args.host, args.pg_port)
     if args.huge_pages == "on" and args.own_process:
         from tablecast.node import huge_pages
 
@@ -904,6 +923,8 @@ def _serve(args: argparse.Namespace) -> int:
         waits_per_caller=args.max_waits,
         auth_metrics=args.auth_metrics,
         grpc_port=args.grpc_port,
+        pg_port=args.pg_port,
+        pg_allow_cleartext=args.pg_allow_cleartext,
         http_engine=args.http_engine,
         listeners=args.listeners,
         processes=args.processes,

@@ -179,6 +179,13 @@ async def serve(settings: ServeSettings, auth: Auth) -> None:
 
         grpc = await serve_grpc(app, host, settings.grpc_port, tls)
         log.info("gRPC (tablecast.v1.Tables) on %s:%d", host, settings.grpc_port)
+    pg = None
+    if settings.pg_port is not None:
+        from tablecast.pg.server import PgServer
+
+        pg = PgServer(app, tls, settings.pg_allow_cleartext)
+        await pg.start(host, settings.pg_port)
+        log.info("PostgreSQL protocol on %s:%d", host, settings.pg_port)
     gc.tune()
     collecting = asyncio.get_running_loop().create_task(gc.collect_periodically())
     leaving = Leaving(lambda: asyncio.to_thread(node.leave), node.hurry)
@@ -201,6 +208,8 @@ async def serve(settings: ServeSettings, auth: Auth) -> None:
         app.console.close()
         if grpc is not None:
             await grpc.stop(1.0)
+        if pg is not None:
+            await pg.stop()
         app.live.hub.stop()
         app.peers.close()
         node.stop()
@@ -259,6 +268,10 @@ class ServeSettings:
     auth_metrics: bool = False
     #: serve gRPC (tablecast.v1.Tables) on this port too (--grpc-port)
     grpc_port: int | None = None
+    #: serve the PostgreSQL protocol on this port too (--pg-port)
+    pg_port: int | None = None
+    #: with auth on, a PostgreSQL password without TLS from loopback (--pg-allow-cleartext)
+    pg_allow_cleartext: bool = False
     #: "loop": HTTP/1.1 on the event loop's thread (http/http1.py), or "granian" (HTTP/2 too)
     http_engine: str = "loop"
     #: the loop engine's listening sockets (None: as many as this kernel needs, see listen.py)

@@ -50,6 +50,7 @@ LAYERS: list[set[str]] = [
     {"live"},
     {"console"},
     {"grpc"},
+    {"pg"},
     {"http"},
     # a serving node's process puts the layers below together
     {"node"},

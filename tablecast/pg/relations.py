@@ -1,0 +1,55 @@
+"""What SQL sees of the node: its tables as relations, answers made of rows, and the
+errors a statement can end in (each with its SQLSTATE)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tablecast.contract.table_info import TableInfo
+from tablecast.pg.types import INT4, INT8, JSONB, TEXT, TIMESTAMPTZ, PgType
+
+
+class SqlError(Exception):
+    """What a statement cannot be: its SQLSTATE and message."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def unsupported(what: str) -> SqlError:
+    return SqlError("0A000", f"not supported: {what}")
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A SELECT answered without a table: constants and the catalog."""
+
+    outputs: tuple[tuple[str, PgType], ...]
+    rows: tuple[tuple[Any, ...], ...]
+    tag: str = "SELECT"
+
+
+class Tables:
+    """What planning needs: a table by name (SqlError 42P01 when there is none), and every
+    table's description (the catalog)."""
+
+    def __init__(
+        self, lookup: Callable[[str], TableInfo], listing: Callable[[], list[TableInfo]]
+    ) -> None:
+        self.lookup = lookup
+        self.listing = listing
+
+
+def table_columns(info: TableInfo) -> list[tuple[str, PgType]]:
+    key = INT8 if info.key["format"] == "long" else TEXT
+    return [
+        ("key", key),
+        ("value", JSONB),
+        ("partition", INT4),
+        ("offset", INT8),
+        ("timestamp", TIMESTAMPTZ),
+    ]

@@ -1,0 +1,734 @@
+"""One PostgreSQL client connection: startup, authentication, then simple and extended
+queries, each SELECT answered by the node's read core as an HTTP read would be.
+
+The extended protocol keeps prepared statements and portals by name; a portal
+read with a row limit (Execute with max_rows) is suspended and continues where
+it stopped. After an error in an extended-protocol batch every message up to
+Sync is skipped, as PostgreSQL does. Output is buffered per message batch and
+written with back-pressure, so a slow reader never grows the node's memory
+beyond one page of rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+import orjson
+
+from tablecast.pg import wire
+from tablecast.pg.relations import Rows, SqlError, Tables
+from tablecast.pg.statements import (
+    DEFAULT_SETTINGS,
+    Nothing,
+    Param,
+    Read,
+    Setting,
+    Show,
+    Statement,
+    key_json,
+    key_raw,
+    key_text,
+    parse,
+    resolve,
+    row_passes,
+)
+from tablecast.pg.types import TEXT, CastFailed, PgType, decode_parameter, encode
+from tablecast.query.auth import Caller
+from tablecast.query.consistency import bound_of
+from tablecast.query.errors import ApiError
+from tablecast.query.gate import Gate
+from tablecast.query.local import Found
+from tablecast.query.peer_calls import maybe
+from tablecast.query.queries import BatchQuery, CountQuery, KeyQuery, RangeQuery
+from tablecast.query.reads import Router
+from tablecast.query.request import Request
+
+log = logging.getLogger(__name__)
+
+#: rows a read asks for at once (a page of a range; what is buffered per portal)
+PAGE = 1_000
+#: prepared statements and portals one connection may hold
+MAX_NAMED = 1_000
+#: bytes of output gathered before they are written (and waited for)
+FLUSH_BYTES = 64 * 1024
+#: settings whose change a session reports back (ParameterStatus), as PostgreSQL does
+REPORTED = ("application_name", "client_encoding", "datestyle", "timezone", "intervalstyle")
+#: tablecast's own session settings -> the read option each one is
+CONSISTENCY = {"tablecast.max_lag": "max_lag", "tablecast.timeout_ms": "timeout_ms"}
+
+#: the read core's error codes as SQLSTATEs
+SQLSTATE = {
+    "bad_request": "22023",
+    "unauthorized": "28000",
+    "forbidden": "42501",
+    "table_not_found": "42P01",
+    "not_found": "42P01",
+    "rate_limited": "53400",
+    "partition_unavailable": "57P03",
+    "timeout": "57014",
+    "request_timeout": "57014",
+    "payload_too_large": "54000",
+    "internal": "XX000",
+}
+
+
+class Node(Protocol):
+    """What a session reads with: the node's HTTP app is one."""
+
+    router: Router
+    gate: Gate
+
+
+class _Scope:
+    """The client's address, as rate limits count it."""
+
+    __slots__ = ("client",)
+
+    def __init__(self, client: str) -> None:
+        self.client = client
+
+
+@dataclass
+class Prepared:
+    statement: Statement | None  # None: an empty query
+    #: parameter types the client gave at Parse (0: unspecified)
+    oids: list[int]
+
+
+@dataclass
+class Portal:
+    prepared: Prepared
+    params: list[Any]
+    #: per column: binary (True) or text
+    binary: list[bool]
+    rows: AsyncIterator[tuple[Any, ...]] | None = None
+    sent: int = 0
+    described: bool = False
+    done: bool = False
+    pending: list[tuple[Any, ...]] = field(default_factory=list)
+
+
+class Session:
+    def __init__(
+        self,
+        node: Node,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        tls: ssl.SSLContext | None,
+        allow_cleartext: bool,
+        cancels: dict[tuple[int, int], Session],
+    ) -> None:
+        self.router = node.router
+        self.gate = node.gate
+        self.reader, self.writer = reader, writer
+        self.tls, self.allow_cleartext = tls, allow_cleartext
+        self.cancels = cancels
+        peer = writer.get_extra_info("peername") or ("", 0)
+        self.scope = _Scope(f"{peer[0]}:{peer[1]}")
+        self.loopback = str(peer[0]) in ("127.0.0.1", "::1") or str(peer[0]).startswith("127.")
+        self.secure = False
+        self.authorization: str | None = None
+        self.settings = dict(DEFAULT_SETTINGS)
+        self.position: str | None = None
+        self.tx = b"I"
+        self.out: list[bytes] = []
+        self.size = 0
+        self.prepared: dict[str, Prepared] = {}
+        self.portals: dict[str, Portal] = {}
+        self.key = (os.getpid() & 0x7FFFFFFF, int.from_bytes(os.urandom(4), "big") & 0x7FFFFFFF)
+        self.running: asyncio.Task[Any] | None = None
+        local = self.router.local
+        self.tables = Tables(self._table, lambda: list(local.node.tables.values()))
+
+    # -- output ----------------------------------------------------------------------------
+    def send(self, data: bytes) -> None:
+        self.out.append(data)
+        self.size += len(data)
+
+    async def flush(self) -> None:
+        if self.out:
+            self.writer.write(b"".join(self.out))
+            self.out.clear()
+            self.size = 0
+        await self.writer.drain()
+
+    async def _maybe_flush(self) -> None:
+        if self.size >= FLUSH_BYTES:
+            await self.flush()
+
+    def _error(self, code: str, message: str, severity: str = "ERROR") -> None:
+        self.send(wire.error_response(code, message, severity))
+        if self.tx == b"T":
+            self.tx = b"E"
+
+    # -- the connection --------------------------------------------------------------------
+    async def run(self) -> None:
+        try:
+            if not await self._startup():
+                return
+            self.cancels[self.key] = self
+            await self._serve()
+        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
+            pass  # the client went away
+        except wire.ProtocolViolation as e:
+            self.send(wire.error_response("08P01", f"protocol violation: {e}", "FATAL"))
+            await self._close_flush()
+        finally:
+            self.cancels.pop(self.key, None)
+            self.writer.close()
+
+    async def _close_flush(self) -> None:
+        with contextlib.suppress(Exception):  # the client is gone or stuck: nothing to tell
+            await asyncio.wait_for(self.flush(), 5)
+
+    async def _startup(self) -> bool:
+        """Protocol negotiation and authentication; False when the connection ends."""
+        for _ in range(3):  # an SSL and a GSS request may come before the startup message
+            code, payload = await wire.read_startup(self.reader)
+            if code == wire.SSL_REQUEST:
+                if self.tls is None or self.secure:
+                    self.writer.write(b"N")
+                    continue
+                self.writer.write(b"S")
+                await self.writer.drain()
+                await self.writer.start_tls(self.tls)
+                self.secure = True
+                continue
+            if code == wire.GSSENC_REQUEST:
+                self.writer.write(b"N")
+                continue
+            if code == wire.CANCEL_REQUEST:
+                target = (payload.int32(), payload.int32())
+                victim = self.cancels.get(target)
+                if victim is not None:
+                    victim.cancel()
+                return False
+            if code >> 16 != 3:
+                self.send(
+                    wire.error_response(
+                        "0A000",
+                        f"protocol version {code >> 16}.{code & 0xFFFF} is not 3.0",
+                        "FATAL",
+                    )
+                )
+                await self._close_flush()
+                return False
+            params = wire.startup_parameters(payload)
+            return await self._authenticate(params)
+        raise wire.ProtocolViolation("no startup message")
+
+    async def _authenticate(self, params: dict[str, str]) -> bool:
+        if self.gate.auth.enabled:
+            if not (self.secure or (self.loopback and self.allow_cleartext)):
+                self.send(
+                    wire.error_response(
+                        "28000",
+                        "the password (a JWT) is accepted only over TLS: connect with "
+                        "sslmode=require",
+                        "FATAL",
+                    )
+                )
+                await self._close_flush()
+                return False
+            self.writer.write(wire.AUTH_CLEARTEXT)
+            await self.writer.drain()
+            kind, payload = await wire.read_message(self.reader)
+            if kind != b"p":
+                raise wire.ProtocolViolation("expected a password message")
+            token = payload.cstring()
+            self.authorization = f"Bearer {token}"
+            try:
+                await self.gate.admit(self.authorization, self.scope)
+            except ApiError as e:
+                self.send(
+                    wire.error_response("28P01", f"the token was refused: {e.message}", "FATAL")
+                )
+                await self._close_flush()
+                return False
+        self.send(wire.AUTH_OK)
+        for name in ("application_name", "client_encoding"):
+            if name in params:
+                self.settings[name] = params[name]
+        for name in (
+            "server_version",
+            "server_encoding",
+            "client_encoding",
+            "DateStyle",
+            "TimeZone",
+            "integer_datetimes",
+            "standard_conforming_strings",
+            "application_name",
+            "is_superuser",
+            "default_transaction_read_only",
+            "IntervalStyle",
+        ):
+            self.send(wire.parameter_status(name, self.settings.get(name.lower(), "")))
+        self.send(wire.backend_key_data(*self.key))
+        self.send(wire.ready_for_query(self.tx))
+        await self.flush()
+        return True
+
+    def cancel(self) -> None:
+        """A CancelRequest named this session: stop what it runs now."""
+        if self.running is not None and not self.running.done():
+            self.running.cancel()
+
+    async def _serve(self) -> None:
+        skipping = False  # after an error in an extended batch, until Sync
+        while True:
+            kind, payload = await wire.read_message(self.reader)
+            if kind == b"X":
+                return
+            if kind == b"Q":
+                await self._guarded(self._simple(payload.cstring()))
+                self.send(wire.ready_for_query(self.tx))
+                await self.flush()
+                continue
+            if kind == b"S":
+                skipping = False
+                self.send(wire.ready_for_query(self.tx))
+                await self.flush()
+                continue
+            if kind == b"H":
+                await self.flush()
+                continue
+            if skipping:
+                continue
+            handler = self._extended.get(kind)
+            if handler is None:
+                raise wire.ProtocolViolation(f"unknown message type {kind!r}")
+            # only Execute reads (and may wait): the others run inline, no task of their own
+            if not await self._guarded(handler(self, payload), cancellable=kind == b"E"):
+                skipping = True
+            await self._maybe_flush()
+
+    async def _guarded(self, work: Awaitable[Any], cancellable: bool = True) -> bool:
+        """Run `work`, `cancellable` as the statement under way (a CancelRequest cancels
+        it); an error it ends in is answered. False when it failed."""
+        self.running = asyncio.ensure_future(work) if cancellable else None
+        try:
+            await (self.running or work)
+            return True
+        except asyncio.CancelledError:
+            if asyncio.current_task() is not None and asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                raise  # the node is stopping, not the client cancelling
+            self._error("57014", "canceling statement due to user request")
+        except SqlError as e:
+            self._error(e.code, e.message)
+        except CastFailed as e:
+            self._error("22P02", str(e))
+        except ApiError as e:
+            self._error(SQLSTATE.get(e.code, "XX000"), e.message)
+        except wire.ProtocolViolation:
+            raise
+        except Exception as e:  # a bug must cost one statement, never the connection
+            log.exception("a SQL statement failed")
+            self._error("XX000", f"internal error: {type(e).__name__}")
+        finally:
+            self.running = None
+        return False
+
+    # -- simple query ----------------------------------------------------------------------
+    async def _simple(self, sql: str) -> None:
+        statements = parse(sql, self.tables)
+        if not statements:
+            self.send(wire.EMPTY_QUERY)
+            return
+        for st in statements:
+            self._check_tx(st)
+            portal = Portal(Prepared(st, []), [], [])
+            self._describe_rows(portal, simple=True)
+            await self._execute(portal, 0)
+
+    def _check_tx(self, st: Statement | None) -> None:
+        if self.tx == b"E" and not (isinstance(st, Nothing) and st.tag in ("ROLLBACK", "COMMIT")):
+            raise SqlError(
+                "25P02",
+                "current transaction is aborted, commands ignored until end of transaction block",
+            )
+
+    # -- extended query --------------------------------------------------------------------
+    async def _parse(self, payload: wire.Payload) -> None:
+        name = payload.cstring()
+        sql = payload.cstring()
+        oids = [payload.int32() for _ in range(payload.int16())]
+        if name and name in self.prepared:
+            raise SqlError("42P05", f'prepared statement "{name}" already exists')
+        statements = parse(sql, self.tables)
+        if len(statements) > 1:
+            raise SqlError("42601", "cannot insert multiple commands into a prepared statement")
+        if name and len(self.prepared) >= MAX_NAMED:
+            raise SqlError("53400", f"at most {MAX_NAMED} prepared statements per connection")
+        self.prepared[name] = Prepared(statements[0] if statements else None, oids)
+        self.send(wire.PARSE_COMPLETE)
+
+    async def _bind(self, payload: wire.Payload) -> None:
+        portal_name = payload.cstring()
+        name = payload.cstring()
+        prepared = self.prepared.get(name)
+        if prepared is None:
+            raise SqlError("26000", f'prepared statement "{name}" does not exist')
+        formats = [payload.int16() for _ in range(payload.int16())]
+        count = payload.int16()
+        raw = []
+        for _ in range(count):
+            n = payload.int32()
+            raw.append(None if n == -1 else payload.bytes(n))
+        result_formats = [payload.int16() for _ in range(payload.int16())]
+        st = prepared.statement
+        wanted = st.params if isinstance(st, Read) else 0
+        if count != wanted:
+            raise SqlError("08P01", f"the statement takes {wanted} parameters, {count} were bound")
+        values = []
+        for i, data in enumerate(raw):
+            fmt = formats[i] if len(formats) > 1 else (formats[0] if formats else 0)
+            oid = prepared.oids[i] if i < len(prepared.oids) else 0
+            if not oid and isinstance(st, Read):
+                oid = st.param_types.get(i + 1, TEXT).oid
+            values.append(decode_parameter(data, oid, fmt == 1))
+        columns = len(_outputs(st, self))
+        if len(result_formats) > 1 and len(result_formats) != columns:
+            raise SqlError("08P01", "result formats do not match the columns")
+        binary = [
+            (result_formats[i] if len(result_formats) > 1 else result_formats[0]) == 1
+            if result_formats
+            else False
+            for i in range(columns)
+        ]
+        if portal_name and len(self.portals) >= MAX_NAMED:
+            raise SqlError("53400", f"at most {MAX_NAMED} portals per connection")
+        self._check_tx(st)
+        self.portals[portal_name] = Portal(prepared, values, binary)
+        self.send(wire.BIND_COMPLETE)
+
+    async def _describe(self, payload: wire.Payload) -> None:
+        what = payload.bytes(1)
+        name = payload.cstring()
+        if what == b"S":
+            prepared = self.prepared.get(name)
+            if prepared is None:
+                raise SqlError("26000", f'prepared statement "{name}" does not exist')
+            st = prepared.statement
+            oids = []
+            if isinstance(st, Read):
+                for i in range(st.params):
+                    given = prepared.oids[i] if i < len(prepared.oids) else 0
+                    oids.append(given or st.param_types.get(i + 1, TEXT).oid)
+            self.send(wire.parameter_description(oids))
+            self._describe_rows(Portal(prepared, [], []))
+        elif what == b"P":
+            portal = self.portals.get(name)
+            if portal is None:
+                raise SqlError("34000", f'portal "{name}" does not exist')
+            self._describe_rows(portal)
+            portal.described = True
+        else:
+            raise wire.ProtocolViolation("Describe of neither S nor P")
+
+    def _describe_rows(self, portal: Portal, simple: bool = False) -> None:
+        """RowDescription of what `portal` returns; for a statement without rows, NoData
+        (a simple query sends nothing then)."""
+        outputs = _outputs(portal.prepared.statement, self)
+        if not outputs:
+            if not simple:
+                self.send(wire.NO_DATA)
+            return
+        fields = []
+        for i, (name, t) in enumerate(outputs):
+            binary = portal.binary[i] if i < len(portal.binary) else False
+            fields.append((name, t.oid, t.size, 1 if binary else 0))
+        self.send(wire.row_description(fields))
+
+    async def _execute_message(self, payload: wire.Payload) -> None:
+        name = payload.cstring()
+        limit = payload.int32()
+        portal = self.portals.get(name)
+        if portal is None:
+            raise SqlError("34000", f'portal "{name}" does not exist')
+        await self._execute(portal, limit)
+
+    async def _close(self, payload: wire.Payload) -> None:
+        what = payload.bytes(1)
+        name = payload.cstring()
+        if what == b"S":
+            self.prepared.pop(name, None)
+        elif what == b"P":
+            portal = self.portals.pop(name, None)
+            if portal is not None and portal.rows is not None:
+                await portal.rows.aclose()  # type: ignore[attr-defined]
+        else:
+            raise wire.ProtocolViolation("Close of neither S nor P")
+        self.send(wire.CLOSE_COMPLETE)
+
+    _extended: ClassVar[dict[bytes, Callable[[Session, wire.Payload], Awaitable[None]]]] = {
+        b"P": _parse,
+        b"B": _bind,
+        b"D": _describe,
+        b"E": _execute_message,
+        b"C": _close,
+    }
+
+    # -- running a statement ---------------------------------------------------------------
+    async def _execute(self, portal: Portal, limit: int) -> None:
+        st = portal.prepared.statement
+        if st is None:
+            self.send(wire.EMPTY_QUERY)
+            return
+        if isinstance(st, Setting):
+            self._set(st, portal.params)
+            self.send(wire.command_complete("SET"))
+            return
+        if isinstance(st, Nothing):
+            self._transaction(st.tag)
+            self.send(wire.command_complete(st.tag))
+            return
+        if portal.done:
+            self.send(wire.command_complete(f"SELECT {portal.sent}"))
+            return
+        if portal.rows is None:
+            portal.rows = self._rows(st, portal.params)
+        types = [t for _, t in _outputs(st, self)]
+        binary = portal.binary or [False] * len(types)
+        rows = portal.rows
+        while limit <= 0 or portal.sent < limit:
+            try:
+                row = await anext(rows)
+            except StopAsyncIteration:
+                portal.done = True
+                self.send(wire.command_complete(_tag(st, portal.sent)))
+                return
+            self.send(wire.data_row([encode(v, types[i], binary[i]) for i, v in enumerate(row)]))
+            portal.sent += 1
+            await self._maybe_flush()
+        self.send(wire.PORTAL_SUSPENDED)
+
+    def _transaction(self, tag: str) -> None:
+        if tag == "BEGIN":
+            self.tx = b"T" if self.tx == b"I" else self.tx
+        elif tag in ("COMMIT", "ROLLBACK"):
+            self.tx = b"I"
+
+    def _set(self, st: Setting, params: Sequence[Any]) -> None:
+        value = resolve(st.value, params)
+        name = st.name
+        if name in CONSISTENCY or name == "tablecast.after":
+            if value is not None and name != "tablecast.after":
+                try:
+                    if int(value) < 0:
+                        raise ValueError
+                except (TypeError, ValueError):
+                    raise SqlError(
+                        "22023", f"{name} is a non-negative integer, not {value!r}"
+                    ) from None
+            if value is not None and name == "tablecast.after":
+                bound_of({}, str(value))  # 400 -> 22023 now, not at the next read
+        elif (
+            name == "client_encoding"
+            and value is not None
+            and str(value).upper().replace("-", "") not in ("UTF8", "UNICODE")
+        ):
+            raise SqlError("22023", "tablecast speaks UTF8 only")
+        if value is None:
+            self.settings.pop(name, None)
+            if name in DEFAULT_SETTINGS:
+                self.settings[name] = DEFAULT_SETTINGS[name]
+        else:
+            self.settings[name] = str(value)
+        if name in REPORTED:
+            self.send(wire.parameter_status(name, self.settings.get(name, "")))
+
+    def _show(self, name: str) -> tuple[Any, ...]:
+        if name == "tablecast.position":
+            return (self.position,)
+        if name == "all":
+            raise SqlError("0A000", "not supported: SHOW ALL")
+        if name in CONSISTENCY or name == "tablecast.after":
+            return (self.settings.get(name, ""),)  # unset: empty, as PostgreSQL's own
+        if name not in self.settings:
+            raise SqlError("42704", f'unrecognized configuration parameter "{name}"')
+        return (self.settings[name],)
+
+    # -- reads -----------------------------------------------------------------------------
+    def _table(self, name: str) -> Any:
+        try:
+            return self.router.local.table(name)
+        except ApiError as e:
+            if e.code == "table_not_found":
+                raise SqlError("42P01", f'relation "{name}" does not exist') from None
+            raise
+
+    async def _request(self) -> Request:
+        """The caller of the statement under way: its token checked again (it may have
+        expired since the connection began) and one of its rate-limit tokens spent."""
+        caller: Caller | None = None
+        if self.authorization is not None:
+            found = self.gate.caller(self.authorization, self.scope)
+            caller = await found if isinstance(found, Awaitable) else found  # type: ignore[assignment]
+        self.gate.limit(caller, self.scope)
+        headers = {"authorization": self.authorization} if self.authorization else {}
+        return Request(headers, caller, self.scope)
+
+    def _bound(self) -> Any:
+        params = {
+            option: self.settings[name]
+            for name, option in CONSISTENCY.items()
+            if self.settings.get(name) is not None
+        }
+        return bound_of(params, self.settings.get("tablecast.after"))
+
+    async def _rows(self, st: Statement, params: Sequence[Any]) -> AsyncIterator[tuple[Any, ...]]:
+        """The statement's rows, each as its output columns' values."""
+        if isinstance(st, Rows):
+            for r in st.rows:
+                yield r
+            return
+        if isinstance(st, Show):
+            yield self._show(st.name)
+            return
+        assert isinstance(st, Read)
+        req = await self._request()
+        skip = _count_value(st.offset, params) or 0
+        limit = _count_value(st.limit, params)
+        if st.count:
+            yield (await self._count(st, params, req),)
+            return
+        if limit == 0:
+            return
+        n = 0
+        async for row in self._read(st, params, req, None if limit is None else limit + skip):
+            if skip:
+                skip -= 1
+                continue
+            yield tuple(o.of(row) for o in st.outputs)
+            n += 1
+            if limit is not None and n >= limit:
+                return
+
+    async def _count(self, st: Read, params: Sequence[Any], req: Request) -> int:
+        if st.filter.path == "all" and st.filter.where is None:
+            found = await maybe(self.router.read(CountQuery(st.table, self._bound()), req))
+            self._found_position(found)
+            return int(found.doc["count"])  # type: ignore[union-attr]
+        return sum([1 async for _ in self._read(st, params, req, None)])
+
+    def _found_position(self, found: Any) -> None:
+        if not isinstance(found, Found):
+            raise ApiError("bad_request", "a SQL read is never redirected")
+        self._note(found.headers)
+
+    def _note(self, headers: Sequence[tuple[str, str]]) -> None:
+        for name, value in headers:
+            if name == "x-tablecast-position":
+                self.position = value
+
+    async def _read(
+        self, st: Read, params: Sequence[Any], req: Request, most: int | None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The rows the WHERE selects, by key, as {key, value[, partition, offset,
+        timestamp]}."""
+        info, f = st.info, st.filter
+        bound = self._bound()
+        if f.path == "key":
+            text = key_text(info, resolve(f.keys[0], params))
+            try:
+                answer = await maybe(self.router.key(KeyQuery(st.table, text, bound), req))
+            except ApiError as e:
+                if e.code == "key_not_found":
+                    self._note(e.headers)
+                    return
+                raise
+            status, body, headers = answer
+            self._note(headers)
+            if status == 404:
+                return
+            doc = orjson.loads(body)
+            if status != 200:
+                err = doc.get("error", {}) if isinstance(doc, dict) else {}
+                raise ApiError(err.get("code", "internal"), err.get("message", "a peer failed"))
+            yield doc
+            return
+        if f.path == "keys":
+            values = [resolve(v, params) for v in f.keys]
+            keys = [key_json(info, v) for v in values]
+            found = await maybe(self.router.read(BatchQuery.of_keys(st.table, keys, bound), req))
+            self._found_position(found)
+            rows = [
+                (key_raw(info, r["key"]), r)
+                for r in found.doc["results"]  # type: ignore[union-attr]
+                if r.get("found")
+            ]
+            seen = set()
+            for raw, r in sorted(rows, key=lambda x: x[0]):
+                if raw not in seen:  # a key named twice is one row
+                    seen.add(raw)
+                    yield {"key": r["key"], "value": r["value"]}
+            return
+        start = end = prefix = None
+        high_raw = None
+        if f.path == "prefix":
+            pattern = resolve(f.prefix, params)
+            if not isinstance(pattern, str):
+                raise SqlError("42804", "LIKE takes a text pattern")
+            prefix = pattern[:-1] or None
+        if f.low is not None:
+            start = key_text(info, resolve(f.low[0], params))
+        if f.high is not None:
+            high = resolve(f.high[0], params)
+            if f.high[1]:
+                high_raw = key_raw(info, high)  # inclusive: read on, stop past it
+            else:
+                end = key_text(info, high)
+        cursor = None
+        while True:
+            page = PAGE if most is None else max(1, min(PAGE, most))
+            q = RangeQuery.between(
+                st.table, start, end, prefix=prefix, limit=page, cursor=cursor, bound=bound
+            )
+            found = await maybe(self.router.read(q, req))
+            self._found_position(found)
+            doc = found.doc  # type: ignore[union-attr]
+            for item in doc["items"]:
+                raw = key_raw(info, item["key"])
+                if high_raw is not None and raw > high_raw:
+                    return
+                if row_passes(f.where, raw, info, params):
+                    yield item
+            cursor = doc.get("next_cursor")
+            if not cursor:
+                return
+
+
+def _count_value(v: Any, params: Sequence[Any]) -> int | None:
+    if v is None:
+        return None
+    n = resolve(v, params) if isinstance(v, Param) else v
+    try:
+        n = int(n)
+    except (TypeError, ValueError):
+        raise SqlError("22P02", f"LIMIT and OFFSET take an integer, not {n!r}") from None
+    if n < 0:
+        raise SqlError("2201W", "LIMIT and OFFSET must not be negative")
+    return n
+
+
+def _outputs(st: Statement | None, session: Session) -> list[tuple[str, PgType]]:
+    if isinstance(st, Read):
+        return [(o.name, o.type) for o in st.outputs]
+    if isinstance(st, Rows):
+        return list(st.outputs)
+    if isinstance(st, Show):
+        return [(st.name, TEXT)]
+    return []
+
+
+def _tag(st: Statement, rows: int) -> str:
+    if isinstance(st, Show):
+        return "SHOW"
+    return f"SELECT {rows}"

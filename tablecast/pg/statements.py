@@ -1,0 +1,597 @@
+"""SQL, as PostgreSQL clients send it, made into statements a session runs: reads of a
+table, settings, and the few constant answers drivers ask for when they connect.
+
+sqlglot parses (PostgreSQL's dialect); this module only walks its tree. A table
+is a relation with columns ``key``, ``value``, ``partition``, ``offset`` and
+``timestamp``. A read's WHERE is on ``key`` alone and picks how the table is
+read — one key, a list of keys, a range, a prefix, or every row — and every row
+read is also checked against the whole WHERE, so the access path decides speed,
+never the answer. ``$n`` parameters are kept as :class:`Param` until Bind.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import sqlglot
+from sqlglot import exp
+
+from tablecast.contract.table_info import TableInfo
+from tablecast.pg.relations import Rows, SqlError, Tables, table_columns, unsupported
+from tablecast.pg.types import (
+    BOOL,
+    CASTS,
+    INT4,
+    INT8,
+    JSONB,
+    TEXT,
+    PgType,
+    cast,
+)
+from tablecast.serde import SerdeError
+
+# sqlglot warns for each statement it keeps as a Command (SHOW): those are expected here
+logging.getLogger("sqlglot").setLevel(logging.ERROR)
+
+SERVER_VERSION = "15.0"
+VERSION = f"PostgreSQL {SERVER_VERSION} (tablecast, read-only)"
+#: schemas a table may be named in
+SCHEMAS = ("public", "tablecast")
+
+
+@dataclass(frozen=True)
+class Param:
+    """``$n`` (1-based), whose value comes at Bind."""
+
+    n: int
+
+
+Value = Any  # a literal's value, or a Param
+
+
+def resolve(v: Value, params: Sequence[Any]) -> Any:
+    if isinstance(v, Param):
+        if v.n > len(params):
+            raise SqlError("08P01", f"there is no parameter ${v.n}")
+        return params[v.n - 1]
+    return v
+
+
+# -- what a row of a table is -------------------------------------------------------------
+Row = dict[str, Any]  # key, value, partition, offset, timestamp (JSON values; None unknown)
+
+
+@dataclass(frozen=True)
+class Output:
+    """One column of a result: its name, its type, and how a row gives its value."""
+
+    name: str
+    type: PgType
+    of: Callable[[Row], Any]
+
+
+# -- statements ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class KeyFilter:
+    """The WHERE of a read: how the table is read, and the check every row passes."""
+
+    #: "all", "key", "keys", "range" or "prefix"
+    path: str = "all"
+    keys: tuple[Value, ...] = ()
+    #: range bounds: (value, inclusive) or None
+    low: tuple[Value, bool] | None = None
+    high: tuple[Value, bool] | None = None
+    prefix: Value | None = None
+    #: the whole WHERE, for the check of every row
+    where: exp.Expression | None = None
+
+
+@dataclass(frozen=True)
+class Read:
+    """A SELECT from one table."""
+
+    table: str
+    info: TableInfo
+    outputs: tuple[Output, ...]
+    count: bool
+    filter: KeyFilter
+    limit: Value | None = None
+    offset: Value | None = None
+    params: int = 0
+    #: the type each parameter is read as (its position: 1-based)
+    param_types: dict[int, PgType] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """``SET name = value`` (``value`` None: ``RESET`` / ``SET name TO DEFAULT``)."""
+
+    name: str
+    value: Value | None
+
+
+@dataclass(frozen=True)
+class Show:
+    name: str
+
+
+@dataclass(frozen=True)
+class Nothing:
+    """A statement with no rows and nothing to do (BEGIN, COMMIT, DISCARD ...): its tag."""
+
+    tag: str
+
+
+Statement = Read | Rows | Setting | Show | Nothing
+
+
+def parse(sql: str, tables: Tables) -> list[Statement]:
+    """The statements of a query string (an empty one: none)."""
+    if not sql.strip().strip(";").strip():
+        return []
+    try:
+        trees = sqlglot.parse(sql, read="postgres")
+    except sqlglot.errors.ParseError as e:
+        first = e.errors[0]["description"] if e.errors else str(e)
+        raise SqlError("42601", f"syntax error: {first}") from None
+    except sqlglot.errors.SqlglotError as e:
+        raise SqlError("42601", f"syntax error: {e}") from None
+    return [plan(t, tables) for t in trees if t is not None]
+
+
+def plan(tree: exp.Expression, tables: Tables) -> Statement:
+    if isinstance(tree, exp.Select):
+        return _select(tree, tables)
+    if isinstance(tree, exp.Set):
+        return _set(tree)
+    if isinstance(tree, exp.Command):
+        return _command(tree)
+    if isinstance(tree, exp.Transaction):
+        return Nothing("BEGIN")
+    if isinstance(tree, exp.Commit):
+        return Nothing("COMMIT")
+    if isinstance(tree, exp.Rollback):
+        return Nothing("ROLLBACK")
+    if isinstance(
+        tree,
+        exp.Insert | exp.Update | exp.Delete | exp.Create | exp.Drop | exp.Alter | exp.Merge,
+    ):
+        raise SqlError("25006", "cannot execute a write: tablecast tables are read-only")
+    raise unsupported(f"{tree.key.upper()} statements")
+
+
+def _command(tree: exp.Command) -> Statement:
+    name = str(tree.this).upper()
+    arg = tree.expression.this if isinstance(tree.expression, exp.Literal) else ""
+    if name == "SHOW":
+        return Show(str(arg).strip().lower())
+    if name == "RESET":
+        return Setting(str(arg).strip().lower(), None)
+    if name in ("DISCARD", "DEALLOCATE", "CLOSE"):
+        return Nothing(name)
+    if name in ("START", "END"):
+        return Nothing("BEGIN" if name == "START" else "COMMIT")
+    if name in ("INSERT", "UPDATE", "DELETE", "TRUNCATE", "COPY", "GRANT", "REVOKE"):
+        raise SqlError("25006", "cannot execute a write: tablecast tables are read-only")
+    raise unsupported(f"{name} statements")
+
+
+def _set(tree: exp.Set) -> Statement:
+    if len(tree.expressions) != 1:
+        raise unsupported("SET of more than one setting")
+    item = tree.expressions[0]
+    eq = item.this if isinstance(item, exp.SetItem) else item
+    if not isinstance(eq, exp.EQ):
+        raise unsupported(f"SET {eq.sql('postgres')}")
+    target = eq.this
+    name = target.sql("postgres").replace('"', "").lower()
+    rhs = eq.expression
+    if isinstance(rhs, exp.Var) and rhs.name.upper() == "DEFAULT":
+        return Setting(name, None)
+    return Setting(name, _literal(rhs, setting=True))
+
+
+# -- SELECT -------------------------------------------------------------------------------------
+def _select(tree: exp.Select, tables: Tables) -> Statement:
+    for part in ("joins", "group", "having", "windows", "distinct", "qualify", "with_"):
+        if tree.args.get(part):
+            raise unsupported(f"{part.rstrip('_').upper()} in a SELECT")
+    source = tree.args.get("from_") or tree.args.get("from")
+    if source is None:
+        return _constants(tree)
+    relation = source.this
+    if not isinstance(relation, exp.Table):
+        raise unsupported("a SELECT from anything but a table")
+    schema = relation.db.lower() if relation.db else None
+    name = relation.name
+    if schema == "information_schema":
+        from tablecast.pg.catalog import information_schema
+
+        return information_schema(tree, name.lower(), tables)
+    if schema is not None and schema not in SCHEMAS:
+        raise SqlError("42P01", f'relation "{schema}.{name}" does not exist')
+    info = tables.lookup(name)
+    if info.kind != "kv":
+        raise unsupported(f"SQL over window table {name!r} (read its windows over HTTP)")
+    columns = dict(table_columns(info))
+    param_types: dict[int, PgType] = {}
+    count = False
+    outputs: list[Output] = []
+    for e in tree.expressions:
+        alias = e.alias if isinstance(e, exp.Alias) else None
+        inner = e.this if isinstance(e, exp.Alias) else e
+        if isinstance(inner, exp.Count):
+            if len(tree.expressions) != 1 or not isinstance(inner.this, exp.Star):
+                raise unsupported("count() other than a lone count(*)")
+            count = True
+            outputs.append(Output(alias or "count", INT8, lambda r: 0))
+            continue
+        if isinstance(inner, exp.Star):
+            outputs.extend(Output(c, t, _field(c)) for c, t in columns.items())
+            continue
+        outputs.append(_output(inner, alias, columns))
+    where = tree.args.get("where")
+    key_filter = _filter(where.this if where else None, info, param_types)
+    order = tree.args.get("order")
+    if order is not None:
+        for o in order.expressions:
+            col = o.this
+            if not (isinstance(col, exp.Column) and col.name == "key") or o.args.get("desc"):
+                raise unsupported(f"ORDER BY {o.sql('postgres')} (rows come by key, ascending)")
+    limit = _count_clause(tree.args.get("limit"), param_types)
+    offset = _count_clause(tree.args.get("offset"), param_types)
+    params = max((_param_number(p) for p in tree.find_all(exp.Parameter)), default=0)
+    for n in range(1, params + 1):
+        param_types.setdefault(n, TEXT)
+    return Read(name, info, tuple(outputs), count, key_filter, limit, offset, params, param_types)
+
+
+def _param_number(p: exp.Parameter) -> int:
+    v = _literal(p)
+    assert isinstance(v, Param)
+    return v.n
+
+
+def _count_clause(node: exp.Expression | None, param_types: dict[int, PgType]) -> Value | None:
+    if node is None:
+        return None
+    value = node.expression if isinstance(node, exp.Limit | exp.Offset) else node
+    if value is None:
+        value = node.this
+    v = _literal(value)
+    if isinstance(v, Param):
+        param_types[v.n] = INT8
+    elif not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise SqlError("22023", f"LIMIT and OFFSET take a non-negative integer, not {v!r}")
+    return v
+
+
+def _field(name: str) -> Callable[[Row], Any]:
+    return lambda r: r.get(name)
+
+
+def _output(e: exp.Expression, alias: str | None, columns: dict[str, PgType]) -> Output:
+    if isinstance(e, exp.Column):
+        if e.table or e.name not in columns:
+            raise SqlError("42703", f'column "{e.sql("postgres")}" does not exist')
+        return Output(alias or e.name, columns[e.name], _field(e.name))
+    of, t = _expression(e, columns)
+    return Output(alias or ("?column?" if not isinstance(e, exp.Cast) else _cast_name(e)), t, of)
+
+
+def _cast_name(e: exp.Cast) -> str:
+    return {"INT8": "int8", "INT4": "int4", "NUMERIC": "numeric"}.get(
+        _cast_type(e).name.upper(), _cast_type(e).name
+    )
+
+
+def _cast_type(e: exp.Cast) -> PgType:
+    name = e.to.this.name if hasattr(e.to.this, "name") else str(e.to.this)
+    t = CASTS.get(name.upper())
+    if t is None:
+        raise unsupported(f"a cast to {e.to.sql('postgres')}")
+    return t
+
+
+def _expression(
+    e: exp.Expression, columns: dict[str, PgType]
+) -> tuple[Callable[[Row], Any], PgType]:
+    """A select-list expression: how a row gives its value, and the value's type."""
+    if isinstance(e, exp.Paren):
+        return _expression(e.this, columns)
+    if isinstance(e, exp.Column):
+        if e.name not in columns or e.table:
+            raise SqlError("42703", f'column "{e.sql("postgres")}" does not exist')
+        return _field(e.name), columns[e.name]
+    if isinstance(e, exp.JSONExtract | exp.JSONExtractScalar):
+        base, t = _expression(e.this, columns)
+        if t is not JSONB:
+            raise SqlError("42883", "operator -> and ->> take a jsonb on their left")
+        path = _json_path(e.expression)
+        if isinstance(e, exp.JSONExtractScalar):
+            return (lambda r: _as_text(_walk(base(r), path))), TEXT
+        return (lambda r: _walk(base(r), path)), JSONB
+    if isinstance(e, exp.Cast):
+        inner, _ = _expression(e.this, columns)
+        to = _cast_type(e)
+        return (lambda r: cast(inner(r), to)), to
+    if isinstance(e, exp.Literal):
+        v = _literal(e)
+        return (lambda r: v), (TEXT if isinstance(v, str) else INT8)
+    raise unsupported(f"{e.sql('postgres')} in the select list")
+
+
+def _json_path(node: exp.Expression) -> list[str | int]:
+    if isinstance(node, exp.JSONPath):
+        out: list[str | int] = []
+        for part in node.expressions:
+            if isinstance(part, exp.JSONPathRoot):
+                continue
+            if isinstance(part, exp.JSONPathKey):
+                out.append(str(part.this))
+            elif isinstance(part, exp.JSONPathSubscript):
+                out.append(int(part.this))
+            else:
+                raise unsupported(f"the JSON path {node.sql('postgres')}")
+        return out
+    if isinstance(node, exp.Literal):
+        return [int(node.this)] if not node.is_string else [str(node.this)]
+    raise unsupported(f"the JSON path {node.sql('postgres')}")
+
+
+def _walk(value: Any, path: list[str | int]) -> Any:
+    for step in path:
+        if isinstance(step, int) and isinstance(value, list):
+            value = value[step] if -len(value) <= step < len(value) else None
+        elif isinstance(step, str) and isinstance(value, dict):
+            value = value.get(step)
+        else:
+            return None
+    return value
+
+
+def _as_text(v: Any) -> str | None:
+    if v is None:
+        return None
+    return v if isinstance(v, str) else orjson.dumps(v).decode()
+
+
+def _literal(e: exp.Expression, setting: bool = False) -> Value:
+    if isinstance(e, exp.Parameter):
+        n = e.this.this if isinstance(e.this, exp.Literal) else e.name
+        try:
+            return Param(int(n))
+        except (TypeError, ValueError):
+            raise SqlError("42601", f"syntax error at {e.sql('postgres')}") from None
+    if isinstance(e, exp.Literal):
+        if e.is_string:
+            return str(e.this)
+        text = str(e.this)
+        try:
+            return int(text)
+        except ValueError:
+            return float(text)
+    if isinstance(e, exp.Neg) and isinstance(e.this, exp.Literal) and not e.this.is_string:
+        v = _literal(e.this)
+        return -v
+    if isinstance(e, exp.Boolean):
+        return bool(e.this)
+    if isinstance(e, exp.Null):
+        return None
+    if setting and isinstance(e, exp.Var | exp.Column | exp.Identifier):
+        return e.name
+    if isinstance(e, exp.Cast):
+        return _literal(e.this, setting)
+    raise unsupported(f"{e.sql('postgres')} where a value is expected")
+
+
+# -- WHERE ----------------------------------------------------------------------------------------
+def _filter(
+    where: exp.Expression | None, info: TableInfo, param_types: dict[int, PgType]
+) -> KeyFilter:
+    if where is None:
+        return KeyFilter()
+    key_type = INT8 if info.key["format"] == "long" else TEXT
+    terms = list(where.flatten()) if isinstance(where, exp.And) else [where]
+    eq: list[Value] | None = None
+    low: tuple[Value, bool] | None = None
+    high: tuple[Value, bool] | None = None
+    prefix: Value | None = None
+    for t in terms:
+        _check_predicate(t, param_types, key_type)
+        t = t.unnest()
+        if isinstance(t, exp.EQ):
+            eq = [_key_side(t)[1]]
+        elif isinstance(t, exp.In):
+            eq = [_literal(v) for v in t.expressions]
+        elif isinstance(t, exp.Like):
+            prefix = _literal(t.expression)
+        elif isinstance(t, exp.GT | exp.GTE | exp.LT | exp.LTE):
+            flipped, v = _key_side(t)
+            lower = isinstance(t, exp.GT | exp.GTE) != flipped
+            inclusive = isinstance(t, exp.GTE | exp.LTE)
+            if lower:
+                low = (v, inclusive)
+            else:
+                high = (v, inclusive)
+    if eq is not None:
+        return KeyFilter("key" if len(eq) == 1 else "keys", tuple(eq), where=where)
+    if prefix is not None:
+        return KeyFilter("prefix", prefix=prefix, low=low, high=high, where=where)
+    if low is not None or high is not None:
+        return KeyFilter("range", low=low, high=high, where=where)
+    return KeyFilter(where=where)
+
+
+def _key_side(t: exp.Binary) -> tuple[bool, Value]:
+    """(whether the key is on the right, the value on the other side)."""
+    if isinstance(t.this, exp.Column):
+        return False, _literal(t.expression)
+    return True, _literal(t.this)
+
+
+def _check_predicate(t: exp.Expression, param_types: dict[int, PgType], key_type: PgType) -> None:
+    """A term of the WHERE that names the key and values only (else 0A000)."""
+    t = t.unnest()
+    what = (
+        "WHERE on key alone: key = v, key IN (...), key > v (>=, <, <=), key LIKE 'prefix%'"
+        f", joined by AND; not {t.sql('postgres')}"
+    )
+    if isinstance(t, exp.In):
+        sides = [t.this, *t.expressions]
+        if not isinstance(t.this, exp.Column) or t.args.get("query") or not t.expressions:
+            raise unsupported(what)
+    elif isinstance(t, exp.Like):
+        sides = [t.this, t.expression]
+        if not isinstance(t.this, exp.Column):
+            raise unsupported(what)
+        pattern = _literal(t.expression)
+        if isinstance(pattern, str) and not _is_prefix_pattern(pattern):
+            raise unsupported(f"LIKE {pattern!r}: only a prefix followed by one % ('abc%')")
+    elif isinstance(t, exp.EQ | exp.GT | exp.GTE | exp.LT | exp.LTE):
+        sides = [t.this, t.expression]
+        if sum(isinstance(s, exp.Column) for s in sides) != 1:
+            raise unsupported(what)
+    else:
+        raise unsupported(what)
+    for s in sides:
+        if isinstance(s, exp.Column):
+            if s.name != "key" or s.table:
+                raise unsupported(what)
+        else:
+            v = _literal(s)
+            if isinstance(v, Param):
+                param_types.setdefault(v.n, key_type)
+
+
+def _is_prefix_pattern(p: str) -> bool:
+    return p.endswith("%") and not any(c in p[:-1] for c in "%_\\")
+
+
+def key_json(info: TableInfo, v: Any) -> Any:
+    """A value a statement compares the key with, as the table's key in JSON."""
+    fmt = info.key["format"]
+    if v is None:
+        raise SqlError("22004", "a key is never NULL")
+    if fmt == "string":
+        return v if isinstance(v, str) else orjson.dumps(v).decode()
+    if fmt == "long":
+        try:
+            return int(v)
+        except (TypeError, ValueError):
+            raise SqlError("22P02", f"invalid input syntax for type bigint: {v!r}") from None
+    if isinstance(v, str):
+        try:
+            return orjson.loads(v)
+        except orjson.JSONDecodeError:
+            return v
+    return v
+
+
+def key_raw(info: TableInfo, v: Any) -> bytes:
+    """The serialized key a value stands for (22P02 when it cannot be one)."""
+    serde = info.key_serde
+    try:
+        return serde.serialize(serde.from_json(key_json(info, v)))
+    except SerdeError as e:
+        raise SqlError("22P02", f"not a {serde.format} key: {e}") from None
+
+
+def key_text(info: TableInfo, v: Any) -> str:
+    """A key as a URL path names it (the text reads take)."""
+    j = key_json(info, v)
+    return j if isinstance(j, str) and info.key["format"] == "string" else orjson.dumps(j).decode()
+
+
+def row_passes(
+    where: exp.Expression | None, raw: bytes, info: TableInfo, params: Sequence[Any]
+) -> bool:
+    """Whether a row whose serialized key is `raw` meets the WHERE (keys compare as bytes)."""
+    if where is None:
+        return True
+    t = where.unnest()
+    if isinstance(t, exp.And):
+        return all(row_passes(x, raw, info, params) for x in t.flatten())
+    if isinstance(t, exp.EQ):
+        return raw == key_raw(info, resolve(_key_side(t)[1], params))
+    if isinstance(t, exp.In):
+        return any(raw == key_raw(info, resolve(_literal(v), params)) for v in t.expressions)
+    if isinstance(t, exp.Like):
+        pattern = resolve(_literal(t.expression), params)
+        if not isinstance(pattern, str) or not _is_prefix_pattern(pattern):
+            raise unsupported(f"LIKE {pattern!r}: only a prefix followed by one % ('abc%')")
+        return raw.startswith(key_raw(info, pattern[:-1])) if pattern[:-1] else True
+    if isinstance(t, exp.GT | exp.GTE | exp.LT | exp.LTE):
+        flipped, v = _key_side(t)
+        bound = key_raw(info, resolve(v, params))
+        lower = isinstance(t, exp.GT | exp.GTE) != flipped
+        inclusive = isinstance(t, exp.GTE | exp.LTE)
+        if lower:
+            return raw > bound or (inclusive and raw == bound)
+        return raw < bound or (inclusive and raw == bound)
+    raise unsupported(t.sql("postgres"))
+
+
+# -- constants ----------------------------------------------------------------------------------
+def _constants(tree: exp.Select) -> Rows:
+    """A SELECT without FROM: literals and what drivers ask at connect."""
+    outputs: list[tuple[str, PgType]] = []
+    row: list[Any] = []
+    for e in tree.expressions:
+        alias = e.alias if isinstance(e, exp.Alias) else None
+        inner = e.this if isinstance(e, exp.Alias) else e
+        name, t, v = _constant(inner)
+        outputs.append((alias or name, t))
+        row.append(v)
+    return Rows(tuple(outputs), (tuple(row),))
+
+
+def _constant(e: exp.Expression) -> tuple[str, PgType, Any]:
+    if isinstance(e, exp.CurrentVersion) or (
+        isinstance(e, exp.Anonymous) and str(e.this).lower() == "version"
+    ):
+        return "version", TEXT, VERSION
+    if isinstance(e, exp.CurrentSchema):
+        return "current_schema", TEXT, "public"
+    if isinstance(e, exp.CurrentDatabase):
+        return "current_database", TEXT, "tablecast"
+    if isinstance(e, exp.CurrentUser):
+        return "current_user", TEXT, "tablecast"
+    if isinstance(e, exp.Anonymous) and str(e.this).lower() == "current_setting":
+        name = _literal(e.expressions[0]) if e.expressions else ""
+        return "current_setting", TEXT, DEFAULT_SETTINGS.get(str(name).lower())
+    if isinstance(e, exp.Literal | exp.Neg | exp.Boolean | exp.Null):
+        v = _literal(e)
+        t = BOOL if isinstance(v, bool) else TEXT if isinstance(v, str) or v is None else INT4
+        return "?column?", t, v
+    if isinstance(e, exp.Cast):
+        _, _, v = _constant(e.this)
+        to = _cast_type(e)
+        return _cast_name(e), to, cast(v, to)
+    raise unsupported(f"SELECT {e.sql('postgres')} without FROM")
+
+
+#: what a session reports (ParameterStatus) and SHOW answers before any SET
+DEFAULT_SETTINGS = {
+    "server_version": SERVER_VERSION,
+    "server_encoding": "UTF8",
+    "client_encoding": "UTF8",
+    "datestyle": "ISO, MDY",
+    "timezone": "UTC",
+    "integer_datetimes": "on",
+    "standard_conforming_strings": "on",
+    "application_name": "",
+    "search_path": "public",
+    "transaction_isolation": "read committed",
+    "default_transaction_read_only": "on",
+    "transaction_read_only": "on",
+    "is_superuser": "off",
+    "intervalstyle": "postgres",
+    "extra_float_digits": "1",
+    "max_identifier_length": "63",
+    "lc_collate": "C",
+}

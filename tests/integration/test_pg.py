@@ -1,0 +1,231 @@
+"""Tables over the PostgreSQL protocol (``serve --pg-port``), read by clients nobody here
+wrote — psycopg 3 (simple, extended and prepared, text and binary) and Debian's psql —
+every answer compared with the HTTP API's, on two nodes so that half the keys are
+another node's. Then TLS with the node's certificate and a JWT as the password."""
+
+from __future__ import annotations
+
+import ssl
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from psycopg import errors
+
+from tablecast import serde
+from tablecast.kafka.broker import free_port
+
+from ..support.procs import NodeProcess, eventually, start_node, stop_all
+from .tables import make_table
+from .test_auth import SECRET, token
+from .test_tls_peers import certificate_files
+
+pytestmark = pytest.mark.integration
+
+KEYS = [f"k{i:03d}" for i in range(120)]
+
+
+def _http(node: NodeProcess, path: str, **params: Any) -> Any:
+    r = httpx.get(node.url + path, params=params, timeout=10)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _all_http(node: NodeProcess, table: str, **params: Any) -> list[dict[str, Any]]:
+    rows, cursor = [], None
+    while True:
+        page = _http(node, f"/v1/tables/{table}/range", limit=1000, **params,
+                     **({"cursor": cursor} if cursor else {}))  # fmt: skip
+        rows += page["items"]
+        cursor = page["next_cursor"]
+        if not cursor:
+            return rows
+
+
+def test_sql_answers_what_http_answers(bootstrap: str, unique: str, logs: Path) -> None:
+    kv = make_table(bootstrap, unique, "kv", 6, serde.string(), serde.json())
+    kv.write(
+        bootstrap, [(k, {"i": i, "name": f"n{i}", "tags": ["a", i]}) for i, k in enumerate(KEYS)]
+    )
+    nums = make_table(bootstrap, unique, "nums", 3, serde.long(), serde.json())
+    nums.write(bootstrap, [(n, {"n": n}) for n in (-5, 0, 7, 42, 1000)])
+    pg_port = free_port()
+    nodes = [start_node(unique, bootstrap, logs, "--pg-port", str(pg_port))]
+    nodes.append(start_node(unique, bootstrap, logs))
+    try:
+        for n in nodes:
+            n.wait_ready()
+        eventually(lambda: len(_http(nodes[0], "/v1/cluster")["nodes"]) == 2)
+        nodes[0].wait_caught_up(bootstrap, "kv", kv.info.topic)
+        nodes[1].wait_caught_up(bootstrap, "kv", kv.info.topic)
+        dsn = f"host=127.0.0.1 port={pg_port} dbname=tablecast user=tester sslmode=disable"
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            _reads_match(conn, nodes[0])
+            _errors_leave_the_connection_usable(conn)
+            _consistency_settings(conn)
+            with conn.cursor() as cur:
+                cur.execute("SELECT key, value FROM nums WHERE key = %s", (42,))
+                assert cur.fetchall() == [(42, {"n": 42})]
+                cur.execute("SELECT key FROM nums ORDER BY key")
+                # the HTTP API's order: serialized bytes (big-endian, sign bit first)
+                http = [r["key"] for r in _all_http(nodes[0], "nums")]
+                assert [r[0] for r in cur.fetchall()] == http
+                cur.execute(
+                    "SELECT table_name FROM information_schema.tables "
+                    "WHERE table_schema = 'public' ORDER BY table_name"
+                )
+                assert cur.fetchall() == [("kv",), ("nums",)]
+                cur.execute(
+                    "SELECT column_name, data_type FROM information_schema.columns "
+                    "WHERE table_name = 'nums' ORDER BY ordinal_position"
+                )
+                assert cur.fetchall()[:2] == [("key", "bigint"), ("value", "jsonb")]
+                cur.execute("SELECT version(), current_schema()")
+                version, schema = cur.fetchone()  # type: ignore[misc]
+                assert "tablecast" in version and schema == "public"
+        _psql(pg_port, nodes[0])
+    finally:
+        stop_all(nodes)
+
+
+def _reads_match(conn: psycopg.Connection, node: NodeProcess) -> None:
+    for binary in (False, True):
+        with conn.cursor(binary=binary) as cur:
+            for key in [*KEYS[::7], "absent"]:
+                cur.execute("SELECT key, value, partition FROM kv WHERE key = %s", (key,))
+                got = cur.fetchall()
+                r = httpx.get(f"{node.url}/v1/tables/kv/keys/{key}", timeout=10)
+                if r.status_code == 404:
+                    assert got == [], key
+                else:
+                    doc = r.json()
+                    assert got == [(doc["key"], doc["value"], doc["partition"])], key
+            # a prepared statement, executed again and again
+            for key in KEYS[:20]:
+                cur.execute("SELECT value->>'name', (value->>'i')::int FROM kv WHERE key = %s",
+                            (key,), prepare=True)  # fmt: skip
+                i = KEYS.index(key)
+                assert cur.fetchall() == [(f"n{i}", i)]
+            cur.execute("SELECT key, value FROM kv WHERE key IN ('k005', 'k001', 'nope', 'k001')")
+            assert [r[0] for r in cur.fetchall()] == ["k001", "k005"]
+            cur.execute("SELECT count(*) FROM kv")
+            assert cur.fetchone() == (_http(node, "/v1/tables/kv/count")["count"],)
+            cur.execute("SELECT key, value FROM kv LIMIT 7")
+            first = _http(node, "/v1/tables/kv/range", limit=7)["items"]
+            assert cur.fetchall() == [(r["key"], r["value"]) for r in first]
+            cur.execute("SELECT key FROM kv WHERE key LIKE 'k01%' ORDER BY key")
+            http = _all_http(node, "kv", prefix="k01")
+            assert [r[0] for r in cur.fetchall()] == [r["key"] for r in http]
+            cur.execute("SELECT key FROM kv WHERE key >= %s AND key < %s", ("k050", "k060"))
+            http = _all_http(node, "kv", **{"from": "k050", "to": "k060"})
+            assert [r[0] for r in cur.fetchall()] == [r["key"] for r in http]
+            cur.execute("SELECT key FROM kv WHERE key > 'k110' AND key <= 'k115'")
+            assert [r[0] for r in cur.fetchall()] == [f"k{i}" for i in range(111, 116)]
+            # paging by key, as a client walks a table
+            seen, last = [], ""
+            while True:
+                cur.execute("SELECT key FROM kv WHERE key > %s ORDER BY key LIMIT 50", (last,))
+                page = [r[0] for r in cur.fetchall()]
+                if not page:
+                    break
+                seen += page
+                last = page[-1]
+            assert seen == [r["key"] for r in _all_http(node, "kv")]
+            cur.execute("SELECT count(*) FROM kv WHERE key LIKE 'k1%'")
+            assert cur.fetchone() == (len(_all_http(node, "kv", prefix="k1")),)
+            cur.execute("SELECT value->'tags'->>1, value->'tags' FROM kv WHERE key = 'k003'")
+            assert cur.fetchall() == [("3", ["a", 3])]
+            cur.execute("SELECT * FROM kv WHERE key = 'k002'")
+            assert [d.name for d in cur.description or ()] == [
+                "key", "value", "partition", "offset", "timestamp",
+            ]  # fmt: skip
+            row = cur.fetchone()
+            assert row is not None and row[4].year >= 2024
+
+
+def _errors_leave_the_connection_usable(conn: psycopg.Connection) -> None:
+    cases: list[tuple[str, type[Exception]]] = [
+        ("SELECT * FROM missing", errors.UndefinedTable),
+        ("INSERT INTO kv (key) VALUES ('x')", errors.ReadOnlySqlTransaction),
+        ("DELETE FROM kv", errors.ReadOnlySqlTransaction),
+        ("SELECT * FROM kv WHERE value->>'i' = '1'", errors.FeatureNotSupported),
+        ("SELECT * FROM kv ORDER BY key DESC", errors.FeatureNotSupported),
+        ("SELECT key FROM kv WHERE key LIKE '%x'", errors.FeatureNotSupported),
+        ("SELEC key FROM kv", errors.SyntaxError),
+        ("SELECT nothing FROM kv", errors.UndefinedColumn),
+        (
+            "SELECT (value->>'name')::int FROM kv WHERE key = 'k001'",
+            errors.InvalidTextRepresentation,
+        ),
+        ("SET tablecast.max_lag = -1", errors.InvalidParameterValue),
+        ("SET tablecast.after = 'not a token'", errors.InvalidParameterValue),
+    ]
+    with conn.cursor() as cur:
+        for sql, error in cases:
+            with pytest.raises(error):
+                cur.execute(sql)
+            cur.execute("SELECT 1")
+            assert cur.fetchone() == (1,), sql
+
+
+def _consistency_settings(conn: psycopg.Connection) -> None:
+    with conn.cursor() as cur:
+        cur.execute("SELECT value FROM kv WHERE key = 'k001'")
+        cur.execute("SHOW tablecast.position")
+        (position,) = cur.fetchone()  # type: ignore[misc]
+        assert position.startswith("kv@"), position
+        cur.execute(f"SET tablecast.after = '{position}'")  # SET takes no parameters
+        cur.execute("SET tablecast.max_lag = 0")
+        cur.execute("SELECT value->>'i' FROM kv WHERE key = 'k001'")
+        assert cur.fetchall() == [("1",)]
+        cur.execute("SHOW tablecast.max_lag")
+        assert cur.fetchone() == ("0",)
+        cur.execute("RESET tablecast.after")
+        cur.execute("SET tablecast.max_lag TO DEFAULT")
+        cur.execute("SHOW tablecast.max_lag")
+        assert cur.fetchone() == ("",)
+
+
+def _psql(port: int, node: NodeProcess) -> None:
+    """Debian's psql, with its own simple-query protocol and output."""
+    done = subprocess.run(
+        ["psql", f"host=127.0.0.1 port={port} dbname=tablecast user=tester sslmode=disable",
+         "-X", "-A", "-t", "-F", "|", "-c",
+         "SELECT key, value->>'name' FROM kv WHERE key IN ('k001', 'k002')"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["k001|n1", "k002|n2"]
+    bad = subprocess.run(
+        ["psql", f"host=127.0.0.1 port={port} dbname=tablecast user=tester sslmode=disable",
+         "-X", "-c", "UPDATE kv SET value = '{}'"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert bad.returncode != 0 and "read-only" in bad.stderr
+
+
+def test_sql_over_tls_with_a_jwt(bootstrap: str, unique: str, logs: Path, tmp_path: Path) -> None:
+    ca, cert, key = certificate_files(tmp_path, ["127.0.0.1"])
+    kv = make_table(bootstrap, unique, "kv", 2, serde.string(), serde.json())
+    kv.write(bootstrap, [("a", {"n": 1})])
+    pg_port = free_port()
+    node = start_node(unique, bootstrap, logs, "--pg-port", str(pg_port), "--tls-cert", cert,
+                      "--tls-key", key, "--auth-jwt-secret", SECRET)  # fmt: skip
+    node.verify = ssl.create_default_context(cafile=ca)
+    try:
+        node.wait_ready()
+        base = f"host=127.0.0.1 port={pg_port} dbname=tablecast user=tester"
+        verified = f"{base} sslmode=verify-full sslrootcert={ca}"
+        with psycopg.connect(f"{verified} password={token()}", autocommit=True) as conn:
+            assert conn.info.pgconn.ssl_in_use
+            rows = conn.execute("SELECT key, value FROM kv WHERE key = 'a'").fetchall()
+            assert rows == [("a", {"n": 1})]
+        with pytest.raises(psycopg.OperationalError, match="token was refused"):
+            psycopg.connect(f"{verified} password=not-a-jwt")
+        with pytest.raises(psycopg.OperationalError, match="only over TLS"):
+            psycopg.connect(f"{base} sslmode=disable password={token()}")
+    finally:
+        stop_all([node])

@@ -1,0 +1,162 @@
+"""The PostgreSQL front end's SQL and types without a node: what a statement reads, what it
+refuses (with which SQLSTATE), and values encoded as PostgreSQL's own clients decode them."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from psycopg.types.numeric import DecimalBinaryDumper
+
+from tablecast.contract.table_info import TableInfo
+from tablecast.pg import types, wire
+from tablecast.pg.relations import Rows, SqlError, Tables
+from tablecast.pg.statements import Nothing, Param, Read, Setting, Show, parse, row_passes
+
+KV = TableInfo("kv", "t", 4, {"format": "string"}, {"format": "json"})
+NUMS = TableInfo("nums", "n", 4, {"format": "long"}, {"format": "json"})
+
+
+def _lookup(name: str) -> TableInfo:
+    found = {"kv": KV, "nums": NUMS}.get(name)
+    if found is None:
+        raise SqlError("42P01", f'relation "{name}" does not exist')
+    return found
+
+
+TABLES = Tables(_lookup, lambda: [KV, NUMS])
+
+
+def one(sql: str) -> object:
+    (statement,) = parse(sql, TABLES)
+    return statement
+
+
+def test_the_where_picks_how_a_table_is_read() -> None:
+    key = one("SELECT key, value FROM kv WHERE key = $1")
+    assert isinstance(key, Read) and key.filter.path == "key" and key.filter.keys == (Param(1),)
+    assert key.params == 1 and key.param_types[1] is types.TEXT
+    keys = one("SELECT * FROM public.kv WHERE key IN ('a', 'b')")
+    assert isinstance(keys, Read) and keys.filter.path == "keys" and len(keys.outputs) == 5
+    prefix = one("SELECT key FROM kv WHERE key LIKE 'ab%' ORDER BY key LIMIT $1")
+    assert isinstance(prefix, Read) and prefix.filter.path == "prefix"
+    assert prefix.limit == Param(1) and prefix.param_types[1] is types.INT8
+    span = one("SELECT key FROM kv WHERE 'a' <= key AND key < 'b'")
+    assert isinstance(span, Read) and span.filter.low == ("a", True)
+    assert span.filter.high == ("b", False)
+    count = one("SELECT count(*) FROM kv")
+    assert isinstance(count, Read) and count.count and count.filter.path == "all"
+    long_key = one("SELECT key FROM nums WHERE key > $1")
+    assert isinstance(long_key, Read) and long_key.param_types[1] is types.INT8
+
+
+def test_every_row_read_is_checked_against_the_whole_where() -> None:
+    span = one("SELECT key FROM kv WHERE key > 'a' AND key <= 'c' AND key LIKE 'b%'")
+    assert isinstance(span, Read)
+    where = span.filter.where
+    assert [k for k in ("a", "b", "bz", "c", "ca") if row_passes(where, k.encode(), KV, [])] == [
+        "b",
+        "bz",
+    ]
+    nums = one("SELECT key FROM nums WHERE key IN ($1, 7)")
+    assert isinstance(nums, Read)
+    raw = NUMS.key_serde.serialize
+    assert row_passes(nums.filter.where, raw(5), NUMS, [5])
+    assert not row_passes(nums.filter.where, raw(6), NUMS, [5])
+
+
+def test_select_list_expressions_and_their_types() -> None:
+    read = one("SELECT value->>'a', (value->>'n')::numeric, value->'t'->>0 AS first FROM kv")
+    assert isinstance(read, Read)
+    row = {"key": "k", "value": {"a": "x", "n": 1.5, "t": ["y"]}}
+    assert [o.of(row) for o in read.outputs] == ["x", Decimal("1.5"), "y"]
+    assert [o.name for o in read.outputs] == ["?column?", "numeric", "first"]
+    assert [o.type for o in read.outputs] == [types.TEXT, types.NUMERIC, types.TEXT]
+
+
+@pytest.mark.parametrize(
+    ("sql", "code"),
+    [
+        ("SELECT * FROM missing", "42P01"),
+        ("SELECT * FROM other_schema.kv", "42P01"),
+        ("INSERT INTO kv VALUES (1)", "25006"),
+        ("UPDATE kv SET value = '{}'", "25006"),
+        ("DROP TABLE kv", "25006"),
+        ("SELECT * FROM kv WHERE value->>'a' = 'x'", "0A000"),
+        ("SELECT * FROM kv WHERE key LIKE 'a%b%'", "0A000"),
+        ("SELECT * FROM kv WHERE key = 'a' OR key = 'b'", "0A000"),
+        ("SELECT * FROM kv ORDER BY value", "0A000"),
+        ("SELECT * FROM kv JOIN nums ON kv.key = nums.key", "0A000"),
+        ("SELECT key, count(*) FROM kv GROUP BY key", "0A000"),
+        ("SELECT nope FROM kv", "42703"),
+        ("SELECT * FROM kv LIMIT -1", "22023"),
+        ("SELECT FROM WHERE", "42601"),
+        ("SELECT (value->>'a')::point FROM kv", "0A000"),
+        ("VACUUM", "0A000"),
+    ],
+)
+def test_what_is_refused_names_its_sqlstate(sql: str, code: str) -> None:
+    with pytest.raises(SqlError) as refused:
+        parse(sql, TABLES)
+    assert refused.value.code == code, refused.value.message
+
+
+def test_settings_constants_and_the_catalog() -> None:
+    assert one("SET tablecast.max_lag = 5") == Setting("tablecast.max_lag", 5)
+    assert one("SET tablecast.after TO DEFAULT") == Setting("tablecast.after", None)
+    assert one("RESET tablecast.after") == Setting("tablecast.after", None)
+    assert one("SHOW tablecast.position") == Show("tablecast.position")
+    assert one("BEGIN") == Nothing("BEGIN") and one("COMMIT") == Nothing("COMMIT")
+    assert parse("  ;  ", TABLES) == []
+    constants = one("SELECT 1, version(), current_setting('server_version')")
+    assert isinstance(constants, Rows) and constants.rows[0][0] == 1
+    assert "tablecast" in constants.rows[0][1] and constants.rows[0][2] == "15.0"
+    listed = one(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public' "
+        "AND table_name LIKE 'n%'"
+    )
+    assert isinstance(listed, Rows) and listed.rows == (("nums",),)
+    columns = one(
+        "SELECT column_name, data_type FROM information_schema.columns "
+        "WHERE table_name = 'nums' ORDER BY ordinal_position LIMIT 2"
+    )
+    assert isinstance(columns, Rows) and columns.rows == (("key", "bigint"), ("value", "jsonb"))
+
+
+@given(
+    st.decimals(
+        allow_nan=False, allow_infinity=False, places=6, max_value=10**12, min_value=-(10**12)
+    )
+)
+def test_numeric_binary_is_what_psycopg_writes(value: Decimal) -> None:
+    assert types.NUMERIC.binary(value) == bytes(DecimalBinaryDumper(Decimal).dump(value))
+
+
+def test_timestamps_and_casts() -> None:
+    ms = 1_700_000_000_123
+    assert types.TIMESTAMPTZ.text(ms) == b"2023-11-14 22:13:20.123+00"
+    micros = int.from_bytes(types.TIMESTAMPTZ.binary(ms), "big", signed=True)
+    epoch = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+    assert epoch + dt.timedelta(microseconds=micros) == dt.datetime.fromtimestamp(ms / 1000, dt.UTC)
+    assert types.cast("42", types.INT4) == 42 and types.cast(True, types.TEXT) == "true"
+    assert types.cast('{"a": 1}', types.JSONB) == {"a": 1}
+    with pytest.raises(types.CastFailed):
+        types.cast("x", types.INT8)
+    with pytest.raises(types.CastFailed):
+        types.cast(2**40, types.INT4)
+
+
+def test_messages_are_framed_and_bounded() -> None:
+    row = wire.data_row([b"a", None])
+    assert row[:1] == b"D" and int.from_bytes(row[1:5], "big") == len(row) - 1
+    payload = wire.Payload(b"user\0me\0database\0tablecast\0\0")
+    assert wire.startup_parameters(payload) == {"user": "me", "database": "tablecast"}
+    with pytest.raises(wire.ProtocolViolation):
+        wire.Payload(b"no terminator").cstring()
+    with pytest.raises(wire.ProtocolViolation):
+        wire.Payload(b"\0\0").int32()
+    error = wire.error_response("42P01", "no such table")
+    assert b"C42P01\0" in error and error.endswith(b"\0")
