@@ -677,14 +677,20 @@ class Session:
             if not isinstance(pattern, str):
                 raise SqlError("42804", "LIKE takes a text pattern")
             prefix = pattern[:-1] or None
-        if f.low is not None:
-            start = key_text(info, resolve(f.low[0], params))
-        if f.high is not None:
-            high = resolve(f.high[0], params)
-            if f.high[1]:
-                high_raw = key_raw(info, high)  # inclusive: read on, stop past it
-            else:
-                end = key_text(info, high)
+        numbers = info.key["format"] == "long"
+        if numbers:
+            # bigint keys compare as numbers, but are stored big-endian, negatives last:
+            # a span of non-negative numbers is a span of bytes, anything else reads all
+            start, end = _non_negative_span(f.low, f.high, params)
+        else:
+            if f.low is not None:
+                start = key_text(info, resolve(f.low[0], params))
+            if f.high is not None:
+                high = resolve(f.high[0], params)
+                if f.high[1]:
+                    high_raw = key_raw(info, high)  # inclusive: read on, stop past it
+                else:
+                    end = key_text(info, high)
         cursor = None
         while True:
             page = PAGE if most is None else max(1, min(PAGE, most))
@@ -698,11 +704,42 @@ class Session:
                 raw = key_raw(info, item["key"])
                 if high_raw is not None and raw > high_raw:
                     return
+                if numbers and start is not None and raw[0] & 0x80:
+                    return  # past the non-negative keys
                 if row_passes(f.where, raw, info, params):
                     yield item
             cursor = doc.get("next_cursor")
             if not cursor:
                 return
+
+
+#: the largest bigint
+_INT64_MAX = 2**63 - 1
+
+
+def _non_negative_span(
+    low: tuple[Any, bool] | None, high: tuple[Any, bool] | None, params: Sequence[Any]
+) -> tuple[str | None, str | None]:
+    """The (start, end) texts of a bigint range whose low bound is not negative (its keys are
+    contiguous bytes); (None, None), every key, otherwise."""
+    if low is None:
+        return None, None
+    lo = _integer(resolve(low[0], params)) + (0 if low[1] else 1)
+    if lo < 0:
+        return None, None
+    lo = min(lo, _INT64_MAX)
+    end = None
+    if high is not None:
+        hi = _integer(resolve(high[0], params)) + (1 if high[1] else 0)
+        end = str(max(hi, lo)) if hi <= _INT64_MAX else None
+    return str(lo), end
+
+
+def _integer(v: Any) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        raise SqlError("22P02", f"invalid input syntax for type bigint: {v!r}") from None
 
 
 def _count_value(v: Any, params: Sequence[Any]) -> int | None:

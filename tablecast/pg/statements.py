@@ -31,6 +31,7 @@ from tablecast.pg.types import (
     TEXT,
     PgType,
     cast,
+    plain,
 )
 from tablecast.serde import SerdeError
 
@@ -344,6 +345,7 @@ def _json_path(node: exp.Expression) -> list[str | int]:
 
 
 def _walk(value: Any, path: list[str | int]) -> Any:
+    value = plain(value)
     for step in path:
         if isinstance(step, int) and isinstance(value, list):
             value = value[step] if -len(value) <= step < len(value) else None
@@ -507,6 +509,13 @@ def key_text(info: TableInfo, v: Any) -> str:
     return j if isinstance(j, str) and info.key["format"] == "string" else orjson.dumps(j).decode()
 
 
+def _ordered(info: TableInfo, raw: bytes) -> bytes | int:
+    """What a key compares as: a bigint key as its number, any other as its bytes."""
+    if info.key["format"] == "long":
+        return int.from_bytes(raw, "big", signed=True)
+    return raw
+
+
 def row_passes(
     where: exp.Expression | None, raw: bytes, info: TableInfo, params: Sequence[Any]
 ) -> bool:
@@ -527,12 +536,12 @@ def row_passes(
         return raw.startswith(key_raw(info, pattern[:-1])) if pattern[:-1] else True
     if isinstance(t, exp.GT | exp.GTE | exp.LT | exp.LTE):
         flipped, v = _key_side(t)
-        bound = key_raw(info, resolve(v, params))
+        mine, bound = _ordered(info, raw), _ordered(info, key_raw(info, resolve(v, params)))
         lower = isinstance(t, exp.GT | exp.GTE) != flipped
         inclusive = isinstance(t, exp.GTE | exp.LTE)
         if lower:
-            return raw > bound or (inclusive and raw == bound)
-        return raw < bound or (inclusive and raw == bound)
+            return mine > bound or (inclusive and mine == bound)
+        return mine < bound or (inclusive and mine == bound)
     raise unsupported(t.sql("postgres"))
 
 

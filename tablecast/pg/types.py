@@ -118,6 +118,14 @@ CASTS: dict[str, PgType] = {
 }
 
 
+def plain(value: Any) -> Any:
+    """A JSON value as Python's own types: the read core hands stored JSON over unparsed
+    (an ``orjson.Fragment``) where it only passes it on."""
+    if isinstance(value, orjson.Fragment):
+        return orjson.loads(orjson.dumps(value))
+    return value
+
+
 class CastFailed(ValueError):
     """A value that the cast's type cannot hold (SQLSTATE 22P02)."""
 
@@ -126,6 +134,7 @@ def cast(value: Any, to: PgType) -> Any:
     """`value` (a JSON value, or text) as `to` holds it; None stays None."""
     if value is None:
         return None
+    value = plain(value)
     try:
         if to is TEXT:
             return value if isinstance(value, str) else orjson.dumps(value).decode()

@@ -5,12 +5,17 @@ another node's. Then TLS with the node's certificate and a JWT as the password."
 
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
 import ssl
 import subprocess
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
+import orjson
 import psycopg
 import pytest
 from psycopg import errors
@@ -87,6 +92,7 @@ def test_sql_answers_what_http_answers(bootstrap: str, unique: str, logs: Path) 
                 version, schema = cur.fetchone()  # type: ignore[misc]
                 assert "tablecast" in version and schema == "public"
         _psql(pg_port, nodes[0])
+        asyncio.run(_asyncpg(pg_port, nodes[0]))
     finally:
         stop_all(nodes)
 
@@ -205,6 +211,32 @@ def _psql(port: int, node: NodeProcess) -> None:
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert bad.returncode != 0 and "read-only" in bad.stderr
+
+
+async def _asyncpg(port: int, node: NodeProcess) -> None:
+    """asyncpg: the extended protocol with binary results for every type it reads."""
+    conn = await asyncpg.connect(host="127.0.0.1", port=port, user="tester", database="tablecast",
+                                 ssl=False)  # fmt: skip
+    try:
+        read = await conn.prepare(
+            "SELECT key, value, (value->>'i')::numeric, timestamp FROM kv WHERE key = $1"
+        )
+        for key in KEYS[:10]:
+            row = await read.fetchrow(key)
+            doc = _http(node, f"/v1/tables/kv/keys/{key}")
+            assert row is not None and row[0] == key
+            assert orjson.loads(row[1]) == doc["value"] and row[2] == Decimal(doc["value"]["i"])
+            assert row[3] == dt.datetime.fromtimestamp(doc["timestamp"] / 1000, dt.UTC)
+        assert await read.fetchrow("absent") is None
+        count = await conn.fetchval("SELECT count(*) FROM nums")
+        assert count == _http(node, "/v1/tables/nums/count")["count"]
+        keys = [r["key"] for r in await conn.fetch("SELECT key FROM nums WHERE key > $1", 0)]
+        assert keys == [k for k in (r["key"] for r in _all_http(node, "nums")) if k > 0]
+        with pytest.raises(asyncpg.exceptions.UndefinedTableError):
+            await conn.fetch("SELECT * FROM nothing")
+        assert await conn.fetchval("SELECT 1") == 1
+    finally:
+        await conn.close()
 
 
 def test_sql_over_tls_with_a_jwt(bootstrap: str, unique: str, logs: Path, tmp_path: Path) -> None:

@@ -61,6 +61,13 @@ def test_every_row_read_is_checked_against_the_whole_where() -> None:
         "b",
         "bz",
     ]
+    positive = one("SELECT key FROM nums WHERE key > 0 AND key <= 1000")
+    assert isinstance(positive, Read)
+    raw = NUMS.key_serde.serialize
+    # bigint keys compare as numbers, though their bytes put negatives last
+    assert [
+        n for n in (-5, 0, 7, 1000, 1001) if row_passes(positive.filter.where, raw(n), NUMS, [])
+    ] == [7, 1000]
     nums = one("SELECT key FROM nums WHERE key IN ($1, 7)")
     assert isinstance(nums, Read)
     raw = NUMS.key_serde.serialize
