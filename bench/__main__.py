@@ -41,6 +41,7 @@ BENCHES = {
     "streams_restore": "bench.streams_restore",
     "unknown_partitioner": "bench.unknown_partitioner",
     "pg_get": "bench.pg_get",
+    "pg_fuzz": "bench.pg_fuzz",
 }
 # the pipeline benchmark is written by another change; run it once its module exists
 if importlib.util.find_spec("bench.pipeline") is not None:
@@ -59,6 +60,7 @@ QUICK = {
     "attach": ["--mb", "20", "--operations", "5000", "--rounds", "1"],
     "unknown_partitioner": ["--keys", "5000", "--seconds", "1", "--rounds", "3"],
     "pg_get": ["--keys", "5000", "--seconds", "2", "--rounds", "3"],
+    "pg_fuzz": ["--cases", "300"],
 }
 
 log = logging.getLogger("bench")

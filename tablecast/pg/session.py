@@ -54,8 +54,8 @@ log = logging.getLogger(__name__)
 
 #: rows a read asks for at once (a page of a range; what is buffered per portal)
 PAGE = 1_000
-#: prepared statements and portals one connection may hold
-MAX_NAMED = 1_000
+#: prepared statements and portals one connection may hold (pgJDBC caches 256 statements)
+MAX_NAMED = 256
 #: bytes of output gathered before they are written (and waited for)
 FLUSH_BYTES = 64 * 1024
 #: settings whose change a session reports back (ParameterStatus), as PostgreSQL does

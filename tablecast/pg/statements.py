@@ -130,18 +130,27 @@ class Nothing:
 Statement = Read | Rows | Setting | Show | Nothing
 
 
+#: the longest SQL text parsed: a statement here is a line or two, and parsing costs the
+#: node's event loop in proportion to its length
+MAX_SQL = 64 * 1024
+
+
 def parse(sql: str, tables: Tables) -> list[Statement]:
     """The statements of a query string (an empty one: none)."""
+    if len(sql) > MAX_SQL:
+        raise SqlError("54000", f"a statement of more than {MAX_SQL} characters")
     if not sql.strip().strip(";").strip():
         return []
     try:
         trees = sqlglot.parse(sql, read="postgres")
+        return [plan(t, tables) for t in trees if t is not None]
     except sqlglot.errors.ParseError as e:
         first = e.errors[0]["description"] if e.errors else str(e)
         raise SqlError("42601", f"syntax error: {first}") from None
     except sqlglot.errors.SqlglotError as e:
         raise SqlError("42601", f"syntax error: {e}") from None
-    return [plan(t, tables) for t in trees if t is not None]
+    except RecursionError:
+        raise SqlError("54001", "statement too complex (nested too deep)") from None
 
 
 def plan(tree: exp.Expression, tables: Tables) -> Statement:

@@ -23,6 +23,7 @@ from psycopg import errors
 from tablecast import serde
 from tablecast.kafka.broker import free_port
 
+from ..support import pg_fuzz
 from ..support.procs import NodeProcess, eventually, start_node, stop_all
 from .tables import make_table
 from .test_auth import SECRET, token
@@ -31,6 +32,8 @@ from .test_tls_peers import certificate_files
 pytestmark = pytest.mark.integration
 
 KEYS = [f"k{i:03d}" for i in range(120)]
+#: protocol fuzz cases in the suite (python -m bench pg_fuzz runs many more)
+FUZZ_CASES = 400
 
 
 def _http(node: NodeProcess, path: str, **params: Any) -> Any:
@@ -259,5 +262,25 @@ def test_sql_over_tls_with_a_jwt(bootstrap: str, unique: str, logs: Path, tmp_pa
             psycopg.connect(f"{verified} password=not-a-jwt")
         with pytest.raises(psycopg.OperationalError, match="only over TLS"):
             psycopg.connect(f"{base} sslmode=disable password={token()}")
+    finally:
+        stop_all([node])
+
+
+def test_fuzzed_protocol_traffic_never_breaks_the_node(
+    bootstrap: str, unique: str, logs: Path
+) -> None:
+    kv = make_table(bootstrap, unique, "kv", 2, serde.string(), serde.json())
+    kv.write(bootstrap, [("a", {"n": 1})])
+    pg_port = free_port()
+    node = start_node(unique, bootstrap, logs, "--pg-port", str(pg_port))
+    try:
+        node.wait_ready()
+        report = asyncio.run(pg_fuzz.fuzz("127.0.0.1", pg_port, FUZZ_CASES, seed=53))
+        assert report.problems == [], report.problems[:5]
+        assert report.cases == FUZZ_CASES and report.answered > FUZZ_CASES / 2
+        assert node.proc.poll() is None
+        dsn = f"host=127.0.0.1 port={pg_port} dbname=tablecast user=tester sslmode=disable"
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            assert conn.execute("SELECT value FROM kv WHERE key = 'a'").fetchall() == [({"n": 1},)]
     finally:
         stop_all([node])
