@@ -23,7 +23,7 @@ from psycopg import errors
 from tablecast import serde
 from tablecast.kafka.broker import free_port
 
-from ..support import pg_fuzz
+from ..support import node_pg, pg_fuzz, pgjdbc
 from ..support.procs import NodeProcess, eventually, start_node, stop_all
 from .tables import make_table
 from .test_auth import SECRET, token
@@ -96,6 +96,8 @@ def test_sql_answers_what_http_answers(bootstrap: str, unique: str, logs: Path) 
                 assert "tablecast" in version and schema == "public"
         _psql(pg_port, nodes[0])
         asyncio.run(_asyncpg(pg_port, nodes[0]))
+        _jdbc(pg_port, nodes[0])
+        _node_pg(pg_port, nodes[0])
     finally:
         stop_all(nodes)
 
@@ -240,6 +242,56 @@ async def _asyncpg(port: int, node: NodeProcess) -> None:
         assert await conn.fetchval("SELECT 1") == 1
     finally:
         await conn.close()
+
+
+def _jdbc(port: int, node: NodeProcess) -> None:
+    """pgJDBC, server-prepared from the first execution (prepareThreshold=1)."""
+    url = f"jdbc:postgresql://127.0.0.1:{port}/tablecast?sslmode=disable&prepareThreshold=1"
+    point = "SELECT key, value->>'name', value FROM kv WHERE key = ?"
+    answers = pgjdbc.run(
+        url,
+        [
+            *((point, k) for k in KEYS[:5]),
+            (point, "absent"),
+            ("SELECT count(*) FROM kv",),
+            ("SELECT key FROM nums WHERE key >= ? ORDER BY key", "long:0"),
+            ("SELECT * FROM missing",),
+            ("UPDATE kv SET value = '{}'",),
+            ("SELECT key FROM kv WHERE key LIKE 'k00%' LIMIT 3",),
+        ],
+    )
+    for key, answer in zip(KEYS[:5], answers, strict=False):
+        doc = _http(node, f"/v1/tables/kv/keys/{key}")
+        assert answer["rows"] == [[key, doc["value"]["name"], orjson.dumps(doc["value"]).decode()]]
+        assert answer["columns"] == ["key", "?column?", "value"]
+    assert answers[5]["rows"] == []
+    assert answers[6]["rows"] == [[str(_http(node, "/v1/tables/kv/count")["count"])]]
+    http = [str(r["key"]) for r in _all_http(node, "nums") if r["key"] >= 0]
+    assert [r[0] for r in answers[7]["rows"]] == http
+    assert answers[8]["error"] == "42P01" and answers[9]["error"] == "25006"
+    assert answers[10]["rows"] == [["k000"], ["k001"], ["k002"]]
+
+
+def _node_pg(port: int, node: NodeProcess) -> None:
+    """node-postgres: text results parsed by its own type parsers, a named prepared query."""
+    dsn = f"postgresql://node@127.0.0.1:{port}/tablecast?sslmode=disable"
+    point = "SELECT key, value, (value->>'i')::int AS i FROM kv WHERE key = $1"
+    answers = node_pg.run(
+        dsn,
+        [
+            *({"sql": point, "params": [k], "name": "point"} for k in KEYS[:5]),
+            {"sql": "SELECT count(*) AS n FROM nums"},
+            {"sql": "SELECT key FROM nums WHERE key IN (7, 42)"},
+            {"sql": "DELETE FROM kv"},
+        ],
+    )
+    for key, answer in zip(KEYS[:5], answers, strict=False):
+        doc = _http(node, f"/v1/tables/kv/keys/{key}")
+        assert answer["rows"] == [{"key": key, "value": doc["value"], "i": doc["value"]["i"]}]
+    # node-postgres gives a bigint as a string: JavaScript's numbers are doubles
+    assert answers[5]["rows"] == [{"n": str(_http(node, "/v1/tables/nums/count")["count"])}]
+    assert answers[6]["rows"] == [{"key": "7"}, {"key": "42"}]
+    assert answers[7]["error"] == "25006"
 
 
 def test_sql_over_tls_with_a_jwt(bootstrap: str, unique: str, logs: Path, tmp_path: Path) -> None:
