@@ -18,7 +18,7 @@ import os
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import orjson
 
@@ -39,23 +39,26 @@ from tablecast.pg.statements import (
     resolve,
     row_passes,
 )
+from tablecast.pg.transport import STOP, Messages
 from tablecast.pg.types import TEXT, CastFailed, PgType, decode_parameter, encode
 from tablecast.query.auth import Caller
 from tablecast.query.consistency import bound_of
 from tablecast.query.errors import ApiError
 from tablecast.query.gate import Gate
 from tablecast.query.local import Found
-from tablecast.query.peer_calls import maybe
 from tablecast.query.queries import BatchQuery, CountQuery, KeyQuery, RangeQuery
 from tablecast.query.reads import Router
 from tablecast.query.request import Request
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: rows a read asks for at once (a page of a range; what is buffered per portal)
 PAGE = 1_000
 #: prepared statements and portals one connection may hold (pgJDBC caches 256 statements)
 MAX_NAMED = 256
+#: bytes read from a connection at once
+READ_BYTES = 64 * 1024
 #: bytes of output gathered before they are written (and waited for)
 FLUSH_BYTES = 64 * 1024
 #: settings whose change a session reports back (ParameterStatus), as PostgreSQL does
@@ -100,6 +103,8 @@ class Prepared:
     statement: Statement | None  # None: an empty query
     #: parameter types the client gave at Parse (0: unspecified)
     oids: list[int]
+    #: its RowDescription (or NoData) by result formats, made once
+    described: dict[tuple[bool, ...], bytes] = field(default_factory=dict)
 
 
 @dataclass
@@ -144,6 +149,11 @@ class Session:
         self.portals: dict[str, Portal] = {}
         self.key = (os.getpid() & 0x7FFFFFFF, int.from_bytes(os.urandom(4), "big") & 0x7FFFFFFF)
         self.running: asyncio.Task[Any] | None = None
+        self._bound_kept: Any = None
+        #: the connection after its startup (None before)
+        self._messages: Messages | None = None
+        #: after an error in an extended-protocol batch: messages are skipped until Sync
+        self.skipping = False
         local = self.router.local
         self.tables = Tables(self._table, lambda: list(local.node.tables.values()))
 
@@ -153,6 +163,9 @@ class Session:
         self.size += len(data)
 
     async def flush(self) -> None:
+        if self._messages is not None:
+            await self._messages.drain()
+            return
         if self.out:
             self.writer.write(b"".join(self.out))
             self.out.clear()
@@ -281,59 +294,141 @@ class Session:
             self.running.cancel()
 
     async def _serve(self) -> None:
-        skipping = False  # after an error in an extended batch, until Sync
-        while True:
-            kind, payload = await wire.read_message(self.reader)
-            if kind == b"X":
-                return
-            if kind == b"Q":
-                await self._guarded(self._simple(payload.cstring()))
-                self.send(wire.ready_for_query(self.tx))
-                await self.flush()
-                continue
-            if kind == b"S":
-                skipping = False
-                self.send(wire.ready_for_query(self.tx))
-                await self.flush()
-                continue
-            if kind == b"H":
-                await self.flush()
-                continue
-            if skipping:
-                continue
-            handler = self._extended.get(kind)
-            if handler is None:
-                raise wire.ProtocolViolation(f"unknown message type {kind!r}")
-            # only Execute reads (and may wait): the others run inline, no task of their own
-            if not await self._guarded(handler(self, payload), cancellable=kind == b"E"):
-                skipping = True
-            await self._maybe_flush()
+        """Hand the connection to :class:`~tablecast.pg.transport.Messages` (with what the
+        stream read ahead of the startup) and wait until it is over."""
+        messages = Messages(self, self.writer.transport)  # type: ignore[arg-type]
+        # the stream's read-ahead: bytes the client sent right after its startup packet
+        pending = bytes(self.reader._buffer)
+        self.reader._buffer.clear()
+        self._messages = messages
+        messages.start(pending)
+        await messages.finished
 
-    async def _guarded(self, work: Awaitable[Any], cancellable: bool = True) -> bool:
-        """Run `work`, `cancellable` as the statement under way (a CancelRequest cancels
-        it); an error it ends in is answered. False when it failed."""
-        self.running = asyncio.ensure_future(work) if cancellable else None
+    def violated(self, error: wire.ProtocolViolation) -> None:
+        self.send(wire.error_response("08P01", f"protocol violation: {error}", "FATAL"))
+
+    def handle(self, kind: bytes, payload: wire.Payload) -> object:
+        """One message: None when handled, STOP for Terminate, else what to wait for."""
+        if kind == b"X":
+            return STOP
+        if kind == b"Q":
+            return self._query(payload.cstring())
+        if kind == b"S":
+            self.skipping = False
+            self.send(wire.ready_for_query(self.tx))
+            return None
+        if kind == b"H" or self.skipping:
+            return None
+        if kind == b"E":  # the one that reads, and may wait
+            return self._execute_now(payload)
+        handler = self._handlers.get(kind)
+        if handler is None:
+            raise wire.ProtocolViolation(f"unknown message type {kind!r}")
+        if not self._guarded_now(handler, payload):
+            self.skipping = True
+        return None
+
+    async def _query(self, sql: str) -> None:
+        await self._guarded(self._simple(sql))
+        self.send(wire.ready_for_query(self.tx))
+
+    def _execute_now(self, payload: wire.Payload) -> Awaitable[None] | None:
+        """Execute: a read of one key answered here at once; anything else, what does it."""
         try:
-            await (self.running or work)
-            return True
-        except asyncio.CancelledError:
-            if asyncio.current_task() is not None and asyncio.current_task().cancelling():  # type: ignore[union-attr]
-                raise  # the node is stopping, not the client cancelling
-            self._error("57014", "canceling statement due to user request")
-        except SqlError as e:
-            self._error(e.code, e.message)
-        except CastFailed as e:
-            self._error("22P02", str(e))
-        except ApiError as e:
-            self._error(SQLSTATE.get(e.code, "XX000"), e.message)
+            name = payload.cstring()
+            limit = payload.int32()
+            portal = self.portals.get(name)
+            if portal is None:
+                raise SqlError("34000", f'portal "{name}" does not exist')
+            st = portal.prepared.statement
+            if (
+                portal.rows is None
+                and not portal.done
+                and isinstance(st, Read)
+                and self.authorization is None
+                and _one_row(st, portal.params)
+            ):
+                self.gate.limit(None, self.scope)
+                req = Request({}, None, self.scope)
+                text = key_text(st.info, resolve(st.filter.keys[0], portal.params))
+                try:
+                    query = KeyQuery(st.table, text, self._bound())
+                    answer = self.router.key(query, req, encode=row_doc)
+                except ApiError as e:
+                    if e.code != "key_not_found":
+                        raise
+                    self._note(e.headers)
+                    answer = None
+                if answer is None or isinstance(answer, tuple):
+                    self._send_one(st, portal, None if answer is None else self._key_doc(answer))
+                    return None
+            return self._execute_later(portal, limit)
         except wire.ProtocolViolation:
             raise
-        except Exception as e:  # a bug must cost one statement, never the connection
-            log.exception("a SQL statement failed")
-            self._error("XX000", f"internal error: {type(e).__name__}")
+        except Exception as e:
+            self._failed(e)
+            self.skipping = True
+            return None
+
+    async def _execute_later(self, portal: Portal, limit: int) -> None:
+        if not await self._guarded(self._execute(portal, limit)):
+            self.skipping = True
+
+    async def _settle(self, result: T | Awaitable[T]) -> T:
+        """A read's answer: at once when it was answered here, else once it comes."""
+        if isinstance(result, Awaitable):
+            return await self._waited(result)
+        return result
+
+    async def _waited(self, pending: Awaitable[T]) -> T:
+        """What a read that waits (a peer's answer, a position) gives, as the statement
+        under way: a CancelRequest cancels it. A read answered here never gets this far."""
+        self.running = asyncio.ensure_future(pending)
+        try:
+            return await self.running
         finally:
             self.running = None
+
+    async def _guarded(self, work: Awaitable[Any]) -> bool:
+        """Run `work`; an error it ends in is answered. False when it failed."""
+        try:
+            await work
+            return True
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the node is stopping, not the client cancelling
+            self._error("57014", "canceling statement due to user request")
+        except wire.ProtocolViolation:
+            raise
+        except Exception as e:
+            self._failed(e)
         return False
+
+    def _guarded_now(
+        self, handler: Callable[[Session, wire.Payload], None], payload: wire.Payload
+    ) -> bool:
+        """:meth:`_guarded` of a message handled without waiting (all but Execute)."""
+        try:
+            handler(self, payload)
+            return True
+        except wire.ProtocolViolation:
+            raise
+        except Exception as e:
+            self._failed(e)
+        return False
+
+    def _failed(self, e: Exception) -> None:
+        """The ErrorResponse of what a statement ended in."""
+        if isinstance(e, SqlError):
+            self._error(e.code, e.message)
+        elif isinstance(e, CastFailed):
+            self._error("22P02", str(e))
+        elif isinstance(e, ApiError):
+            self._error(SQLSTATE.get(e.code, "XX000"), e.message)
+        else:  # a bug must cost one statement, never the connection
+            log.error("a SQL statement failed", exc_info=e)
+            self._error("XX000", f"internal error: {type(e).__name__}")
 
     # -- simple query ----------------------------------------------------------------------
     async def _simple(self, sql: str) -> None:
@@ -355,7 +450,7 @@ class Session:
             )
 
     # -- extended query --------------------------------------------------------------------
-    async def _parse(self, payload: wire.Payload) -> None:
+    def _parse(self, payload: wire.Payload) -> None:
         name = payload.cstring()
         sql = payload.cstring()
         oids = [payload.int32() for _ in range(payload.int16())]
@@ -369,7 +464,7 @@ class Session:
         self.prepared[name] = Prepared(statements[0] if statements else None, oids)
         self.send(wire.PARSE_COMPLETE)
 
-    async def _bind(self, payload: wire.Payload) -> None:
+    def _bind(self, payload: wire.Payload) -> None:
         portal_name = payload.cstring()
         name = payload.cstring()
         prepared = self.prepared.get(name)
@@ -408,7 +503,7 @@ class Session:
         self.portals[portal_name] = Portal(prepared, values, binary)
         self.send(wire.BIND_COMPLETE)
 
-    async def _describe(self, payload: wire.Payload) -> None:
+    def _describe(self, payload: wire.Payload) -> None:
         what = payload.bytes(1)
         name = payload.cstring()
         if what == b"S":
@@ -435,16 +530,23 @@ class Session:
     def _describe_rows(self, portal: Portal, simple: bool = False) -> None:
         """RowDescription of what `portal` returns; for a statement without rows, NoData
         (a simple query sends nothing then)."""
-        outputs = _outputs(portal.prepared.statement, self)
-        if not outputs:
-            if not simple:
-                self.send(wire.NO_DATA)
-            return
-        fields = []
-        for i, (name, t) in enumerate(outputs):
-            binary = portal.binary[i] if i < len(portal.binary) else False
-            fields.append((name, t.oid, t.size, 1 if binary else 0))
-        self.send(wire.row_description(fields))
+        prepared = portal.prepared
+        formats = tuple(portal.binary)
+        described = prepared.described.get(formats)
+        if described is None:
+            outputs = _outputs(prepared.statement, self)
+            if not outputs:
+                described = b"" if simple else wire.NO_DATA
+            else:
+                fields = []
+                for i, (name, t) in enumerate(outputs):
+                    binary = portal.binary[i] if i < len(portal.binary) else False
+                    fields.append((name, t.oid, t.size, 1 if binary else 0))
+                described = wire.row_description(fields)
+            if len(prepared.described) < 8 and not (simple and not described):
+                prepared.described[formats] = described
+        if described:
+            self.send(described)
 
     async def _execute_message(self, payload: wire.Payload) -> None:
         name = payload.cstring()
@@ -454,24 +556,21 @@ class Session:
             raise SqlError("34000", f'portal "{name}" does not exist')
         await self._execute(portal, limit)
 
-    async def _close(self, payload: wire.Payload) -> None:
+    def _close(self, payload: wire.Payload) -> None:
         what = payload.bytes(1)
         name = payload.cstring()
         if what == b"S":
             self.prepared.pop(name, None)
         elif what == b"P":
-            portal = self.portals.pop(name, None)
-            if portal is not None and portal.rows is not None:
-                await portal.rows.aclose()  # type: ignore[attr-defined]
+            self.portals.pop(name, None)  # a row iterator left unfinished is dropped
         else:
             raise wire.ProtocolViolation("Close of neither S nor P")
         self.send(wire.CLOSE_COMPLETE)
 
-    _extended: ClassVar[dict[bytes, Callable[[Session, wire.Payload], Awaitable[None]]]] = {
+    _handlers: ClassVar[dict[bytes, Callable[[Session, wire.Payload], None]]] = {
         b"P": _parse,
         b"B": _bind,
         b"D": _describe,
-        b"E": _execute_message,
         b"C": _close,
     }
 
@@ -492,10 +591,15 @@ class Session:
         if portal.done:
             self.send(wire.command_complete(f"SELECT {portal.sent}"))
             return
-        if portal.rows is None:
-            portal.rows = self._rows(st, portal.params)
         types = [t for _, t in _outputs(st, self)]
         binary = portal.binary or [False] * len(types)
+        if portal.rows is None and isinstance(st, Read) and _one_row(st, portal.params):
+            # a read of one key (the prepared point SELECT): no row iterator
+            doc = await self._one_key(st, portal.params, await self._request(), self._bound())
+            self._send_one(st, portal, doc)
+            return
+        if portal.rows is None:
+            portal.rows = self._rows(st, portal.params)
         rows = portal.rows
         while limit <= 0 or portal.sent < limit:
             try:
@@ -516,6 +620,7 @@ class Session:
             self.tx = b"I"
 
     def _set(self, st: Setting, params: Sequence[Any]) -> None:
+        self._bound_kept = None
         value = resolve(st.value, params)
         name = st.name
         if name in CONSISTENCY or name == "tablecast.after":
@@ -576,6 +681,12 @@ class Session:
         return Request(headers, caller, self.scope)
 
     def _bound(self) -> Any:
+        """The read options the session's settings spell (kept until a SET)."""
+        if self._bound_kept is None:
+            self._bound_kept = self._bound_of_settings()
+        return self._bound_kept
+
+    def _bound_of_settings(self) -> Any:
         params = {
             option: self.settings[name]
             for name, option in CONSISTENCY.items()
@@ -613,7 +724,7 @@ class Session:
 
     async def _count(self, st: Read, params: Sequence[Any], req: Request) -> int:
         if st.filter.path == "all" and st.filter.where is None:
-            found = await maybe(self.router.read(CountQuery(st.table, self._bound()), req))
+            found = await self._settle(self.router.read(CountQuery(st.table, self._bound()), req))
             self._found_position(found)
             return int(found.doc["count"])  # type: ignore[union-attr]
         return sum([1 async for _ in self._read(st, params, req, None)])
@@ -628,6 +739,46 @@ class Session:
             if name == "x-tablecast-position":
                 self.position = value
 
+    async def _one_key(
+        self, st: Read, params: Sequence[Any], req: Request, bound: Any
+    ) -> dict[str, Any] | None:
+        """The row of the key a ``key = v`` read names (None: not there)."""
+        text = key_text(st.info, resolve(st.filter.keys[0], params))
+        try:
+            answer = self.router.key(KeyQuery(st.table, text, bound), req, encode=row_doc)
+            if not isinstance(answer, tuple):
+                answer = await self._waited(answer)
+        except ApiError as e:
+            if e.code == "key_not_found":
+                self._note(e.headers)
+                return None
+            raise
+        return self._key_doc(answer)
+
+    def _key_doc(self, answer: tuple[int, bytes, Any]) -> dict[str, Any] | None:
+        """The row of a key read's answer (None: not there); a peer's error raised."""
+        status, body, headers = answer
+        self._note(headers)
+        if isinstance(body, RowDoc):
+            return body
+        if status == 404:
+            return None
+        doc = orjson.loads(body)
+        if status != 200:
+            err = doc.get("error", {}) if isinstance(doc, dict) else {}
+            raise ApiError(err.get("code", "internal"), err.get("message", "a peer failed"))
+        return doc  # type: ignore[no-any-return]
+
+    def _send_one(self, st: Read, portal: Portal, doc: dict[str, Any] | None) -> None:
+        """The answer of a read of one key: its row, if any, and the command's end."""
+        if doc is not None:
+            binary = portal.binary or [False] * len(st.outputs)
+            values = [encode(o.of(doc), o.type, b) for o, b in zip(st.outputs, binary, strict=True)]
+            self.send(wire.data_row(values))
+        portal.done = True
+        portal.sent = 0 if doc is None else 1
+        self.send(wire.command_complete(f"SELECT {portal.sent}"))
+
     async def _read(
         self, st: Read, params: Sequence[Any], req: Request, most: int | None
     ) -> AsyncIterator[dict[str, Any]]:
@@ -636,28 +787,16 @@ class Session:
         info, f = st.info, st.filter
         bound = self._bound()
         if f.path == "key":
-            text = key_text(info, resolve(f.keys[0], params))
-            try:
-                answer = await maybe(self.router.key(KeyQuery(st.table, text, bound), req))
-            except ApiError as e:
-                if e.code == "key_not_found":
-                    self._note(e.headers)
-                    return
-                raise
-            status, body, headers = answer
-            self._note(headers)
-            if status == 404:
-                return
-            doc = orjson.loads(body)
-            if status != 200:
-                err = doc.get("error", {}) if isinstance(doc, dict) else {}
-                raise ApiError(err.get("code", "internal"), err.get("message", "a peer failed"))
-            yield doc
+            doc = await self._one_key(st, params, req, bound)
+            if doc is not None:
+                yield doc
             return
         if f.path == "keys":
             values = [resolve(v, params) for v in f.keys]
             keys = [key_json(info, v) for v in values]
-            found = await maybe(self.router.read(BatchQuery.of_keys(st.table, keys, bound), req))
+            found = await self._settle(
+                self.router.read(BatchQuery.of_keys(st.table, keys, bound), req)
+            )
             self._found_position(found)
             rows = [
                 (key_raw(info, r["key"]), r)
@@ -697,7 +836,7 @@ class Session:
             q = RangeQuery.between(
                 st.table, start, end, prefix=prefix, limit=page, cursor=cursor, bound=bound
             )
-            found = await maybe(self.router.read(q, req))
+            found = await self._settle(self.router.read(q, req))
             self._found_position(found)
             doc = found.doc  # type: ignore[union-attr]
             for item in doc["items"]:
@@ -740,6 +879,32 @@ def _integer(v: Any) -> int:
         return int(v)
     except (TypeError, ValueError):
         raise SqlError("22P02", f"invalid input syntax for type bigint: {v!r}") from None
+
+
+class RowDoc(dict):  # type: ignore[type-arg]
+    """A key's row as this node read it (a peer's answer comes as its JSON body)."""
+
+
+def row_doc(info: Any, raw: bytes, partition: int, record: Any) -> RowDoc:
+    """The row of a record read here, its JSON value left unparsed (an ``orjson.Fragment``
+    for a JSON table) until a column needs a field of it."""
+    return RowDoc(
+        key=info.key_serde.to_json(raw),
+        value=info.value_serde.to_json(record.value),
+        partition=partition,
+        offset=record.offset,
+        timestamp=record.timestamp,
+    )
+
+
+def _one_row(st: Read, params: Sequence[Any]) -> bool:
+    """Whether `st` reads one key and gives its row as it is (no count, nothing skipped)."""
+    return (
+        st.filter.path == "key"
+        and not st.count
+        and st.offset is None
+        and (st.limit is None or _count_value(st.limit, params) != 0)
+    )
 
 
 def _count_value(v: Any, params: Sequence[Any]) -> int | None:

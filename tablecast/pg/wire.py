@@ -130,8 +130,15 @@ def backend_key_data(pid: int, secret: int) -> bytes:
     return message(b"K", _I32.pack(pid) + _I32.pack(secret))
 
 
-def ready_for_query(status: bytes = b"I") -> bytes:
+def _ready(status: bytes) -> bytes:
     return message(b"Z", status)
+
+
+_READY = {s: _ready(s) for s in (b"I", b"T", b"E")}
+
+
+def ready_for_query(status: bytes = b"I") -> bytes:
+    return _READY.get(status) or _ready(status)
 
 
 def row_description(fields: Sequence[tuple[str, int, int, int]]) -> bytes:
