@@ -36,6 +36,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--port {args.port} leaves no room for {args.nodes} nodes")
     for i in range(args.nodes):
         ensure_free(args, "--port", "127.0.0.1", args.port + i, f" (node-{i})")
+    if args.pg_port:
+        ensure_free(args, "--pg-port", "127.0.0.1", args.pg_port, " (node-0's SQL)")
     bootstrap = args.bootstrap_servers
     broker = None if bootstrap else Broker(data_dir / "kafka", args.kafka_port)
     if broker is not None and broker.pid() is None:
@@ -81,13 +83,14 @@ def run(args: argparse.Namespace) -> int:
                     # stopped during development costs no failed query
                     "--standby-replicas",
                     str(min(1, args.nodes - 1)),
+                    *(["--pg-port", str(args.pg_port)] if i == 0 and args.pg_port else []),
                 ],
             )
         _wait_ready(sup, urls)
         sample = None
         if generate and app.materialized:
             sample = _wait_for_data(sup, urls[0], next(iter(app.materialized)))
-        _print_welcome(app.id, urls, list(app.materialized), sample, bootstrap)
+        _print_welcome(app.id, urls, list(app.materialized), sample, bootstrap, args.pg_port)
         while (dead := sup.failed()) is None:
             time.sleep(0.5)
         log.info("%s exited: stopping everything", dead)
@@ -154,7 +157,12 @@ def _wait_for_data(sup: Supervisor, url: str, table: str, timeout: float = 180.0
 
 
 def _print_welcome(
-    app_id: str, urls: list[str], tables: list[str], sample: str | None, bootstrap: str
+    app_id: str,
+    urls: list[str],
+    tables: list[str],
+    sample: str | None,
+    bootstrap: str,
+    pg_port: int | None = None,
 ) -> None:
     first = urls[0]
     table = tables[0] if tables else "TABLE"
@@ -166,6 +174,12 @@ def _print_welcome(
         f"  curl {first}/v1/tables/{table}/keys/{key}\n"
         f"  curl -N {first}/v1/tables/{table}/watch?key={key}    (live: every change)\n"
         f"  curl {first}/readyz\n"
-        f"Ctrl-C stops everything.\n",
+        + (
+            f"  psql 'host=127.0.0.1 port={pg_port} dbname=tablecast sslmode=disable' "
+            f'-c "SELECT * FROM {table} LIMIT 5"\n'
+            if pg_port
+            else ""
+        )
+        + "Ctrl-C stops everything.\n",
         flush=True,
     )

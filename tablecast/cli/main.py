@@ -492,6 +492,14 @@ def build_parser() -> Parser:
             metavar="DIR",
             help="where the broker, pipeline and nodes keep their data and logs",
         )
+        option(
+            p,
+            "--pg-port",
+            type=int,
+            check=PORT,
+            shown="none: no SQL",
+            help="the first node also serves the PostgreSQL protocol on this port (psql)",
+        )
 
     for name, what in (
         ("query", "read one key"),

@@ -31,6 +31,7 @@ from tablecast.pg.statements import (
     Read,
     Setting,
     Show,
+    Sleep,
     Statement,
     key_json,
     key_raw,
@@ -38,6 +39,7 @@ from tablecast.pg.statements import (
     parse,
     resolve,
     row_passes,
+    sleep_seconds,
 )
 from tablecast.pg.transport import STOP, Messages
 from tablecast.pg.types import TEXT, CastFailed, PgType, decode_parameter, encode
@@ -362,6 +364,7 @@ class Session:
                 if answer is None or isinstance(answer, tuple):
                     self._send_one(st, portal, None if answer is None else self._key_doc(answer))
                     return None
+                return self._one_later(st, portal, answer)
             return self._execute_later(portal, limit)
         except wire.ProtocolViolation:
             raise
@@ -369,6 +372,22 @@ class Session:
             self._failed(e)
             self.skipping = True
             return None
+
+    async def _one_later(self, st: Read, portal: Portal, pending: Awaitable[Any]) -> None:
+        """The end of a read of one key that waits (a peer's answer, a position)."""
+
+        async def finish() -> None:
+            try:
+                answer = await self._waited(pending)
+            except ApiError as e:
+                if e.code != "key_not_found":
+                    raise
+                self._note(e.headers)
+                answer = None
+            self._send_one(st, portal, None if answer is None else self._key_doc(answer))
+
+        if not await self._guarded(finish()):
+            self.skipping = True
 
     async def _execute_later(self, portal: Portal, limit: int) -> None:
         if not await self._guarded(self._execute(portal, limit)):
@@ -478,7 +497,7 @@ class Session:
             raw.append(None if n == -1 else payload.bytes(n))
         result_formats = [payload.int16() for _ in range(payload.int16())]
         st = prepared.statement
-        wanted = st.params if isinstance(st, Read) else 0
+        wanted = st.params if isinstance(st, Read | Sleep) else 0
         if count != wanted:
             raise SqlError("08P01", f"the statement takes {wanted} parameters, {count} were bound")
         values = []
@@ -516,6 +535,8 @@ class Session:
                 for i in range(st.params):
                     given = prepared.oids[i] if i < len(prepared.oids) else 0
                     oids.append(given or st.param_types.get(i + 1, TEXT).oid)
+            elif isinstance(st, Sleep) and st.params:
+                oids = [prepared.oids[0] if prepared.oids else 701]  # double precision
             self.send(wire.parameter_description(oids))
             self._describe_rows(Portal(prepared, [], []))
         elif what == b"P":
@@ -699,6 +720,10 @@ class Session:
         if isinstance(st, Rows):
             for r in st.rows:
                 yield r
+            return
+        if isinstance(st, Sleep):
+            await self._waited(asyncio.sleep(sleep_seconds(resolve(st.seconds, params))))
+            yield ("",)
             return
         if isinstance(st, Show):
             yield self._show(st.name)
@@ -927,6 +952,8 @@ def _outputs(st: Statement | None, session: Session) -> list[tuple[str, PgType]]
         return list(st.outputs)
     if isinstance(st, Show):
         return [(st.name, TEXT)]
+    if isinstance(st, Sleep):
+        return [("pg_sleep", TEXT)]
     return []
 
 

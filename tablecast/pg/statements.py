@@ -116,6 +116,29 @@ class Setting:
 
 
 @dataclass(frozen=True)
+class Sleep:
+    """``SELECT pg_sleep(s)``: a statement that only waits (what a cancel is tried with)."""
+
+    seconds: Value
+    params: int = 0
+
+
+#: the longest pg_sleep a session waits
+MAX_SLEEP_S = 60.0
+
+
+def sleep_seconds(v: Any) -> float:
+    """pg_sleep's argument as the seconds to wait (at most :data:`MAX_SLEEP_S`)."""
+    try:
+        seconds = float(v)
+    except (TypeError, ValueError):
+        raise SqlError("22023", "pg_sleep takes a number of seconds") from None
+    if isinstance(v, bool) or seconds != seconds:
+        raise SqlError("22023", "pg_sleep takes a number of seconds")
+    return min(max(seconds, 0.0), MAX_SLEEP_S)
+
+
+@dataclass(frozen=True)
 class Show:
     name: str
 
@@ -127,7 +150,7 @@ class Nothing:
     tag: str
 
 
-Statement = Read | Rows | Setting | Show | Nothing
+Statement = Read | Rows | Setting | Show | Nothing | Sleep
 
 
 #: the longest SQL text parsed: a statement here is a line or two, and parsing costs the
@@ -555,8 +578,15 @@ def row_passes(
 
 
 # -- constants ----------------------------------------------------------------------------------
-def _constants(tree: exp.Select) -> Rows:
+def _constants(tree: exp.Select) -> Rows | Sleep:
     """A SELECT without FROM: literals and what drivers ask at connect."""
+    if len(tree.expressions) == 1:
+        e = tree.expressions[0]
+        if isinstance(e, exp.Anonymous) and str(e.this).lower() == "pg_sleep":
+            seconds = _literal(e.expressions[0]) if len(e.expressions) == 1 else None
+            if isinstance(seconds, Param):
+                return Sleep(seconds, seconds.n)
+            return Sleep(sleep_seconds(seconds))
     outputs: list[tuple[str, PgType]] = []
     row: list[Any] = []
     for e in tree.expressions:

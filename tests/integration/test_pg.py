@@ -9,6 +9,8 @@ import asyncio
 import datetime as dt
 import ssl
 import subprocess
+import threading
+import time
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -194,6 +196,19 @@ def _consistency_settings(conn: psycopg.Connection) -> None:
         assert cur.fetchall() == [("1",)]
         cur.execute("SHOW tablecast.max_lag")
         assert cur.fetchone() == ("0",)
+        # a statement under way, cancelled by the client (a CancelRequest on a connection
+        # of its own), in the simple and the extended protocol
+        for params in (None, (5,)):
+            started = time.monotonic()
+            threading.Timer(0.5, conn.cancel).start()
+            with pytest.raises(errors.QueryCanceled):
+                cur.execute(
+                    "SELECT pg_sleep(5)" if params is None else "SELECT pg_sleep(%s)", params
+                )
+            assert time.monotonic() - started < 4
+            cur.execute("SELECT 1")
+            assert cur.fetchone() == (1,)
+        cur.execute("SET tablecast.timeout_ms TO DEFAULT")
         cur.execute("RESET tablecast.after")
         cur.execute("SET tablecast.max_lag TO DEFAULT")
         cur.execute("SHOW tablecast.max_lag")
