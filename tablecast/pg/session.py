@@ -26,6 +26,7 @@ from tablecast.pg import wire
 from tablecast.pg.relations import Rows, SqlError, Tables
 from tablecast.pg.statements import (
     DEFAULT_SETTINGS,
+    FunctionRead,
     Nothing,
     Param,
     Read,
@@ -48,7 +49,14 @@ from tablecast.query.consistency import bound_of
 from tablecast.query.errors import ApiError
 from tablecast.query.gate import Gate
 from tablecast.query.local import Found
-from tablecast.query.queries import BatchQuery, CountQuery, KeyQuery, RangeQuery
+from tablecast.query.queries import (
+    BatchQuery,
+    CountQuery,
+    HistoryQuery,
+    IndexQuery,
+    KeyQuery,
+    RangeQuery,
+)
 from tablecast.query.reads import Router
 from tablecast.query.request import Request
 
@@ -67,6 +75,9 @@ FLUSH_BYTES = 64 * 1024
 REPORTED = ("application_name", "client_encoding", "datestyle", "timezone", "intervalstyle")
 #: tablecast's own session settings -> the read option each one is
 CONSISTENCY = {"tablecast.max_lag": "max_lag", "tablecast.timeout_ms": "timeout_ms"}
+
+#: what a session reads with beyond PostgreSQL's own settings
+SESSION_READ_SETTINGS = (*CONSISTENCY, "tablecast.after", "tablecast.as_of")
 
 #: the read core's error codes as SQLSTATEs
 SQLSTATE = {
@@ -354,7 +365,7 @@ class Session:
                 req = Request({}, None, self.scope)
                 text = key_text(st.info, resolve(st.filter.keys[0], portal.params))
                 try:
-                    query = KeyQuery(st.table, text, self._bound())
+                    query = KeyQuery(st.table, text, self._bound(), self._as_of())
                     answer = self.router.key(query, req, encode=row_doc)
                 except ApiError as e:
                     if e.code != "key_not_found":
@@ -497,7 +508,7 @@ class Session:
             raw.append(None if n == -1 else payload.bytes(n))
         result_formats = [payload.int16() for _ in range(payload.int16())]
         st = prepared.statement
-        wanted = st.params if isinstance(st, Read | Sleep) else 0
+        wanted = st.params if isinstance(st, Read | Sleep | FunctionRead) else 0
         if count != wanted:
             raise SqlError("08P01", f"the statement takes {wanted} parameters, {count} were bound")
         values = []
@@ -535,6 +546,10 @@ class Session:
                 for i in range(st.params):
                     given = prepared.oids[i] if i < len(prepared.oids) else 0
                     oids.append(given or st.param_types.get(i + 1, TEXT).oid)
+            elif isinstance(st, FunctionRead):
+                oids = [
+                    prepared.oids[i] if i < len(prepared.oids) else 25 for i in range(st.params)
+                ]
             elif isinstance(st, Sleep) and st.params:
                 oids = [prepared.oids[0] if prepared.oids else 701]  # double precision
             self.send(wire.parameter_description(oids))
@@ -616,7 +631,8 @@ class Session:
         binary = portal.binary or [False] * len(types)
         if portal.rows is None and isinstance(st, Read) and _one_row(st, portal.params):
             # a read of one key (the prepared point SELECT): no row iterator
-            doc = await self._one_key(st, portal.params, await self._request(), self._bound())
+            value = resolve(st.filter.keys[0], portal.params)
+            doc = await self._one_key(st, value, await self._request(), self._bound())
             self._send_one(st, portal, doc)
             return
         if portal.rows is None:
@@ -644,8 +660,15 @@ class Session:
         self._bound_kept = None
         value = resolve(st.value, params)
         name = st.name
-        if name in CONSISTENCY or name == "tablecast.after":
-            if value is not None and name != "tablecast.after":
+        if name in SESSION_READ_SETTINGS:
+            if value is not None and name == "tablecast.as_of":
+                try:
+                    int(value)
+                except (TypeError, ValueError):
+                    raise SqlError(
+                        "22023", f"{name} is a time in epoch ms, not {value!r}"
+                    ) from None
+            elif value is not None and name != "tablecast.after":
                 try:
                     if int(value) < 0:
                         raise ValueError
@@ -675,7 +698,7 @@ class Session:
             return (self.position,)
         if name == "all":
             raise SqlError("0A000", "not supported: SHOW ALL")
-        if name in CONSISTENCY or name == "tablecast.after":
+        if name in SESSION_READ_SETTINGS:
             return (self.settings.get(name, ""),)  # unset: empty, as PostgreSQL's own
         if name not in self.settings:
             raise SqlError("42704", f'unrecognized configuration parameter "{name}"')
@@ -701,6 +724,11 @@ class Session:
         headers = {"authorization": self.authorization} if self.authorization else {}
         return Request(headers, caller, self.scope)
 
+    def _as_of(self) -> int | None:
+        """The time reads are answered as of (``SET tablecast.as_of``), None: the latest."""
+        text = self.settings.get("tablecast.as_of")
+        return None if text is None else int(text)
+
     def _bound(self) -> Any:
         """The read options the session's settings spell (kept until a SET)."""
         if self._bound_kept is None:
@@ -725,6 +753,19 @@ class Session:
             await self._waited(asyncio.sleep(sleep_seconds(resolve(st.seconds, params))))
             yield ("",)
             return
+        if isinstance(st, FunctionRead):
+            skip = _count_value(st.offset, params) or 0
+            limit = _count_value(st.limit, params)
+            n = 0
+            async for row in self._function_rows(st, params, await self._request(), limit, skip):
+                if skip:
+                    skip -= 1
+                    continue
+                if limit is not None and n >= limit:
+                    return
+                yield tuple(o.of(row) for o in st.outputs)
+                n += 1
+            return
         if isinstance(st, Show):
             yield self._show(st.name)
             return
@@ -747,8 +788,53 @@ class Session:
             if limit is not None and n >= limit:
                 return
 
+    async def _function_rows(
+        self,
+        st: FunctionRead,
+        params: Sequence[Any],
+        req: Request,
+        limit: int | None,
+        skip: int,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The rows of tablecast.history(...) or tablecast.index(...), page by page."""
+        info = st.info
+        args = [resolve(a, params) for a in st.args]
+        cursor = None
+        while True:
+            page = PAGE if limit is None else max(1, min(PAGE, limit + skip))
+            if st.kind == "history":
+                key = key_text(info, args[0])
+                q: Any = HistoryQuery.versions(
+                    info.name, key, limit=page, newest_first=st.newest_first,
+                    cursor=cursor, bound=self._bound(),
+                )  # fmt: skip
+                status, body, headers = await self._settle(self.router.read(q, req))
+                self._note(headers)
+                doc = orjson.loads(body)
+                if status != 200:
+                    err = doc.get("error", {})
+                    raise ApiError(err.get("code", "internal"), err.get("message", ""))
+                key_value = key_json(info, args[0])
+                items = [{"key": key_value, **item} for item in doc["items"]]
+            else:
+                index, value = args
+                if not isinstance(index, str) or value is None:
+                    raise SqlError("22023", "tablecast.index takes a table, an index and a value")
+                text = value if isinstance(value, str) else orjson.dumps(value).decode()
+                q = IndexQuery.equal(info.name, index, text, limit=page, cursor=cursor,
+                                     bound=self._bound())  # fmt: skip
+                found = await self._settle(self.router.read(q, req))
+                self._found_position(found)
+                doc = found.doc  # type: ignore[union-attr]
+                items = doc["items"]
+            for item in items:
+                yield item
+            cursor = doc.get("next_cursor")
+            if not cursor:
+                return
+
     async def _count(self, st: Read, params: Sequence[Any], req: Request) -> int:
-        if st.filter.path == "all" and st.filter.where is None:
+        if st.filter.path == "all" and st.filter.where is None and self._as_of() is None:
             found = await self._settle(self.router.read(CountQuery(st.table, self._bound()), req))
             self._found_position(found)
             return int(found.doc["count"])  # type: ignore[union-attr]
@@ -765,12 +851,13 @@ class Session:
                 self.position = value
 
     async def _one_key(
-        self, st: Read, params: Sequence[Any], req: Request, bound: Any
+        self, st: Read, value: Any, req: Request, bound: Any
     ) -> dict[str, Any] | None:
-        """The row of the key a ``key = v`` read names (None: not there)."""
-        text = key_text(st.info, resolve(st.filter.keys[0], params))
+        """The row of key `value` (None: not there)."""
+        text = key_text(st.info, value)
         try:
-            answer = self.router.key(KeyQuery(st.table, text, bound), req, encode=row_doc)
+            query = KeyQuery(st.table, text, bound, self._as_of())
+            answer = self.router.key(query, req, encode=row_doc)
             if not isinstance(answer, tuple):
                 answer = await self._waited(answer)
         except ApiError as e:
@@ -812,9 +899,17 @@ class Session:
         info, f = st.info, st.filter
         bound = self._bound()
         if f.path == "key":
-            doc = await self._one_key(st, params, req, bound)
+            doc = await self._one_key(st, resolve(f.keys[0], params), req, bound)
             if doc is not None:
                 yield doc
+            return
+        if f.path == "keys" and self._as_of() is not None:
+            # a batch read has no as_of: each key is read as of the time on its own
+            raws = sorted({key_raw(info, resolve(v, params)): v for v in f.keys}.items())
+            for _, v in raws:
+                one = await self._one_key(st, resolve(v, params), req, bound)
+                if one is not None:
+                    yield one
             return
         if f.path == "keys":
             values = [resolve(v, params) for v in f.keys]
@@ -859,7 +954,14 @@ class Session:
         while True:
             page = PAGE if most is None else max(1, min(PAGE, most))
             q = RangeQuery.between(
-                st.table, start, end, prefix=prefix, limit=page, cursor=cursor, bound=bound
+                st.table,
+                start,
+                end,
+                prefix=prefix,
+                as_of=self._as_of(),
+                limit=page,
+                cursor=cursor,
+                bound=bound,
             )
             found = await self._settle(self.router.read(q, req))
             self._found_position(found)
@@ -946,7 +1048,7 @@ def _count_value(v: Any, params: Sequence[Any]) -> int | None:
 
 
 def _outputs(st: Statement | None, session: Session) -> list[tuple[str, PgType]]:
-    if isinstance(st, Read):
+    if isinstance(st, Read | FunctionRead):
         return [(o.name, o.type) for o in st.outputs]
     if isinstance(st, Rows):
         return list(st.outputs)

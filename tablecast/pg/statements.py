@@ -29,6 +29,7 @@ from tablecast.pg.types import (
     INT8,
     JSONB,
     TEXT,
+    TIMESTAMPTZ,
     PgType,
     cast,
     plain,
@@ -108,6 +109,26 @@ class Read:
 
 
 @dataclass(frozen=True)
+class FunctionRead:
+    """``tablecast.history(table, key)`` or ``tablecast.index(table, index, value)``: a
+    key's versions, or the rows an index value names, as a relation."""
+
+    kind: str  # "history" or "index"
+    info: TableInfo
+    args: tuple[Value, ...]
+    outputs: tuple[Output, ...]
+    newest_first: bool = False
+    limit: Value | None = None
+    offset: Value | None = None
+    params: int = 0
+
+
+#: the columns of tablecast.history(...) and tablecast.index(...)
+HISTORY_COLUMNS = ("key", "value", "timestamp", "offset")
+INDEX_COLUMNS = ("key", "value")
+
+
+@dataclass(frozen=True)
 class Setting:
     """``SET name = value`` (``value`` None: ``RESET`` / ``SET name TO DEFAULT``)."""
 
@@ -150,7 +171,7 @@ class Nothing:
     tag: str
 
 
-Statement = Read | Rows | Setting | Show | Nothing | Sleep
+Statement = Read | FunctionRead | Rows | Setting | Show | Nothing | Sleep
 
 
 #: the longest SQL text parsed: a statement here is a line or two, and parsing costs the
@@ -239,6 +260,8 @@ def _select(tree: exp.Select, tables: Tables) -> Statement:
     relation = source.this
     if not isinstance(relation, exp.Table):
         raise unsupported("a SELECT from anything but a table")
+    if isinstance(relation.this, exp.Anonymous):
+        return _function_read(tree, relation, tables)
     schema = relation.db.lower() if relation.db else None
     name = relation.name
     if schema == "information_schema":
@@ -281,6 +304,51 @@ def _select(tree: exp.Select, tables: Tables) -> Statement:
     for n in range(1, params + 1):
         param_types.setdefault(n, TEXT)
     return Read(name, info, tuple(outputs), count, key_filter, limit, offset, params, param_types)
+
+
+def _function_read(tree: exp.Select, relation: exp.Table, tables: Tables) -> FunctionRead:
+    """``SELECT … FROM tablecast.history('t', key)`` / ``tablecast.index('t', 'i', value)``."""
+    call = relation.this
+    kind = str(call.this).lower()
+    schema = relation.db.lower() if relation.db else "tablecast"
+    wanted = {"history": 2, "index": 3}.get(kind)
+    if schema != "tablecast" or wanted is None:
+        raise SqlError("42883", f"function {relation.sql('postgres')} does not exist")
+    if len(call.expressions) != wanted:
+        raise SqlError("42883", f"tablecast.{kind} takes {wanted} arguments")
+    table = _literal(call.expressions[0])
+    if not isinstance(table, str):
+        raise SqlError("22023", f"tablecast.{kind}'s first argument is a table name")
+    info = tables.lookup(table)
+    args = tuple(_literal(a) for a in call.expressions[1:])
+    for part in ("joins", "group", "having", "where", "distinct", "with_"):
+        if tree.args.get(part):
+            raise unsupported(f"{part.rstrip('_').upper()} on tablecast.{kind}(...)")
+    key_type = INT8 if info.key["format"] == "long" else TEXT
+    types = {"key": key_type, "value": JSONB, "timestamp": TIMESTAMPTZ, "offset": INT8}
+    names = HISTORY_COLUMNS if kind == "history" else INDEX_COLUMNS
+    columns = {n: types[n] for n in names}
+    outputs: list[Output] = []
+    for e in tree.expressions:
+        alias = e.alias if isinstance(e, exp.Alias) else None
+        inner = e.this if isinstance(e, exp.Alias) else e
+        if isinstance(inner, exp.Star):
+            outputs.extend(Output(c, t, _field(c)) for c, t in columns.items())
+        else:
+            outputs.append(_output(inner, alias, columns))
+    newest_first = False
+    order = tree.args.get("order")
+    for o in order.expressions if order is not None else ():
+        col = o.this
+        if kind == "history" and isinstance(col, exp.Column) and col.name == "timestamp":
+            newest_first = bool(o.args.get("desc"))
+        elif not (kind == "index" and isinstance(col, exp.Column) and col.name == "key"):
+            raise unsupported(f"ORDER BY {o.sql('postgres')} on tablecast.{kind}(...)")
+    param_types: dict[int, PgType] = {}
+    limit = _count_clause(tree.args.get("limit"), param_types)
+    offset = _count_clause(tree.args.get("offset"), param_types)
+    params = max((_param_number(p) for p in tree.find_all(exp.Parameter)), default=0)
+    return FunctionRead(kind, info, args, tuple(outputs), newest_first, limit, offset, params)
 
 
 def _param_number(p: exp.Parameter) -> int:

@@ -20,10 +20,15 @@ import httpx
 import orjson
 import psycopg
 import pytest
+from confluent_kafka import Producer
 from psycopg import errors
 
 from tablecast import serde
+from tablecast.contract.partitioner import PRODUCER_CONFIG
+from tablecast.kafka.attach import attach
 from tablecast.kafka.broker import free_port
+from tablecast.kafka.config import client_conf
+from tablecast.kafka.topics import ensure_topic
 
 from ..support import node_pg, pg_fuzz, pgjdbc
 from ..support.procs import NodeProcess, eventually, start_node, stop_all
@@ -62,6 +67,7 @@ def test_sql_answers_what_http_answers(bootstrap: str, unique: str, logs: Path) 
     )
     nums = make_table(bootstrap, unique, "nums", 3, serde.long(), serde.json())
     nums.write(bootstrap, [(n, {"n": n}) for n in (-5, 0, 7, 42, 1000)])
+    people = _people(bootstrap, unique)
     pg_port = free_port()
     nodes = [start_node(unique, bootstrap, logs, "--pg-port", str(pg_port))]
     nodes.append(start_node(unique, bootstrap, logs))
@@ -87,7 +93,7 @@ def test_sql_answers_what_http_answers(bootstrap: str, unique: str, logs: Path) 
                     "SELECT table_name FROM information_schema.tables "
                     "WHERE table_schema = 'public' ORDER BY table_name"
                 )
-                assert cur.fetchall() == [("kv",), ("nums",)]
+                assert cur.fetchall() == [("kv",), ("nums",), ("people",)]
                 cur.execute(
                     "SELECT column_name, data_type FROM information_schema.columns "
                     "WHERE table_name = 'nums' ORDER BY ordinal_position"
@@ -96,6 +102,9 @@ def test_sql_answers_what_http_answers(bootstrap: str, unique: str, logs: Path) 
                 cur.execute("SELECT version(), current_schema()")
                 version, schema = cur.fetchone()  # type: ignore[misc]
                 assert "tablecast" in version and schema == "public"
+        nodes[0].wait_caught_up(bootstrap, "people", people)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            _history_index_as_of(conn, nodes[0])
         _psql(pg_port, nodes[0])
         asyncio.run(_asyncpg(pg_port, nodes[0]))
         _jdbc(pg_port, nodes[0])
@@ -157,6 +166,60 @@ def _reads_match(conn: psycopg.Connection, node: NodeProcess) -> None:
             ]  # fmt: skip
             row = cur.fetchone()
             assert row is not None and row[4].year >= 2024
+
+
+def _people(bootstrap: str, app: str) -> str:
+    """An attached table with a history and an index: three versions of p1, tiers."""
+    topic = f"{app}.people"
+    ensure_topic(bootstrap, topic, 3, {"cleanup.policy": "compact"})
+    producer = Producer(client_conf(bootstrap, PRODUCER_CONFIG))
+    base = int(time.time() * 1000) - 60_000
+    rows = [("p1", {"tier": "gold", "v": 1}), ("p2", {"tier": "gold", "v": 1}),
+            ("p3", {"tier": "blue", "v": 1}), ("p1", {"tier": "gold", "v": 2}),
+            ("p1", {"tier": "blue", "v": 3})]  # fmt: skip
+    for i, (key, value) in enumerate(rows):
+        producer.produce(
+            topic, key=key.encode(), value=orjson.dumps(value), timestamp=base + i * 1000
+        )
+    assert producer.flush(30) == 0
+    attach("people", app=app, topic=topic, bootstrap_servers=bootstrap, history="1 day",
+           indexes={"tier": "$.tier"})  # fmt: skip
+    return topic
+
+
+def _history_index_as_of(conn: psycopg.Connection, node: NodeProcess) -> None:
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT key, value, timestamp, \"offset\" FROM tablecast.history('people', %s) "
+            "ORDER BY timestamp DESC",
+            ("p1",),
+        )
+        got = cur.fetchall()
+        http = _http(node, "/v1/tables/people/keys/p1/history", order="desc")["items"]
+        assert [(r[1], int(r[2].timestamp() * 1000), r[3]) for r in got] == [
+            (h["value"], h["timestamp"], h["offset"]) for h in http
+        ]
+        assert len(got) == 3 and all(r[0] == "p1" for r in got)
+        cur.execute("SELECT value->>'v' FROM tablecast.history('people', 'p1') LIMIT 2")
+        assert cur.fetchall() == [("1",), ("2",)]
+        cur.execute("SELECT key, value FROM tablecast.index('people', 'tier', %s)", ("gold",))
+        http = _http(node, "/v1/tables/people/index/tier/gold")["items"]
+        assert cur.fetchall() == [(h["key"], h["value"]) for h in http]
+        assert [h["key"] for h in http] == ["p2"]
+        # as of the second version's time: the table as it was then
+        versions = _http(node, "/v1/tables/people/keys/p1/history")["items"]
+        at = versions[1]["timestamp"]
+        cur.execute(f"SET tablecast.as_of = {at}")
+        cur.execute("SELECT key, value->>'v' FROM people WHERE key IN ('p1', 'p3')")
+        assert cur.fetchall() == [("p1", "2"), ("p3", "1")]
+        cur.execute("SELECT value->>'v' FROM people WHERE key = %s", ("p1",))
+        as_of = _http(node, "/v1/tables/people/keys/p1", as_of=at)["value"]
+        assert cur.fetchall() == [(str(as_of["v"]),)] == [("2",)]
+        cur.execute("SELECT count(*) FROM people")
+        assert cur.fetchone() == (3,)
+        cur.execute("RESET tablecast.as_of")
+        cur.execute("SELECT value->>'v' FROM people WHERE key = 'p1'")
+        assert cur.fetchall() == [("3",)]
 
 
 def _errors_leave_the_connection_usable(conn: psycopg.Connection) -> None:
