@@ -22,10 +22,12 @@ from typing import Any, ClassVar, Protocol, TypeVar
 
 import orjson
 
-from tablecast.pg import wire
+from tablecast.live.service import Live
+from tablecast.pg import subscribe, wire
 from tablecast.pg.relations import Rows, SqlError, Tables
 from tablecast.pg.statements import (
     DEFAULT_SETTINGS,
+    CatalogQuery,
     FunctionRead,
     Nothing,
     Param,
@@ -34,6 +36,7 @@ from tablecast.pg.statements import (
     Show,
     Sleep,
     Statement,
+    Subscribe,
     key_json,
     key_raw,
     key_text,
@@ -100,6 +103,7 @@ class Node(Protocol):
 
     router: Router
     gate: Gate
+    live: Live
 
 
 class _Scope:
@@ -145,6 +149,7 @@ class Session:
     ) -> None:
         self.router = node.router
         self.gate = node.gate
+        self.live = node.live
         self.reader, self.writer = reader, writer
         self.tls, self.allow_cleartext = tls, allow_cleartext
         self.cancels = cancels
@@ -508,7 +513,7 @@ class Session:
             raw.append(None if n == -1 else payload.bytes(n))
         result_formats = [payload.int16() for _ in range(payload.int16())]
         st = prepared.statement
-        wanted = st.params if isinstance(st, Read | Sleep | FunctionRead) else 0
+        wanted = st.params if isinstance(st, Read | Sleep | FunctionRead | CatalogQuery) else 0
         if count != wanted:
             raise SqlError("08P01", f"the statement takes {wanted} parameters, {count} were bound")
         values = []
@@ -530,6 +535,10 @@ class Session:
         if portal_name and len(self.portals) >= MAX_NAMED:
             raise SqlError("53400", f"at most {MAX_NAMED} portals per connection")
         self._check_tx(st)
+        if isinstance(st, CatalogQuery):  # answered now that its parameters are known
+            rows = st.bound(values, self.tables)
+            prepared = Prepared(rows, [])
+            binary = binary[: len(rows.outputs)] + [False] * (len(rows.outputs) - len(binary))
         self.portals[portal_name] = Portal(prepared, values, binary)
         self.send(wire.BIND_COMPLETE)
 
@@ -546,7 +555,7 @@ class Session:
                 for i in range(st.params):
                     given = prepared.oids[i] if i < len(prepared.oids) else 0
                     oids.append(given or st.param_types.get(i + 1, TEXT).oid)
-            elif isinstance(st, FunctionRead):
+            elif isinstance(st, FunctionRead | CatalogQuery):
                 oids = [
                     prepared.oids[i] if i < len(prepared.oids) else 25 for i in range(st.params)
                 ]
@@ -626,6 +635,11 @@ class Session:
             return
         if portal.done:
             self.send(wire.command_complete(f"SELECT {portal.sent}"))
+            return
+        if isinstance(st, Subscribe):
+            sent = await subscribe.stream(self, self.live, st, portal.params, await self._request())
+            portal.done = True
+            self.send(wire.command_complete(f"COPY {sent}"))
             return
         types = [t for _, t in _outputs(st, self)]
         binary = portal.binary or [False] * len(types)
@@ -1052,6 +1066,8 @@ def _outputs(st: Statement | None, session: Session) -> list[tuple[str, PgType]]
         return [(o.name, o.type) for o in st.outputs]
     if isinstance(st, Rows):
         return list(st.outputs)
+    if isinstance(st, CatalogQuery):
+        return [(n, TEXT) for n in st.names]
     if isinstance(st, Show):
         return [(st.name, TEXT)]
     if isinstance(st, Sleep):

@@ -12,6 +12,7 @@ never the answer. ``$n`` parameters are kept as :class:`Param` until Bind.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,7 @@ import sqlglot
 from sqlglot import exp
 
 from tablecast.contract.table_info import TableInfo
+from tablecast.pg import pg_catalog
 from tablecast.pg.relations import Rows, SqlError, Tables, table_columns, unsupported
 from tablecast.pg.types import (
     BOOL,
@@ -129,6 +131,81 @@ INDEX_COLUMNS = ("key", "value")
 
 
 @dataclass(frozen=True)
+class CatalogQuery:
+    """A query over the system tables with ``$n`` parameters: answered once they are bound
+    (:meth:`bound`)."""
+
+    tree: exp.Expression
+    params: int
+    names: tuple[str, ...]
+
+    def bound(self, params: Sequence[Any], tables: Tables) -> Rows:
+        tree = self.tree.copy()
+        for p in list(tree.find_all(exp.Parameter)):
+            v = resolve(_literal(p), params)
+            if v is None:
+                p.replace(exp.Null())
+            elif isinstance(v, bool):
+                p.replace(exp.Boolean(this=v))
+            elif isinstance(v, int | float):
+                p.replace(exp.Literal.number(v))
+            else:
+                p.replace(exp.Literal.string(str(v)))
+        return pg_catalog.answer(tree, tables)
+
+
+@dataclass(frozen=True)
+class Subscribe:
+    """``COPY (SUBSCRIBE TO t [WHERE …]) TO STDOUT``: the table's rows, then every change,
+    as the watch of the HTTP API streams them."""
+
+    table: str
+    keys: tuple[Value, ...] | None = None
+    prefix: str | None = None
+    start: Value | None = None
+    end: Value | None = None
+
+
+#: the live form, found before the parser (sqlglot reads no SUBSCRIBE)
+_SUBSCRIBE = re.compile(
+    r'^\s*COPY\s*\(\s*SUBSCRIBE\s+(?:TO\s+)?(?P<table>"[^"]+"|[\w.-]+)'
+    r"\s*(?:WHERE\s+(?P<where>.*?))?\s*\)\s*TO\s+STDOUT\s*;?\s*$",
+    re.IGNORECASE | re.DOTALL,
+)
+
+
+def _subscribe(sql: str, tables: Tables) -> Subscribe | None:
+    """The live form's statement, or None when `sql` is not one."""
+    m = _SUBSCRIBE.match(sql)
+    if m is None:
+        return None
+    table = m["table"].strip('"')
+    if table.lower().startswith(("public.", "tablecast.")):
+        table = table.split(".", 1)[1]
+    if m["where"] is None:
+        tables.lookup(table)
+        return Subscribe(table)
+    read = _select(
+        sqlglot.parse_one(f'SELECT * FROM "{table}" WHERE {m["where"]}', read="postgres"), tables
+    )  # type: ignore[arg-type]
+    assert isinstance(read, Read)
+    f = read.filter
+    if f.path in ("key", "keys"):
+        return Subscribe(table, keys=f.keys)
+    if f.path == "prefix" and f.low is None and f.high is None and isinstance(f.prefix, str):
+        return Subscribe(table, prefix=f.prefix[:-1])
+    if f.path == "range" and (f.low is None or f.low[1]) and (f.high is None or not f.high[1]):
+        return Subscribe(
+            table,
+            start=None if f.low is None else f.low[0],
+            end=None if f.high is None else f.high[0],
+        )
+    raise unsupported(
+        "SUBSCRIBE … WHERE other than key = v, key IN (…), key LIKE 'p%', key >= a AND key < b"
+    )
+
+
+@dataclass(frozen=True)
 class Setting:
     """``SET name = value`` (``value`` None: ``RESET`` / ``SET name TO DEFAULT``)."""
 
@@ -171,7 +248,7 @@ class Nothing:
     tag: str
 
 
-Statement = Read | FunctionRead | Rows | Setting | Show | Nothing | Sleep
+Statement = Read | FunctionRead | Rows | Setting | Show | Nothing | Sleep | Subscribe | CatalogQuery
 
 
 #: the longest SQL text parsed: a statement here is a line or two, and parsing costs the
@@ -186,6 +263,9 @@ def parse(sql: str, tables: Tables) -> list[Statement]:
     if not sql.strip().strip(";").strip():
         return []
     try:
+        live = _subscribe(sql, tables)
+        if live is not None:
+            return [live]
         trees = sqlglot.parse(sql, read="postgres")
         return [plan(t, tables) for t in trees if t is not None]
     except sqlglot.errors.ParseError as e:
@@ -198,6 +278,8 @@ def parse(sql: str, tables: Tables) -> list[Statement]:
 
 
 def plan(tree: exp.Expression, tables: Tables) -> Statement:
+    if isinstance(tree, exp.Union) and pg_catalog.reads_catalog(tree):
+        return _catalog(tree, tables)
     if isinstance(tree, exp.Select):
         return _select(tree, tables)
     if isinstance(tree, exp.Set):
@@ -250,7 +332,18 @@ def _set(tree: exp.Set) -> Statement:
 
 
 # -- SELECT -------------------------------------------------------------------------------------
+def _catalog(tree: exp.Expression, tables: Tables) -> Rows | CatalogQuery:
+    params = max((_param_number(p) for p in tree.find_all(exp.Parameter)), default=0)
+    if params:
+        first = tree if isinstance(tree, exp.Select) else tree.find(exp.Select)
+        names = pg_catalog.column_names(first)
+        return CatalogQuery(tree, params, names)
+    return pg_catalog.answer(tree, tables)
+
+
 def _select(tree: exp.Select, tables: Tables) -> Statement:
+    if pg_catalog.reads_catalog(tree):
+        return _catalog(tree, tables)
     for part in ("joins", "group", "having", "windows", "distinct", "qualify", "with_"):
         if tree.args.get(part):
             raise unsupported(f"{part.rstrip('_').upper()} in a SELECT")
@@ -675,6 +768,8 @@ def _constant(e: exp.Expression) -> tuple[str, PgType, Any]:
         return "current_schema", TEXT, "public"
     if isinstance(e, exp.CurrentDatabase):
         return "current_database", TEXT, "tablecast"
+    if e.sql("postgres").upper() in ("CURRENT_CATALOG", "CURRENT_CATALOG()"):
+        return "current_catalog", TEXT, "tablecast"
     if isinstance(e, exp.CurrentUser):
         return "current_user", TEXT, "tablecast"
     if isinstance(e, exp.Anonymous) and str(e.this).lower() == "current_setting":

@@ -109,6 +109,8 @@ def test_sql_answers_what_http_answers(bootstrap: str, unique: str, logs: Path) 
         asyncio.run(_asyncpg(pg_port, nodes[0]))
         _jdbc(pg_port, nodes[0])
         _node_pg(pg_port, nodes[0])
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            _subscribe(conn, kv, bootstrap)
     finally:
         stop_all(nodes)
 
@@ -222,6 +224,33 @@ def _history_index_as_of(conn: psycopg.Connection, node: NodeProcess) -> None:
         assert cur.fetchall() == [("3",)]
 
 
+def _subscribe(conn: psycopg.Connection, kv: Any, bootstrap: str) -> None:
+    """The live form: a snapshot, then each change, as COPY rows, until cancelled."""
+    rows: list[tuple[Any, ...]] = []
+
+    def change_then_cancel() -> None:
+        eventually(lambda: len(rows) >= 2, timeout=20)
+        kv.write(bootstrap, [("k119", {"i": 119, "name": "changed"})])
+        eventually(lambda: any(r[0] == "change" for r in rows), timeout=20)
+        conn.cancel()
+
+    writer = threading.Thread(target=change_then_cancel)
+    writer.start()
+    with conn.cursor() as cur:
+        live = "COPY (SUBSCRIBE TO kv WHERE key = 'k119') TO STDOUT"
+        with pytest.raises(errors.QueryCanceled), cur.copy(live) as copy:
+            for row in copy.rows():
+                rows.append(row)
+        writer.join(30)
+        assert [r[0] for r in rows[:2]] == ["snapshot", "ready"], rows
+        assert orjson.loads(rows[0][2])["value"]["name"] == "n119"
+        change = next(r for r in rows if r[0] == "change")
+        assert orjson.loads(change[2])["value"] == {"i": 119, "name": "changed"}
+        assert change[1].startswith("kv@"), change  # its resume position
+        cur.execute("SELECT value->>'name' FROM kv WHERE key = 'k119'")
+        assert cur.fetchall() == [("changed",)]
+
+
 def _errors_leave_the_connection_usable(conn: psycopg.Connection) -> None:
     cases: list[tuple[str, type[Exception]]] = [
         ("SELECT * FROM missing", errors.UndefinedTable),
@@ -294,6 +323,26 @@ def _psql(port: int, node: NodeProcess) -> None:
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert bad.returncode != 0 and "read-only" in bad.stderr
+    # what psql users type first: the table list, and a table's columns
+    listed = subprocess.run(
+        ["psql", f"host=127.0.0.1 port={port} dbname=tablecast user=tester sslmode=disable",
+         "-X", "-A", "-t", "-c", "\\dt"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    assert "public|kv|table|tablecast" in listed.stdout.splitlines(), listed.stdout
+    described = subprocess.run(
+        ["psql", f"host=127.0.0.1 port={port} dbname=tablecast user=tester sslmode=disable",
+         "-X", "-c", "\\d kv"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert described.returncode == 0, described.stderr
+    assert 'Table "public.kv"' in described.stdout, described.stdout
+    for column, kind in (("key", "text"), ("value", "jsonb"), ("timestamp", "timestamp with")):
+        assert any(
+            line.split("|")[0].strip() == column and kind in line
+            for line in described.stdout.splitlines()
+        ), described.stdout
 
 
 async def _asyncpg(port: int, node: NodeProcess) -> None:
@@ -348,6 +397,14 @@ def _jdbc(port: int, node: NodeProcess) -> None:
     assert [r[0] for r in answers[7]["rows"]] == http
     assert answers[8]["error"] == "42P01" and answers[9]["error"] == "25006"
     assert answers[10]["rows"] == [["k000"], ["k001"], ["k002"]]
+    # DatabaseMetaData, as DBeaver, Metabase and the like list tables and columns
+    tables, columns = pgjdbc.run(url, [("META tables",), ("META columns kv",)])
+    assert tables == {"rows": [["kv"], ["nums"], ["people"]]}, tables
+    assert "rows" in columns, columns
+    assert columns["rows"] == [
+        ["key", "text"], ["value", "jsonb"], ["partition", "int4"], ["offset", "int8"],
+        ["timestamp", "timestamptz"],
+    ], columns  # fmt: skip
 
 
 def _node_pg(port: int, node: NodeProcess) -> None:

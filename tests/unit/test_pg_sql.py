@@ -111,6 +111,27 @@ def test_what_is_refused_names_its_sqlstate(sql: str, code: str) -> None:
     assert refused.value.code == code, refused.value.message
 
 
+def test_the_live_form_is_found_before_the_parser() -> None:
+    from tablecast.pg.statements import Subscribe
+
+    assert one("COPY (SUBSCRIBE TO kv) TO STDOUT") == Subscribe("kv")
+    assert one("copy (subscribe kv where key like 'ab%') to stdout;") == Subscribe(
+        "kv", prefix="ab"
+    )
+    assert one("COPY (SUBSCRIBE TO kv WHERE key IN ('a', $1)) TO STDOUT") == Subscribe(
+        "kv", keys=("a", Param(1))
+    )
+    assert one("COPY (SUBSCRIBE TO kv WHERE key >= 'a' AND key < 'b') TO STDOUT") == Subscribe(
+        "kv", start="a", end="b"
+    )
+    for refused in (
+        "COPY (SUBSCRIBE TO kv WHERE key > 'a') TO STDOUT",
+        "COPY (SUBSCRIBE TO nope) TO STDOUT",
+    ):
+        with pytest.raises(SqlError):
+            parse(refused, TABLES)
+
+
 def test_settings_constants_and_the_catalog() -> None:
     assert one("SET tablecast.max_lag = 5") == Setting("tablecast.max_lag", 5)
     assert one("SET tablecast.after TO DEFAULT") == Setting("tablecast.after", None)
@@ -167,3 +188,47 @@ def test_messages_are_framed_and_bounded() -> None:
         wire.Payload(b"\0\0").int32()
     error = wire.error_response("42P01", "no such table")
     assert b"C42P01\0" in error and error.endswith(b"\0")
+
+
+PSQL_DT = """SELECT n.nspname as "Schema", c.relname as "Name",
+  CASE c.relkind WHEN 'r' THEN 'table' WHEN 'v' THEN 'view' END as "Type",
+  pg_catalog.pg_get_userbyid(c.relowner) as "Owner"
+FROM pg_catalog.pg_class c
+     LEFT JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+     LEFT JOIN pg_catalog.pg_am am ON am.oid = c.relam
+WHERE c.relkind IN ('r','p','')
+      AND n.nspname <> 'pg_catalog'
+      AND n.nspname !~ '^pg_toast'
+      AND n.nspname <> 'information_schema'
+  AND pg_catalog.pg_table_is_visible(c.oid)
+ORDER BY 1,2;"""
+
+PSQL_FIND = """SELECT c.oid, n.nspname, c.relname
+FROM pg_catalog.pg_class c
+     LEFT JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relname OPERATOR(pg_catalog.~) '^(nums)$' COLLATE pg_catalog.default
+  AND pg_catalog.pg_table_is_visible(c.oid)
+ORDER BY 2, 3;"""
+
+
+def test_psqls_catalog_queries_answer_from_the_tables() -> None:
+    listed = one(PSQL_DT)
+    assert isinstance(listed, Rows)
+    assert listed.rows == (
+        ("public", "kv", "table", "tablecast"),
+        ("public", "nums", "table", "tablecast"),
+    )
+    found = one(PSQL_FIND)
+    assert isinstance(found, Rows) and [r[1:] for r in found.rows] == [("public", "nums")]
+    oid = found.rows[0][0]
+    columns = one(
+        "SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod), a.attnotnull "
+        f"FROM pg_catalog.pg_attribute a WHERE a.attrelid = '{oid}' AND a.attnum > 0 "
+        "AND NOT a.attisdropped ORDER BY a.attnum"
+    )
+    assert isinstance(columns, Rows)
+    assert columns.rows[:2] == (("key", "bigint", True), ("value", "jsonb", False))
+    # a system table not kept here: no rows, its columns named
+    policies = one("SELECT pol.polname, pol.polcmd FROM pg_catalog.pg_policy pol")
+    assert isinstance(policies, Rows) and policies.rows == ()
+    assert [n for n, _ in policies.outputs] == ["polname", "polcmd"]

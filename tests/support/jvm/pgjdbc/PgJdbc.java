@@ -1,6 +1,7 @@
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
 import java.sql.Connection;
+import java.sql.DatabaseMetaData;
 import java.sql.DriverManager;
 import java.sql.PreparedStatement;
 import java.sql.ResultSet;
@@ -36,6 +37,9 @@ public class PgJdbc {
     }
 
     static String run(Connection conn, String[] parts) {
+        if (parts[0].startsWith("META ")) {
+            return meta(conn, parts[0].substring(5).split(" "));
+        }
         try (PreparedStatement ps = conn.prepareStatement(parts[0])) {
             for (int i = 1; i < parts.length; i++) {
                 String p = parts[i];
@@ -62,6 +66,40 @@ public class PgJdbc {
                     out.append("]");
                 }
             }
+            return out.append("]}").toString();
+        } catch (SQLException e) {
+            return "{\"error\":" + quote(e.getSQLState()) + ",\"message\":" + quote(e.getMessage()) + "}";
+        }
+    }
+
+    /** DatabaseMetaData: "tables", "columns TABLE" or "pk TABLE", as JSON rows of the
+     * columns tools read (table name; column name and type name; key column name). */
+    static String meta(Connection conn, String[] what) {
+        try {
+            DatabaseMetaData md = conn.getMetaData();
+            ResultSet rs;
+            String[] columns;
+            if (what[0].equals("tables")) {
+                rs = md.getTables(null, "public", "%", new String[] {"TABLE"});
+                columns = new String[] {"TABLE_NAME"};
+            } else if (what[0].equals("columns")) {
+                rs = md.getColumns(null, "public", what[1], "%");
+                columns = new String[] {"COLUMN_NAME", "TYPE_NAME"};
+            } else {
+                rs = md.getPrimaryKeys(null, "public", what[1]);
+                columns = new String[] {"COLUMN_NAME"};
+            }
+            StringBuilder out = new StringBuilder("{\"rows\":[");
+            boolean first = true;
+            while (rs.next()) {
+                out.append(first ? "[" : ",[");
+                first = false;
+                for (int c = 0; c < columns.length; c++) {
+                    out.append(c > 0 ? "," : "").append(quote(rs.getString(columns[c])));
+                }
+                out.append("]");
+            }
+            rs.close();
             return out.append("]}").toString();
         } catch (SQLException e) {
             return "{\"error\":" + quote(e.getSQLState()) + ",\"message\":" + quote(e.getMessage()) + "}";
