@@ -87,7 +87,7 @@ class FanOut:
         self.rpc = router.rpc
         self.cursors = router.cursors
 
-    async def _reach(
+    async def reach_partitions(
         self, info: TableInfo, partitions: Iterable[int], opts: ReadOptions, req: Request
     ) -> None:
         """Wait until this node's replicas of `partitions` are as far as the caller asked."""
@@ -142,7 +142,7 @@ class FanOut:
         reflected = Reflected(info.name)
 
         async def here(parts: list[int]) -> bool:
-            await self._reach(info, parts, opts, req)
+            await self.reach_partitions(info, parts, opts, req)
             for p in parts:
                 idx = by_partition[p]
                 records, replica, position = self.local.multi_get(
@@ -181,7 +181,7 @@ class FanOut:
             return redirect
 
         async def here(parts: list[int]) -> tuple[int, Reflected]:
-            await self._reach(info, parts, opts, req)
+            await self.reach_partitions(info, parts, opts, req)
             return self.local.count(info, parts, opts, scope)
 
         async def there(member: Member, parts: list[int]) -> tuple[int, Reflected] | None:
@@ -267,7 +267,7 @@ class FanOut:
         if lo is not None and hi is not None and lo >= hi:
             return self._empty_page()
         if partitions is not None:  # only this node's own (range?owned=true)
-            await self._reach(info, partitions, opts, req)
+            await self.reach_partitions(info, partitions, opts, req)
             rows, reflected = self.local.page(info, partitions, scan, lo, hi, limit + 1, opts)
         else:
             redirect = self.rpc.redirect_fan_out(info, range(info.partitions), req, q)
@@ -299,7 +299,7 @@ class FanOut:
 
         async def fetch(parts: list[int], want: int) -> Paged:
             async def here(local: list[int]) -> Paged:
-                await self._reach(info, local, opts, req)
+                await self.reach_partitions(info, local, opts, req)
                 return self.local.page(info, local, scan, lo, hi, want, opts)
 
             async def there(member: Member, remote: list[int]) -> Paged | None:
@@ -348,7 +348,7 @@ class FanOut:
         q.bound.check(info)
         parts = own_partitions(info, q.partitions)
         scan = scan_for(info, scope, q)
-        await self._reach(info, parts, q.bound, req)
+        await self.reach_partitions(info, parts, q.bound, req)
         limit = min(q.limit, MAX_LIMIT + 1)
         rows, reflected = self.local.page(info, parts, scan, q.start, q.end, limit, q.bound)
         if q.view is not None:
@@ -361,7 +361,7 @@ class FanOut:
         info, scope = self.router.table(q.table, req)
         q.bound.check(info)
         parts = own_partitions(info, q.partitions)
-        await self._reach(info, parts, q.bound, req)
+        await self.reach_partitions(info, parts, q.bound, req)
         total, reflected = self.local.count(info, parts, q.bound, scope)
         return 200, orjson.dumps({"count": total}), reflected.headers(self.local.node_header)
 

@@ -18,7 +18,7 @@ for the others only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 import orjson
@@ -26,7 +26,7 @@ import orjson
 from tablecast.cluster.membership import Member
 from tablecast.cluster.node import Node
 from tablecast.contract.table_info import TableInfo
-from tablecast.query.consistency import ReadOptions, TopicEnds, reach
+from tablecast.query.consistency import ReadOptions, TopicEnds
 from tablecast.query.errors import ApiError
 from tablecast.query.local import Answer, Local
 from tablecast.query.ownership import ME, Routing
@@ -42,9 +42,17 @@ MAX_LEARNED = 1 << 20
 ASK_KEY_CHARS = 6_000
 
 
+class Reaching(Protocol):
+    async def reach_partitions(
+        self, info: TableInfo, partitions: Iterable[int], opts: ReadOptions, req: Request
+    ) -> None: ...
+
+
 class Tables(Protocol):
     """What locating needs of the router (which hands itself over)."""
 
+    #: waits until this node's replicas are as far as a read's bound asks
+    fan: Reaching
     node: Node
     local: Local
     routing: Routing
@@ -104,7 +112,7 @@ class Locator:
         mine = [p for p in every if (c := self.routing.choices(info, p, req, opts)) and c[0] == ME]
         if mine:
             try:
-                await self._reach(info, mine, opts, req)
+                await self.router.fan.reach_partitions(info, mine, opts, req)
                 self._here(info, raws, mine, opts, found)
             except ApiError as e:
                 if e.code != "partition_unavailable":
@@ -115,7 +123,7 @@ class Locator:
             missing = [i for i in range(len(raws)) if i not in found]
 
             async def here(parts: list[int]) -> bool:
-                await self._reach(info, parts, opts, req)
+                await self.router.fan.reach_partitions(info, parts, opts, req)
                 self._here(info, raws, parts, opts, found, missing)
                 return True
 
@@ -157,16 +165,6 @@ class Locator:
                     _take(found, i, p)
             idx = [i for i in idx if i not in found]
 
-    async def _reach(
-        self, info: TableInfo, parts: list[int], opts: ReadOptions, req: Request
-    ) -> None:
-        if opts.at_least:
-            wanted = opts.at_least
-            replicas = [
-                (self.local.require(info, p, opts), wanted[p]) for p in parts if p in wanted
-            ]
-            await reach(replicas, opts, req.subject, self.router.waits, self.router.ends)
-
     # -- a peer's ask --------------------------------------------------------------------
     async def share(
         self, q: LocateShare, info: TableInfo, req: Request, scope: KeyScope | None
@@ -176,7 +174,7 @@ class Locator:
         ``{"found": [[key index, partition], ...]}``."""
         if any(not 0 <= p < info.partitions for p in q.partitions):
             raise ApiError("bad_request", f"{info.name!r} has partitions 0..{info.partitions - 1}")
-        await self._reach(info, list(q.partitions), q.bound, req)
+        await self.router.fan.reach_partitions(info, list(q.partitions), q.bound, req)
         found: dict[int, int] = {}
         which = [i for i, k in enumerate(q.keys) if scope is None or scope.allows(k)]
         self._here(info, q.keys, sorted(set(q.partitions)), q.bound, found, which)
