@@ -22,7 +22,7 @@ import sqlglot
 from sqlglot import exp
 
 from tablecast.contract.table_info import TableInfo
-from tablecast.pg import pg_catalog
+from tablecast.pg import information_schema, pg_catalog
 from tablecast.pg.relations import Rows, SqlError, Tables, table_columns, unsupported
 from tablecast.pg.types import (
     BOOL,
@@ -358,9 +358,7 @@ def _select(tree: exp.Select, tables: Tables) -> Statement:
     schema = relation.db.lower() if relation.db else None
     name = relation.name
     if schema == "information_schema":
-        from tablecast.pg.catalog import information_schema
-
-        return information_schema(tree, name.lower(), tables)
+        return information_schema.answer(tree, name.lower(), tables)
     if schema is not None and schema not in SCHEMAS:
         raise SqlError("42P01", f'relation "{schema}.{name}" does not exist')
     info = tables.lookup(name)

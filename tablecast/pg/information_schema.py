@@ -71,7 +71,7 @@ def _relations(name: str, tables: Tables) -> tuple[tuple[tuple[str, PgType], ...
     raise SqlError("42P01", f'relation "information_schema.{name}" does not exist')
 
 
-def information_schema(tree: exp.Select, name: str, tables: Tables) -> Rows:
+def answer(tree: exp.Select, name: str, tables: Tables) -> Rows:
     columns, rows = _relations(name, tables)
     types = dict(columns)
     where = tree.args.get("where")
