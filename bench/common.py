@@ -311,6 +311,8 @@ def rounds_args(bench: str, argv: list[str]) -> argparse.Namespace:
 
 def ratio_spread(ratios: list[float]) -> dict[str, Any]:
     """Per-round ratios of alternating runs, with their median and interquartile range."""
+    if len(ratios) < 2:  # one round: no spread to speak of
+        return {"ratios": ratios, "ratio_median": ratios[0], "ratio_iqr": [ratios[0], ratios[0]]}
     q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
     return {"ratios": ratios, "ratio_median": statistics.median(ratios), "ratio_iqr": [q1, q3]}
 
