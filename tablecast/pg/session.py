@@ -368,19 +368,12 @@ class Session:
             ):
                 self.gate.limit(None, self.scope)
                 req = Request({}, None, self.scope)
-                text = key_text(st.info, resolve(st.filter.keys[0], portal.params))
-                try:
-                    query = KeyQuery(st.table, text, self._bound(), self._as_of())
-                    answer = self.router.key(query, req, encode=row_doc)
-                except ApiError as e:
-                    if e.code != "key_not_found":
-                        raise
-                    self._note(e.headers)
-                    answer = None
-                if answer is None or isinstance(answer, tuple):
-                    self._send_one(st, portal, None if answer is None else self._key_doc(answer))
-                    return None
-                return self._one_later(st, portal, answer)
+                value = resolve(st.filter.keys[0], portal.params)
+                doc = self._key_now(st, value, req, self._bound())
+                if isinstance(doc, Awaitable):
+                    return self._one_later(st, portal, doc)
+                self._send_one(st, portal, doc)
+                return None
             return self._execute_later(portal, limit)
         except wire.ProtocolViolation:
             raise
@@ -389,18 +382,13 @@ class Session:
             self.skipping = True
             return None
 
-    async def _one_later(self, st: Read, portal: Portal, pending: Awaitable[Any]) -> None:
+    async def _one_later(
+        self, st: Read, portal: Portal, pending: Awaitable[dict[str, Any] | None]
+    ) -> None:
         """The end of a read of one key that waits (a peer's answer, a position)."""
 
         async def finish() -> None:
-            try:
-                answer = await self._waited(pending)
-            except ApiError as e:
-                if e.code != "key_not_found":
-                    raise
-                self._note(e.headers)
-                answer = None
-            self._send_one(st, portal, None if answer is None else self._key_doc(answer))
+            self._send_one(st, portal, await pending)
 
         if not await self._guarded(finish()):
             self.skipping = True
@@ -523,7 +511,7 @@ class Session:
             if not oid and isinstance(st, Read):
                 oid = st.param_types.get(i + 1, TEXT).oid
             values.append(decode_parameter(data, oid, fmt == 1))
-        columns = len(_outputs(st, self))
+        columns = len(_outputs(st))
         if len(result_formats) > 1 and len(result_formats) != columns:
             raise SqlError("08P01", "result formats do not match the columns")
         binary = [
@@ -579,7 +567,7 @@ class Session:
         formats = tuple(portal.binary)
         described = prepared.described.get(formats)
         if described is None:
-            outputs = _outputs(prepared.statement, self)
+            outputs = _outputs(prepared.statement)
             if not outputs:
                 described = b"" if simple else wire.NO_DATA
             else:
@@ -641,7 +629,7 @@ class Session:
             portal.done = True
             self.send(wire.command_complete(f"COPY {sent}"))
             return
-        types = [t for _, t in _outputs(st, self)]
+        types = [t for _, t in _outputs(st)]
         binary = portal.binary or [False] * len(types)
         if portal.rows is None and isinstance(st, Read) and _one_row(st, portal.params):
             # a read of one key (the prepared point SELECT): no row iterator
@@ -868,18 +856,35 @@ class Session:
         self, st: Read, value: Any, req: Request, bound: Any
     ) -> dict[str, Any] | None:
         """The row of key `value` (None: not there)."""
-        text = key_text(st.info, value)
+        doc = self._key_now(st, value, req, bound)
+        return await doc if isinstance(doc, Awaitable) else doc
+
+    def _key_now(
+        self, st: Read, value: Any, req: Request, bound: Any
+    ) -> dict[str, Any] | Awaitable[dict[str, Any] | None] | None:
+        """The row of key `value` (None: not there) when this node answered it at once;
+        else what gives it once a peer answers or a position is reached."""
+        query = KeyQuery(st.table, key_text(st.info, value), bound, self._as_of())
         try:
-            query = KeyQuery(st.table, text, bound, self._as_of())
             answer = self.router.key(query, req, encode=row_doc)
-            if not isinstance(answer, tuple):
-                answer = await self._waited(answer)
         except ApiError as e:
-            if e.code == "key_not_found":
-                self._note(e.headers)
-                return None
-            raise
+            return self._not_there(e)
+        if isinstance(answer, tuple):
+            return self._key_doc(answer)
+        return self._key_later(answer)
+
+    async def _key_later(self, pending: Awaitable[Any]) -> dict[str, Any] | None:
+        try:
+            answer = await self._waited(pending)
+        except ApiError as e:
+            return self._not_there(e)
         return self._key_doc(answer)
+
+    def _not_there(self, error: ApiError) -> None:
+        """A key read's error: a key not found is no row (at the position it names)."""
+        if error.code != "key_not_found":
+            raise error
+        self._note(error.headers)
 
     def _key_doc(self, answer: tuple[int, bytes, Any]) -> dict[str, Any] | None:
         """The row of a key read's answer (None: not there); a peer's error raised."""
@@ -1061,7 +1066,7 @@ def _count_value(v: Any, params: Sequence[Any]) -> int | None:
     return n
 
 
-def _outputs(st: Statement | None, session: Session) -> list[tuple[str, PgType]]:
+def _outputs(st: Statement | None) -> list[tuple[str, PgType]]:
     if isinstance(st, Read | FunctionRead):
         return [(o.name, o.type) for o in st.outputs]
     if isinstance(st, Rows):
