@@ -29,7 +29,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     `integration` (it may start a broker, Spark, a JVM or node processes), so no decorator
     has to be remembered. Tests marked `long` run only with TABLECAST_LONG=1 (`python -m
     bench long` runs them all): the suite keeps one kill -9 test of the driver (grouped
-    tables) and a one-minute chaos soak."""
+    tables); the chaos soak is long."""
     for item in items:
         if INTEGRATION in item.path.parents:
             item.add_marker(pytest.mark.integration)

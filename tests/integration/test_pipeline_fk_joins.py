@@ -3,7 +3,8 @@ Spark.
 
 Orders (a table keyed by order id, 3 partitions) join customers (a table keyed by a
 long customer id, 2 partitions: a foreign-key join needs no co-partitioning) by the
-order's ``c``: inner and left, by a Python extractor, and inner by a Column. After each
+order's ``c``: left by a Python extractor and inner by a Column (the extractor and the
+join's kind are independent of each other, so the two cover both of each). After each
 step every result table equals Kafka Streams' final table: a left row moving to another
 customer, a right delete and re-insert, a left delete, a None foreign key (and back).
 """
@@ -33,7 +34,6 @@ pytestmark = pytest.mark.integration
 
 STR, JSON, LONG = tc.serde.string(), tc.serde.json(), tc.serde.long()
 TOPICS = {"orders": 3, "customers": 2}
-TABLES = ("fk_inner", "fk_left", "fk_column")
 
 
 def customer_of(k: str, order: dict[str, Any]) -> int | None:
@@ -60,7 +60,7 @@ class FkJoins:
         self.events.extend((side, k, v) for k, v in records)
 
     def check(self, bootstrap: str) -> None:
-        for name, how in (("fk_inner", "inner"), ("fk_left", "left"), ("fk_column", "inner")):
+        for name, how in (("fk_left", "left"), ("fk_column", "inner")):
             want = ref.latest(ref.table_table_fk_join(self.events, enrich, customer_of, how))
             got = read_table(bootstrap, f"{self.app.id}.table.{name}", STR, JSON)
             assert got == want, name
@@ -76,7 +76,6 @@ def fk(bootstrap: str, spark, tmp_path_factory: pytest.TempPathFactory) -> Itera
     app = tc.App(app_id, state_dir=tmp_path_factory.mktemp("state"), trigger=TRIGGER)
     orders = app.table(topic["orders"], key=STR, value=JSON)
     customers = app.table(topic["customers"], key=LONG, value=JSON)
-    orders.join(customers, enrich, foreign_key=customer_of).materialize("fk_inner")
     orders.join(customers, enrich, foreign_key=customer_of, how="left").materialize("fk_left")
     column = F.variant_get(F.col("value"), "$.c", "bigint")
     orders.join(customers, enrich, foreign_key=column).materialize("fk_column")
