@@ -54,6 +54,18 @@ def _kafka_options(p: Parser) -> None:
     _kafka_config(p)
 
 
+def _registry_config(p: Parser) -> None:
+    option(
+        p,
+        "--registry-config",
+        check=readable,
+        metavar="FILE",
+        help="how this process reaches Schema Registries (.properties as confluent-kafka's "
+        "registry client spells them: url, ssl.ca.location, ssl.certificate.location, "
+        "ssl.key.location, basic.auth.user.info, bearer.auth.token)",
+    )
+
+
 def _kafka_config(p: Parser) -> None:
     option(
         p,
@@ -215,6 +227,7 @@ def build_parser() -> Parser:
     )
     option(p, "--app", required=True, metavar="ID", help="the id of the App whose tables to serve")
     _kafka_options(p)
+    _registry_config(p)
     option(p, "--port", 8080, type=int, check=PORT, help="the HTTP port")
     option(p, "--host", "127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
     option(
@@ -585,6 +598,7 @@ def build_parser() -> Parser:
         metavar="URL",
         help="the Schema Registry the values were written through (its Confluent API)",
     )
+    _registry_config(p)
     option(
         p,
         "--partitioner",
@@ -692,6 +706,15 @@ def _dispatch(args: argparse.Namespace) -> int:
         from tablecast.kafka.topics import REPLICATION_ENV
 
         os.environ[REPLICATION_ENV] = str(args.replication_factor)  # children too
+    if getattr(args, "registry_config", None):
+        from tablecast.kafka import registry_config
+
+        try:
+            settings = registry_config.RegistrySettings.load(args.registry_config)
+        except registry_config.RegistryConfigError as e:
+            raise UsageError(f"{origin(args, 'registry_config')}: {e}") from None
+        registry_config.use(settings)
+        logging.getLogger("tablecast").info("Schema Registry clients: %s", settings.describe())
     if getattr(args, "kafka_config", None):
         from tablecast.kafka.config import KafkaConfigError, use
 

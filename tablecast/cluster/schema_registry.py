@@ -1,6 +1,10 @@
 """Writer schemas from a Schema Registry (Confluent's REST API, which Apicurio Registry
 also answers), for the values of attached topics written in its wire format: each schema
-fetched once by id and kept, each value decoded to the JSON its table keeps."""
+fetched once by id and kept, each value decoded to the JSON its table keeps.
+
+The catalog holds a table's registry URL and nothing secret; a node reaches the registry
+with its own settings (:class:`~tablecast.kafka.registry_config.RegistrySettings`).
+"""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import httpx
 import orjson
 
 from tablecast.contract import confluent_wire
+from tablecast.kafka import registry_config
 
 #: payload -> the row as JSON bytes; raises ValueError for a payload its schema does not read
 Decode = Callable[[bytes], bytes]
@@ -285,14 +290,17 @@ def _error_code(r: httpx.Response) -> int | None:
     return body.get("error_code") if isinstance(body, dict) else None
 
 
-_registries: dict[str, Registry] = {}
+_registries: dict[tuple[str, int], Registry] = {}
 _registries_lock = threading.Lock()
 
 
 def registry(url: str) -> Registry:
-    """The one Registry of this process for `url` (its schemas fetched once for every table)."""
+    """The one Registry of this process for `url` (its schemas fetched once for every table),
+    reached with the settings this process was given."""
+    settings = registry_config.current()
     with _registries_lock:
-        found = _registries.get(url)
+        found = _registries.get((url, id(settings)))
         if found is None:
-            found = _registries[url] = Registry(url)
+            client = settings.client(TIMEOUT_S)
+            found = _registries[(url, id(settings))] = Registry(settings.address(url), client)
         return found

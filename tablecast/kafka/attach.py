@@ -23,6 +23,7 @@ from tablecast.contract.partitioner import DEFAULT as DEFAULT_PARTITIONER
 from tablecast.contract.partitioner import PARTITIONERS, UNKNOWN
 from tablecast.contract.table_info import STORES, BadEntry, TableInfo
 from tablecast.contract.window_keys import STREAMS_INNER, STREAMS_LAYOUTS, STREAMS_WINDOW
+from tablecast.kafka import registry_config
 from tablecast.kafka.catalog import CatalogReader
 from tablecast.kafka.config import client_conf, producer_conf
 from tablecast.kafka.topics import COMPACTED, admin, catalog_topic, ensure_topic
@@ -214,8 +215,10 @@ def _registry_url(url: str) -> str:
     url = url.rstrip("/")
     if not url.startswith(("http://", "https://")):
         raise AttachError(f"registry {url!r} is not an http(s) URL")
+    settings = registry_config.current()  # this machine's way to it, as a node has its own
     try:
-        r = httpx.get(url + "/subjects", timeout=TIMEOUT_S)
+        with settings.client(TIMEOUT_S) as client:
+            r = client.get(settings.address(url) + "/subjects")
     except httpx.HTTPError as e:
         raise AttachError(f"registry {url}: {type(e).__name__}: {e}") from None
     if r.status_code != 200:

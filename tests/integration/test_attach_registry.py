@@ -6,6 +6,8 @@ schema the registry does not have, counted as bad records, and the node serving 
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from tablecast import AttachError, Client, attach
 from tablecast.contract import confluent_wire
+from tablecast.kafka.catalog import CatalogReader
 from tablecast.kafka.config import client_conf
 from tablecast.kafka.topics import ensure_topic
 
@@ -333,3 +336,56 @@ def test_protobuf_values_answer_in_the_proto3_json_mapping(
         eventually(lambda: _bad_records(node, "cards") == 1, 10)
     finally:
         node.stop()
+
+
+def test_a_registry_over_https_reached_with_each_process_s_settings(
+    bootstrap: str, unique: str, logs: Path, tmp_path: Path
+) -> None:
+    """A registry that answers HTTPS only, with a certificate of a private CA. The catalog
+    names it by an address neither the attaching tool nor the node use: each reaches it
+    with settings of its own (--registry-config: its address and the CA), and no setting
+    of theirs reaches the catalog."""
+    registry = SchemaRegistry(tls=True).start()
+    try:
+        assert registry.ca is not None
+        app, cards = f"{unique}-app", f"{unique}.cards"
+        ensure_topic(bootstrap, cards, PARTITIONS, {"cleanup.policy": "compact"})
+        client = SchemaRegistryClient({"url": registry.url, "ssl.ca.location": str(registry.ca)})
+        into = SerializationContext(cards, MessageField.VALUE)
+        v1 = AvroSerializer(client, orjson.dumps(CARD_V1).decode())
+        model = {f"card-{i}": {"id": i, "holder": f"h{i}", "points": i} for i in range(40)}
+        _write(bootstrap, cards, [(k, v1(v, into)) for k, v in model.items()])
+
+        settings = tmp_path / "registry.properties"
+        settings.write_text(f"schema.registry.url={registry.url}\nssl.ca.location={registry.ca}\n")
+        elsewhere = "https://registry.internal.example:8081/apis/ccompat/v7"
+        cli = [sys.executable, "-m", "tablecast.cli.main", "attach", "cards", "--app", app]
+        cli += ["--topic", cards, "--bootstrap-servers", bootstrap, "--value", "confluent-avro"]
+        cli += ["--registry", elsewhere]
+        # without its settings the attaching tool cannot reach the registry it names
+        refused = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+        assert refused.returncode != 0 and "registry" in refused.stderr, refused.stderr
+        done = subprocess.run(
+            [*cli, "--registry-config", str(settings)], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        reader = CatalogReader(bootstrap, app)
+        try:
+            entry = reader.poll(10.0)["cards"]
+        finally:
+            reader.close()
+        assert entry.value["registry"] == elsewhere
+        assert str(registry.ca) not in orjson.dumps(entry.value).decode()
+
+        node = start_node(app, bootstrap, logs, "--registry-config", str(settings))
+        try:
+            node.wait_ready()
+            node.wait_caught_up(bootstrap, "cards", cards)
+            with httpx.Client(base_url=node.url, timeout=10) as http:
+                for key, row in model.items():
+                    assert http.get(f"/v1/tables/cards/keys/{key}").json()["value"] == row
+            assert _bad_records(node, "cards") == 0
+        finally:
+            node.stop()
+    finally:
+        registry.stop()

@@ -1,16 +1,20 @@
 """A real Schema Registry: Apicurio Registry 2.6 (from Maven Central, in-memory storage),
 whose Confluent-compatible API (``/apis/ccompat/v7``) confluent-kafka's serializers and
-tablecast's nodes use as they would Confluent's."""
+tablecast's nodes use as they would Confluent's; over plain HTTP, or over HTTPS only, with
+a certificate of a private CA (its HTTP server, Quarkus, does the TLS; this build fixes
+client certificates off, so it asks for none)."""
 
 from __future__ import annotations
 
 import shutil
+import ssl
 import subprocess
 import time
 import zipfile
 from pathlib import Path
 
 import httpx
+import trustme
 
 from tablecast import jvm
 from tablecast.kafka.broker import free_port
@@ -37,14 +41,40 @@ def _unpacked() -> Path:
 
 
 class SchemaRegistry(JvmService):
-    def __init__(self) -> None:
+    def __init__(self, tls: bool = False) -> None:
         super().__init__("tablecast-registry-", "registry.log")
         self.port = free_port()
+        #: the PEM of the CA whose certificate the HTTPS registry shows
+        self.ca: Path | None = self._tls_material() if tls else None
 
     @property
     def url(self) -> str:
         """The Confluent-compatible API's root, as clients are given it."""
-        return f"http://127.0.0.1:{self.port}/apis/ccompat/v7"
+        scheme = "https" if self.ca else "http"
+        return f"{scheme}://127.0.0.1:{self.port}/apis/ccompat/v7"
+
+    def _tls_material(self) -> Path:
+        """A CA and the server's certificate for 127.0.0.1; the CA's PEM."""
+        ca = trustme.CA()
+        server = ca.issue_cert("127.0.0.1", "localhost")
+        server.private_key_and_cert_chain_pem.write_to_path(str(self.dir / "server.pem"))
+        ca.cert_pem.write_to_path(str(self.dir / "ca.pem"))
+        return self.dir / "ca.pem"
+
+    def _http_flags(self) -> list[str]:
+        if self.ca is None:
+            return [f"-Dquarkus.http.port={self.port}"]
+        return [
+            f"-Dquarkus.http.ssl-port={self.port}",
+            f"-Dquarkus.http.port={free_port()}",
+            "-Dquarkus.http.insecure-requests=disabled",
+            f"-Dquarkus.http.ssl.certificate.files={self.dir / 'server.pem'}",
+            f"-Dquarkus.http.ssl.certificate.key-files={self.dir / 'server.pem'}",
+        ]
+
+    def _probe(self) -> bool:
+        verify = ssl.create_default_context(cafile=str(self.ca)) if self.ca else True
+        return httpx.get(self.url + "/subjects", timeout=2, verify=verify).status_code == 200
 
     def start(self, timeout: float = 120.0) -> SchemaRegistry:
         java = jvm.require_java()
@@ -55,7 +85,7 @@ class SchemaRegistry(JvmService):
                     str(java),
                     "-Xmx256m",
                     "-XX:TieredStopAtLevel=1",
-                    f"-Dquarkus.http.port={self.port}",
+                    *self._http_flags(),
                     "-Dquarkus.http.host=127.0.0.1",
                     "-jar",
                     str(runner),
@@ -70,7 +100,7 @@ class SchemaRegistry(JvmService):
             if self.proc.poll() is not None:
                 break
             try:
-                if httpx.get(self.url + "/subjects", timeout=2).status_code == 200:
+                if self._probe():
                     return self
             except httpx.HTTPError:
                 pass
