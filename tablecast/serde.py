@@ -343,18 +343,32 @@ class _DebeziumValue(_Json):
         return {"format": "debezium"}
 
 
-#: values written through a Schema Registry in its wire format, kept as their rows' JSON
+#: keys and values written through a Schema Registry in its wire format, kept as JSON
 REGISTRY_FORMATS = ("confluent-avro", "confluent-json", "confluent-protobuf")
 
 
-class _RegistryValue(_Json):
-    """A value written through a Schema Registry as a table keeps it: its row as JSON
-    (decoded at ingest with the writer's schema, fetched from ``registry`` by id)."""
+class _RegistryJson(_Json):
+    """A key or value written through a Schema Registry as a table keeps it: as JSON
+    (decoded at ingest with the writer's schema, fetched from ``registry`` by id). A key
+    is kept as canonical JSON (sorted fields); a key's text is its JSON, and text that
+    is not JSON is a string (``card-1`` is ``"card-1"``)."""
 
     def __init__(self, fmt: str, registry: str) -> None:
         super().__init__()
         self.format = fmt
         self.registry = registry
+
+    def serialize(self, obj: Any) -> builtins.bytes:
+        try:
+            return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
+        except TypeError as e:
+            raise SerdeError(str(e)) from None
+
+    def parse_text(self, text: str) -> Any:
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            return text
 
     def spec(self) -> dict[str, Any]:
         return {"format": self.format, "registry": self.registry}
@@ -366,8 +380,8 @@ def from_spec(spec: dict[str, Any]) -> Serde:
     if fmt in REGISTRY_FORMATS:
         registry = spec.get("registry")
         if not isinstance(registry, str) or not registry.startswith(("http://", "https://")):
-            raise SerdeError(f"a {fmt} value needs the registry's http(s) URL")
-        return _RegistryValue(fmt, registry)
+            raise SerdeError(f"a {fmt} key or value needs the registry's http(s) URL")
+        return _RegistryJson(fmt, registry)
     if fmt == "debezium":
         if "fields" in spec:
             return _DebeziumKey(str(spec.get("head", "")), list(spec["fields"]))

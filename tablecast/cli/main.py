@@ -579,9 +579,10 @@ def build_parser() -> Parser:
         "string",
         choices=KEY_FORMATS,
         metavar="FORMAT",
-        help=f"the keys': {formats}, or a Kafka Streams window or session store's "
-        "(kafka-streams-window:INNER, kafka-streams-session:INNER; INNER one of string, json, "
-        "long, bytes)",
+        help=f"the keys': {formats}, confluent-avro, confluent-json, confluent-protobuf "
+        "(written through a Schema Registry: --registry; the nodes look such keys up), or a "
+        "Kafka Streams window or session store's (kafka-streams-window:INNER, "
+        "kafka-streams-session:INNER; INNER one of string, json, long, bytes)",
     )
     option(
         p,
@@ -596,7 +597,7 @@ def build_parser() -> Parser:
         p,
         "--registry",
         metavar="URL",
-        help="the Schema Registry the values were written through (its Confluent API)",
+        help="the Schema Registry the keys or values were written through (its Confluent API)",
     )
     _registry_config(p)
     option(

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import orjson
+
 from tablecast import serde
 from tablecast.cluster import schema_registry
 from tablecast.contract import debezium
@@ -43,6 +45,9 @@ def translation(info: TableInfo) -> Translate | None:
     changelog = info.key.get("changelog")
     steps = [
         _streams_store(changelog) if changelog in (STREAMS_WINDOW, STREAMS_SESSION) else None,
+        _registry_keys(schema_registry.registry(info.key["registry"]))
+        if info.key.get("format") in serde.REGISTRY_FORMATS
+        else None,
         _registry_values(schema_registry.registry(info.value["registry"]))
         if info.value.get("format") in serde.REGISTRY_FORMATS
         else None,
@@ -105,6 +110,25 @@ def _streams_store(layout: str) -> Translate:
             return rewrite(key), value, ts
         except ValueError as e:
             raise BadRecord(f"bad key: {e}") from None
+
+    return translate
+
+
+def _registry_keys(registry: schema_registry.Registry) -> Translate:
+    """Keys decoded with their writer schemas, kept as canonical JSON (sorted fields: one
+    key, one byte string, whichever schema version wrote it); a key that is not one makes
+    the record a bad one; one whose schema cannot be had now makes it wait."""
+
+    def translate(key: bytes, value: bytes | None, ts: int) -> tuple[bytes, bytes | None, int]:
+        try:
+            row = orjson.loads(registry.decode(key))
+            return orjson.dumps(row, option=orjson.OPT_SORT_KEYS), value, ts
+        except schema_registry.RegistryUnavailable:
+            raise
+        except ValueError as e:
+            raise BadRecord(f"bad key: {e}") from None
+        except Exception as e:  # never a record skipped for a fault of our own
+            raise schema_registry.RegistryUnavailable(f"{type(e).__name__}: {e}") from None
 
     return translate
 

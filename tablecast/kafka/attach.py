@@ -38,7 +38,9 @@ FORMATS = ("string", "json", "long", "bytes", "debezium")
 #: (``kafka-streams-window:string``)
 INNER_FORMATS = STREAMS_INNER
 #: every key format, the Kafka Streams store layouts with each inner format included
-KEY_FORMATS = FORMATS + tuple(f"{s}:{i}" for s in STREAMS_LAYOUTS for i in INNER_FORMATS)
+KEY_FORMATS = (
+    FORMATS + REGISTRY_FORMATS + tuple(f"{s}:{i}" for s in STREAMS_LAYOUTS for i in INNER_FORMATS)
+)
 #: every value format, those written through a Schema Registry included (``--registry``)
 VALUE_FORMATS = FORMATS + REGISTRY_FORMATS
 #: how long attach waits for the brokers' answers
@@ -110,25 +112,41 @@ def attach(
     window or session store's changelog (`key` ``kafka-streams-window:INNER`` or
     ``kafka-streams-session:INNER``) is served as a window table; `window_size` gives a
     windowed store's windows their end (a session store's inactivity gap, if given, is
-    only recorded). Values written through a Schema Registry (`value` ``confluent-avro``
-    or ``confluent-json``) need its URL, `registry`: the nodes fetch each writer schema
-    from it by id."""
+    only recorded). Keys or values written through a Schema Registry (``confluent-avro``,
+    ``confluent-json``, ``confluent-protobuf``) need its URL, `registry`: the nodes fetch
+    each writer schema from it by id. Such keys are kept as their JSON and looked up (the
+    partitioner is ``unknown``: a key's bytes hold its schema's id, which its text does not
+    say)."""
     if not index_codec.NAME.fullmatch(name):
         raise AttachError(f"table name {name!r}: 1-64 of A-Z a-z 0-9 _ . -")
     layout, key = streams_layout(key)
-    if key not in FORMATS:
-        raise AttachError(f"key format {key!r} is not one of {FORMATS}")
+    if key not in FORMATS + (() if layout else REGISTRY_FORMATS):
+        raise AttachError(f"key format {key!r} is not one of {KEY_FORMATS}")
     if value not in VALUE_FORMATS:
         raise AttachError(f"value format {value!r} is not one of {VALUE_FORMATS}")
+    key_spec: dict[str, object] = {"format": key}
     value_spec: dict[str, object] = {"format": value}
-    if value in REGISTRY_FORMATS:
+    sides = (("key", key_spec), ("value", value_spec))
+    through = [(side, spec) for side, spec in sides if spec["format"] in REGISTRY_FORMATS]
+    if through:
         if registry is None:
-            raise AttachError(f"a {value} value needs its Schema Registry's URL (--registry)")
-        value_spec["registry"] = _registry_url(registry)
+            side, spec = through[0]
+            raise AttachError(
+                f"a {spec['format']} {side} needs its Schema Registry's URL (--registry)"
+            )
+        url = _registry_url(registry)
+        for _, spec in through:
+            spec["registry"] = url
     elif registry is not None:
-        raise AttachError("--registry is for values written through a Schema Registry")
+        raise AttachError("--registry is for keys or values written through a Schema Registry")
     if partitioner not in PARTITIONERS:
         raise AttachError(f"partitioner {partitioner!r} is not one of {PARTITIONERS}")
+    if key in REGISTRY_FORMATS:
+        # a key's bytes (so its partition) hold the id of the schema it was written with,
+        # which its text does not say: the nodes look such keys up
+        if partitioner not in (DEFAULT_PARTITIONER, UNKNOWN):
+            raise AttachError(f"{key} keys are looked up: their partitioner is unknown")
+        partitioner = UNKNOWN
     if partitioner == UNKNOWN and layout is not None:
         raise AttachError(
             "a Kafka Streams window or session store's keys need their partitioner "
@@ -169,7 +187,6 @@ def attach(
             "every key whose records the topic deleted; attach it with retention_ok "
             "(--retention-ok) if that is what you want, or make the topic compacted"
         )
-    key_spec: dict[str, object] = {"format": key}
     if layout is not None:
         key_spec["changelog"] = layout
     if key == "debezium":

@@ -389,3 +389,109 @@ def test_a_registry_over_https_reached_with_each_process_s_settings(
             node.stop()
     finally:
         registry.stop()
+
+
+CARD_KEY = {
+    "type": "record",
+    "name": "CardKey",
+    "namespace": "shop",
+    "fields": [{"name": "id", "type": "int"}, {"name": "region", "type": "string"}],
+}
+
+
+def test_keys_written_through_a_registry_are_looked_up(
+    bootstrap: str, unique: str, logs: Path, registry: SchemaRegistry
+) -> None:
+    """Avro record keys and Avro string keys, as Java's serializers write them (murmur2 of
+    the whole wire bytes picks the partition). A key's bytes hold its schema's id, which
+    its text does not say, so the nodes look keys up: every key answers on either of two
+    nodes, a record key in any field order, a string key as its text."""
+    app, cards, orders = f"{unique}-app", f"{unique}.cards", f"{unique}.orders"
+    for topic in (cards, orders):
+        ensure_topic(bootstrap, topic, PARTITIONS, {"cleanup.policy": "compact"})
+    client = SchemaRegistryClient({"url": registry.url})
+    card_keys = AvroSerializer(client, orjson.dumps(CARD_KEY).decode())
+    card_values = AvroSerializer(client, orjson.dumps(CARD_V1).decode())
+    string_keys = AvroSerializer(client, '"string"')
+    order_values = JSONSerializer(orjson.dumps(ORDER).decode(), client)
+    cards_key = SerializationContext(cards, MessageField.KEY)
+    cards_value = SerializationContext(cards, MessageField.VALUE)
+    orders_key = SerializationContext(orders, MessageField.KEY)
+    orders_value = SerializationContext(orders, MessageField.VALUE)
+
+    model = {
+        (i, region): {"id": i, "holder": f"h{i}{region}", "points": i}
+        for i in range(30)
+        for region in ("eu", "us")
+    }
+    producer = Producer(client_conf(bootstrap, {"partitioner": "murmur2_random"}))
+    # first: a record left out is not the last of its partition, which the wait below
+    # counts in applied offsets
+    bad = card_values(model[(1, "eu")], cards_value)
+    producer.produce(cards, key=b"not the wire format", value=bad)
+    for (i, region), row in model.items():
+        key = card_keys({"id": i, "region": region}, cards_key)
+        producer.produce(cards, key=key, value=card_values(row, cards_value))
+    gone = card_keys({"id": 0, "region": "us"}, cards_key)
+    producer.produce(cards, key=gone, value=None)  # a delete, by its Avro key
+    model.pop((0, "us"))
+    ordered = {f"o-{i}": {"order": i, "item": "tea"} for i in range(40)}
+    for k, v in ordered.items():
+        producer.produce(
+            orders, key=string_keys(k, orders_key), value=order_values(v, orders_value)
+        )
+    assert producer.flush(60) == 0
+
+    for name, topic, value in (
+        ("cards", cards, "confluent-avro"),
+        ("orders", orders, "confluent-json"),
+    ):
+        info = attach(
+            name,
+            app=app,
+            topic=topic,
+            bootstrap_servers=bootstrap,
+            key="confluent-avro",
+            value=value,
+            registry=registry.url,
+        )
+        assert info.partitioner == "unknown" and info.key["registry"] == registry.url
+    with pytest.raises(AttachError, match="looked up"):
+        attach(
+            "again",
+            app=app,
+            topic=cards,
+            bootstrap_servers=bootstrap,
+            key="confluent-avro",
+            value="confluent-avro",
+            registry=registry.url,
+            partitioner="consistent_random",
+        )
+    nodes = [start_node(app, bootstrap, logs) for _ in range(2)]
+    try:
+        for node in nodes:
+            node.wait_ready()
+            node.wait_caught_up(bootstrap, "cards", cards)
+            node.wait_caught_up(bootstrap, "orders", orders)
+        for node in nodes:
+            with httpx.Client(base_url=node.url, timeout=10) as http:
+                for (i, region), row in model.items():
+                    r = http.get(
+                        "/v1/tables/cards/keys",
+                        params={"key": orjson.dumps({"region": region, "id": i}).decode()},
+                    )
+                    assert r.status_code == 200, (i, region, r.text)
+                    assert r.json()["key"] == {"id": i, "region": region}
+                    assert r.json()["value"] == row
+                r = http.get("/v1/tables/cards/keys", params={"key": '{"id":0,"region":"us"}'})
+                assert r.status_code == 404
+                assert http.get("/v1/tables/cards/count").json()["count"] == len(model)
+                for k, v in ordered.items():
+                    r = http.get(f"/v1/tables/orders/keys/{k}")
+                    assert (r.status_code, r.json()["key"], r.json()["value"]) == (200, k, v)
+        # the record with a bad key: counted by whichever node read it (both, before the
+        # second joined and took half the partitions)
+        assert sum(_bad_records(node, "cards") for node in nodes) >= 1
+    finally:
+        for node in nodes:
+            node.stop()

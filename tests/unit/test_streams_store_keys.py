@@ -103,7 +103,8 @@ def test_a_store_key_and_a_registry_value_are_both_translated() -> None:
 @pytest.mark.parametrize(
     ("key", "value", "extra", "why"),
     [
-        ({"format": "confluent-avro", "registry": "http://r"}, {"format": "json"}, {}, "keys in"),
+        # a registry key's partition follows from no text of it: it is looked up
+        ({"format": "confluent-avro", "registry": "http://r"}, {"format": "json"}, {}, "looked up"),
         (
             {"format": "debezium", "head": "", "fields": ["id"]},
             {"format": "confluent-avro", "registry": "http://r"},
@@ -119,6 +120,17 @@ def test_registry_formats_where_they_are_not_read_are_refused(
     info = TableInfo("t", "t", 1, key, value, extra=extra, attached=True)
     with pytest.raises(BadEntry, match=why):
         TableInfo.checked("t", info.to_json())
+
+
+def test_registry_keys_of_a_table_whose_keys_are_looked_up_are_read() -> None:
+    key = {"format": "confluent-protobuf", "registry": "https://r/apis/ccompat/v7"}
+    info = TableInfo("t", "t", 2, key, {"format": "json"}, attached=True, partitioner="unknown")
+    checked = TableInfo.checked("t", info.to_json())
+    keys = checked.key_serde
+    # a key's text is its JSON, text that is not JSON a string; kept with sorted fields
+    assert keys.text_to_bytes('{"b":1,"a":"x"}') == b'{"a":"x","b":1}'
+    assert keys.text_to_bytes("card-1") == b'"card-1"'
+    assert keys.text_to_bytes("12") == b"12"
 
 
 def test_a_store_key_of_another_inner_format_or_indexed_windows_are_refused() -> None:
