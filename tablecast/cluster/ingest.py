@@ -410,6 +410,8 @@ class Ingestor:
         indexed = self._indexed
         #: partitions stopped at a record whose writer schema the registry did not give
         waiting: dict[tuple[str, int], tuple[Write, Exception]] = {}
+        #: each partition's last record left out (no key, or a bad one)
+        skipped: dict[tuple[str, int], int] = {}
         for m in msgs:
             err = m.error()
             if err is not None:
@@ -422,6 +424,7 @@ class Ingestor:
             topic = m.topic()
             if key is None:
                 self._bad(topic, m.partition(), m.offset(), "bad key: none")
+                skipped[(topic, m.partition())] = m.offset()
                 continue  # a table record needs a key; the pipeline never writes one without
             value = m.value()
             timestamp = m.timestamp()[1]
@@ -438,6 +441,7 @@ class Ingestor:
                 except BadRecord as e:
                     self._bad(topic, m.partition(), m.offset(), str(e))
                     if e.key is None:
+                        skipped[slot] = m.offset()
                         continue
                     key, value = e.key, None
             check = checks.get(topic)
@@ -469,6 +473,14 @@ class Ingestor:
             self.records_applied += len(writes)
             # waiters count in offsets applied: everything below the position is
             replica.waiters.advanced(replica.position - 1)
+        for slot, offset in skipped.items():
+            replica = self._replica(*slot)
+            # behind a waiting record nothing is applied yet; a failed write stops the rest
+            if slot not in waiting and replica is not None and not replica.paused:
+                try:
+                    replica.skip_past(offset)
+                except Exception as e:  # the next record's write moves past it as well
+                    log.warning("table %r partition %d: offset %d: %s", *slot, offset, e)
         for (topic, partition), (write, error) in waiting.items():
             replica = self._replica(topic, partition)
             if replica is not None and not replica.paused:

@@ -96,6 +96,16 @@ class Replica:
             finally:
                 self.version += 1
 
+    def skip_past(self, offset: int) -> None:
+        """Move past a record that changes nothing (one counted bad and left out), so that
+        its offset counts as applied, as every other record's does once applied."""
+        with self.lock:
+            if offset < self.position:
+                return
+            self.store.skip_past(offset)
+            self.position = offset + 1
+        self.waiters.advanced(offset)
+
     def _note_newest(self, writes: Sequence[Write]) -> None:
         newest = max(w.timestamp for w in writes)
         if newest <= self.newest_ms:

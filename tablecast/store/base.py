@@ -75,6 +75,11 @@ class PartitionStore(Protocol):
 
     def apply(self, writes: Sequence[Write]) -> None: ...
 
+    def skip_past(self, offset: int) -> None:
+        """Count the record at `offset`, which changes nothing, as applied (one left out as
+        bad): the applied offset moves to it, durably, if it was below."""
+        ...
+
     # -- history (Views.history_ms) --------------------------------------------
     @property
     def views(self) -> Views: ...

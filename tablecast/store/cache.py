@@ -143,6 +143,10 @@ class CachedStore:
     ) -> list[tuple[bytes, Record]]:
         return self.inner.index_scan(name, start, end, limit)
 
+    def skip_past(self, offset: int) -> None:
+        self.inner.skip_past(offset)
+        self._applied = self.inner.applied_offset
+
     def apply(self, writes: Sequence[Write]) -> None:
         if not writes:
             return

@@ -78,6 +78,9 @@ class MemoryStore:
             hi = len(data) if end is None else data.bisect_left(end)
             return max(0, hi - lo)
 
+    def skip_past(self, offset: int) -> None:
+        self._applied = max(self._applied, offset)
+
     def apply(self, writes: Sequence[Write]) -> None:
         if not writes:
             return

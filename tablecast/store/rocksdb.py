@@ -244,6 +244,11 @@ class RocksDBStore:
         found = _need(self._indexes, "index").scan(name, start, end, limit)
         return rows_of(found, self.multi_get)
 
+    def skip_past(self, offset: int) -> None:
+        if offset > self._applied:
+            self._db.put(META, _META.pack(offset, self._count, self._synced))
+            self._applied = offset
+
     def apply(self, writes: Sequence[Write]) -> None:
         if not writes:
             return

@@ -103,6 +103,26 @@ def test_rocksdb_resumes_from_its_offset(tmp_path: Path) -> None:
     again.close()
 
 
+def test_a_record_left_out_counts_as_applied(make) -> None:  # type: ignore[no-untyped-def]
+    store = make()
+    store.apply([Write(b"a", b"1", 0, 10), Write(b"b", b"2", 1, 11)])
+    store.skip_past(3)  # offsets 2 and 3 were records left out as bad
+    assert store.applied_offset == 3
+    store.skip_past(2)  # never backwards
+    assert store.applied_offset == 3
+    assert (len(store), store.get(b"a")) == (2, Record(b"1", 0, 10))
+
+
+def test_rocksdb_resumes_past_records_left_out(tmp_path: Path) -> None:
+    store = RocksDBStore(tmp_path / "p0")
+    store.apply([Write(b"a", b"1", 0, 10)])
+    store.skip_past(5)
+    store.close()
+    again = RocksDBStore(tmp_path / "p0")
+    assert (again.applied_offset, len(again)) == (5, 1)
+    again.close()
+
+
 def test_cached_reads_never_lag_the_applied_offset(tmp_path: Path) -> None:
     """A reader racing the applying thread never gets a value older than the applied offset.
 
