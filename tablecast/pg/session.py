@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Protocol, TypeVar
 
 import orjson
 
+from tablecast.contract.table_info import TableInfo
 from tablecast.live.service import Live
 from tablecast.pg import subscribe, wire
 from tablecast.pg.relations import Rows, SqlError, Tables
@@ -52,6 +53,7 @@ from tablecast.query.consistency import bound_of
 from tablecast.query.errors import ApiError
 from tablecast.query.gate import Gate
 from tablecast.query.local import Found
+from tablecast.query.policy import Grants
 from tablecast.query.queries import (
     BatchQuery,
     CountQuery,
@@ -172,8 +174,9 @@ class Session:
         self._messages: Messages | None = None
         #: after an error in an extended-protocol batch: messages are skipped until Sync
         self.skipping = False
-        local = self.router.local
-        self.tables = Tables(self._table, lambda: list(local.node.tables.values()))
+        #: what the connection's token may read (None: everything), as of its startup
+        self._grants: Grants | None = None
+        self.tables = Tables(self._table, self._listing)
 
     # -- output ----------------------------------------------------------------------------
     def send(self, data: bytes) -> None:
@@ -276,7 +279,8 @@ class Session:
             token = payload.cstring()
             self.authorization = f"Bearer {token}"
             try:
-                await self.gate.admit(self.authorization, self.scope)
+                caller = await self.gate.admit(self.authorization, self.scope)
+                self._grants = None if caller is None else caller.grants
             except ApiError as e:
                 self.send(
                     wire.error_response("28P01", f"the token was refused: {e.message}", "FATAL")
@@ -708,12 +712,20 @@ class Session:
 
     # -- reads -----------------------------------------------------------------------------
     def _table(self, name: str) -> Any:
+        if self._grants is not None:  # before the lookup: no answer tells which tables exist
+            self._grants.require_table(name)
         try:
             return self.router.local.table(name)
         except ApiError as e:
             if e.code == "table_not_found":
                 raise SqlError("42P01", f'relation "{name}" does not exist') from None
             raise
+
+    def _listing(self) -> list[TableInfo]:
+        """The tables the catalogs show: those the token may read some of."""
+        tables = list(self.router.local.node.tables.values())
+        grants = self._grants
+        return tables if grants is None else [t for t in tables if grants.allows_table(t.name)]
 
     async def _request(self) -> Request:
         """The caller of the statement under way: its token checked again (it may have

@@ -2,15 +2,15 @@
 
 A node's rules (who may read what, what a caller may cost it, what input it refuses) are
 applied by each front end in turn: HTTP/1.1 on the loop engine and on granian, HTTP/2
-(granian), gRPC, the watch over SSE and WebSocket, the console's API and the read
-processes of ``serve --processes``. Each case below states one rule once and names the
-front ends it is run on; a front end added later joins :data:`FRONT_ENDS` and every case
-that applies to it. The nodes are shared: one secured cluster (tokens, a policy, the
-cluster secret, a rate limit, a cap on each caller's open watches) of two nodes, one node
-of each engine, so that every front end also answers keys it does not own (forwarded
-reads); a table of its own takes the cases that change its catalog entry or flood one of
-its keys with changes. Cases that need other settings (no auth, an identity provider that
-never answers) share two more clusters.
+(granian), gRPC, SQL over the PostgreSQL protocol, the watch over SSE and WebSocket, the
+console's API and the read processes of ``serve --processes``. Each case below states one
+rule once and names the front ends it is run on; a front end added later joins
+:data:`FRONT_ENDS` and every case that applies to it. The nodes are shared: one secured
+cluster (tokens, a policy, the cluster secret, a rate limit, a cap on each caller's open
+watches) of two nodes, one node of each engine, so that every front end also answers keys
+it does not own (forwarded reads); a table of its own takes the cases that change its
+catalog entry or flood one of its keys with changes. Cases that need other settings (no
+auth, an identity provider that never answers) share two more clusters.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import quote, urlencode
 
+import asyncpg
 import grpc
 import h2.config
 import h2.connection
@@ -107,6 +108,8 @@ class Outcome:
 class Cluster:
     nodes: dict[str, NodeProcess]
     grpc: dict[str, str]
+    #: node -> its PostgreSQL port
+    pg: dict[str, int]
     kv: TableModel
     big: TableModel
     #: the cases' own table: its catalog entry is changed, and one key of it floods
@@ -310,6 +313,80 @@ class Grpc:
             await asyncio.gather(*(reader(i) for i in range(FLOOD_AT_ONCE)))
 
 
+#: the read core's error codes by the SQLSTATEs the PostgreSQL front end answers them with
+SQL_CODES = {
+    "28000": "unauthorized",
+    "28P01": "unauthorized",
+    "42501": "forbidden",
+    "42P01": "table_not_found",
+    "53400": "rate_limited",
+    "22023": "bad_request",
+    "54000": "bad_request",
+}
+
+
+class Sql:
+    """Reads as SELECTs over the PostgreSQL protocol (asyncpg, which says each error's
+    SQLSTATE, a refused startup's too), the token as the password; a connection per read,
+    as the token is checked at startup (and again by each statement)."""
+
+    def __init__(self, name: str, node: str) -> None:
+        self.name, self.node = name, node
+
+    async def _connect(self, cluster: Cluster, token: str | None) -> asyncpg.Connection:
+        return await asyncpg.connect(
+            host="127.0.0.1", port=cluster.pg[self.node], database="tablecast",
+            user="conformance", password=token, ssl=False, timeout=15,
+        )  # fmt: skip
+
+    def get(
+        self,
+        cluster: Cluster,
+        table: str,
+        key: str,
+        token: str | None,
+        headers: dict[str, str] | None = None,
+    ) -> Outcome:
+        assert not headers, "a SQL read has no headers"
+
+        async def call() -> Outcome:
+            try:
+                conn = await self._connect(cluster, token)
+                try:
+                    quoted = '"' + table.replace('"', '""') + '"'
+                    rows = await conn.fetch(f"SELECT value FROM {quoted} WHERE key = $1", key)
+                finally:
+                    await conn.close()
+            except asyncpg.PostgresError as e:
+                return Outcome(SQL_CODES.get(e.sqlstate, f"sql:{e.sqlstate}:{str(e)[:200]}"))
+            except asyncpg.InterfaceError as e:  # the node asked for a password; none given
+                assert token is None and "password" in str(e), e
+                return Outcome("unauthorized")
+            return Outcome("ok", orjson.loads(rows[0][0])) if rows else Outcome("key_not_found")
+
+        return asyncio.run(call())
+
+    async def flood(
+        self, cluster: Cluster, keys: list[str], token: str, stop: threading.Event, codes: list[str]
+    ) -> None:
+        """SELECTs of kv's `keys` in turn on FLOOD_AT_ONCE connections, until `stop`."""
+
+        async def reader(i: int) -> None:
+            conn = await self._connect(cluster, token)
+            try:
+                while not stop.is_set():
+                    try:
+                        await conn.fetch("SELECT value FROM kv WHERE key = $1", keys[i % len(keys)])
+                        codes.append("ok")
+                    except asyncpg.PostgresError as e:
+                        codes.append(SQL_CODES.get(e.sqlstate, f"sql:{e.sqlstate}"))
+                    i += FLOOD_AT_ONCE
+            finally:
+                await conn.close()
+
+        await asyncio.gather(*(reader(i) for i in range(FLOOD_AT_ONCE)))
+
+
 def _grpc_code(e: grpc.aio.AioRpcError) -> str:
     code = dict(e.trailing_metadata() or ()).get("tablecast-error")
     return str(code) if code else f"grpc:{e.code().name}"
@@ -331,6 +408,7 @@ READS = {
     "http1-granian": Http("http1-granian", "granian"),
     "http2-granian": Http("http2-granian", "granian", http2=True),
     "grpc": Grpc("grpc", "loop"),
+    "sql": Sql("sql", "loop"),
 }
 #: the engines of HTTP requests of any route (the console's API among them)
 HTTP = {name: f for name, f in READS.items() if isinstance(f, Http)}
@@ -383,12 +461,12 @@ def cluster(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         "--cluster-secret", CLUSTER_SECRET, "--rate-limit", str(RATE),
         "--max-watches", str(MAX_WATCHES),
     )  # fmt: skip
-    grpc_port = free_port()
+    grpc_port, pg_port = free_port(), free_port()
     loop_port, granian_port = _sharing_ports()
     nodes = {
         "loop": start_node(
             app, bootstrap, tmp, *common, "--grpc-port", str(grpc_port), "--processes", "2",
-            port=loop_port,
+            "--pg-port", str(pg_port), "--pg-allow-cleartext", port=loop_port,
         ),
         "granian": start_node(
             app, bootstrap, tmp, *common, "--http-engine", "granian", port=granian_port
@@ -422,7 +500,9 @@ def cluster(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             node.wait_caught_up(bootstrap, "kv", kv.info.topic)
             node.wait_caught_up(bootstrap, "big", big.info.topic)
             node.wait_caught_up(bootstrap, "live", live.info.topic)
-        yield Cluster(nodes, {"loop": f"127.0.0.1:{grpc_port}"}, kv, big, live, app)
+        yield Cluster(
+            nodes, {"loop": f"127.0.0.1:{grpc_port}"}, {"loop": pg_port}, kv, big, live, app
+        )
     finally:
         stop_all(nodes.values())
 
@@ -442,6 +522,31 @@ def test_grants_hold_on_every_front_end(cluster: Cluster, front: str) -> None:
     assert f.get(cluster, "big", "b001", token) == Outcome("forbidden")
     assert f.get(cluster, "missing", "x", token) == Outcome("forbidden")  # nothing tells it
     assert f.get(cluster, "kv", "alice/nope", token) == Outcome("key_not_found")
+
+
+def test_sql_catalogs_list_only_the_tables_a_token_may_read(cluster: Cluster) -> None:
+    """What HTTP's 403-before-lookup keeps, the catalogs keep too: psql's \\dt, JDBC's
+    getTables and information_schema show a token the tables it may read some of."""
+
+    async def names(token: str) -> list[str]:
+        conn = await Sql("sql", "loop")._connect(cluster, token)
+        try:
+            rows = await conn.fetch(
+                "SELECT table_name FROM information_schema.tables "
+                "WHERE table_schema = 'public' ORDER BY table_name"
+            )
+            listed = await conn.fetch(
+                "SELECT c.relname FROM pg_catalog.pg_class c "
+                "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = 'public' AND c.relkind = 'r' ORDER BY 1"
+            )
+            assert [r[0] for r in listed] == [r[0] for r in rows]
+            return [r[0] for r in rows]
+        finally:
+            await conn.close()
+
+    assert asyncio.run(names(alice("sql-catalogs"))) == ["kv"]
+    assert asyncio.run(names(ADMIN)) == sorted(TABLES)
 
 
 BAD_TOKENS = {
@@ -516,11 +621,12 @@ def test_the_console_api_shows_input_records_only_to_a_grant_of_everything(
             assert r.status_code == 200, (who, route, r.text)
 
 
-@pytest.mark.parametrize("front", READS)
+@pytest.mark.parametrize("front", [name for name in READS if name != "sql"])
 def test_a_client_set_hop_header_is_never_taken_for_a_peer(cluster: Cluster, front: str) -> None:
     """A hop is answered where it lands, from whatever replica is there: a client that could
     mark its reads as hops would pick stale standbys or make a node refuse them. An unsigned
-    hop is refused (gRPC has no hops at all: its metadata never carries one)."""
+    hop is refused (gRPC has no hops at all: its metadata never carries one; SQL has no
+    headers to carry one)."""
     f = READS[front]
     token = alice(f"hop-{front}")
     for i in range(8):
@@ -534,7 +640,8 @@ def test_malformed_reads_are_4xx_with_the_error_json(cluster: Cluster, front: st
     token = alice(f"malformed-{front}")
     long_key = "alice/" + "x" * 20_000
     assert f.get(cluster, "kv", long_key, token).code in ("bad_request", "key_not_found")
-    odd = "alice/\x00\x7f\u2028"
+    # PostgreSQL's text holds no NUL: a SQL client refuses to send one
+    odd = "alice/\x7f\u2028" if isinstance(f, Sql) else "alice/\x00\x7f\u2028"
     assert f.get(cluster, "kv", odd, token).code in ("bad_request", "key_not_found")
     if isinstance(f, Http):
         r = f.request(cluster, "GET", "/v1/tables/kv/keys/alice%2F%FF%FE", token)
