@@ -174,7 +174,7 @@ class Session:
         self._messages: Messages | None = None
         #: after an error in an extended-protocol batch: messages are skipped until Sync
         self.skipping = False
-        #: what the connection's token may read (None: everything), as of its startup
+        #: what the connection's token may read (None: everything), as of its last check
         self._grants: Grants | None = None
         self.tables = Tables(self._table, self._listing)
 
@@ -734,6 +734,7 @@ class Session:
         if self.authorization is not None:
             found = self.gate.caller(self.authorization, self.scope)
             caller = await found if isinstance(found, Awaitable) else found  # type: ignore[assignment]
+            self._grants = None if caller is None else caller.grants  # the next plan's too
         self.gate.limit(caller, self.scope)
         headers = {"authorization": self.authorization} if self.authorization else {}
         return Request(headers, caller, self.scope)
