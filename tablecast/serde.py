@@ -347,6 +347,14 @@ class _DebeziumValue(_Json):
 REGISTRY_FORMATS = ("confluent-avro", "confluent-json", "confluent-protobuf")
 
 
+def through_registry(spec: dict[str, Any]) -> bool:
+    """Whether a key or value of `spec` is in a Schema Registry's wire format: one of
+    :data:`REGISTRY_FORMATS`, or Debezium's events through its Avro converter (a
+    ``debezium`` spec that names a registry)."""
+    fmt = spec.get("format")
+    return fmt in REGISTRY_FORMATS or (fmt == "debezium" and "registry" in spec)
+
+
 class _RegistryJson(_Json):
     """A key or value written through a Schema Registry as a table keeps it: as JSON
     (decoded at ingest with the writer's schema, fetched from ``registry`` by id). A key

@@ -597,7 +597,8 @@ def build_parser() -> Parser:
         p,
         "--registry",
         metavar="URL",
-        help="the Schema Registry the keys or values were written through (its Confluent API)",
+        help="the Schema Registry the keys or values were written through (its Confluent API; "
+        "with --key debezium --value debezium: Debezium's Avro converter)",
     )
     _registry_config(p)
     option(

@@ -40,16 +40,16 @@ class BadRecord(ValueError):
 def translation(info: TableInfo) -> Translate | None:
     """How `info`'s records become its rows; None where they are its rows already. Each
     step the table's formats ask for, in turn: a Kafka Streams store key rewritten, a
-    registry value decoded, a Debezium event unwrapped (the catalog allows no Debezium
-    step beside the others)."""
+    registry key and value decoded, a Debezium event unwrapped (from the JSON a registry
+    step made of it, for Debezium's Avro converter)."""
     changelog = info.key.get("changelog")
     steps = [
         _streams_store(changelog) if changelog in (STREAMS_WINDOW, STREAMS_SESSION) else None,
         _registry_keys(schema_registry.registry(info.key["registry"]))
-        if info.key.get("format") in serde.REGISTRY_FORMATS
+        if serde.through_registry(info.key)
         else None,
         _registry_values(schema_registry.registry(info.value["registry"]))
-        if info.value.get("format") in serde.REGISTRY_FORMATS
+        if serde.through_registry(info.value)
         else None,
         _debezium(info),
     ]

@@ -133,9 +133,8 @@ class TableInfo:
         value_format = info.value.get("format") if isinstance(info.value, dict) else None
         if changelog is not None and key_format not in STREAMS_INNER:
             problems.append(f"a {changelog} key's own format is one of {STREAMS_INNER}")
-        if key_format in serde.REGISTRY_FORMATS and (
-            not info.attached or info.partitioner != UNKNOWN or info.kind != "kv"
-        ):
+        registry_key = isinstance(info.key, dict) and serde.through_registry(info.key)
+        if registry_key and (not info.attached or info.partitioner != UNKNOWN or info.kind != "kv"):
             # a key's bytes carry the id of the schema it was written with, which its text
             # does not say: nodes look such keys up rather than compute their partition
             problems.append(f"{key_format} keys are read in attached kv tables, looked up")
@@ -143,6 +142,13 @@ class TableInfo:
             not info.attached or key_format == "debezium"
         ):
             problems.append(f"{value_format} values are read in attached tables, not debezium's")
+        if (
+            isinstance(info.value, dict)
+            and value_format == "debezium"
+            and serde.through_registry(info.value)
+            and not (info.attached and registry_key)
+        ):
+            problems.append("debezium values through a registry come with keys through it")
         if info.kind == "window" and extra.get("index_paths"):
             problems.append("indexes are for tables of one row per key, not of windows")
         if isinstance(info.extra, dict):

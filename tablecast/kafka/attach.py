@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 
 import httpx
+import orjson
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import ConfigResource, ResourceType
 
@@ -128,6 +129,8 @@ def attach(
     value_spec: dict[str, object] = {"format": value}
     sides = (("key", key_spec), ("value", value_spec))
     through = [(side, spec) for side, spec in sides if spec["format"] in REGISTRY_FORMATS]
+    if registry is not None and key == value == "debezium":  # Debezium's Avro converter
+        through = list(sides)
     if through:
         if registry is None:
             side, spec = through[0]
@@ -138,10 +141,13 @@ def attach(
         for _, spec in through:
             spec["registry"] = url
     elif registry is not None:
-        raise AttachError("--registry is for keys or values written through a Schema Registry")
+        raise AttachError(
+            "--registry is for keys or values written through a Schema Registry "
+            "(Debezium's Avro converter: --key debezium --value debezium)"
+        )
     if partitioner not in PARTITIONERS:
         raise AttachError(f"partitioner {partitioner!r} is not one of {PARTITIONERS}")
-    if key in REGISTRY_FORMATS:
+    if "registry" in key_spec:
         # a key's bytes (so its partition) hold the id of the schema it was written with,
         # which its text does not say: the nodes look such keys up
         if partitioner not in (DEFAULT_PARTITIONER, UNKNOWN):
@@ -189,7 +195,9 @@ def attach(
         )
     if layout is not None:
         key_spec["changelog"] = layout
-    if key == "debezium":
+    if key == "debezium" and "registry" in key_spec:
+        key_spec.update(head="", fields=_registry_key_fields(str(key_spec["registry"]), topic))
+    elif key == "debezium":
         head, fields = _debezium_key_layout(bootstrap_servers, topic, partitions)
         key_spec.update(head=head, fields=fields)
     info = TableInfo(
@@ -264,6 +272,32 @@ def _topic(bootstrap_servers: str, topic: str) -> tuple[int, str]:
     resource = ConfigResource(ResourceType.TOPIC, topic)
     configs = client.describe_configs([resource])[resource].result(TIMEOUT_S)
     return len(metadata.partitions), configs["cleanup.policy"].value
+
+
+def _registry_key_fields(url: str, topic: str) -> list[str]:
+    """The primary key's columns of a Debezium topic written through a registry: the
+    fields of the newest schema of its keys' subject (``TOPIC-key``, as Debezium's
+    converters name it)."""
+    settings = registry_config.current()
+    subject = f"{topic}-key"
+    try:
+        with settings.client(TIMEOUT_S) as client:
+            r = client.get(f"{settings.address(url)}/subjects/{subject}/versions/latest")
+    except httpx.HTTPError as e:
+        raise AttachError(f"registry {url}: {type(e).__name__}: {e}") from None
+    if r.status_code == 404:
+        raise AttachError(
+            f"the registry has no subject {subject}: attach the topic once Debezium has "
+            "written to it"
+        )
+    try:
+        schema = orjson.loads(r.json()["schema"])
+        fields = [f["name"] for f in schema["fields"]]
+    except (ValueError, KeyError, TypeError) as e:
+        raise AttachError(f"subject {subject}: not an Avro record's schema ({e})") from None
+    if not fields or not all(isinstance(f, str) for f in fields):
+        raise AttachError(f"subject {subject}: a key schema without fields")
+    return fields
 
 
 def _debezium_key_layout(

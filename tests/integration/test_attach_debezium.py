@@ -26,6 +26,7 @@ from tablecast.proto import tables_pb2 as pb
 from ..support.debezium import DebeziumConnect
 from ..support.postgres import Postgres
 from ..support.procs import NodeProcess, eventually, start_node, stop_all
+from ..support.registry import SchemaRegistry
 from .kafka_io import read_all
 
 pytestmark = pytest.mark.integration
@@ -242,3 +243,76 @@ def test_debezium_tables_answer_what_select_says(
         eventually(lambda: _answers_match(nodes[0], pg), timeout=120, interval=1.0)
     finally:
         stop_all(nodes)
+
+
+def test_debezium_through_its_avro_converter_and_a_registry(
+    bootstrap: str, pg: Postgres, logs: Path, unique: str
+) -> None:
+    """Debezium's events in Avro through a real registry (Apicurio's converter, writing
+    Confluent's wire format): keys and rows decoded with their writer schemas, the key's
+    columns taken from its subject's schema, keys looked up (their bytes hold a schema id);
+    after inserts, updates and deletes every key answers what SELECT says, on two nodes."""
+    registry = SchemaRegistry().start()
+    worker = None
+    try:
+        with pg.connect(autocommit=True) as conn:
+            conn.execute("CREATE TABLE cards (id int PRIMARY KEY, name text, points bigint)")
+            for i in range(1, 41):  # the snapshot's rows
+                conn.execute("INSERT INTO cards VALUES (%s, %s, %s)", (i, f"c{i}", i * 10))
+        worker = DebeziumConnect(
+            bootstrap, pg, f"av{random.randrange(1 << 30)}", ["cards"], registry=registry.root
+        ).start()
+        topic = worker.topic("cards")
+        eventually(lambda: _written(bootstrap, topic) >= 40 or not worker.alive(), timeout=180)
+        assert worker.alive(), worker.log_tail()
+        app = f"{unique}-app"
+        with pytest.raises(tablecast.AttachError, match="--registry"):
+            tablecast.attach(
+                "cards", app=app, topic=topic, bootstrap_servers=bootstrap,
+                key="debezium", value="json", registry=registry.url,
+            )  # fmt: skip
+        info = tablecast.attach(
+            "cards", app=app, topic=topic, bootstrap_servers=bootstrap,
+            key="debezium", value="debezium", registry=registry.url,
+        )  # fmt: skip
+        assert (info.key["fields"], info.partitioner) == (["id"], "unknown")
+        with pg.connect() as conn:
+            for i in range(1, 61, 3):
+                conn.execute(
+                    "INSERT INTO cards VALUES (%s, %s, %s) ON CONFLICT (id) DO UPDATE "
+                    "SET points = cards.points + 1",
+                    (i, f"new{i}", i),
+                )
+            conn.execute("DELETE FROM cards WHERE id IN (2, 5, 44)")
+            conn.commit()
+        nodes = [start_node(app, bootstrap, logs) for _ in range(2)]
+        try:
+            for node in nodes:
+                node.wait_ready()
+
+            def matches(node: NodeProcess) -> bool:
+                with pg.connect() as conn:
+                    rows = {
+                        i: {"id": i, "name": name, "points": points}
+                        for i, name, points in conn.execute("SELECT id, name, points FROM cards")
+                    }
+                with httpx.Client(base_url=node.url, timeout=10) as http:
+                    for i in range(1, 61):
+                        r = http.get(f"/v1/tables/cards/keys/{i}")
+                        want = rows.get(i)
+                        if (r.status_code, r.json().get("value")) != (
+                            (200, want) if want else (404, None)
+                        ):
+                            return False
+                return True
+
+            eventually(lambda: matches(nodes[0]), timeout=120, interval=1.0)
+            assert matches(nodes[1])
+            as_json = quote(orjson.dumps({"id": 7}).decode(), safe="")
+            assert nodes[1].get(f"/v1/tables/cards/keys/{as_json}").json()["key"] == {"id": 7}
+        finally:
+            stop_all(nodes)
+    finally:
+        if worker is not None:
+            worker.stop()
+        registry.stop()

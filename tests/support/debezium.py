@@ -1,6 +1,7 @@
 """Debezium's PostgreSQL connector in a standalone Kafka Connect worker (jars from Maven
 Central, tests/support/jvm/debezium-connect): the change topics a real database makes,
-with Kafka Connect's JSON converter, partitioned as Kafka Connect partitions (murmur2)."""
+with Kafka Connect's JSON converter, or Apicurio's Avro converter writing through a Schema
+Registry in Confluent's wire format, partitioned as Kafka Connect partitions (murmur2)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,34 @@ def _properties(path: Path, settings: dict[str, object]) -> Path:
     return path
 
 
+def _json(schemas: bool) -> dict[str, object]:
+    return {
+        f"{side}.converter{k}": v
+        for side in ("key", "value")
+        for k, v in (
+            ("", "org.apache.kafka.connect.json.JsonConverter"),
+            (".schemas.enable", str(schemas).lower()),
+        )
+    }
+
+
+def _avro(registry: str) -> dict[str, object]:
+    """Apicurio's converter as Confluent's writes: the schema's id (its content id, which
+    the Confluent API serves) in the record's first bytes, not in headers."""
+    return {
+        f"{side}.converter{k}": v
+        for side in ("key", "value")
+        for k, v in (
+            ("", "io.apicurio.registry.utils.converter.AvroConverter"),
+            (".apicurio.registry.url", f"{registry}/apis/registry/v2"),
+            (".apicurio.registry.auto-register", "true"),
+            (".apicurio.registry.as-confluent", "true"),
+            (".apicurio.registry.use-id", "contentId"),
+            (".apicurio.registry.headers.enabled", "false"),
+        )
+    }
+
+
 class DebeziumConnect(JvmService):
     """One Connect worker running one Debezium PostgreSQL connector on `tables`, writing
     ``PREFIX.public.TABLE`` topics of `partitions` partitions (compacted)."""
@@ -35,7 +64,9 @@ class DebeziumConnect(JvmService):
         tables: list[str],
         partitions: int = 4,
         schemas: bool = True,
+        registry: str | None = None,
     ) -> None:
+        """`registry`: an Apicurio Registry's root URL: keys and values in Avro through it."""
         super().__init__("tablecast-connect-", "connect.log")
         self.prefix = prefix
         port = free_port()
@@ -43,10 +74,7 @@ class DebeziumConnect(JvmService):
             self.dir / "worker.properties",
             {
                 "bootstrap.servers": bootstrap,
-                "key.converter": "org.apache.kafka.connect.json.JsonConverter",
-                "value.converter": "org.apache.kafka.connect.json.JsonConverter",
-                "key.converter.schemas.enable": str(schemas).lower(),
-                "value.converter.schemas.enable": str(schemas).lower(),
+                **(_json(schemas) if registry is None else _avro(registry)),
                 "offset.storage.file.filename": self.dir / "offsets",
                 "offset.flush.interval.ms": 1000,
                 "listeners": f"http://127.0.0.1:{port}",

@@ -48,6 +48,12 @@ class SchemaRegistry(JvmService):
         self.ca: Path | None = self._tls_material() if tls else None
 
     @property
+    def root(self) -> str:
+        """The server's root (its own APIs live under /apis)."""
+        scheme = "https" if self.ca else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
+
+    @property
     def url(self) -> str:
         """The Confluent-compatible API's root, as clients are given it."""
         scheme = "https" if self.ca else "http"
