@@ -481,6 +481,9 @@ class Ingestor:
                     replica.skip_past(offset)
                 except Exception as e:  # the next record's write moves past it as well
                     log.warning("table %r partition %d: offset %d: %s", *slot, offset, e)
+                    continue
+                if replica.failed is not None:  # retried past the record it had stopped at
+                    write_recovery.recovered(replica)
         for (topic, partition), (write, error) in waiting.items():
             replica = self._replica(topic, partition)
             if replica is not None and not replica.paused:

@@ -206,8 +206,12 @@ def _add_with_imports(pool: Any, proto: Any) -> None:
 class Registry:
     """One registry at `url`; `client` for its TLS and auth (an httpx.Client)."""
 
-    def __init__(self, url: str, client: httpx.Client | None = None) -> None:
+    def __init__(
+        self, url: str, client: httpx.Client | None = None, refused: str | None = None
+    ) -> None:
         self.url = url.rstrip("/")
+        #: why this process may not read this registry at all (its records wait, saying so)
+        self.refused = refused
         self._client = client or httpx.Client(timeout=TIMEOUT_S)
         self._decoders: dict[int, Decode] = {}
         #: ids the registry said it does not have, until when that answer stands
@@ -221,6 +225,8 @@ class Registry:
         them) for a value that is not one: a bad record. :class:`RegistryUnavailable`
         (SchemaUnreadable among them) when its schema cannot be had or read now: the
         record waits (the caller tries again later; it is never skipped)."""
+        if self.refused is not None:
+            raise SchemaUnreadable(self.refused)
         schema_id, payload = confluent_wire.split(data)
         decoder = self._decoders.get(schema_id)
         if decoder is None:
@@ -301,6 +307,15 @@ def registry(url: str) -> Registry:
     with _registries_lock:
         found = _registries.get((url, id(settings)))
         if found is None:
+            refused = None
+            others = {u for u, i in _registries if i == id(settings) and u != url}
+            if settings.props.get("url") and others:
+                # one address for two registries would look one's schema ids up in the other
+                refused = (
+                    f"the registry settings' url stands for one registry, and tables name "
+                    f"{url} and {sorted(others)[0]}: serve them from nodes with settings each"
+                )
             client = settings.client(TIMEOUT_S)
-            found = _registries[(url, id(settings))] = Registry(settings.address(url), client)
+            found = Registry(settings.address(url), client, refused)
+            _registries[(url, id(settings))] = found
         return found

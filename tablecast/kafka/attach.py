@@ -240,6 +240,9 @@ def _registry_url(url: str) -> str:
     url = url.rstrip("/")
     if not url.startswith(("http://", "https://")):
         raise AttachError(f"registry {url!r} is not an http(s) URL")
+    if "@" in url.split("//", 1)[1].split("/", 1)[0]:
+        # the catalog holds the URL and every node reads it: no secret goes there
+        raise AttachError("--registry: no credentials in the URL (--registry-config holds them)")
     settings = registry_config.current()  # this machine's way to it, as a node has its own
     try:
         with settings.client(TIMEOUT_S) as client:
@@ -289,6 +292,10 @@ def _registry_key_fields(url: str, topic: str) -> list[str]:
         raise AttachError(
             f"the registry has no subject {subject}: attach the topic once Debezium has "
             "written to it"
+        )
+    if r.status_code != 200:
+        raise AttachError(
+            f"registry {url}: subject {subject}: HTTP {r.status_code}: {r.text[:200]}"
         )
     try:
         schema = orjson.loads(r.json()["schema"])

@@ -69,6 +69,8 @@ class RegistrySettings:
         for key in ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location"):
             if key in p and not Path(p[key]).is_file():
                 raise RegistryConfigError(f"{key}: no such file {p[key]}")
+        if "@" in p.get("url", "").split("//", 1)[-1].split("/", 1)[0]:
+            raise RegistryConfigError("url: no credentials in it (basic.auth.user.info holds them)")
         verify = p.get("enable.ssl.certificate.verification", "true").lower()
         if verify not in ("true", "false"):
             raise RegistryConfigError("enable.ssl.certificate.verification is true or false")
@@ -83,7 +85,10 @@ class RegistrySettings:
         except OSError as e:
             raise RegistryConfigError(f"cannot read {path}: {e.strerror}") from None
         props = Properties()
-        props.load(data, "utf-8")
+        try:
+            props.load(data, "utf-8")
+        except Exception as e:  # jproperties' own errors on a file it cannot parse
+            raise RegistryConfigError(f"{path}: not a .properties file: {e}") from None
         read = {k.removeprefix("schema.registry."): v.data for k, v in props.items()}
         return cls(read, str(path))
 
@@ -95,10 +100,12 @@ class RegistrySettings:
         """An HTTP client with these settings' TLS and auth."""
         p = self.props
         verify: ssl.SSLContext | bool = True
-        if p.get("enable.ssl.certificate.verification", "true").lower() == "false":
-            verify = False
-        elif "ssl.ca.location" in p or "ssl.certificate.location" in p:
+        unchecked = p.get("enable.ssl.certificate.verification", "true").lower() == "false"
+        if unchecked or "ssl.ca.location" in p or "ssl.certificate.location" in p:
             verify = ssl.create_default_context(cafile=p.get("ssl.ca.location"))
+            if unchecked:
+                verify.check_hostname = False
+                verify.verify_mode = ssl.CERT_NONE
             if "ssl.certificate.location" in p:
                 verify.load_cert_chain(
                     p["ssl.certificate.location"], p["ssl.key.location"], p.get("ssl.key.password")

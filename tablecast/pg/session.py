@@ -628,6 +628,10 @@ class Session:
         if portal.done:
             self.send(wire.command_complete(f"SELECT {portal.sent}"))
             return
+        if portal.rows is None and not isinstance(st, (Read, FunctionRead, Subscribe)):
+            # the catalogs, SHOW and constants read no table, but the token is checked and
+            # charged for them as for a read (a read does both in its own request)
+            await self._request()
         if isinstance(st, Subscribe):
             sent = await subscribe.stream(self, self.live, st, portal.params, await self._request())
             portal.done = True
@@ -732,8 +736,12 @@ class Session:
         expired since the connection began) and one of its rate-limit tokens spent."""
         caller: Caller | None = None
         if self.authorization is not None:
-            found = self.gate.caller(self.authorization, self.scope)
-            caller = await found if isinstance(found, Awaitable) else found  # type: ignore[assignment]
+            try:
+                found = self.gate.caller(self.authorization, self.scope)
+                caller = await found if isinstance(found, Awaitable) else found  # type: ignore[assignment]
+            except ApiError:
+                self._grants = Grants({})  # a refused token shows no table from now on
+                raise
             self._grants = None if caller is None else caller.grants  # the next plan's too
         self.gate.limit(caller, self.scope)
         headers = {"authorization": self.authorization} if self.authorization else {}

@@ -61,3 +61,28 @@ def test_the_client_carries_the_auth() -> None:
     with RegistrySettings().client(1.0) as c:
         assert "authorization" not in c.build_request("GET", "http://r/").headers
         assert isinstance(c, httpx.Client)
+
+
+def test_credentials_in_the_url_and_unparsable_files_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(RegistryConfigError, match="credentials"):
+        RegistrySettings({"url": "https://ann:pw@registry:8081/apis"})
+    f = tmp_path / "bad.properties"
+    f.write_bytes(b"url=\\uZZZZ\n")
+    with pytest.raises(RegistryConfigError):
+        RegistrySettings.load(f)
+
+
+def test_one_address_for_two_registries_is_refused_not_guessed() -> None:
+    from tablecast.cluster import schema_registry
+    from tablecast.kafka import registry_config
+
+    before = registry_config.current()
+    registry_config.use(RegistrySettings({"url": "http://127.0.0.1:9/apis"}))
+    try:
+        first = schema_registry.registry("http://a.example/apis")
+        second = schema_registry.registry("http://b.example/apis")
+        assert first.refused is None and first.url == "http://127.0.0.1:9/apis"
+        with pytest.raises(schema_registry.SchemaUnreadable, match="one registry"):
+            second.decode(b"\x00\x00\x00\x00\x01\x02")
+    finally:
+        registry_config.use(before)
