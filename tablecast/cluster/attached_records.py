@@ -114,39 +114,43 @@ def _streams_store(layout: str) -> Translate:
     return translate
 
 
+def _decoded(
+    registry: schema_registry.Registry, data: bytes, bad: Callable[[str], BadRecord]
+) -> bytes:
+    """`data` decoded with its writer schema; `bad(why)` for bytes that are not one (a bad
+    record); RegistryUnavailable when the schema cannot be had now (the record waits)."""
+    try:
+        return registry.decode(data)
+    except schema_registry.RegistryUnavailable:
+        raise
+    except ValueError as e:
+        raise bad(str(e)) from None
+    except Exception as e:  # never a record skipped for a fault of our own
+        raise schema_registry.RegistryUnavailable(f"{type(e).__name__}: {e}") from None
+
+
 def _registry_keys(registry: schema_registry.Registry) -> Translate:
     """Keys decoded with their writer schemas, kept as canonical JSON (sorted fields: one
     key, one byte string, whichever schema version wrote it); a key that is not one makes
     the record a bad one; one whose schema cannot be had now makes it wait."""
 
+    def bad(why: str) -> BadRecord:
+        return BadRecord(f"bad key: {why}")
+
     def translate(key: bytes, value: bytes | None, ts: int) -> tuple[bytes, bytes | None, int]:
-        try:
-            row = orjson.loads(registry.decode(key))
-            return orjson.dumps(row, option=orjson.OPT_SORT_KEYS), value, ts
-        except schema_registry.RegistryUnavailable:
-            raise
-        except ValueError as e:
-            raise BadRecord(f"bad key: {e}") from None
-        except Exception as e:  # never a record skipped for a fault of our own
-            raise schema_registry.RegistryUnavailable(f"{type(e).__name__}: {e}") from None
+        row = orjson.loads(_decoded(registry, key, bad))
+        return orjson.dumps(row, option=orjson.OPT_SORT_KEYS), value, ts
 
     return translate
 
 
 def _registry_values(registry: schema_registry.Registry) -> Translate:
-    """Values decoded with their writer schemas: a value that is not one is a bad record;
-    one whose schema cannot be had now raises RegistryUnavailable (the record waits)."""
+    """Values decoded with their writer schemas: a value that is not one is a bad record
+    (its key reads as absent); one whose schema cannot be had now makes it wait."""
 
     def translate(key: bytes, value: bytes | None, ts: int) -> tuple[bytes, bytes | None, int]:
         if value is None:
             return key, None, ts
-        try:
-            return key, registry.decode(value), ts
-        except schema_registry.RegistryUnavailable:
-            raise
-        except ValueError as e:
-            raise BadRecord(f"bad value: {e}", key) from None
-        except Exception as e:  # never a record skipped for a fault of our own
-            raise schema_registry.RegistryUnavailable(f"{type(e).__name__}: {e}") from None
+        return key, _decoded(registry, value, lambda why: BadRecord(f"bad value: {why}", key)), ts
 
     return translate

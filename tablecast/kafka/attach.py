@@ -240,7 +240,7 @@ def _registry_url(url: str) -> str:
     url = url.rstrip("/")
     if not url.startswith(("http://", "https://")):
         raise AttachError(f"registry {url!r} is not an http(s) URL")
-    if "@" in url.split("//", 1)[1].split("/", 1)[0]:
+    if registry_config.has_credentials(url):
         # the catalog holds the URL and every node reads it: no secret goes there
         raise AttachError("--registry: no credentials in the URL (--registry-config holds them)")
     settings = registry_config.current()  # this machine's way to it, as a node has its own

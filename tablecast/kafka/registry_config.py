@@ -69,7 +69,7 @@ class RegistrySettings:
         for key in ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location"):
             if key in p and not Path(p[key]).is_file():
                 raise RegistryConfigError(f"{key}: no such file {p[key]}")
-        if "@" in p.get("url", "").split("//", 1)[-1].split("/", 1)[0]:
+        if has_credentials(p.get("url", "")):
             raise RegistryConfigError("url: no credentials in it (basic.auth.user.info holds them)")
         verify = p.get("enable.ssl.certificate.verification", "true").lower()
         if verify not in ("true", "false"):
@@ -124,6 +124,12 @@ class RegistrySettings:
         hidden = ("basic.auth.user.info", "bearer.auth.token", "ssl.key.password")
         shown = [f"{k}={'***' if k in hidden else v}" for k, v in sorted(self.props.items())]
         return ", ".join(shown) or "none"
+
+
+def has_credentials(url: str) -> bool:
+    """Whether `url` carries a user or password (``https://user:pw@host``): settings hold
+    those, and a URL the catalog keeps must not."""
+    return "@" in url.split("//", 1)[-1].split("/", 1)[0]
 
 
 _current = RegistrySettings()
