@@ -118,7 +118,8 @@ class Locator:
                 if e.code != "partition_unavailable":
                     raise
                 mine = []  # released under this look: asked as the others are
-        rest = [p for p in every if p not in mine]
+        # a forwarded look stays here: its forwarder, told 404, looks everywhere itself
+        rest = [] if req.forwarded else [p for p in every if p not in mine]
         if rest and len(found) < len(raws):
             missing = [i for i in range(len(raws)) if i not in found]
 

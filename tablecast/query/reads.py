@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Awaitable, Callable
+from inspect import isawaitable
 from typing import Any, TypeVar
 
 import orjson
@@ -178,24 +179,21 @@ class Router:
         if scope is not None and not scope.allows(raw):
             raise forbidden_key(table, key_text)
         if info.partitioner == UNKNOWN:
+            at = lambda p: self._key_in(info, raw, p, q, req, keep_as, encode)  # noqa: E731
             learned = self.locator.learned(info, raw)
+            tried = None
             if learned is not None:
-                # as fast as a computed partition; a peer's 404 is its own full look
+                # as fast as a computed partition when it is read here
                 try:
-                    return self._key_in(info, raw, learned, q, req, keep_as, encode)
+                    tried = at(learned)
                 except ApiError as e:
                     if e.code != "key_not_found":
                         raise
                     self.locator.forget(info, raw)  # deleted here, or moved: look again
-            return self._unplaced(
-                info,
-                raw,
-                key_text,
-                q.bound,
-                req,
-                lambda p: self._key_in(info, raw, p, q, req, keep_as, encode),
-                None,
-            )
+                else:
+                    if not isawaitable(tried):
+                        return tried
+            return self._unplaced(info, raw, key_text, q.bound, req, at, None, tried)
         return self._key_in(info, raw, info.partition_of(raw), q, req, keep_as, encode)
 
     def _key_in(
@@ -240,7 +238,9 @@ class Router:
             read = lambda r: local.read_as_of(info, raw, r, as_of, key_text)  # noqa: E731
         # a peer's answer comes as its wire lines only to HTTP, whose body is the default
         wire = keep_as is not None and plain and encode is entry
-        if wire and self.forwards is not None:
+        if wire and self.forwards is not None and info.partitioner != UNKNOWN:
+            # (not for a key looked up: a peer's 404 sends it to look again, which the
+            # short path, passing answers through, could not)
             # the next read of this path skips the router when a peer answers it
             self.forwards.remember(keep_as, info, partition, key_target(table, key_text, ""))  # type: ignore[arg-type]
         target = target_of(q, (partition,))
@@ -356,19 +356,27 @@ class Router:
         req: Request,
         at: Callable[[int], T | Awaitable[T]],
         nowhere: T | None,
+        tried: Awaitable[T] | None = None,
     ) -> T:
         """`at` the partition of a key of a table whose partitioner is unknown: the one it
         was learned in, else the one it is found in (:mod:`tablecast.query.locate`).
-        `nowhere`: the answer when no partition holds it (None: 404)."""
+        `nowhere`: the answer when no partition holds it (None: 404). `tried`: the read of
+        the learned partition, already under way.
+
+        A peer asked for a key looks only in its own partitions, so its 404 says the key
+        left the learned partition: this node looks again, everywhere."""
         locator = self.locator
         learned = locator.learned(info, raw)
-        if learned is not None:
+        if tried is not None or learned is not None:
             try:
-                return await maybe(at(learned))
+                got = await (tried if tried is not None else maybe(at(learned)))  # type: ignore[arg-type]
             except ApiError as e:
                 if e.code != "key_not_found":
                     raise
-                locator.forget(info, raw)  # deleted there, or moved: look again
+            else:
+                if got[0] != 404:  # type: ignore[index]
+                    return got
+            locator.forget(info, raw)  # deleted there, or moved: look again
         found = await locator.locate(info, [raw], req, opts)
         if found:
             return await maybe(at(found[0]))

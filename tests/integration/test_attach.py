@@ -247,6 +247,17 @@ def test_an_unknown_partitioner_has_its_keys_looked_up(
                 eventually(
                     lambda n=node: n.get(f"/v1/tables/placed/keys/{again}").status_code == 404
                 )
+
+        # a key learned in a partition another node answers for, moved into one this node
+        # answers for: that node's 404 sends this one to look again
+        theirs, mine = _actives(nodes[1], "placed"), _actives(nodes[0], "placed")
+        far = next(k for k in keys if k in model and k != moved and where[k] in theirs)
+        path = f"/v1/tables/placed/keys/{far}"
+        for _ in range(2):
+            assert nodes[0].get(path).json()["value"] == model[far]
+        _placed_by_hand(bootstrap, topic, [(far, where[far], None), (far, mine[0], {"n": "far"})])
+        for node in nodes:
+            eventually(lambda n=node: n.get(path).json().get("value") == {"n": "far"})
     finally:
         stop_all(nodes)
 
