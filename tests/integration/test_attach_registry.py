@@ -27,6 +27,10 @@ from tablecast.kafka.catalog import CatalogReader
 from tablecast.kafka.config import client_conf
 from tablecast.kafka.topics import ensure_topic
 
+from ..support.gateway import PASSWORD as gateway_password
+from ..support.gateway import TOKEN as gateway_token
+from ..support.gateway import USER as gateway_user
+from ..support.gateway import RegistryGateway
 from ..support.procs import NodeProcess, eventually, start_node
 from ..support.registry import SchemaRegistry
 
@@ -494,3 +498,86 @@ def test_keys_written_through_a_registry_are_looked_up(
     finally:
         for node in nodes:
             node.stop()
+
+
+def test_a_registry_that_demands_a_client_certificate_and_auth(
+    bootstrap: str, unique: str, logs: Path, tmp_path: Path, registry: SchemaRegistry
+) -> None:
+    """The registry behind nginx, as production registries are reached: HTTPS, a client
+    certificate demanded of every caller, then basic auth on one port and a bearer token on
+    the other. confluent-kafka's own client writes through it; the attaching tool and a
+    node reach it with basic auth, another node with the token (its settings' url), and a
+    node without a client certificate is refused: its records wait, saying why."""
+    gateway = RegistryGateway(registry.root).start()
+    try:
+        app, cards = f"{unique}-app", f"{unique}.cards"
+        ensure_topic(bootstrap, cards, PARTITIONS, {"cleanup.policy": "compact"})
+        tls = {
+            "ssl.ca.location": str(gateway.ca),
+            "ssl.certificate.location": str(gateway.client_cert),
+            "ssl.key.location": str(gateway.client_key),
+        }
+        basic = {**tls, "basic.auth.user.info": f"{gateway_user}:{gateway_password}"}
+        client = SchemaRegistryClient({"url": gateway.url("basic"), **basic})
+        into = SerializationContext(cards, MessageField.VALUE)
+        v1 = AvroSerializer(client, orjson.dumps(CARD_V1).decode())
+        model = {f"card-{i}": {"id": i, "holder": f"h{i}", "points": i} for i in range(30)}
+        _write(bootstrap, cards, [(k, v1(v, into)) for k, v in model.items()])
+
+        def settings(name: str, props: dict[str, str]) -> str:
+            path = tmp_path / f"{name}.properties"
+            path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+            return str(path)
+
+        with_basic = settings("basic", basic)
+        with_token = settings(
+            "bearer", {"url": gateway.url("bearer"), **tls, "bearer.auth.token": gateway_token}
+        )
+        without_cert = settings("nocert", {"ssl.ca.location": str(gateway.ca), **_only_auth(basic)})
+        cli = [sys.executable, "-m", "tablecast.cli.main", "attach", "cards", "--app", app]
+        cli += ["--topic", cards, "--bootstrap-servers", bootstrap, "--value", "confluent-avro"]
+        cli += ["--registry", gateway.url("basic")]
+        refused = subprocess.run(
+            [*cli, "--registry-config", without_cert], capture_output=True, text=True, timeout=120
+        )
+        assert refused.returncode != 0 and "registry" in refused.stderr, refused.stderr
+        done = subprocess.run(
+            [*cli, "--registry-config", with_basic], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+
+        for props in (with_basic, with_token):
+            node = start_node(app, bootstrap, logs, "--registry-config", props)
+            try:
+                node.wait_ready()
+                node.wait_caught_up(bootstrap, "cards", cards)
+                with httpx.Client(base_url=node.url, timeout=10) as http:
+                    for key, row in model.items():
+                        assert http.get(f"/v1/tables/cards/keys/{key}").json()["value"] == row
+                assert _bad_records(node, "cards") == 0
+            finally:
+                node.stop()
+
+        node = start_node(app, bootstrap, logs, "--registry-config", without_cert)
+        try:
+
+            def why() -> str:
+                try:
+                    nodes = node.get("/v1/cluster").json()["nodes"]
+                except httpx.HTTPError:
+                    return ""  # not listening yet
+                replicas = [r for n in nodes for r in n["replicas"] if r["table"] == "cards"]
+                return " ".join(r.get("error") or "" for r in replicas)
+
+            # never ready: every partition waits at its first record, for its schema
+            assert "certificate" in eventually(lambda: "RegistryUnavailable" in why() and why())
+            assert node.get("/readyz").status_code == 503
+            assert _bad_records(node, "cards") == 0
+        finally:
+            node.stop()
+    finally:
+        gateway.stop()
+
+
+def _only_auth(props: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in props.items() if k.startswith(("basic.", "bearer."))}

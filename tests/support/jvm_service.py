@@ -1,5 +1,5 @@
-"""What the tests' JVM services (Kafka Connect, Kafka Streams, the Schema Registry) have
-in common: a scratch directory with the log, and a process stopped by its pid."""
+"""What the tests' services (Kafka Connect, Kafka Streams, the Schema Registry, nginx in front
+of it) have in common: a scratch directory with the log, and a process stopped by its pid."""
 
 from __future__ import annotations
 
