@@ -183,7 +183,7 @@ async def serve(settings: ServeSettings, auth: Auth) -> None:
     if settings.pg_port is not None:
         from tablecast.pg.server import PgServer
 
-        pg = PgServer(app, tls, settings.pg_allow_cleartext)
+        pg = PgServer(app, tls, settings.pg_allow_cleartext, metrics=app.metrics)
         await pg.start(host, settings.pg_port)
         log.info("PostgreSQL protocol on %s:%d", host, settings.pg_port)
     gc.tune()

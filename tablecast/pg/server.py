@@ -7,7 +7,10 @@ import asyncio
 import logging
 import ssl
 
+from prometheus_client import CollectorRegistry
+
 from tablecast.pg import wire
+from tablecast.pg.kept_replies import KeptReplies
 from tablecast.pg.session import Node, Session
 
 log = logging.getLogger(__name__)
@@ -23,6 +26,7 @@ class PgServer:
         tls: tuple[str, str] | None = None,
         allow_cleartext: bool = False,
         max_connections: int = MAX_CONNECTIONS,
+        metrics: CollectorRegistry | None = None,
     ) -> None:
         self.node = node
         self.allow_cleartext = allow_cleartext
@@ -32,6 +36,11 @@ class PgServer:
             self.tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             self.tls.load_cert_chain(*tls)
         self.cancels: dict[tuple[int, int], Session] = {}
+        answers = node.router.answers
+        #: as much again as the node's kept answers, where it keeps them (no auth, no rate limit)
+        self.replies = None if answers is None else KeptReplies(answers, answers.max_bytes)
+        if metrics is not None and self.replies is not None:
+            metrics.register(self.replies)  # type: ignore[arg-type]
         self.sessions: set[asyncio.Task[None]] = set()
         self.server: asyncio.Server | None = None
 
@@ -47,7 +56,9 @@ class PgServer:
             )
             writer.close()
             return
-        session = Session(self.node, reader, writer, self.tls, self.allow_cleartext, self.cancels)
+        session = Session(
+            self.node, reader, writer, self.tls, self.allow_cleartext, self.cancels, self.replies
+        )
         task = asyncio.current_task()
         assert task is not None
         self.sessions.add(task)

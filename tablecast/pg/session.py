@@ -25,6 +25,7 @@ import orjson
 from tablecast.contract.table_info import TableInfo
 from tablecast.live.service import Live
 from tablecast.pg import subscribe, wire
+from tablecast.pg.kept_replies import KeptReplies, Reply
 from tablecast.pg.relations import Rows, SqlError, Tables
 from tablecast.pg.statements import (
     DEFAULT_SETTINGS,
@@ -49,7 +50,7 @@ from tablecast.pg.statements import (
 from tablecast.pg.transport import STOP, Messages
 from tablecast.pg.types import TEXT, CastFailed, PgType, decode_parameter, encode
 from tablecast.query.auth import Caller
-from tablecast.query.consistency import bound_of
+from tablecast.query.consistency import NO_OPTIONS, bound_of
 from tablecast.query.errors import ApiError
 from tablecast.query.gate import Gate
 from tablecast.query.local import Found
@@ -122,6 +123,8 @@ class Prepared:
     statement: Statement | None  # None: an empty query
     #: parameter types the client gave at Parse (0: unspecified)
     oids: list[int]
+    #: the SQL it was parsed from
+    sql: str = ""
     #: its RowDescription (or NoData) by result formats, made once
     described: dict[tuple[bool, ...], bytes] = field(default_factory=dict)
 
@@ -148,10 +151,13 @@ class Session:
         tls: ssl.SSLContext | None,
         allow_cleartext: bool,
         cancels: dict[tuple[int, int], Session],
+        replies: KeptReplies | None = None,
     ) -> None:
         self.router = node.router
         self.gate = node.gate
         self.live = node.live
+        #: replies kept for packets sent again, shared by the node's sessions (None: none)
+        self.replies = replies
         self.reader, self.writer = reader, writer
         self.tls, self.allow_cleartext = tls, allow_cleartext
         self.cancels = cancels
@@ -177,6 +183,12 @@ class Session:
         #: what the connection's token may read (None: everything), as of its last check
         self._grants: Grants | None = None
         self.tables = Tables(self._table, self._listing)
+        #: while a packet's messages are handled: their kinds, if its reply may be kept
+        self._chunk: list[bytes] | None = None
+        #: the portal and statement names of the packet's Bind
+        self._chunk_bound: tuple[str, str] | None = None
+        #: the packet's one-key read, stamped (table, replica, position, end)
+        self._chunk_read: tuple[Any, Any, int, int] | None = None
 
     # -- output ----------------------------------------------------------------------------
     def send(self, data: bytes) -> None:
@@ -198,6 +210,7 @@ class Session:
             await self.flush()
 
     def _error(self, code: str, message: str, severity: str = "ERROR") -> None:
+        self._chunk = None  # an error is never given again
         self.send(wire.error_response(code, message, severity))
         if self.tx == b"T":
             self.tx = b"E"
@@ -331,6 +344,8 @@ class Session:
 
     def handle(self, kind: bytes, payload: wire.Payload) -> object:
         """One message: None when handled, STOP for Terminate, else what to wait for."""
+        if self._chunk is not None:
+            self._chunk.append(kind)
         if kind == b"X":
             return STOP
         if kind == b"Q":
@@ -373,10 +388,13 @@ class Session:
                 self.gate.limit(None, self.scope)
                 req = Request({}, None, self.scope)
                 value = resolve(st.filter.keys[0], portal.params)
+                before = self._before_read(st, value) if self._chunk is not None else None
                 doc = self._key_now(st, value, req, self._bound())
                 if isinstance(doc, Awaitable):
                     return self._one_later(st, portal, doc)
                 self._send_one(st, portal, doc)
+                if before is not None and name == "":
+                    self._stamp_read(*before)
                 return None
             return self._execute_later(portal, limit)
         except wire.ProtocolViolation:
@@ -385,6 +403,109 @@ class Session:
             self._failed(e)
             self.skipping = True
             return None
+
+    # -- replies kept for packets sent again ------------------------------------------------
+    def kept_reply(self, request: bytes) -> bytes | None:
+        """The whole reply kept for a packet of these bytes (:mod:`tablecast.pg.kept_replies`),
+        if this session would answer it so: the packet's statement the same SQL with the same
+        parameter types, no read option, no transaction or error under way. The unnamed
+        portal is left as the packet leaves it."""
+        replies = self.replies
+        if (
+            replies is None
+            or self.skipping
+            or self.tx != b"I"
+            or self.authorization
+            or self._bound() is not NO_OPTIONS
+            or self._as_of() is not None
+        ):
+            return None
+        kept = replies.get(request)
+        if kept is None:
+            return None
+        prepared = self.prepared.get(kept.name)
+        if (
+            prepared is None
+            or prepared.sql != kept.sql
+            or prepared.oids != kept.oids
+            or not isinstance(prepared.statement, Read)
+            or prepared.statement.info is not kept.info
+        ):
+            return None
+        replies.hits += 1
+        self.portals[""] = Portal(
+            prepared, kept.params, kept.binary, sent=kept.sent, described=kept.described, done=True
+        )
+        if kept.where is not None:
+            self.position = kept.where
+        return kept.reply
+
+    def chunk_begin(self) -> None:
+        """A packet's messages come, with nothing written since the last: its reply may be
+        kept (:meth:`chunk_end`)."""
+        if self.replies is not None and not self.out and not self.authorization:
+            self._chunk = []
+            self._chunk_bound = self._chunk_read = None
+
+    def chunk_end(self, request: bytes | None) -> None:
+        """The packet `request` is handled, all of it at once (None: it was not): its reply,
+        what the session is about to write, is kept if it was a Bind, Execute and Sync
+        (Describes among them) of one key read here, and nothing went wrong."""
+        kinds, self._chunk = self._chunk, None
+        read, bound = self._chunk_read, self._chunk_bound
+        if (
+            request is None
+            or kinds is None
+            or read is None
+            or bound is None
+            or bound[0] != ""
+            or self.skipping
+            or self.tx != b"I"
+            or kinds[0] != b"B"
+            or kinds[-1] != b"S"
+            or kinds.count(b"B") != 1
+            or kinds.count(b"E") != 1
+            or any(k not in (b"B", b"D", b"E", b"S") for k in kinds)
+        ):
+            return
+        prepared = self.prepared.get(bound[1])
+        portal = self.portals.get("")
+        if prepared is None or portal is None or portal.prepared is not prepared or not portal.done:
+            return
+        info, replica, position, end = read
+        reply = b"".join(self.out)
+        kept = Reply(bound[1], prepared.sql, prepared.oids, info, replica, position, end, reply)
+        kept.params, kept.binary = portal.params, portal.binary
+        kept.described, kept.sent = portal.described, portal.sent
+        kept.where = self.position
+        self.replies.keep(request, kept)  # type: ignore[union-attr]
+
+    def _before_read(self, st: Read, value: Any) -> tuple[TableInfo, Any, int, int] | None:
+        """The replica a plain read of key `value` is answered from here, with its seqlock
+        version and topic end before the read (:meth:`Answers.stamp`); None when its
+        reply is not kept."""
+        if self.tx != b"I" or self._bound() is not NO_OPTIONS or self._as_of() is not None:
+            return None
+        info = st.info
+        if not info.placed:
+            return None
+        local = self.router.local
+        try:
+            raw = local.key_bytes(info, key_text(info, value))
+        except Exception:  # the read itself answers why
+            return None
+        replica = local.readable(info, info.partition_of(raw), NO_OPTIONS)
+        if replica is None:
+            return None
+        return info, replica, replica.version, replica.end_offset
+
+    def _stamp_read(self, info: TableInfo, replica: Any, version: int, end: int) -> None:
+        """The packet's read was answered: the position it is exact at, if it may be kept."""
+        position = self.replies.stamp(info, replica, version, end)  # type: ignore[union-attr]
+        if position is None:
+            self._chunk = None
+        else:
+            self._chunk_read = (info, replica, position, end)
 
     async def _one_later(
         self, st: Read, portal: Portal, pending: Awaitable[dict[str, Any] | None]
@@ -488,7 +609,7 @@ class Session:
             raise SqlError("42601", "cannot insert multiple commands into a prepared statement")
         if name and len(self.prepared) >= MAX_NAMED:
             raise SqlError("53400", f"at most {MAX_NAMED} prepared statements per connection")
-        self.prepared[name] = Prepared(statements[0] if statements else None, oids)
+        self.prepared[name] = Prepared(statements[0] if statements else None, oids, sql)
         self.send(wire.PARSE_COMPLETE)
 
     def _bind(self, payload: wire.Payload) -> None:
@@ -532,6 +653,8 @@ class Session:
             prepared = Prepared(rows, [])
             binary = binary[: len(rows.outputs)] + [False] * (len(rows.outputs) - len(binary))
         self.portals[portal_name] = Portal(prepared, values, binary)
+        if self._chunk is not None:
+            self._chunk_bound = (portal_name, name)
         self.send(wire.BIND_COMPLETE)
 
     def _describe(self, payload: wire.Payload) -> None:
@@ -668,6 +791,7 @@ class Session:
 
     def _set(self, st: Setting, params: Sequence[Any]) -> None:
         self._bound_kept = None
+        self._chunk = None
         value = resolve(st.value, params)
         name = st.name
         if name in SESSION_READ_SETTINGS:

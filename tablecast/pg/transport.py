@@ -35,6 +35,12 @@ class Handler(Protocol):
 
     def violated(self, error: wire.ProtocolViolation) -> None: ...
 
+    def kept_reply(self, request: bytes) -> bytes | None: ...
+
+    def chunk_begin(self) -> None: ...
+
+    def chunk_end(self, request: bytes | None) -> None: ...
+
 
 class Messages(asyncio.Protocol):
     def __init__(self, session: Handler, transport: asyncio.Transport) -> None:
@@ -57,14 +63,23 @@ class Messages(asyncio.Protocol):
 
     # -- input ------------------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
+        whole = not self.buf and not self.busy and self._writable is None
+        if whole:  # a packet of whole messages, perhaps one answered before
+            reply = self.session.kept_reply(data)
+            if reply is not None:
+                self.transport.write(reply)
+                return
+            self.session.chunk_begin()
         self.buf += data
         if len(self.buf) > MAX_BUFFERED and self.reading:
             self.transport.pause_reading()
             self.reading = False
         if not self.busy:
-            self.process()
+            self.process(data if whole else None)
 
-    def process(self) -> None:
+    def process(self, packet: bytes | None = None) -> None:
+        """Handle the buffered messages; `packet`: the bytes they all came in, when they
+        did in one (its reply may be kept)."""
         buf = self.buf
         session = self.session
         try:
@@ -91,6 +106,8 @@ class Messages(asyncio.Protocol):
             self.flush()
             self.transport.close()
             return
+        if packet is not None:
+            session.chunk_end(packet if not buf and not self.busy else None)
         self.flush()
         if not self.reading and len(buf) < MAX_BUFFERED // 2 and not self.busy:
             self.transport.resume_reading()

@@ -140,15 +140,38 @@ class Answers:
         self._bytes += size
 
     def _still(self, entry: Entry) -> Entry | None:
-        replica = entry.replica
-        if (
-            replica.position != entry.position
-            or replica.end_offset != entry.end
-            or not self._answerable(entry.info, replica, entry.slot)
-        ):
+        if not self.current(entry.info, entry.replica, entry.slot, entry.position, entry.end):
             return None
         self.hits += 1
         return entry
+
+    def current(
+        self, info: TableInfo, replica: Replica, slot: tuple[str, int], position: int, end: int
+    ) -> bool:
+        """Whether an answer :meth:`stamp` gave `position` and `end` is still the one the
+        read path would give."""
+        return (
+            replica.position == position
+            and replica.end_offset == end
+            and self._answerable(info, replica, slot)
+        )
+
+    def stamp(self, info: TableInfo, replica: Replica, version: int, end: int) -> int | None:
+        """The position a plain read of `replica` is exact at, read while its seqlock stood
+        at `version` and its topic end at `end`; None when it may not be kept.
+
+        The position is read after the answer: if the seqlock still stands at the same
+        even version no apply started since the read began, so the answer is exact at
+        that position, and with the same end its headers are those of that position."""
+        position = replica.position
+        if (
+            version & 1
+            or replica.version != version
+            or replica.end_offset != end
+            or not self._answerable(info, replica, replica.slot)
+        ):
+            return None
+        return position
 
     def _answerable(self, info: TableInfo, replica: Replica, slot: tuple[str, int]) -> bool:
         """`replica` answers a plain read here, as the router would decide: caught up, not
@@ -176,18 +199,9 @@ class Answers:
         body: bytes,
     ) -> None:
         """Remember a 200 answer read from `replica` whose seqlock stood at `version` and
-        topic end at `end` before the read.
-
-        The position is read after the answer: if the seqlock still stands at the same
-        even version no apply started since the read began, so the answer is exact at
-        that position, and with the same end its headers are those of that position."""
-        position = replica.position
-        if (
-            version & 1
-            or replica.version != version
-            or replica.end_offset != end
-            or not self._answerable(info, replica, replica.slot)
-        ):
+        topic end at `end` before the read (:meth:`stamp`)."""
+        position = self.stamp(info, replica, version, end)
+        if position is None:
             return
         size = _size(path, body)
         if size > self.max_bytes:

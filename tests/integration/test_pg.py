@@ -453,6 +453,61 @@ def test_sql_over_tls_with_a_jwt(bootstrap: str, unique: str, logs: Path, tmp_pa
         stop_all([node])
 
 
+def _kept_replies(node: NodeProcess) -> float:
+    for line in node.get("/metrics").text.splitlines():
+        if line.startswith("tablecast_sql_kept_replies_total "):
+            return float(line.split()[1])
+    raise AssertionError("no tablecast_sql_kept_replies_total")
+
+
+def test_a_prepared_read_sent_again_gets_the_read_path_s_answer(
+    bootstrap: str, unique: str, logs: Path
+) -> None:
+    """A prepared one-key SELECT whose packet comes again byte for byte is answered with the
+    reply kept for it, and never with one the read path would not give: after a write or a
+    delete of the key, on a connection whose statement of the same name is other SQL, or
+    with a read setting (not kept then)."""
+    kv = make_table(bootstrap, unique, "kv", 2, serde.string(), serde.json())
+    kv.write(bootstrap, [("a", {"v": 0}), ("b", {"v": 0})])
+    pg_port = free_port()
+    node = start_node(unique, bootstrap, logs, "--pg-port", str(pg_port))
+    dsn = f"host=127.0.0.1 port={pg_port} dbname=tablecast user=tester sslmode=disable"
+    value = "SELECT value FROM kv WHERE key = %s"
+
+    def read(conn: psycopg.Connection, sql: str, key: str) -> list[Any]:
+        return conn.execute(sql, (key,), prepare=True).fetchall()  # type: ignore[arg-type]
+
+    try:
+        node.wait_ready()
+        node.wait_caught_up(bootstrap, "kv", kv.info.topic)
+        with (
+            psycopg.connect(dsn, autocommit=True) as one,
+            psycopg.connect(dsn, autocommit=True) as two,
+        ):
+            before = _kept_replies(node)
+            for _ in range(4):
+                assert read(one, value, "a") == [({"v": 0},)]
+            assert _kept_replies(node) >= before + 2  # the first kept it (once prepared)
+            # the same statement name on another connection, other SQL: the same packet bytes
+            for _ in range(3):
+                assert read(two, "SELECT key FROM kv WHERE key = %s", "a") == [("a",)]
+            kv.write(bootstrap, [("a", {"v": 1})])
+            eventually(lambda: read(one, value, "a") == [({"v": 1},)], 30)
+            assert read(one, value, "a") == [({"v": 1},)]
+            kv.write(bootstrap, [("a", None)])
+            eventually(lambda: read(one, value, "a") == [], 30)
+            assert read(one, value, "b") == [({"v": 0},)]
+            one.execute("SET tablecast.max_lag = 5")
+            hits = _kept_replies(node)
+            for _ in range(3):
+                assert read(one, value, "b") == [({"v": 0},)]
+            assert _kept_replies(node) == hits
+            one.execute("RESET tablecast.max_lag")
+            assert one.execute("SHOW tablecast.position").fetchone() is not None
+    finally:
+        stop_all([node])
+
+
 def test_fuzzed_protocol_traffic_never_breaks_the_node(
     bootstrap: str, unique: str, logs: Path
 ) -> None:
