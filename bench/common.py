@@ -323,6 +323,12 @@ def settled(iqr: list[float], target: float) -> str:
     return "met" if lo >= target else ("**missed**" if hi < target else "not settled")
 
 
+def settled_below(iqr: list[float], target: float) -> str:
+    """A ceiling is "met" only when the whole interquartile range stays at or under it."""
+    lo, hi = iqr
+    return "met" if hi <= target else ("**missed**" if lo > target else "not settled")
+
+
 def rps_row(name: str, run: dict[str, Any]) -> str:
     """A Markdown table row: req/s, p50 and p99 in ms of one wrk run."""
     return (
