@@ -35,7 +35,8 @@ COLUMNS_COLUMNS: tuple[tuple[str, PgType], ...] = (
 
 
 def _relations(name: str, tables: Tables) -> tuple[tuple[tuple[str, PgType], ...], list[dict]]:  # type: ignore[type-arg]
-    infos = sorted(tables.listing(), key=lambda i: i.name)
+    # a window table is no relation of its own (tablecast.windows reads it), as in pg_catalog
+    infos = sorted((i for i in tables.listing() if i.kind == "kv"), key=lambda i: i.name)
     if name == "tables":
         rows = [
             {
@@ -51,8 +52,6 @@ def _relations(name: str, tables: Tables) -> tuple[tuple[tuple[str, PgType], ...
     if name == "columns":
         rows = []
         for i in infos:
-            if i.kind != "kv":
-                continue
             for n, (col, t) in enumerate(table_columns(i), 1):
                 rows.append(
                     {

@@ -62,6 +62,7 @@ from tablecast.query.queries import (
     IndexQuery,
     KeyQuery,
     RangeQuery,
+    WindowsQuery,
 )
 from tablecast.query.reads import Router
 from tablecast.query.request import Request
@@ -633,7 +634,7 @@ class Session:
         for i, data in enumerate(raw):
             fmt = formats[i] if len(formats) > 1 else (formats[0] if formats else 0)
             oid = prepared.oids[i] if i < len(prepared.oids) else 0
-            if not oid and isinstance(st, Read):
+            if not oid and isinstance(st, Read | FunctionRead):
                 oid = st.param_types.get(i + 1, TEXT).oid
             values.append(decode_parameter(data, oid, fmt == 1))
         columns = len(_outputs(st))
@@ -666,11 +667,11 @@ class Session:
                 raise SqlError("26000", f'prepared statement "{name}" does not exist')
             st = prepared.statement
             oids = []
-            if isinstance(st, Read):
+            if isinstance(st, Read | FunctionRead):
                 for i in range(st.params):
                     given = prepared.oids[i] if i < len(prepared.oids) else 0
                     oids.append(given or st.param_types.get(i + 1, TEXT).oid)
-            elif isinstance(st, FunctionRead | CatalogQuery):
+            elif isinstance(st, CatalogQuery):
                 oids = [
                     prepared.oids[i] if i < len(prepared.oids) else 25 for i in range(st.params)
                 ]
@@ -943,42 +944,74 @@ class Session:
         limit: int | None,
         skip: int,
     ) -> AsyncIterator[dict[str, Any]]:
-        """The rows of tablecast.history(...) or tablecast.index(...), page by page."""
+        """The rows of a table function (tablecast.history(...) and the others), page by
+        page, as the read core gives them."""
         info = st.info
         args = [resolve(a, params) for a in st.args]
+        time_from, time_to = st.times.resolve(params)
+        if time_from is not None and time_to is not None and time_from > time_to:
+            return
         cursor = None
         while True:
             page = PAGE if limit is None else max(1, min(PAGE, limit + skip))
+            q: Any
             if st.kind == "history":
-                key = key_text(info, args[0])
-                q: Any = HistoryQuery.versions(
-                    info.name, key, limit=page, newest_first=st.newest_first,
-                    cursor=cursor, bound=self._bound(),
+                # a history's end is exclusive, as HTTP's ?to=
+                end = None if time_to is None else time_to + 1
+                q = HistoryQuery.versions(
+                    info.name, key_text(info, args[0]), time_from, end, limit=page,
+                    newest_first=st.newest_first, cursor=cursor, bound=self._bound(),
                 )  # fmt: skip
-                status, body, headers = await self._settle(self.router.read(q, req))
-                self._note(headers)
-                doc = orjson.loads(body)
-                if status != 200:
-                    err = doc.get("error", {})
-                    raise ApiError(err.get("code", "internal"), err.get("message", ""))
-                key_value = key_json(info, args[0])
-                items = [{"key": key_value, **item} for item in doc["items"]]
-            else:
+            elif st.kind == "windows":
+                q = WindowsQuery.between(
+                    info.name, key_text(info, args[0]), time_from, time_to, self._bound()
+                )
+            elif st.kind == "index":
                 index, value = args
                 if not isinstance(index, str) or value is None:
                     raise SqlError("22023", "tablecast.index takes a table, an index and a value")
-                text = value if isinstance(value, str) else orjson.dumps(value).decode()
-                q = IndexQuery.equal(info.name, index, text, limit=page, cursor=cursor,
-                                     bound=self._bound())  # fmt: skip
-                found = await self._settle(self.router.read(q, req))
-                self._found_position(found)
-                doc = found.doc  # type: ignore[union-attr]
-                items = doc["items"]
-            for item in items:
-                yield item
+                q = IndexQuery.equal(info.name, index, _index_text(value), limit=page,
+                                     cursor=cursor, bound=self._bound())  # fmt: skip
+            else:
+                index, low, high = args
+                if not isinstance(index, str):
+                    raise SqlError("22023", "tablecast.index_range's second argument is an index")
+                q = IndexQuery.between(
+                    info.name, index, None if low is None else _index_text(low),
+                    None if high is None else _index_text(high), limit=page, cursor=cursor,
+                    bound=self._bound(),
+                )  # fmt: skip
+            doc = await self._doc(q, req)
+            key_value = key_json(info, args[0]) if st.kind in ("history", "windows") else None
+            for item in doc["items"]:
+                if st.kind == "history":
+                    yield {"key": key_value, **item}
+                elif st.kind == "windows":
+                    yield {"key": key_value, "window_start": item["start"],
+                           "window_end": item["end"], "value": item["value"]}  # fmt: skip
+                elif st.kind == "index_range":
+                    yield {"index_value": item.get("index"), **item}
+                else:
+                    yield item
             cursor = doc.get("next_cursor")
             if not cursor:
                 return
+
+    async def _doc(self, q: Any, req: Request) -> dict[str, Any]:
+        """What the read core answers `q` with, as data; its error raised as the API's."""
+        found = await self._settle(self.router.read(q, req))
+        if isinstance(found, Found):
+            self._note(found.headers)
+            return found.doc
+        if not isinstance(found, tuple):
+            raise ApiError("bad_request", "a SQL read is never redirected")
+        status, body, headers = found
+        self._note(headers)
+        doc = orjson.loads(body)
+        if status != 200:
+            err = doc.get("error", {})
+            raise ApiError(err.get("code", "internal"), err.get("message", ""))
+        return doc  # type: ignore[no-any-return]
 
     async def _count(self, st: Read, params: Sequence[Any], req: Request) -> int:
         if st.filter.path == "all" and st.filter.where is None and self._as_of() is None:
@@ -1163,6 +1196,11 @@ def _non_negative_span(
         hi = _integer(resolve(high[0], params)) + (1 if high[1] else 0)
         end = str(max(hi, lo)) if hi <= _INT64_MAX else None
     return str(lo), end
+
+
+def _index_text(v: Any) -> str:
+    """An index value as the HTTP API takes it: a string as it is, else its JSON."""
+    return v if isinstance(v, str) else orjson.dumps(v).decode()
 
 
 def _integer(v: Any) -> int:

@@ -11,6 +11,7 @@ never the answer. ``$n`` parameters are kept as :class:`Param` until Bind.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import re
 from collections.abc import Callable, Sequence
@@ -36,6 +37,8 @@ from tablecast.pg.types import (
     cast,
     plain,
 )
+from tablecast.query.errors import ApiError
+from tablecast.query.params import time_param
 from tablecast.serde import SerdeError
 
 # sqlglot warns for each statement it keeps as a Command (SHOW): those are expected here
@@ -111,11 +114,93 @@ class Read:
 
 
 @dataclass(frozen=True)
-class FunctionRead:
-    """``tablecast.history(table, key)`` or ``tablecast.index(table, index, value)``: a
-    key's versions, or the rows an index value names, as a relation."""
+class TimeBounds:
+    """A WHERE on a function's time column: comparisons with values (``$n``, epoch
+    milliseconds or timestamps), joined by AND."""
 
-    kind: str  # "history" or "index"
+    terms: tuple[tuple[str, Value], ...] = ()
+
+    def resolve(self, params: Sequence[Any]) -> tuple[int | None, int | None]:
+        """The times allowed, as inclusive epoch milliseconds (None: unbounded)."""
+        low: int | None = None
+        high: int | None = None
+        for op, v in self.terms:
+            ms = time_ms(resolve(v, params))
+            if op in (">", ">=", "="):
+                at = ms + 1 if op == ">" else ms
+                low = at if low is None else max(low, at)
+            if op in ("<", "<=", "="):
+                at = ms - 1 if op == "<" else ms
+                high = at if high is None else min(high, at)
+        return low, high
+
+
+def time_ms(v: Any) -> int:
+    """A time as epoch milliseconds: a number is one already, text is one or a timestamp
+    (UTC unless it names its zone), as HTTP's time parameters take them."""
+    if isinstance(v, dt.datetime):
+        v = v.isoformat()
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    if not isinstance(v, str):
+        raise SqlError("22023", f"a time is a timestamp or epoch milliseconds, not {v!r}")
+    try:
+        return int(time_param({"time": v}, "time", None))
+    except ApiError:
+        raise SqlError("22007", f'invalid input syntax for type timestamp: "{v}"') from None
+
+
+@dataclass(frozen=True)
+class Function:
+    """A table function of schema ``tablecast``: its arguments after the table's name, its
+    columns, the kind of table it reads, its time column (WHERE bounds it) and the columns
+    ORDER BY may name (the first alone may be DESC)."""
+
+    args: tuple[str, ...]
+    columns: tuple[str, ...]
+    kind: str = "kv"
+    time: str | None = None
+    order: tuple[str, ...] = ()
+
+
+#: the types of the table functions' columns (``key``'s is the table's)
+COLUMN_TYPES = {
+    "value": JSONB,
+    "timestamp": TIMESTAMPTZ,
+    "offset": INT8,
+    "index_value": TEXT,
+    "window_start": TIMESTAMPTZ,
+    "window_end": TIMESTAMPTZ,
+}
+FUNCTIONS = {
+    # a key's versions
+    "history": Function(
+        ("key",), ("key", "value", "timestamp", "offset"), "kv", "timestamp", ("timestamp",)
+    ),
+    # the rows whose index value is the one given
+    "index": Function(("index", "value"), ("key", "value"), order=("key",)),
+    # the rows whose index value is in [from, to) (NULL: open), by value then key
+    "index_range": Function(
+        ("index", "from", "to"), ("index_value", "key", "value"), order=("index_value", "key")
+    ),
+    # a window or session table's windows of a key
+    "windows": Function(
+        ("key",),
+        ("key", "window_start", "window_end", "value"),
+        "window",
+        "window_start",
+        ("window_start",),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class FunctionRead:
+    """A table function (:data:`FUNCTIONS`) as a relation: ``tablecast.history(table,
+    key)``, ``tablecast.index(table, index, value)``, ``tablecast.index_range(table,
+    index, from, to)`` or ``tablecast.windows(table, key)``."""
+
+    kind: str
     info: TableInfo
     args: tuple[Value, ...]
     outputs: tuple[Output, ...]
@@ -123,11 +208,8 @@ class FunctionRead:
     limit: Value | None = None
     offset: Value | None = None
     params: int = 0
-
-
-#: the columns of tablecast.history(...) and tablecast.index(...)
-HISTORY_COLUMNS = ("key", "value", "timestamp", "offset")
-INDEX_COLUMNS = ("key", "value")
+    times: TimeBounds = TimeBounds()
+    param_types: dict[int, PgType] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -363,7 +445,8 @@ def _select(tree: exp.Select, tables: Tables) -> Statement:
         raise SqlError("42P01", f'relation "{schema}.{name}" does not exist')
     info = tables.lookup(name)
     if info.kind != "kv":
-        raise unsupported(f"SQL over window table {name!r} (read its windows over HTTP)")
+        windows = f"tablecast.windows('{name}', key)"
+        raise unsupported(f"SELECT from window table {name!r}: read it with {windows}")
     columns = dict(table_columns(info))
     param_types: dict[int, PgType] = {}
     count = False
@@ -398,27 +481,30 @@ def _select(tree: exp.Select, tables: Tables) -> Statement:
 
 
 def _function_read(tree: exp.Select, relation: exp.Table, tables: Tables) -> FunctionRead:
-    """``SELECT … FROM tablecast.history('t', key)`` / ``tablecast.index('t', 'i', value)``."""
+    """``SELECT … FROM tablecast.<function>('t', …) [WHERE <time bounds>] [ORDER BY …]``."""
     call = relation.this
     kind = str(call.this).lower()
     schema = relation.db.lower() if relation.db else "tablecast"
-    wanted = {"history": 2, "index": 3}.get(kind)
-    if schema != "tablecast" or wanted is None:
+    function = FUNCTIONS.get(kind)
+    if schema != "tablecast" or function is None:
         raise SqlError("42883", f"function {relation.sql('postgres')} does not exist")
+    wanted = 1 + len(function.args)
     if len(call.expressions) != wanted:
-        raise SqlError("42883", f"tablecast.{kind} takes {wanted} arguments")
+        names = ", ".join(("table", *function.args))
+        raise SqlError("42883", f"tablecast.{kind} takes {wanted} arguments ({names})")
     table = _literal(call.expressions[0])
     if not isinstance(table, str):
         raise SqlError("22023", f"tablecast.{kind}'s first argument is a table name")
     info = tables.lookup(table)
+    if info.kind != function.kind:
+        what = "a window or session table" if function.kind == "window" else "a key-value table"
+        raise SqlError("42809", f"tablecast.{kind} reads {what}; {table!r} is not one")
     args = tuple(_literal(a) for a in call.expressions[1:])
-    for part in ("joins", "group", "having", "where", "distinct", "with_"):
+    for part in ("joins", "group", "having", "distinct", "with_"):
         if tree.args.get(part):
             raise unsupported(f"{part.rstrip('_').upper()} on tablecast.{kind}(...)")
-    key_type = INT8 if info.key["format"] == "long" else TEXT
-    types = {"key": key_type, "value": JSONB, "timestamp": TIMESTAMPTZ, "offset": INT8}
-    names = HISTORY_COLUMNS if kind == "history" else INDEX_COLUMNS
-    columns = {n: types[n] for n in names}
+    types = {**COLUMN_TYPES, "key": INT8 if info.key["format"] == "long" else TEXT}
+    columns = {n: types[n] for n in function.columns}
     outputs: list[Output] = []
     for e in tree.expressions:
         alias = e.alias if isinstance(e, exp.Alias) else None
@@ -429,17 +515,67 @@ def _function_read(tree: exp.Select, relation: exp.Table, tables: Tables) -> Fun
             outputs.append(_output(inner, alias, columns))
     newest_first = False
     order = tree.args.get("order")
-    for o in order.expressions if order is not None else ():
+    for i, o in enumerate(order.expressions if order is not None else ()):
         col = o.this
-        if kind == "history" and isinstance(col, exp.Column) and col.name == "timestamp":
-            newest_first = bool(o.args.get("desc"))
-        elif not (kind == "index" and isinstance(col, exp.Column) and col.name == "key"):
+        name = col.name if isinstance(col, exp.Column) and not col.table else None
+        if name not in function.order[i : i + 1] or (o.args.get("desc") and i > 0):
             raise unsupported(f"ORDER BY {o.sql('postgres')} on tablecast.{kind}(...)")
+        if o.args.get("desc"):
+            if kind != "history":
+                raise unsupported(f"ORDER BY {o.sql('postgres')} on tablecast.{kind}(...)")
+            newest_first = True
     param_types: dict[int, PgType] = {}
+    where = tree.args.get("where")
+    times = _time_bounds(where.this, function, kind, param_types) if where else TimeBounds()
     limit = _count_clause(tree.args.get("limit"), param_types)
     offset = _count_clause(tree.args.get("offset"), param_types)
     params = max((_param_number(p) for p in tree.find_all(exp.Parameter)), default=0)
-    return FunctionRead(kind, info, args, tuple(outputs), newest_first, limit, offset, params)
+    return FunctionRead(
+        kind, info, args, tuple(outputs), newest_first, limit, offset, params, times, param_types
+    )
+
+
+_COMPARE = {exp.GT: ">", exp.GTE: ">=", exp.LT: "<", exp.LTE: "<=", exp.EQ: "="}
+_FLIPPED = {">": "<", ">=": "<=", "<": ">", "<=": ">=", "=": "="}
+
+
+def _time_bounds(
+    where: exp.Expression, function: Function, kind: str, param_types: dict[int, PgType]
+) -> TimeBounds:
+    """The WHERE of a table function: comparisons of its time column with values."""
+    column = function.time
+    if column is None:
+        raise unsupported(f"WHERE on tablecast.{kind}(...)")
+    what = (
+        f"WHERE on tablecast.{kind}(...): {column} compared with times (>, >=, <, <=, =,"
+        f" BETWEEN), joined by AND; not {where.sql('postgres')}"
+    )
+    terms: list[tuple[str, Value]] = []
+
+    def value(e: exp.Expression) -> Value:
+        v = _literal(e)
+        if isinstance(v, Param):
+            param_types.setdefault(v.n, TIMESTAMPTZ)
+        return v
+
+    def is_time(e: exp.Expression) -> bool:
+        return isinstance(e, exp.Column) and e.name == column and not e.table
+
+    for t in where.flatten() if isinstance(where, exp.And) else [where]:
+        t = t.unnest()
+        if isinstance(t, exp.Between) and is_time(t.this):
+            terms += [(">=", value(t.args["low"])), ("<=", value(t.args["high"]))]
+            continue
+        op = _COMPARE.get(type(t))
+        if op is None or not isinstance(t, exp.Binary):
+            raise unsupported(what)
+        if is_time(t.this) and not isinstance(t.expression, exp.Column):
+            terms.append((op, value(t.expression)))
+        elif is_time(t.expression) and not isinstance(t.this, exp.Column):
+            terms.append((_FLIPPED[op], value(t.this)))
+        else:
+            raise unsupported(what)
+    return TimeBounds(tuple(terms))
 
 
 def _param_number(p: exp.Parameter) -> int:

@@ -198,6 +198,8 @@ def decode_parameter(data: bytes | None, oid: int, binary: bool) -> Any:
             return data.decode()
         except UnicodeDecodeError:
             raise CastFailed("a text parameter that is not UTF-8") from None
+    if oid in (1114, 1184) and len(data) == 8:  # microseconds since 2000-01-01 UTC
+        return struct.unpack(">q", data)[0] // 1000 + _EPOCH_2000_MS
     if oid == 3802 and data[:1] == b"\x01":
         return data[1:].decode()
     raise CastFailed(f"a binary parameter of type {oid} is not supported")

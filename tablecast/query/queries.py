@@ -73,7 +73,7 @@ class WindowsQuery(NamedTuple):
 
 
 class HistoryQuery(NamedTuple):
-    """A page of one key's versions with timestamps in [time_from, time_to], oldest first
+    """A page of one key's versions with timestamps in [time_from, time_to), oldest first
     unless `newest_first`; `cursor` continues the page before."""
 
     table: str

@@ -32,13 +32,15 @@ from tablecast.kafka.topics import ensure_topic
 
 from ..support import node_pg, pg_fuzz, pgjdbc
 from ..support.procs import NodeProcess, eventually, start_node, stop_all
-from .tables import make_table
+from .tables import make_table, write_windows
 from .test_auth import SECRET, token
 from .test_tls_peers import certificate_files
 
 pytestmark = pytest.mark.integration
 
 KEYS = [f"k{i:03d}" for i in range(120)]
+#: the first window start of the window table (epoch ms)
+WINDOWS_BASE = 1_700_000_040_000
 #: protocol fuzz cases in the suite (python -m bench pg_fuzz runs many more)
 FUZZ_CASES = 400
 
@@ -68,6 +70,11 @@ def test_sql_answers_what_http_answers(bootstrap: str, unique: str, logs: Path) 
     nums = make_table(bootstrap, unique, "nums", 3, serde.long(), serde.json())
     nums.write(bootstrap, [(n, {"n": n}) for n in (-5, 0, 7, 42, 1000)])
     people = _people(bootstrap, unique)
+    per_minute = make_table(bootstrap, unique, "per_minute", 3, serde.string(), serde.json(),
+                            kind="window", extra={"size_ms": 60_000})  # fmt: skip
+    minutes = [WINDOWS_BASE + m * 60_000 for m in range(4)]
+    write_windows(bootstrap, per_minute, [(k, t, {"n": (t - minutes[0]) // 60_000})
+                                          for k in ("u1", "u10") for t in minutes])  # fmt: skip
     pg_port = free_port()
     nodes = [start_node(unique, bootstrap, logs, "--pg-port", str(pg_port))]
     nodes.append(start_node(unique, bootstrap, logs))
@@ -103,8 +110,10 @@ def test_sql_answers_what_http_answers(bootstrap: str, unique: str, logs: Path) 
                 version, schema = cur.fetchone()  # type: ignore[misc]
                 assert "tablecast" in version and schema == "public"
         nodes[0].wait_caught_up(bootstrap, "people", people)
+        nodes[0].wait_caught_up(bootstrap, "per_minute", per_minute.info.topic)
         with psycopg.connect(dsn, autocommit=True) as conn:
             _history_index_as_of(conn, nodes[0])
+            _windows(conn, nodes[0])
         _psql(pg_port, nodes[0])
         asyncio.run(_asyncpg(pg_port, nodes[0]))
         _jdbc(pg_port, nodes[0])
@@ -208,8 +217,32 @@ def _history_index_as_of(conn: psycopg.Connection, node: NodeProcess) -> None:
         http = _http(node, "/v1/tables/people/index/tier/gold")["items"]
         assert cur.fetchall() == [(h["key"], h["value"]) for h in http]
         assert [h["key"] for h in http] == ["p2"]
-        # as of the second version's time: the table as it was then
+        cur.execute(
+            "SELECT index_value, key, value FROM tablecast.index_range('people', 'tier', %s, NULL)",
+            ("c",),
+        )
+        http = _http(node, "/v1/tables/people/index/tier", **{"from": "c"})["items"]
+        assert cur.fetchall() == [(h["index"], h["key"], h["value"]) for h in http]
+        assert [h["key"] for h in http] == ["p2"]
+        cur.execute("SELECT key FROM tablecast.index_range('people', 'tier', NULL, NULL)")
+        assert [r[0] for r in cur.fetchall()] == ["p1", "p3", "p2"]  # blue, blue, gold
         versions = _http(node, "/v1/tables/people/keys/p1/history")["items"]
+        # a key's versions between two times, as ?from=&to= bound them (to: exclusive)
+        first, second = versions[0]["timestamp"], versions[1]["timestamp"]
+        cur.execute(
+            "SELECT value->>'v' FROM tablecast.history('people', 'p1')"
+            " WHERE timestamp > %s AND timestamp <= %s",
+            (dt.datetime.fromtimestamp(first / 1000, dt.UTC), second),
+        )
+        bounds = {"from": first + 1, "to": second + 1}
+        http = _http(node, "/v1/tables/people/keys/p1/history", **bounds)
+        assert cur.fetchall() == [(str(h["value"]["v"]),) for h in http["items"]] == [("2",)]
+        cur.execute(
+            "SELECT \"offset\" FROM tablecast.history('people', 'p1') WHERE timestamp >= %s",
+            (versions[2]["timestamp"],),
+        )
+        assert cur.fetchall() == [(versions[2]["offset"],)]
+        # as of the second version's time: the table as it was then
         at = versions[1]["timestamp"]
         cur.execute(f"SET tablecast.as_of = {at}")
         cur.execute("SELECT key, value->>'v' FROM people WHERE key IN ('p1', 'p3')")
@@ -222,6 +255,29 @@ def _history_index_as_of(conn: psycopg.Connection, node: NodeProcess) -> None:
         cur.execute("RESET tablecast.as_of")
         cur.execute("SELECT value->>'v' FROM people WHERE key = 'p1'")
         assert cur.fetchall() == [("3",)]
+
+
+def _windows(conn: psycopg.Connection, node: NodeProcess) -> None:
+    """A window table's windows of a key, bounded by their starts, as HTTP gives them."""
+    base = WINDOWS_BASE
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT key, window_start, window_end, value FROM tablecast.windows('per_minute', %s)"
+            " WHERE window_start BETWEEN %s AND %s",
+            ("u1", base + 60_000, base + 120_000),
+        )
+        got = cur.fetchall()
+        http = _http(node, "/v1/tables/per_minute/keys/u1/windows",
+                     **{"from": base + 60_000, "to": base + 120_000})["items"]  # fmt: skip
+        assert [(k, int(s.timestamp() * 1000), int(e.timestamp() * 1000), v)
+                for k, s, e, v in got] == [
+            ("u1", w["start"], w["end"], w["value"]) for w in http
+        ]  # fmt: skip
+        assert [v["n"] for *_, v in got] == [1, 2]
+        cur.execute("SELECT value FROM tablecast.windows('per_minute', 'u10')")
+        assert [r[0]["n"] for r in cur.fetchall()] == [0, 1, 2, 3]
+        with pytest.raises(errors.FeatureNotSupported):
+            cur.execute("SELECT * FROM per_minute WHERE key = 'u1'")
 
 
 def _subscribe(conn: psycopg.Connection, kv: Any, bootstrap: str) -> None:

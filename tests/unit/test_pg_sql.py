@@ -14,14 +14,28 @@ from psycopg.types.numeric import DecimalBinaryDumper
 from tablecast.contract.table_info import TableInfo
 from tablecast.pg import types, wire
 from tablecast.pg.relations import Rows, SqlError, Tables
-from tablecast.pg.statements import Nothing, Param, Read, Setting, Show, parse, row_passes
+from tablecast.pg.statements import (
+    FunctionRead,
+    Nothing,
+    Param,
+    Read,
+    Setting,
+    Show,
+    parse,
+    row_passes,
+    time_ms,
+)
 
 KV = TableInfo("kv", "t", 4, {"format": "string"}, {"format": "json"})
 NUMS = TableInfo("nums", "n", 4, {"format": "long"}, {"format": "json"})
+PER_MINUTE = TableInfo(
+    "per_minute", "w", 4, {"format": "string"}, {"format": "json"}, kind="window",
+    extra={"size_ms": 60_000},
+)  # fmt: skip
 
 
 def _lookup(name: str) -> TableInfo:
-    found = {"kv": KV, "nums": NUMS}.get(name)
+    found = {"kv": KV, "nums": NUMS, "per_minute": PER_MINUTE}.get(name)
     if found is None:
         raise SqlError("42P01", f'relation "{name}" does not exist')
     return found
@@ -103,12 +117,55 @@ def test_select_list_expressions_and_their_types() -> None:
         ("SELECT FROM WHERE", "42601"),
         ("SELECT (value->>'a')::point FROM kv", "0A000"),
         ("VACUUM", "0A000"),
+        ("SELECT * FROM per_minute WHERE key = 'a'", "0A000"),
+        ("SELECT * FROM tablecast.windows('kv', 'a')", "42809"),
+        ("SELECT * FROM tablecast.history('per_minute', 'a')", "42809"),
+        ("SELECT * FROM tablecast.history('kv')", "42883"),
+        ("SELECT * FROM tablecast.nope('kv')", "42883"),
+        ("SELECT * FROM tablecast.history('kv', 'a') WHERE key = 'a'", "0A000"),
+        (
+            "SELECT * FROM tablecast.history('kv', 'a') WHERE timestamp > 1 OR timestamp < 0",
+            "0A000",
+        ),
+        ("SELECT * FROM tablecast.index('kv', 'i', 'v') WHERE key > 'a'", "0A000"),
+        ("SELECT * FROM tablecast.windows('per_minute', 'a') ORDER BY window_start DESC", "0A000"),
+        ("SELECT * FROM tablecast.index_range('kv', 'i', 'a', 'b') ORDER BY key", "0A000"),
     ],
 )
 def test_what_is_refused_names_its_sqlstate(sql: str, code: str) -> None:
     with pytest.raises(SqlError) as refused:
         parse(sql, TABLES)
     assert refused.value.code == code, refused.value.message
+
+
+def test_table_functions_and_their_time_bounds() -> None:
+    history = one(
+        "SELECT * FROM tablecast.history('kv', $1) WHERE timestamp >= '2026-12-01 10:00:00+00'"
+        " AND timestamp < $2 ORDER BY timestamp DESC"
+    )
+    assert isinstance(history, FunctionRead) and history.newest_first
+    assert [o.name for o in history.outputs] == ["key", "value", "timestamp", "offset"]
+    assert history.params == 2 and history.param_types[2] is types.TIMESTAMPTZ
+    at = 1_796_119_200_000  # 2026-12-01 10:00:00 UTC
+    assert history.times.resolve(["k", at + 5]) == (at, at + 4)
+    assert history.times.resolve(["k", "2026-12-01T10:00:00.010Z"]) == (at, at + 9)
+    windows = one(
+        "SELECT window_start, value FROM tablecast.windows('per_minute', 'u1')"
+        " WHERE window_start BETWEEN 60000 AND 120000 AND 90000 < window_start"
+    )
+    assert isinstance(windows, FunctionRead) and windows.kind == "windows"
+    assert windows.times.resolve([]) == (90_001, 120_000)
+    assert [o.type for o in windows.outputs] == [types.TIMESTAMPTZ, types.JSONB]
+    span = one("SELECT * FROM tablecast.index_range('kv', 'tier', 'a', NULL) ORDER BY index_value")
+    assert isinstance(span, FunctionRead) and span.args == ("tier", "a", None)
+    assert [o.name for o in span.outputs] == ["index_value", "key", "value"]
+    with pytest.raises(SqlError) as bad:
+        history.times.resolve(["k", "not a time"])
+    assert bad.value.code == "22007"
+    assert time_ms(dt.datetime(2026, 12, 1, 10, tzinfo=dt.UTC)) == at
+    assert (
+        types.decode_parameter(((at - 946_684_800_000) * 1000).to_bytes(8, "big"), 1184, True) == at
+    )
 
 
 def test_the_live_form_is_found_before_the_parser() -> None:
