@@ -627,7 +627,8 @@ class Session:
             raw.append(None if n == -1 else payload.bytes(n))
         result_formats = [payload.int16() for _ in range(payload.int16())]
         st = prepared.statement
-        wanted = st.params if isinstance(st, Read | Sleep | FunctionRead | CatalogQuery) else 0
+        takes = Read | Sleep | FunctionRead | CatalogQuery | Subscribe
+        wanted = st.params if isinstance(st, takes) else 0
         if count != wanted:
             raise SqlError("08P01", f"the statement takes {wanted} parameters, {count} were bound")
         values = []
@@ -671,7 +672,7 @@ class Session:
                 for i in range(st.params):
                     given = prepared.oids[i] if i < len(prepared.oids) else 0
                     oids.append(given or st.param_types.get(i + 1, TEXT).oid)
-            elif isinstance(st, CatalogQuery):
+            elif isinstance(st, CatalogQuery | Subscribe):
                 oids = [
                     prepared.oids[i] if i < len(prepared.oids) else 25 for i in range(st.params)
                 ]

@@ -238,20 +238,27 @@ class CatalogQuery:
 
 @dataclass(frozen=True)
 class Subscribe:
-    """``COPY (SUBSCRIBE TO t [WHERE …]) TO STDOUT``: the table's rows, then every change,
-    as the watch of the HTTP API streams them."""
+    """``COPY (SUBSCRIBE TO t [WHERE …] [SINCE 'position'] [WITH (SNAPSHOT = false)]) TO
+    STDOUT``: the table's rows, then every change, as the watch of the HTTP API streams
+    them; from a position (a row's second column) on, the changes after it alone."""
 
     table: str
     keys: tuple[Value, ...] | None = None
     prefix: str | None = None
     start: Value | None = None
     end: Value | None = None
+    since: Value | None = None
+    snapshot: bool = True
+    params: int = 0
 
 
 #: the live form, found before the parser (sqlglot reads no SUBSCRIBE)
 _SUBSCRIBE = re.compile(
     r'^\s*COPY\s*\(\s*SUBSCRIBE\s+(?:TO\s+)?(?P<table>"[^"]+"|[\w.-]+)'
-    r"\s*(?:WHERE\s+(?P<where>.*?))?\s*\)\s*TO\s+STDOUT\s*;?\s*$",
+    r"\s*(?:WHERE\s+(?P<where>.*?))?"
+    r"(?:\s*\bSINCE\s+(?P<since>'(?:[^']|'')*'|\$\d+))?"
+    r"(?:\s*\bWITH\s*\(\s*SNAPSHOT\s*=?\s*(?P<snapshot>true|false)\s*\))?"
+    r"\s*\)\s*TO\s+STDOUT\s*;?\s*$",
     re.IGNORECASE | re.DOTALL,
 )
 
@@ -264,23 +271,28 @@ def _subscribe(sql: str, tables: Tables) -> Subscribe | None:
     table = m["table"].strip('"')
     if table.lower().startswith(("public.", "tablecast.")):
         table = table.split(".", 1)[1]
+    since = None if m["since"] is None else _literal(sqlglot.parse_one(m["since"], read="postgres"))
+    snapshot = (m["snapshot"] or "true").lower() == "true"
+    params = since.n if isinstance(since, Param) else 0
     if m["where"] is None:
         tables.lookup(table)
-        return Subscribe(table)
+        return Subscribe(table, since=since, snapshot=snapshot, params=params)
     read = _select(
         sqlglot.parse_one(f'SELECT * FROM "{table}" WHERE {m["where"]}', read="postgres"), tables
     )  # type: ignore[arg-type]
     assert isinstance(read, Read)
     f = read.filter
+    resumed = {"since": since, "snapshot": snapshot, "params": max(params, read.params)}
     if f.path in ("key", "keys"):
-        return Subscribe(table, keys=f.keys)
+        return Subscribe(table, keys=f.keys, **resumed)
     if f.path == "prefix" and f.low is None and f.high is None and isinstance(f.prefix, str):
-        return Subscribe(table, prefix=f.prefix[:-1])
+        return Subscribe(table, prefix=f.prefix[:-1], **resumed)
     if f.path == "range" and (f.low is None or f.low[1]) and (f.high is None or not f.high[1]):
         return Subscribe(
             table,
             start=None if f.low is None else f.low[0],
             end=None if f.high is None else f.high[0],
+            **resumed,
         )
     raise unsupported(
         "SUBSCRIBE … WHERE other than key = v, key IN (…), key LIKE 'p%', key >= a AND key < b"

@@ -1,4 +1,4 @@
-"""``COPY (SUBSCRIBE TO t [WHERE …]) TO STDOUT``: a table's watch over the PostgreSQL
+"""``COPY (SUBSCRIBE TO t [WHERE …] [SINCE …]) TO STDOUT``: a table's watch over the PostgreSQL
 protocol, as COPY rows (text format) of three columns — the event (``snapshot``,
 ``ready``, ``change``, ``keep-alive``), its resume position, and its data (the watch
 event's JSON: key, value, partition, offset, timestamp) — until the client cancels or
@@ -13,6 +13,7 @@ from tablecast.live.events import Change, Encoder
 from tablecast.live.service import Live
 from tablecast.live.sinks import QueueSink
 from tablecast.pg import wire
+from tablecast.pg.relations import SqlError
 from tablecast.pg.statements import Subscribe, key_json, resolve
 from tablecast.query.queries import WatchQuery
 from tablecast.query.request import Request
@@ -54,15 +55,17 @@ COPY = CopyEncoder()
 
 def query_of(st: Subscribe, params: list[Any], info: Any) -> WatchQuery:
     """The watch a SUBSCRIBE statement spells."""
+    since = None if st.since is None else resolve(st.since, params)
+    if since is not None and not isinstance(since, str):
+        raise SqlError("22023", "SINCE takes a position: a row's second column")
     if st.keys is not None:
-        keys = []
-        for v in st.keys:
-            j = key_json(info, resolve(v, params))
-            keys.append(j if isinstance(j, str) and info.key["format"] == "string" else _json(j))
-        return WatchQuery.of_keys(st.table, keys)
+        keys = [_text(info, resolve(v, params)) for v in st.keys]
+        return WatchQuery.of_keys(st.table, keys, snapshot=st.snapshot, since=since)
     start = None if st.start is None else _text(info, resolve(st.start, params))
     end = None if st.end is None else _text(info, resolve(st.end, params))
-    return WatchQuery.span(st.table, start, end, prefix=st.prefix)
+    return WatchQuery.span(
+        st.table, start, end, prefix=st.prefix, snapshot=st.snapshot, since=since
+    )
 
 
 def _json(v: Any) -> str:

@@ -305,6 +305,25 @@ def _subscribe(conn: psycopg.Connection, kv: Any, bootstrap: str) -> None:
         assert change[1].startswith("kv@"), change  # its resume position
         cur.execute("SELECT value->>'name' FROM kv WHERE key = 'k119'")
         assert cur.fetchall() == [("changed",)]
+    # resumed from that position: no snapshot, the change made since first
+    kv.write(bootstrap, [("k119", {"i": 119, "name": "again"})])
+    resumed: list[tuple[Any, ...]] = []
+
+    def cancel_after_a_change() -> None:
+        eventually(lambda: any(r[0] == "change" for r in resumed), timeout=20)
+        conn.cancel()
+
+    canceller = threading.Thread(target=cancel_after_a_change)
+    canceller.start()
+    with conn.cursor() as cur:
+        live = f"COPY (SUBSCRIBE TO kv WHERE key = 'k119' SINCE '{change[1]}') TO STDOUT"
+        with pytest.raises(errors.QueryCanceled), cur.copy(live) as copy:
+            for row in copy.rows():
+                resumed.append(row)
+        canceller.join(30)
+    assert not any(r[0] == "snapshot" for r in resumed), resumed
+    changes = [orjson.loads(r[2])["value"]["name"] for r in resumed if r[0] == "change"]
+    assert changes[0] == "again", resumed
 
 
 def _errors_leave_the_connection_usable(conn: psycopg.Connection) -> None:

@@ -176,7 +176,17 @@ def test_the_live_form_is_found_before_the_parser() -> None:
         "kv", prefix="ab"
     )
     assert one("COPY (SUBSCRIBE TO kv WHERE key IN ('a', $1)) TO STDOUT") == Subscribe(
-        "kv", keys=("a", Param(1))
+        "kv", keys=("a", Param(1)), params=1
+    )
+    # resumed after a position, and without a snapshot
+    assert one("COPY (SUBSCRIBE TO kv WHERE key = 'a' SINCE 'kv@0:5') TO STDOUT") == Subscribe(
+        "kv", keys=("a",), since="kv@0:5"
+    )
+    assert one("COPY (SUBSCRIBE kv SINCE $2 WITH (SNAPSHOT = false)) TO STDOUT") == Subscribe(
+        "kv", since=Param(2), snapshot=False, params=2
+    )
+    assert one("COPY (SUBSCRIBE kv WHERE key LIKE 'it''s%' SINCE 'x''y') TO STDOUT") == Subscribe(
+        "kv", prefix="it's", since="x'y"
     )
     assert one("COPY (SUBSCRIBE TO kv WHERE key >= 'a' AND key < 'b') TO STDOUT") == Subscribe(
         "kv", start="a", end="b"
