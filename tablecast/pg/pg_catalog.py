@@ -3,7 +3,8 @@
 
 A query over them is run by sqlglot's own Python executor on a handful of
 in-memory relations — ``pg_class``, ``pg_namespace``, ``pg_attribute``,
-``pg_type``, ``pg_index``, ``pg_am``, ``pg_attrdef`` and ``pg_description`` —
+``pg_type``, ``pg_index``, ``pg_constraint``, ``pg_am``, ``pg_attrdef`` and
+``pg_description`` —
 after a few rewrites of PostgreSQL's own spellings it does not know
 (``pg_catalog.f(...)``, ``OPERATOR(pg_catalog.~)``, ``COLLATE``, casts to
 ``regclass``, ordinal ORDER BY, ``row_number()`` over attribute numbers).
@@ -44,6 +45,7 @@ KNOWN = (
     "pg_am",
     "pg_description",
     "pg_attrdef",
+    "pg_constraint",
 )
 
 _TYPE_NAMES = {
@@ -153,6 +155,7 @@ def _value(v: Any, t: PgType) -> Any:
 def _rewritten(tree: exp.Select) -> exp.Expression:
     """The statement in what sqlglot's executor runs."""
     tree = tree.copy()
+    _expanded_keys(tree)
     for node in list(tree.find_all(exp.Dot)):
         # pg_catalog.f(...) -> f(...)
         if isinstance(node.this, exp.Identifier) and isinstance(node.expression, exp.Func):
@@ -186,9 +189,35 @@ def _rewritten(tree: exp.Select) -> exp.Expression:
     return tree
 
 
+def _expanded_keys(tree: exp.Expression) -> None:
+    """``information_schema._pg_expandarray(i.indkey)``, which JDBC's getPrimaryKeys and
+    getIndexInfo read a key's columns with: every index here is on the key alone (attribute
+    1), so the one element it expands to is 1 at position 1 (``.x`` and ``.n``)."""
+
+    def expands(e: exp.Expression) -> bool:
+        call = e.expression if isinstance(e, exp.Dot) else e
+        return isinstance(call, exp.Anonymous) and str(call.this).lower() == "_pg_expandarray"
+
+    holders = {  # the names a SELECT gives an expansion itself (… AS KEYS)
+        a.alias.lower() for a in tree.find_all(exp.Alias) if expands(a.this)
+    }
+    for node in list(tree.find_all(exp.Dot)):
+        inner = node.this.unnest() if isinstance(node.this, exp.Paren) else None
+        field = node.expression
+        if inner is None or not isinstance(field, exp.Identifier):
+            continue
+        if field.name.lower() not in ("x", "n"):
+            continue
+        if expands(inner) or (isinstance(inner, exp.Column) and inner.name.lower() in holders):
+            node.replace(exp.Literal.number(1))
+    for node in list(tree.find_all(exp.Dot, exp.Anonymous)):
+        if expands(node) and node.parent is not None and not isinstance(node.parent, exp.Dot):
+            node.replace(exp.Literal.number(1))
+
+
 def _relations(tables: Tables) -> dict[str, list[dict[str, Any]]]:
     infos = sorted((i for i in tables.listing() if i.kind == "kv"), key=lambda i: i.name)
-    pg_class, pg_attribute, pg_index = [], [], []
+    pg_class, pg_attribute, pg_index, pg_constraint = [], [], [], []
     for n, info in enumerate(infos):
         oid = str(FIRST_TABLE_OID + 2 * n + 1)
         index_oid = str(FIRST_TABLE_OID + 2 * n + 2)
@@ -221,6 +250,23 @@ def _relations(tables: Tables) -> dict[str, list[dict[str, Any]]]:
                 "indisvalid": True,
                 "indisreplident": False,
                 "indkey": "1",
+                "indnatts": 1,
+                "indnkeyatts": 1,
+            }
+        )
+        pg_constraint.append(  # the key is the primary key
+            {
+                "oid": str(FIRST_TABLE_OID - 1 - n),
+                "conname": f"{info.name}_pkey",
+                "connamespace": NAMESPACE_OID,
+                "contype": "p",
+                "condeferrable": False,
+                "condeferred": False,
+                "convalidated": True,
+                "conrelid": oid,
+                "conindid": index_oid,
+                "confrelid": "0",
+                "conkey": "1",
             }
         )
     namespaces = [
@@ -259,6 +305,7 @@ def _relations(tables: Tables) -> dict[str, list[dict[str, Any]]]:
         "pg_am": [{"oid": "2", "amname": "heap"}, {"oid": "403", "amname": "btree"}],
         "pg_description": [],
         "pg_attrdef": [],
+        "pg_constraint": pg_constraint,
     }
 
 
@@ -266,6 +313,7 @@ def _relations(tables: Tables) -> dict[str, list[dict[str, Any]]]:
 EMPTY_COLUMNS = {
     "pg_description": ("objoid", "classoid", "objsubid", "description"),
     "pg_attrdef": ("oid", "adrelid", "adnum", "adbin"),
+    "pg_constraint": ("oid", "conname", "connamespace", "contype", "conrelid", "conindid"),
 }
 
 

@@ -473,13 +473,14 @@ def _jdbc(port: int, node: NodeProcess) -> None:
     assert answers[8]["error"] == "42P01" and answers[9]["error"] == "25006"
     assert answers[10]["rows"] == [["k000"], ["k001"], ["k002"]]
     # DatabaseMetaData, as DBeaver, Metabase and the like list tables and columns
-    tables, columns = pgjdbc.run(url, [("META tables",), ("META columns kv",)])
+    tables, columns, pk = pgjdbc.run(url, [("META tables",), ("META columns kv",), ("META pk kv",)])
     assert tables == {"rows": [["kv"], ["nums"], ["people"]]}, tables
     assert "rows" in columns, columns
     assert columns["rows"] == [
         ["key", "text"], ["value", "jsonb"], ["partition", "int4"], ["offset", "int8"],
         ["timestamp", "timestamptz"],
     ], columns  # fmt: skip
+    assert pk == {"rows": [["key"]]}, pk  # the key is each table's primary key
 
 
 def _node_pg(port: int, node: NodeProcess) -> None:

@@ -278,6 +278,48 @@ WHERE c.relname OPERATOR(pg_catalog.~) '^(nums)$' COLLATE pg_catalog.default
 ORDER BY 2, 3;"""
 
 
+#: what pgJDBC 42.7's DatabaseMetaData.getPrimaryKeys sends
+PRIMARY_KEYS = (
+    'SELECT        result.TABLE_CAT AS "TABLE_CAT",        result.TABLE_SCHEM AS "TABLE_SCHEM",'
+    '        result.TABLE_NAME AS "TABLE_NAME",        result.COLUMN_NAME AS "COLUMN_NAME",'
+    '        result.KEY_SEQ AS "KEY_SEQ",        result.PK_NAME AS "PK_NAME"FROM      ('
+    "SELECT current_database() AS TABLE_CAT, n.nspname AS TABLE_SCHEM,   ct.relname AS "
+    "TABLE_NAME, a.attname AS COLUMN_NAME,   (information_schema._pg_expandarray(con.conkey)).n"
+    " AS KEY_SEQ, con.conname AS PK_NAME,   information_schema._pg_expandarray(con.conkey) AS "
+    "KEYS, a.attnum AS A_ATTNUM FROM pg_catalog.pg_constraint con   JOIN pg_catalog.pg_class ct"
+    " ON (con.conrelid = ct.oid)   JOIN pg_catalog.pg_namespace n ON (ct.relnamespace = n.oid)"
+    "   JOIN pg_catalog.pg_attribute a ON (a.attrelid = ct.oid) WHERE con.contype = 'p' "
+    " AND n.nspname = E'public' AND ct.relname = E'{table}' ) result where  result.A_ATTNUM = "
+    "(result.KEYS).x  ORDER BY result.table_name, result.pk_name, result.key_seq"
+)
+#: the form before it, on pg_index (tools that copied it add KEY_COUNT)
+PRIMARY_KEYS_BY_INDEX = (
+    "SELECT result.TABLE_CAT, result.TABLE_SCHEM, result.TABLE_NAME, result.COLUMN_NAME, "
+    "result.KEY_SEQ, result.PK_NAME FROM (SELECT current_database() AS TABLE_CAT, "
+    "n.nspname AS TABLE_SCHEM, ct.relname AS TABLE_NAME, a.attname AS COLUMN_NAME, "
+    "(information_schema._pg_expandarray(i.indkey)).n AS KEY_SEQ, ci.relname AS PK_NAME, "
+    "information_schema._pg_expandarray(i.indkey) AS KEYS, a.attnum AS A_ATTNUM, "
+    "i.indnkeyatts AS KEY_COUNT FROM pg_catalog.pg_class ct "
+    "JOIN pg_catalog.pg_attribute a ON (ct.oid = a.attrelid) "
+    "JOIN pg_catalog.pg_namespace n ON (ct.relnamespace = n.oid) "
+    "JOIN pg_catalog.pg_index i ON ( a.attrelid = i.indrelid) "
+    "JOIN pg_catalog.pg_class ci ON (ci.oid = i.indexrelid) WHERE true  "
+    "AND n.nspname = E'public' AND ct.relname = E'{table}' AND i.indisprimary ) result "
+    "where result.A_ATTNUM = (result.KEYS).x AND result.KEY_SEQ <= KEY_COUNT "
+    "ORDER BY result.table_name, result.pk_name, result.key_seq"
+)
+
+
+@pytest.mark.parametrize("query", [PRIMARY_KEYS, PRIMARY_KEYS_BY_INDEX])
+def test_jdbcs_primary_keys_are_each_tables_key(query: str) -> None:
+    for table in ("kv", "nums"):
+        rows = one(query.format(table=table))
+        assert isinstance(rows, Rows)
+        assert rows.rows == (("tablecast", "public", table, "key", 1, f"{table}_pkey"),)
+    rows = one(query.format(table="nope"))
+    assert isinstance(rows, Rows) and rows.rows == ()
+
+
 def test_psqls_catalog_queries_answer_from_the_tables() -> None:
     listed = one(PSQL_DT)
     assert isinstance(listed, Rows)
