@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import psycopg
 import pytest
 
 from tablecast.kafka import config, probe
@@ -105,8 +106,10 @@ def test_dev_pipeline_and_nodes_on_the_secured_broker(
     secure_broker: Broker, tmp_path: Path
 ) -> None:
     """The stock-price example end to end: its generator, the Spark pipeline and two nodes
-    read and write Kafka only through SASL_SSL, configured by one --kafka-config file."""
+    read and write Kafka only through SASL_SSL, configured by one --kafka-config file; the
+    first node also answers SQL."""
     port = free_port_run(2)
+    pg_port = free_port()
     out = tmp_path / "dev.out"
     settings = secure_broker.client_properties
     assert settings is not None
@@ -138,6 +141,8 @@ def test_dev_pipeline_and_nodes_on_the_secured_broker(
                 str(settings),
                 "--port",
                 str(port),
+                "--pg-port",
+                str(pg_port),
                 "--data-dir",
                 str(tmp_path / "dev"),
             ],
@@ -163,6 +168,14 @@ def test_dev_pipeline_and_nodes_on_the_secured_broker(
             eventually(
                 lambda: (aapl(urls[0]) or {}).get("offset", -1) > first["offset"], timeout=60
             )
+            dsn = f"host=127.0.0.1 port={pg_port} dbname=tablecast user=dev sslmode=disable"
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                row = conn.execute(
+                    'SELECT key, value, "offset" FROM prices WHERE key = %s',
+                    ("AAPL",),
+                ).fetchone()
+            assert row is not None and row[0] == "AAPL" and row[1], row
+            assert row[2] > first["offset"], row  # read now, through the same broker
         except AssertionError as e:
             raise AssertionError(f"{e}\n{logs()[-4000:]}") from e
     finally:
