@@ -23,7 +23,7 @@ from tablecast.kafka.broker import Broker
 from tablecast.kafka.config import client_conf
 from tablecast.kafka.topics import ensure_topic
 
-from ..support.procs import eventually, start_node, stop_all
+from ..support.procs import NodeProcess, eventually, start_node, stop_all
 from .kafka_io import read_all
 from .tables import make_table
 
@@ -239,8 +239,14 @@ def test_an_unknown_partitioner_has_its_keys_looked_up(
             assert sorted(orjson.dumps(e.value) for e in seen) == [b"null", b'{"n":2}'], seen
             events.close()  # type: ignore[attr-defined]
             path = f"/v1/tables/placed/keys/{again}"
+
+            def moved_there(n: NodeProcess) -> bool:
+                got = n.get(path)
+                assert got.json().get("value") == {"n": 2}, (n.url, got.status_code, got.text)
+                return True
+
             for node in nodes:
-                eventually(lambda n=node: n.get(path).json().get("value") == {"n": 2})
+                eventually(lambda n=node: moved_there(n))
             assert (client.read("placed", again).record or {}).get("value") == {"n": 2}
             _placed_by_hand(bootstrap, topic, [(again, (where[again] + 2) % PARTITIONS, None)])
             for node in nodes:
