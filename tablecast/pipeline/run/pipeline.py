@@ -28,6 +28,7 @@ from tablecast.pipeline.run import explain as explaining
 from tablecast.pipeline.run import spark as spark_setup
 from tablecast.pipeline.run import status
 from tablecast.pipeline.run.layout import PYTHON, SPARK, Files, local_path, settle, stored_engine
+from tablecast.pipeline.run.restarts import Restarts
 from tablecast.pipeline.run.status import StatusPublisher
 from tablecast.pipeline.run.trigger import Trigger, assign, slots_needed, written_by_micro_batch
 from tablecast.windows import SessionWindows
@@ -237,6 +238,9 @@ class Pipeline:
     #: the queries each output runs, by the output's id (a checkpoint may have kept a
     #: plan the App alone would not give)
     _planned: dict[int, list[planner.Query]] = field(default_factory=dict)
+    #: starts each query (again, from its checkpoint, after it failed)
+    _starters: dict[str, Callable[[], StreamingQuery]] = field(default_factory=dict)
+    _restarts: Restarts = field(default_factory=Restarts)
 
     @classmethod
     def start(
@@ -301,7 +305,6 @@ class Pipeline:
                         continue
                     trig = chosen[q.name]
                     shuffle = spark_setup.shuffle_partitions(spark, count, trig.realtime)
-                    spark.conf.set("spark.sql.shuffle.partitions", str(shuffle))
                     target = Target(
                         app.id,
                         bootstrap_servers,
@@ -314,7 +317,8 @@ class Pipeline:
                         trig.realtime,
                         spark_setup.read_tasks(spark, trig.realtime),
                     )
-                    started[q.name] = trig.apply(writer(spark, q, target)).start()
+                    pipeline._starters[q.name] = _starter(spark, q, target, trig, shuffle, writer)
+                    started[q.name] = pipeline._starters[q.name]()
                     if trig.realtime:
                         _REALTIME_SLOTS[q.name] = needs[q.name]
                     log.info(
@@ -362,17 +366,41 @@ class Pipeline:
                 log.info("%s", status.describe(p))
 
     def await_termination(self, stop: threading.Event | None = None) -> None:
-        """Block until a query ends (failed: raise) or `stop` is set.
+        """Block until a query is stopped, one fails for good (raise), or `stop` is set.
 
-        Waits in short slices: a signal handler that sets `stop` then never has
-        to interrupt a call into the JVM (which py4j reports as an error).
+        A query that failed is started again from its checkpoint while its
+        :class:`Restarts` allow. Waits in short slices: a signal handler that sets
+        `stop` then never has to interrupt a call into the JVM (which py4j reports
+        as an error).
         """
-        while not (stop is not None and stop.is_set()):
-            if self.spark.streams.awaitAnyTermination(1):
-                break
-        for q in self.queries.values():
-            if q.exception() is not None:
-                raise RuntimeError(f"query {q.name} failed: {q.exception()}")
+        from pyspark.errors import StreamingQueryException
+
+        stop = stop or self._stop
+        while not stop.is_set():
+            try:
+                if not self.spark.streams.awaitAnyTermination(1):
+                    continue
+            except StreamingQueryException:  # how it reports a query that failed
+                pass
+            self.spark.streams.resetTerminated()
+            for name, q in list(self.queries.items()):
+                if q.isActive:
+                    continue
+                error = q.exception()
+                if error is None:  # stopped on purpose
+                    return
+                delay = self._restarts.delay(name, str(error))
+                if delay is None:
+                    raise RuntimeError(f"query {name} failed: {error}")
+                log.warning(
+                    "query %s failed; it starts again from its checkpoint in %.0f s (%s)",
+                    name,
+                    delay,
+                    str(error).splitlines()[0][:500],
+                )
+                if stop.wait(delay):
+                    return
+                self.queries[name] = self._starters[name]()
 
     def process_all_available(self) -> None:
         """Block until every query has processed all input available now (tests, benchmarks).
@@ -431,6 +459,24 @@ class Pipeline:
             # down (rejected task results, closed channels) is noise, not news
             self.spark.sparkContext.setLogLevel("OFF")
             self.spark.stop()
+
+
+def _starter(
+    spark: SparkSession,
+    q: planner.Query,
+    target: Any,
+    trig: Trigger,
+    shuffle: int,
+    writer: Callable[..., Any],
+) -> Callable[[], StreamingQuery]:
+    """What starts `q`: the session's shuffle partitions are shared by every App in it, so
+    each start sets its own first (a restart from a checkpoint keeps the checkpoint's)."""
+
+    def start() -> StreamingQuery:
+        spark.conf.set("spark.sql.shuffle.partitions", str(shuffle))
+        return trig.apply(writer(spark, q, target)).start()
+
+    return start
 
 
 def _engine(q: planner.Query) -> str:
