@@ -6,8 +6,9 @@ windows, cogroup, transform_values, Real-time Mode, the secured broker),
 the five-minute chaos soak, the generated-records tests on Spark of the joins and cogroup
 (fixed steps on Spark and unit tests against the reference model stay in CI), and the checks
 that the benchmark's Kafka Streams peers answer exactly the data loaded (a Maven build and
-six JVMs), and ``tablecast dev`` stopped by SIGTERM (CI stops it with a background
-SIGINT, which runs the same handler). ``./run tests`` skips them
+six JVMs), Debezium's events through its Avro converter and a registry (CI keeps its JSON
+events and the registry formats), and ``tablecast dev`` stopped by SIGTERM (CI stops it
+with a background SIGINT, which runs the same handler) or killed by SIGKILL. ``./run tests`` skips them
 (``TABLECAST_LONG=1`` makes pytest run them); this writes the outcome and each test's
 time to BENCHMARKS.md.
 ``--quick`` only collects them (a test of the harness).

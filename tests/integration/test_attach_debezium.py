@@ -245,6 +245,8 @@ def test_debezium_tables_answer_what_select_says(
         stop_all(nodes)
 
 
+@pytest.mark.long  # a registry and a second Connect worker; the registry formats are in
+# test_attach_registry, Debezium's events in the test above
 def test_debezium_through_its_avro_converter_and_a_registry(
     bootstrap: str, pg: Postgres, logs: Path, unique: str
 ) -> None:

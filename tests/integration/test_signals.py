@@ -222,6 +222,7 @@ def test_dev_serves_the_stock_example_and_sigint_stops_it_in_the_background(
     assert "Traceback" not in dev.logs(), dev.logs()[-5000:]
 
 
+@pytest.mark.long  # its own broker, Spark and nodes for one kill: CI's time
 def test_sigkill_of_dev_takes_broker_spark_and_nodes_with_it(dev_factory) -> None:  # type: ignore[no-untyped-def]
     dev = dev_factory(None)  # with its own broker
     tree = dev.wait_up()
