@@ -180,7 +180,7 @@ class Router:
             raise forbidden_key(table, key_text)
         if info.partitioner == UNKNOWN:
             at = lambda p: self._key_in(info, raw, p, q, req, keep_as, encode)  # noqa: E731
-            learned = self.locator.learned(info, raw)
+            learned = self._learned(info, raw, req, q.bound)
             tried = None
             if learned is not None:
                 # as fast as a computed partition when it is read here
@@ -347,6 +347,16 @@ class Router:
             return self._unplaced(info, raw, q.key, q.bound, req, at, nothing)
         return at(info.partition_of(raw))
 
+    def _learned(self, info: TableInfo, raw: bytes, req: Request, opts: ReadOptions) -> int | None:
+        """The partition a key of a table whose partitioner is unknown was learned in, if
+        this read may go there: a read forwarded here looks only in this node's partitions
+        (its forwarder, told 404, looks everywhere), so a partition learned elsewhere is
+        no answer for it."""
+        learned = self.locator.learned(info, raw)
+        if learned is not None and req.forwarded and not self.local.readable(info, learned, opts):
+            return None
+        return learned
+
     async def _unplaced(
         self,
         info: TableInfo,
@@ -366,7 +376,7 @@ class Router:
         A peer asked for a key looks only in its own partitions, so its 404 says the key
         left the learned partition: this node looks again, everywhere."""
         locator = self.locator
-        learned = locator.learned(info, raw)
+        learned = None if tried is not None else self._learned(info, raw, req, opts)
         if tried is not None or learned is not None:
             try:
                 got = await (tried if tried is not None else maybe(at(learned)))  # type: ignore[arg-type]
