@@ -1101,11 +1101,14 @@ class Session:
             if doc is not None:
                 yield doc
             return
-        if f.path == "keys" and self._as_of() is not None:
-            # a batch read has no as_of: each key is read as of the time on its own
+        if f.path == "keys" and (st.metadata or self._as_of() is not None):
+            # a batch read gives neither as_of nor a record's partition, offset and time:
+            # each key is read on its own, all at once
             raws = sorted({key_raw(info, resolve(v, params)): v for v in f.keys}.items())
-            for _, v in raws:
-                one = await self._one_key(st, resolve(v, params), req, bound)
+            rows = await asyncio.gather(
+                *(self._one_key(st, resolve(v, params), req, bound) for _, v in raws)
+            )
+            for one in rows:
                 if one is not None:
                     yield one
             return

@@ -111,6 +111,12 @@ class Read:
     params: int = 0
     #: the type each parameter is read as (its position: 1-based)
     param_types: dict[int, PgType] = field(default_factory=dict)
+    #: whether it names a record's partition, offset or timestamp (or all columns)
+    metadata: bool = False
+
+
+#: the columns a read of a record gives beside its key and value
+RECORD_COLUMNS = frozenset({"partition", "offset", "timestamp"})
 
 
 @dataclass(frozen=True)
@@ -489,7 +495,21 @@ def _select(tree: exp.Select, tables: Tables) -> Statement:
     params = max((_param_number(p) for p in tree.find_all(exp.Parameter)), default=0)
     for n in range(1, params + 1):
         param_types.setdefault(n, TEXT)
-    return Read(name, info, tuple(outputs), count, key_filter, limit, offset, params, param_types)
+    metadata = any(isinstance(e, exp.Star) for e in tree.expressions) or any(
+        c.name in RECORD_COLUMNS for c in tree.find_all(exp.Column)
+    )
+    return Read(
+        name,
+        info,
+        tuple(outputs),
+        count,
+        key_filter,
+        limit,
+        offset,
+        params,
+        param_types,
+        metadata,
+    )
 
 
 def _function_read(tree: exp.Select, relation: exp.Table, tables: Tables) -> FunctionRead:

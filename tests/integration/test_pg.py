@@ -144,6 +144,15 @@ def _reads_match(conn: psycopg.Connection, node: NodeProcess) -> None:
                 assert cur.fetchall() == [(f"n{i}", i)]
             cur.execute("SELECT key, value FROM kv WHERE key IN ('k005', 'k001', 'nope', 'k001')")
             assert [r[0] for r in cur.fetchall()] == ["k001", "k005"]
+            # each key's record as a read of it alone gives it
+            columns = 'key, partition, "offset", timestamp'
+            cur.execute(f"SELECT {columns} FROM kv WHERE key IN (%s, %s, 'nope')", ("k007", "k003"))
+            got = cur.fetchall()
+            want = []
+            for key in ("k003", "k007"):
+                doc = _http(node, f"/v1/tables/kv/keys/{key}")
+                want.append((key, doc["partition"], doc["offset"], doc["timestamp"]))
+            assert [(k, p, o, int(t.timestamp() * 1000)) for k, p, o, t in got] == want
             cur.execute("SELECT count(*) FROM kv")
             assert cur.fetchone() == (_http(node, "/v1/tables/kv/count")["count"],)
             cur.execute("SELECT key, value FROM kv LIMIT 7")

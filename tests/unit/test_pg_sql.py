@@ -55,6 +55,9 @@ def test_the_where_picks_how_a_table_is_read() -> None:
     assert key.params == 1 and key.param_types[1] is types.TEXT
     keys = one("SELECT * FROM public.kv WHERE key IN ('a', 'b')")
     assert isinstance(keys, Read) and keys.filter.path == "keys" and len(keys.outputs) == 5
+    assert keys.metadata  # all columns: each key's record is read with its offset and time
+    assert one("SELECT timestamp FROM kv WHERE key IN ('a')").metadata  # type: ignore[union-attr]
+    assert not one("SELECT key, value->>'f' FROM kv WHERE key IN ('a', 'b')").metadata  # type: ignore[union-attr]
     prefix = one("SELECT key FROM kv WHERE key LIKE 'ab%' ORDER BY key LIMIT $1")
     assert isinstance(prefix, Read) and prefix.filter.path == "prefix"
     assert prefix.limit == Param(1) and prefix.param_types[1] is types.INT8
