@@ -52,6 +52,7 @@ from tablecast.pg.types import TEXT, CastFailed, PgType, decode_parameter, encod
 from tablecast.query.auth import Caller
 from tablecast.query.consistency import NO_OPTIONS, bound_of
 from tablecast.query.errors import ApiError
+from tablecast.query.fanout import MAX_BATCH
 from tablecast.query.gate import Gate
 from tablecast.query.local import Found
 from tablecast.query.policy import Grants
@@ -85,6 +86,9 @@ CONSISTENCY = {"tablecast.max_lag": "max_lag", "tablecast.timeout_ms": "timeout_
 
 #: what a session reads with beyond PostgreSQL's own settings
 SESSION_READ_SETTINGS = (*CONSISTENCY, "tablecast.after", "tablecast.as_of")
+
+#: key reads of one `key IN (...)` waiting at a time (for peers' answers, or positions)
+KEYS_AT_ONCE = 32
 
 #: the read core's error codes as SQLSTATEs
 SQLSTATE = {
@@ -1039,10 +1043,11 @@ class Session:
         return await doc if isinstance(doc, Awaitable) else doc
 
     def _key_now(
-        self, st: Read, value: Any, req: Request, bound: Any
+        self, st: Read, value: Any, req: Request, bound: Any, running: bool = True
     ) -> dict[str, Any] | Awaitable[dict[str, Any] | None] | None:
         """The row of key `value` (None: not there) when this node answered it at once;
-        else what gives it once a peer answers or a position is reached."""
+        else what gives it once a peer answers or a position is reached (`running`: see
+        :meth:`_key_later`)."""
         query = KeyQuery(st.table, key_text(st.info, value), bound, self._as_of())
         try:
             answer = self.router.key(query, req, encode=row_doc)
@@ -1050,14 +1055,36 @@ class Session:
             return self._not_there(e)
         if isinstance(answer, tuple):
             return self._key_doc(answer)
-        return self._key_later(answer)
+        return self._key_later(answer, running)
 
-    async def _key_later(self, pending: Awaitable[Any]) -> dict[str, Any] | None:
+    async def _key_later(
+        self, pending: Awaitable[Any], running: bool = True
+    ) -> dict[str, Any] | None:
+        """`pending`'s row; `running`: it is the statement under way (a CancelRequest
+        cancels it), not one of several reads of one (:meth:`_each_key`)."""
         try:
-            answer = await self._waited(pending)
+            answer = await (self._waited(pending) if running else pending)
         except ApiError as e:
             return self._not_there(e)
         return self._key_doc(answer)
+
+    async def _each_key(
+        self, st: Read, values: Sequence[Any], req: Request, bound: Any
+    ) -> list[dict[str, Any] | None]:
+        """The row of each key of `values` (None: not there), read one by one, at most
+        KEYS_AT_ONCE waiting at a time; cancelled as one statement."""
+        out: list[dict[str, Any] | None] = []
+        for i in range(0, len(values), KEYS_AT_ONCE):
+            docs = [
+                self._key_now(st, v, req, bound, running=False)
+                for v in values[i : i + KEYS_AT_ONCE]
+            ]
+            later = [j for j, d in enumerate(docs) if isinstance(d, Awaitable)]
+            got = await asyncio.gather(*(docs[j] for j in later))
+            for j, doc in zip(later, got, strict=True):
+                docs[j] = doc
+            out.extend(docs)
+        return out
 
     def _not_there(self, error: ApiError) -> None:
         """A key read's error: a key not found is no row (at the position it names)."""
@@ -1103,12 +1130,12 @@ class Session:
             return
         if f.path == "keys" and (st.metadata or self._as_of() is not None):
             # a batch read gives neither as_of nor a record's partition, offset and time:
-            # each key is read on its own, all at once
+            # each key is read on its own, as many at once as a batch's forwards
             raws = sorted({key_raw(info, resolve(v, params)): v for v in f.keys}.items())
-            rows = await asyncio.gather(
-                *(self._one_key(st, resolve(v, params), req, bound) for _, v in raws)
-            )
-            for one in rows:
+            if len(raws) > MAX_BATCH:
+                raise ApiError("bad_request", f"at most {MAX_BATCH} keys per batch")
+            values = [resolve(v, params) for _, v in raws]
+            for one in await self._waited(self._each_key(st, values, req, bound)):
                 if one is not None:
                     yield one
             return

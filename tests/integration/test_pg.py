@@ -352,6 +352,12 @@ def _errors_leave_the_connection_usable(conn: psycopg.Connection) -> None:
         ("SET tablecast.max_lag = -1", errors.InvalidParameterValue),
         ("SET tablecast.after = 'not a token'", errors.InvalidParameterValue),
     ]
+    # more keys than a batch takes, read as one batch or (naming offsets) key by key
+    many = ", ".join(f"'m{i}'" for i in range(1001))
+    for columns in ("key, value", '"offset"'):
+        cases.append(
+            (f"SELECT {columns} FROM kv WHERE key IN ({many})", errors.InvalidParameterValue)
+        )
     with conn.cursor() as cur:
         for sql, error in cases:
             with pytest.raises(error):

@@ -241,6 +241,7 @@ class Pipeline:
     #: starts each query (again, from its checkpoint, after it failed)
     _starters: dict[str, Callable[[], StreamingQuery]] = field(default_factory=dict)
     _restarts: Restarts = field(default_factory=Restarts)
+    _starting: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
     def start(
@@ -366,41 +367,48 @@ class Pipeline:
                 log.info("%s", status.describe(p))
 
     def await_termination(self, stop: threading.Event | None = None) -> None:
-        """Block until a query is stopped, one fails for good (raise), or `stop` is set.
+        """Block until a query is stopped, one fails for good (raise), or `stop` (or
+        :meth:`stop`) ends the wait.
 
         A query that failed is started again from its checkpoint while its
-        :class:`Restarts` allow. Waits in short slices: a signal handler that sets
-        `stop` then never has to interrupt a call into the JVM (which py4j reports
-        as an error).
+        :class:`Restarts` allow. This pipeline's own queries are looked at every second
+        (the session's termination calls would answer for every App sharing it), and
+        the waits are Python's: a signal handler that sets `stop` never has to interrupt
+        a call into the JVM (which py4j reports as an error).
         """
-        from pyspark.errors import StreamingQueryException
 
-        stop = stop or self._stop
-        while not stop.is_set():
-            try:
-                if not self.spark.streams.awaitAnyTermination(1):
-                    continue
-            except StreamingQueryException:  # how it reports a query that failed
-                pass
-            self.spark.streams.resetTerminated()
-            for name, q in list(self.queries.items()):
-                if q.isActive:
-                    continue
-                error = q.exception()
-                if error is None:  # stopped on purpose
-                    return
-                delay = self._restarts.delay(name, str(error))
+        def stopped(wait_s: float) -> bool:
+            deadline = time.monotonic() + wait_s
+            while not (stop is not None and stop.is_set()) and not self._stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._stop.wait(min(left, 0.2))
+            return True
+
+        while not stopped(1.0):
+            ended = [(n, q) for n, q in list(self.queries.items()) if not q.isActive]
+            failed = [(n, q.exception()) for n, q in ended]
+            failed = [(n, e) for n, e in failed if e is not None]
+            if ended and not failed:
+                return  # stopped on purpose
+            for name, error in failed:
+                text = str(error)
+                delay = self._restarts.delay(name, text)
                 if delay is None:
-                    raise RuntimeError(f"query {name} failed: {error}")
+                    raise RuntimeError(f"query {name} failed: {text}")
                 log.warning(
                     "query %s failed; it starts again from its checkpoint in %.0f s (%s)",
                     name,
                     delay,
-                    str(error).splitlines()[0][:500],
+                    (text.splitlines() or [""])[0][:500],
                 )
-                if stop.wait(delay):
+                if stopped(delay):
                     return
-                self.queries[name] = self._starters[name]()
+                with self._starting:
+                    if self._stop.is_set():
+                        return
+                    self.queries[name] = self._starters[name]()
 
     def process_all_available(self) -> None:
         """Block until every query has processed all input available now (tests, benchmarks).
@@ -442,7 +450,9 @@ class Pipeline:
 
     def stop(self) -> None:
         self._stop.set()
-        for q in self.queries.values():
+        with self._starting:  # a failed query being started again is stopped with the rest
+            queries = list(self.queries.values())
+        for q in queries:
             try:
                 q.stop()
             except Exception as e:  # a query that already died must not block stopping the rest
