@@ -1130,7 +1130,7 @@ class Session:
             return
         if f.path == "keys" and (st.metadata or self._as_of() is not None):
             # a batch read gives neither as_of nor a record's partition, offset and time:
-            # each key is read on its own, as many at once as a batch's forwards
+            # each key is read on its own, KEYS_AT_ONCE at a time
             raws = sorted({key_raw(info, resolve(v, params)): v for v in f.keys}.items())
             if len(raws) > MAX_BATCH:
                 raise ApiError("bad_request", f"at most {MAX_BATCH} keys per batch")
