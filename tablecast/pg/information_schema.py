@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlglot import exp
 
-from tablecast.pg.relations import Rows, SqlError, Tables, table_columns, unsupported
+from tablecast.pg.relations import DATABASE, Rows, SqlError, Tables, table_columns, unsupported
 from tablecast.pg.types import INT4, TEXT, PgType
 
 TABLES_COLUMNS: tuple[tuple[str, PgType], ...] = (
@@ -40,7 +40,7 @@ def _relations(name: str, tables: Tables) -> tuple[tuple[tuple[str, PgType], ...
     if name == "tables":
         rows = [
             {
-                "table_catalog": "tablecast",
+                "table_catalog": DATABASE,
                 "table_schema": "public",
                 "table_name": i.name,
                 "table_type": "BASE TABLE",
@@ -55,7 +55,7 @@ def _relations(name: str, tables: Tables) -> tuple[tuple[tuple[str, PgType], ...
             for n, (col, t) in enumerate(table_columns(i), 1):
                 rows.append(
                     {
-                        "table_catalog": "tablecast",
+                        "table_catalog": DATABASE,
                         "table_schema": "public",
                         "table_name": i.name,
                         "column_name": col,

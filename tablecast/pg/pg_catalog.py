@@ -25,7 +25,7 @@ from sqlglot.executor import execute
 from sqlglot.executor.env import ENV
 from sqlglot.executor.table import Table
 
-from tablecast.pg.relations import Rows, Tables, table_columns
+from tablecast.pg.relations import DATABASE, ROLE, Rows, Tables, table_columns
 from tablecast.pg.types import BOOL, INT8, TEXT, PgType
 
 log = logging.getLogger(__name__)
@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 NAMESPACE_OID = "2200"  # public, as in every PostgreSQL
 CATALOG_NAMESPACE_OID = "11"
 OWNER_OID = "10"
+DATABASE_OID = "16383"
 FIRST_TABLE_OID = 16384
 
 #: system tables answered from the node's tables (others: no rows)
@@ -46,6 +47,12 @@ KNOWN = (
     "pg_description",
     "pg_attrdef",
     "pg_constraint",
+    "pg_database",
+    "pg_roles",
+    "pg_user",
+    "pg_tables",
+    "pg_views",
+    "pg_matviews",
 )
 
 _TYPE_NAMES = {
@@ -60,7 +67,7 @@ _TYPE_NAMES = {
 def _register_functions() -> None:
     """PostgreSQL's catalog functions, for the executor (by the names it looks up)."""
     functions: dict[str, Any] = {
-        "pg_get_userbyid": lambda oid: "tablecast",
+        "pg_get_userbyid": lambda oid: ROLE,
         "pg_table_is_visible": lambda oid: True,
         "format_type": lambda oid, mod=None: _TYPE_NAMES.get(str(oid), "text"),
         "pg_get_expr": lambda *a: None,
@@ -69,10 +76,11 @@ def _register_functions() -> None:
         "obj_description": lambda *a: None,
         "col_description": lambda *a: None,
         "pg_encoding_to_char": lambda *a: "UTF8",
+        "array_to_string": lambda a, sep, *null: None if a is None else sep.join(map(str, a)),
         "regexplike": lambda s, p: None if s is None or p is None else re.search(p, s) is not None,
         "nullif": lambda a, b: None if a == b else a,
-        "currentdatabase": lambda: "tablecast",
-        "currentuser": lambda: "tablecast",
+        "currentdatabase": lambda: DATABASE,
+        "currentuser": lambda: ROLE,
         "currentschema": lambda: "public",
     }
     for name, fn in functions.items():
@@ -306,6 +314,55 @@ def _relations(tables: Tables) -> dict[str, list[dict[str, Any]]]:
         "pg_description": [],
         "pg_attrdef": [],
         "pg_constraint": pg_constraint,
+        # one database and one role: what a connection sees of a node
+        "pg_database": [
+            {
+                "oid": DATABASE_OID,
+                "datname": DATABASE,
+                "datdba": OWNER_OID,
+                "encoding": 6,
+                "datlocprovider": "c",
+                "datistemplate": False,
+                "datallowconn": True,
+                "datconnlimit": -1,
+                "datcollate": "C",
+                "datctype": "C",
+                "daticulocale": None,
+                "datacl": None,
+            }
+        ],
+        "pg_roles": [{**_role(), "oid": OWNER_OID}],
+        "pg_user": [{"usename": ROLE, "usesysid": OWNER_OID, "usesuper": False}],
+        "pg_tables": [
+            {
+                "schemaname": "public",
+                "tablename": info.name,
+                "tableowner": ROLE,
+                "tablespace": None,
+                "hasindexes": True,
+                "hasrules": False,
+                "hastriggers": False,
+                "rowsecurity": False,
+            }
+            for info in infos
+        ],
+        "pg_views": [],
+        "pg_matviews": [],
+    }
+
+
+def _role() -> dict[str, Any]:
+    return {
+        "rolname": ROLE,
+        "rolsuper": False,
+        "rolinherit": True,
+        "rolcreaterole": False,
+        "rolcreatedb": False,
+        "rolcanlogin": True,
+        "rolreplication": False,
+        "rolconnlimit": -1,
+        "rolvaliduntil": None,
+        "rolbypassrls": False,
     }
 
 
@@ -314,6 +371,9 @@ EMPTY_COLUMNS = {
     "pg_description": ("objoid", "classoid", "objsubid", "description"),
     "pg_attrdef": ("oid", "adrelid", "adnum", "adbin"),
     "pg_constraint": ("oid", "conname", "connamespace", "contype", "conrelid", "conindid"),
+    "pg_tables": ("schemaname", "tablename", "tableowner", "tablespace", "hasindexes"),
+    "pg_views": ("schemaname", "viewname", "viewowner", "definition"),
+    "pg_matviews": ("schemaname", "matviewname", "matviewowner", "ispopulated", "definition"),
 }
 
 

@@ -10,6 +10,10 @@ from typing import Any
 from tablecast.contract.table_info import TableInfo
 from tablecast.pg.types import INT4, INT8, JSONB, TEXT, TIMESTAMPTZ, PgType
 
+#: the one database and role a node answers as (current_database(), current_user, the
+#: catalog's owner)
+DATABASE = ROLE = "tablecast"
+
 
 class SqlError(Exception):
     """What a statement cannot be: its SQLSTATE and message."""

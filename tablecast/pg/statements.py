@@ -24,7 +24,15 @@ from sqlglot import exp
 
 from tablecast.contract.table_info import TableInfo
 from tablecast.pg import information_schema, pg_catalog
-from tablecast.pg.relations import Rows, SqlError, Tables, table_columns, unsupported
+from tablecast.pg.relations import (
+    DATABASE,
+    ROLE,
+    Rows,
+    SqlError,
+    Tables,
+    table_columns,
+    unsupported,
+)
 from tablecast.pg.types import (
     BOOL,
     CASTS,
@@ -933,11 +941,11 @@ def _constant(e: exp.Expression) -> tuple[str, PgType, Any]:
     if isinstance(e, exp.CurrentSchema):
         return "current_schema", TEXT, "public"
     if isinstance(e, exp.CurrentDatabase):
-        return "current_database", TEXT, "tablecast"
+        return "current_database", TEXT, DATABASE
     if e.sql("postgres").upper() in ("CURRENT_CATALOG", "CURRENT_CATALOG()"):
-        return "current_catalog", TEXT, "tablecast"
+        return "current_catalog", TEXT, DATABASE
     if isinstance(e, exp.CurrentUser):
-        return "current_user", TEXT, "tablecast"
+        return "current_user", TEXT, ROLE
     if isinstance(e, exp.Anonymous) and str(e.this).lower() == "current_setting":
         name = _literal(e.expressions[0]) if e.expressions else ""
         return "current_setting", TEXT, DEFAULT_SETTINGS.get(str(name).lower())

@@ -421,6 +421,15 @@ def _psql(port: int, node: NodeProcess) -> None:
     )  # fmt: skip
     assert listed.returncode == 0, listed.stderr
     assert "public|kv|table|tablecast" in listed.stdout.splitlines(), listed.stdout
+    databases = subprocess.run(
+        ["psql", f"host=127.0.0.1 port={port} dbname=tablecast user=tester sslmode=disable",
+         "-X", "-A", "-t", "-c", "\\l"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert databases.returncode == 0, databases.stderr
+    assert [ln.split("|")[:3] for ln in databases.stdout.splitlines()] == [
+        ["tablecast", "tablecast", "UTF8"]
+    ], databases.stdout
     described = subprocess.run(
         ["psql", f"host=127.0.0.1 port={port} dbname=tablecast user=tester sslmode=disable",
          "-X", "-c", "\\d kv"],

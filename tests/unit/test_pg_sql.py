@@ -344,3 +344,38 @@ def test_psqls_catalog_queries_answer_from_the_tables() -> None:
     policies = one("SELECT pol.polname, pol.polcmd FROM pg_catalog.pg_policy pol")
     assert isinstance(policies, Rows) and policies.rows == ()
     assert [n for n, _ in policies.outputs] == ["polname", "polcmd"]
+
+
+#: what psql 15's \l sends
+PSQL_LIST_DATABASES = """SELECT
+  d.datname as "Name",
+  pg_catalog.pg_get_userbyid(d.datdba) as "Owner",
+  pg_catalog.pg_encoding_to_char(d.encoding) as "Encoding",
+  d.datcollate as "Collate",
+  d.datctype as "Ctype",
+  d.daticulocale as "ICU Locale",
+  CASE d.datlocprovider WHEN 'c' THEN 'libc' WHEN 'i' THEN 'icu' END AS "Locale Provider",
+  pg_catalog.array_to_string(d.datacl, E'\\n') AS "Access privileges"
+FROM pg_catalog.pg_database d
+ORDER BY 1;"""
+
+
+def test_the_node_is_one_database_of_one_role_with_its_tables() -> None:
+    databases = one(PSQL_LIST_DATABASES)
+    assert isinstance(databases, Rows)
+    assert databases.rows == (("tablecast", "tablecast", "UTF8", "C", "C", None, "libc", None),)
+    assert one("SELECT current_database()").rows == (("tablecast",),)  # type: ignore[union-attr]
+    tables = one(
+        "SELECT schemaname, tablename, tableowner FROM pg_catalog.pg_tables "
+        "WHERE schemaname NOT IN ('pg_catalog', 'information_schema') ORDER BY tablename"
+    )
+    assert isinstance(tables, Rows)
+    assert tables.rows == (("public", "kv", "tablecast"), ("public", "nums", "tablecast"))
+    roles = one("SELECT rolname, rolcanlogin FROM pg_roles WHERE rolname !~ '^pg_'")
+    assert isinstance(roles, Rows) and roles.rows == (("tablecast", True),)
+    views = one("SELECT viewname FROM pg_catalog.pg_views WHERE schemaname = 'public'")
+    assert (
+        isinstance(views, Rows)
+        and views.rows == ()
+        and [c[0] for c in views.outputs] == ["viewname"]
+    )
