@@ -397,44 +397,34 @@ def _consistency_settings(conn: psycopg.Connection) -> None:
         assert cur.fetchone() == ("",)
 
 
+def _run_psql(port: int, *args: str) -> subprocess.CompletedProcess[str]:
+    """Debian's psql against the node, without a ~/.psqlrc (-X)."""
+    conninfo = f"host=127.0.0.1 port={port} dbname=tablecast user=tester sslmode=disable"
+    return subprocess.run(
+        ["psql", conninfo, "-X", *args], capture_output=True, text=True, timeout=30
+    )
+
+
 def _psql(port: int, node: NodeProcess) -> None:
     """Debian's psql, with its own simple-query protocol and output."""
-    done = subprocess.run(
-        ["psql", f"host=127.0.0.1 port={port} dbname=tablecast user=tester sslmode=disable",
-         "-X", "-A", "-t", "-F", "|", "-c",
-         "SELECT key, value->>'name' FROM kv WHERE key IN ('k001', 'k002')"],
-        capture_output=True, text=True, timeout=30,
+    done = _run_psql(
+        port, "-A", "-t", "-F", "|", "-c",
+        "SELECT key, value->>'name' FROM kv WHERE key IN ('k001', 'k002')",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["k001|n1", "k002|n2"]
-    bad = subprocess.run(
-        ["psql", f"host=127.0.0.1 port={port} dbname=tablecast user=tester sslmode=disable",
-         "-X", "-c", "UPDATE kv SET value = '{}'"],
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+    bad = _run_psql(port, "-c", "UPDATE kv SET value = '{}'")
     assert bad.returncode != 0 and "read-only" in bad.stderr
-    # what psql users type first: the table list, and a table's columns
-    listed = subprocess.run(
-        ["psql", f"host=127.0.0.1 port={port} dbname=tablecast user=tester sslmode=disable",
-         "-X", "-A", "-t", "-c", "\\dt"],
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+    # what psql users type first: the table list, the databases, and a table's columns
+    listed = _run_psql(port, "-A", "-t", "-c", "\\dt")
     assert listed.returncode == 0, listed.stderr
     assert "public|kv|table|tablecast" in listed.stdout.splitlines(), listed.stdout
-    databases = subprocess.run(
-        ["psql", f"host=127.0.0.1 port={port} dbname=tablecast user=tester sslmode=disable",
-         "-X", "-A", "-t", "-c", "\\l"],
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+    databases = _run_psql(port, "-A", "-t", "-c", "\\l")
     assert databases.returncode == 0, databases.stderr
     assert [ln.split("|")[:3] for ln in databases.stdout.splitlines()] == [
         ["tablecast", "tablecast", "UTF8"]
     ], databases.stdout
-    described = subprocess.run(
-        ["psql", f"host=127.0.0.1 port={port} dbname=tablecast user=tester sslmode=disable",
-         "-X", "-c", "\\d kv"],
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+    described = _run_psql(port, "-c", "\\d kv")
     assert described.returncode == 0, described.stderr
     assert 'Table "public.kv"' in described.stdout, described.stdout
     for column, kind in (("key", "text"), ("value", "jsonb"), ("timestamp", "timestamp with")):
