@@ -388,8 +388,7 @@ class Pipeline:
 
         while not stopped(1.0):
             ended = [(n, q) for n, q in list(self.queries.items()) if not q.isActive]
-            failed = [(n, q.exception()) for n, q in ended]
-            failed = [(n, e) for n, e in failed if e is not None]
+            failed = [(n, e) for n, q in ended if (e := q.exception()) is not None]
             if ended and not failed:
                 return  # stopped on purpose
             for name, error in failed:
