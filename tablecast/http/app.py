@@ -586,7 +586,8 @@ class HttpApp:
         a server receives it)."""
         path, _, query = target.partition("?")
         answers = self._answers
-        if answers is not None and not query:
+        # a kept answer is as fresh as the replica now: a read after a position may have to wait
+        if answers is not None and not query and AFTER_HEADER not in req.headers:
             entry = answers.get(path)
             if entry is not None:
                 return "key", entry

@@ -17,6 +17,7 @@ import pytest
 from tablecast import serde
 from tablecast.cluster.signing import Signer
 from tablecast.query.coalesce import ANSWERS_PATH, BATCH_PATH
+from tablecast.query.consistency import AFTER_HEADER
 from tablecast.query.peer_pool import PeerPool
 from tablecast.query.request import HOP
 
@@ -66,28 +67,45 @@ def _same(forwarded: httpx.Response, direct: httpx.Response) -> bool:
     return said(forwarded) == said(direct)
 
 
-def _framed_apart(node: NodeProcess, paths: list[str]) -> list[tuple[int, bytes]]:
-    """Each read's status and body as `node` answers a signed batch of the version before
-    (BATCH_PATH: status, header lines and body framed apart)."""
+def _signed_batch(
+    node: NodeProcess, route: str, paths: list[str], headers: list[tuple[str, str]]
+) -> bytes:
+    """The body of `node`'s answer to a batch of `paths` signed as a peer signs it."""
 
     async def ask() -> bytes:
         pool = PeerPool(signer=Signer(SECRET))
         try:
-            targets = orjson.dumps(paths)
             status, _, data = await pool.request(
-                node.url, "POST", BATCH_PATH, [(HOP, "1")], targets
+                node.url, "POST", route, [(HOP, "1"), *headers], orjson.dumps(paths)
             )
         finally:
             pool.close()
         assert status == 200, data
         return data
 
-    data, at, out = asyncio.run(ask()), 0, []
+    return asyncio.run(ask())
+
+
+def _framed_apart(node: NodeProcess, paths: list[str]) -> list[tuple[int, bytes]]:
+    """Each read's status and body as `node` answers a signed batch of the version before
+    (BATCH_PATH: status, header lines and body framed apart)."""
+    data, at, out = _signed_batch(node, BATCH_PATH, paths, []), 0, []
     for _ in paths:
         status, head, size = struct.unpack_from("!HII", data, at)
         at += 10 + head
         out.append((status, data[at : at + size]))
         at += size
+    assert at == len(data)
+    return out
+
+
+def _statuses(data: bytes, reads: int) -> list[int]:
+    """Each read's status in an answer framed as whole responses (ANSWERS_PATH)."""
+    at, out = 0, []
+    for _ in range(reads):
+        status, size = struct.unpack_from("!HI", data, at)
+        out.append(status)
+        at += 6 + size
     assert at == len(data)
     return out
 
@@ -188,6 +206,13 @@ def test_reads_forwarded_together_answer_as_alone(
             return True
 
         eventually(framed_as_alone, timeout=60)
+        # a batch's reads after a position are held to it as a lone read is, however fresh
+        # their kept answers: a position beyond every partition's end is refused
+        mine = _paths([k for k in keys if owners[k] == b.url][:10])[:10]
+        assert all(r.status_code == 200 for r in asyncio.run(_read_all(b.url, mine)))
+        beyond = "kv@" + ",".join(f"{p}:{10**12}" for p in range(PARTITIONS))
+        answer = _signed_batch(b, ANSWERS_PATH, mine, [(AFTER_HEADER, beyond)])
+        assert _statuses(answer, len(mine)) == [400] * len(mine)
         # a batch without the cluster's signature is refused, whoever sends it
         for route in (ANSWERS_PATH, BATCH_PATH):
             r = httpx.post(
