@@ -328,13 +328,21 @@ class Tables:
                 prefix=_optional(request, "prefix"),
                 limit=limit_param({"limit": str(request.limit)} if request.limit else {}),
                 cursor=request.cursor or None,
+                record_fields=True,  # a Row names its record
             )
         except ApiError as e:
             _abort(e)
         found = await self._found(self.router.fan.range(query, req))
         out = pb.RangeResponse(next_cursor=found.doc["next_cursor"] or "")
         for item in found.doc["items"]:
-            out.items.add(key=key_text(item["key"]), value=json_text(item["value"]))
+            out.items.add(
+                key=key_text(item["key"]),
+                value=json_text(item["value"]),
+                # a peer of an earlier version gives its rows without them
+                partition=item.get("partition", 0),
+                offset=item.get("offset", 0),
+                timestamp=item.get("timestamp", 0),
+            )
         return out
 
     async def watch(self, request: pb.WatchRequest, call: Call) -> AsyncIterator[bytes]:

@@ -53,10 +53,13 @@ def _schema(schema: dict[str, Any]) -> str:
 
 
 def _shape(schema: dict[str, Any]) -> str:
-    """A response schema in one line: {field, field: [ {…} ]}."""
+    """A response schema in one line: {field, field: [ {…} ], optional?} (an object that
+    names its required fields marks the others)."""
     if schema.get("type") == "object" and "properties" in schema:
+        required = schema.get("required")
         inner = ", ".join(
-            f"{name}: {_shape(sub)}" if sub.get("properties") or sub.get("items") else name
+            (f"{name}: {_shape(sub)}" if sub.get("properties") or sub.get("items") else name)
+            + ("?" if required is not None and name not in required else "")
             for name, sub in schema["properties"].items()
         )
         return "{" + inner + "}"

@@ -119,6 +119,7 @@ def range_query(args: Args, req: HttpRequest) -> RangeQuery:
         limit=limit_param(params),
         cursor=params.get("cursor") or None,
         bound=bound(req),
+        record_fields=params.get("record_fields") == "true",
     )
 
 
@@ -127,10 +128,20 @@ def index_query(args: Args, req: HttpRequest) -> IndexQuery:
     params = req.params
     table, index, value = args["table"], args["index"], args.get("value")
     limit, cursor, b = limit_param(params), params.get("cursor") or None, bound(req)
+    fields = params.get("record_fields") == "true"
     if value is not None:
-        return IndexQuery.equal(table, index, value, limit=limit, cursor=cursor, bound=b)
+        return IndexQuery.equal(
+            table, index, value, limit=limit, cursor=cursor, bound=b, record_fields=fields
+        )
     return IndexQuery.between(
-        table, index, params.get("from"), params.get("to"), limit=limit, cursor=cursor, bound=b
+        table,
+        index,
+        params.get("from"),
+        params.get("to"),
+        limit=limit,
+        cursor=cursor,
+        bound=b,
+        record_fields=fields,
     )
 
 
@@ -172,6 +183,7 @@ def partition_scan(args: Args, req: HttpRequest) -> PartitionScan:
         time_param(params, "as_of", None),
         params.get("index"),
         params.get("value") != "false",
+        params.get("record_fields") == "true",
     )
 
 

@@ -147,6 +147,12 @@ AS_OF = Param(
 )
 LIMIT = Param("limit", "query", "page size", {**INT, "minimum": 1, "maximum": 10000})
 CURSOR = Param("cursor", "query", "next_cursor of the previous page")
+RECORD_FIELDS = Param(
+    "record_fields",
+    "query",
+    "true: each item also gives its record's partition, offset and timestamp (as a key read)",
+    {"enum": ["true", "false"]},
+)
 EPOCH_MS = {"type": "integer", "minimum": 0}
 HISTORY = (
     Param("from", "query", "first record time (inclusive), epoch ms or ISO-8601"),
@@ -211,6 +217,11 @@ REPLICA = object_of(
     freshness_ms={"type": ["integer", "null"]},
 )
 VERSIONS = _page(object_of(value=ANY, timestamp=INT, offset=INT))
+#: an item of a page of rows: its key and value, and with record_fields=true its record's
+#: partition, offset and timestamp
+ROW_FIELDS: dict[str, Mapping[str, Any]] = dict(
+    key=ANY, value=ANY, partition=INT, offset=INT, timestamp=INT
+)
 WINDOW_LIST = object_of(items=_array(object_of(start=INT, end=INT, value=ANY)))
 OWNERS = object_of(partition=INT, active={"type": ["object", "null"]}, standbys={"type": "array"})
 KEY_ERRORS = (400, 401, 403, 404, 405, 429, 503, 504)
@@ -308,11 +319,12 @@ ROUTES: tuple[Route, ...] = (
                 "true: only the partitions this node is active for",
                 {"enum": ["true", "false"]},
             ),
+            RECORD_FIELDS,
             *READ,
         ),
         summary="keys in serialized-byte order across all partitions (with --auth-policy, "
         "only the keys the token may read)",
-        ok=_page(object_of(key=ANY, value=ANY)),
+        ok=_page(object_of("key", "value", **ROW_FIELDS)),
         ok_description="a page",
         errors=KEY_ERRORS,
         read=decode.range_query,
@@ -332,11 +344,12 @@ ROUTES: tuple[Route, ...] = (
             ),
             LIMIT,
             CURSOR,
+            RECORD_FIELDS,
             *READ,
         ),
         summary="the rows whose value under the index is this one, by key, over all "
         "partitions (with --auth-policy, only the keys the token may read)",
-        ok=_page(object_of(key=ANY, value=ANY)),
+        ok=_page(object_of("key", "value", **ROW_FIELDS)),
         ok_description="a page",
         errors=KEY_ERRORS,
         read=decode.index_query,
@@ -353,12 +366,13 @@ ROUTES: tuple[Route, ...] = (
             Param("to", "query", "end index value (exclusive)"),
             LIMIT,
             CURSOR,
+            RECORD_FIELDS,
             *READ,
         ),
         summary="the rows whose value under the index is in [from, to), by value (numbers "
         "before strings) then key, over all partitions (with --auth-policy, only the keys "
         "the token may read)",
-        ok=_page(object_of(index=ANY, key=ANY, value=ANY)),
+        ok=_page(object_of("index", "key", "value", index=ANY, **ROW_FIELDS)),
         ok_description="a page",
         errors=KEY_ERRORS,
         read=decode.index_query,
@@ -549,7 +563,17 @@ ROUTES: tuple[Route, ...] = (
         "read",
         (
             *READ,
-            *_internal("partitions", "start", "end", "limit", "view", "index", "as_of", "value"),
+            *_internal(
+                "partitions",
+                "start",
+                "end",
+                "limit",
+                "view",
+                "index",
+                "as_of",
+                "value",
+                "record_fields",
+            ),
         ),
         read=decode.partition_scan,
     ),

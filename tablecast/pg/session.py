@@ -1190,6 +1190,7 @@ class Session:
                 limit=page,
                 cursor=cursor,
                 bound=bound,
+                record_fields=st.metadata,
             )
             found = await self._settle(self.router.read(q, req))
             self._found_position(found)

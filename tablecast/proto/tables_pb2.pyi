@@ -89,12 +89,18 @@ class RangeRequest(_message.Message):
     def __init__(self, table: _Optional[str] = ..., start: _Optional[str] = ..., end: _Optional[str] = ..., prefix: _Optional[str] = ..., limit: _Optional[int] = ..., cursor: _Optional[str] = ...) -> None: ...
 
 class RangeItem(_message.Message):
-    __slots__ = ("key", "value")
+    __slots__ = ("key", "value", "partition", "offset", "timestamp")
     KEY_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     key: str
     value: str
-    def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    partition: int
+    offset: int
+    timestamp: int
+    def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., timestamp: _Optional[int] = ...) -> None: ...
 
 class RangeResponse(_message.Message):
     __slots__ = ("items", "next_cursor")

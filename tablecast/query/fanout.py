@@ -212,10 +212,10 @@ class FanOut:
         query = [q.start, q.end, q.prefix, "true" if q.owned else None]
         scan: Scan
         if q.as_of is None:
-            scan = Scan(info, scope)
+            scan = Scan(info, scope, q.record_fields)
         else:
             require_history(info)
-            scan = AsOfScan(info, scope, q.as_of)
+            scan = AsOfScan(info, scope, q.as_of, q.record_fields)
             query.append(str(q.as_of))  # a plain range's cursor stays as it always was
         if scope is not None and not scope.clip(start, end):  # nothing granted in the range
             return self._empty_page()
@@ -240,12 +240,12 @@ class FanOut:
         if q.value is not None:
             lo = _index_value(q.value, "the value")
             hi = prefix_end(lo)
-            scan = IndexScan(info, scope, q.index, with_value=False)
+            scan = IndexScan(info, scope, q.index, False, q.record_fields)
             query = [q.index, q.value]
         else:
             lo = None if q.start is None else _index_value(q.start, "from")
             hi = None if q.end is None else _index_value(q.end, "to")
-            scan = IndexScan(info, scope, q.index, with_value=True)
+            scan = IndexScan(info, scope, q.index, True, q.record_fields)
             query = [q.index, q.start, q.end]
         return await self._paged(info, req, q, scan, lo, hi, query)
 

@@ -393,7 +393,8 @@ def read_page(
     while todo:
         for i in todo:
             r = replicas[i]
-            pages[i], at[i] = exact_read(info, r, partial(scan.read, r.store, lo, hi, wants[i]))
+            read = partial(scan.read, r.store, r.partition, lo, hi, wants[i])
+            pages[i], at[i] = exact_read(info, r, read)
         todo = short_pages(pages, wants, n)
         for i in todo:
             wants[i] = min(n, wants[i] * 4)

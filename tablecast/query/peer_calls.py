@@ -334,13 +334,18 @@ def target_of(query: Query, partitions: Iterable[int]) -> str:
             owned="true" if query.owned else None,
             limit=query.limit,
             cursor=query.cursor,
+            record_fields="true" if query.record_fields else None,
         )
     elif type(query) is IndexQuery:
         target = f"/v1/tables/{t}/index/{quote(query.index, safe='')}"
         if query.value is not None:
             target += "/" + quote(query.value, safe="")
         _put(
-            params, **{"from": query.start, "to": query.end}, limit=query.limit, cursor=query.cursor
+            params,
+            **{"from": query.start, "to": query.end},
+            limit=query.limit,
+            cursor=query.cursor,
+            record_fields="true" if query.record_fields else None,
         )
     elif type(query) is CountQuery:
         target = f"/v1/tables/{t}/count"
@@ -358,6 +363,7 @@ def target_of(query: Query, partitions: Iterable[int]) -> str:
             as_of=query.as_of,
             index=query.index,
             value=None if query.index is None else str(query.with_value).lower(),
+            record_fields="true" if query.record_fields else None,
         )
     elif type(query) is PartitionCount:
         target = f"/internal/tables/{t}/count"

@@ -120,7 +120,8 @@ class RangeQuery(NamedTuple):
     """A page of rows by key: keys in [start, end) and with `prefix` (each optional), the
     latest or (a table with history) as of a time; `owned`: only the partitions the node
     asked is active for (a job beside every node sees each key once); `cursor` continues
-    the page before."""
+    the page before; `record_fields`: each row also says its record's partition, offset
+    and timestamp, as a key read does."""
 
     table: str
     bound: ReadOptions = NO_OPTIONS
@@ -131,6 +132,7 @@ class RangeQuery(NamedTuple):
     owned: bool = False
     limit: int = DEFAULT_LIMIT
     cursor: str | None = None
+    record_fields: bool = False
 
     @classmethod
     def between(
@@ -145,13 +147,15 @@ class RangeQuery(NamedTuple):
         limit: int = DEFAULT_LIMIT,
         cursor: str | None = None,
         bound: ReadOptions = NO_OPTIONS,
+        record_fields: bool = False,
     ) -> RangeQuery:
-        return cls(table, bound, start, end, prefix, as_of, owned, limit, cursor)
+        return cls(table, bound, start, end, prefix, as_of, owned, limit, cursor, record_fields)
 
 
 class IndexQuery(NamedTuple):
     """A page of the rows of a secondary index: those whose `index` value is `value`, by key,
-    or (`value` None) those with values in [start, end), by value then key."""
+    or (`value` None) those with values in [start, end), by value then key;
+    `record_fields` as a :class:`RangeQuery`'s."""
 
     table: str
     index: str
@@ -161,6 +165,7 @@ class IndexQuery(NamedTuple):
     end: str | None = None
     limit: int = DEFAULT_LIMIT
     cursor: str | None = None
+    record_fields: bool = False
 
     @classmethod
     def equal(
@@ -172,8 +177,9 @@ class IndexQuery(NamedTuple):
         limit: int = DEFAULT_LIMIT,
         cursor: str | None = None,
         bound: ReadOptions = NO_OPTIONS,
+        record_fields: bool = False,
     ) -> IndexQuery:
-        return cls(table, index, bound, value, None, None, limit, cursor)
+        return cls(table, index, bound, value, None, None, limit, cursor, record_fields)
 
     @classmethod
     def between(
@@ -186,8 +192,9 @@ class IndexQuery(NamedTuple):
         limit: int = DEFAULT_LIMIT,
         cursor: str | None = None,
         bound: ReadOptions = NO_OPTIONS,
+        record_fields: bool = False,
     ) -> IndexQuery:
-        return cls(table, index, bound, None, start, end, limit, cursor)
+        return cls(table, index, bound, None, start, end, limit, cursor, record_fields)
 
 
 class CountQuery(NamedTuple):
@@ -219,7 +226,8 @@ class PartitionScan(NamedTuple):
     """Rows of some of the asked node's own partitions, by serialized key (or index entry)
     in [start, end): what a node fanning a paged read out asks a peer. `view` says which
     rows: ``rows``, ``as_of`` (each key's version then) or ``index`` (one index's
-    entries); None asks as nodes before views did, rows answered as [key, value]."""
+    entries); None asks as nodes before views did, rows answered as [key, value].
+    `record_fields`: each row also says its record's partition, offset and timestamp."""
 
     table: str
     partitions: tuple[int, ...]
@@ -231,6 +239,7 @@ class PartitionScan(NamedTuple):
     as_of: int | None = None
     index: str | None = None
     with_value: bool = True
+    record_fields: bool = False
 
 
 class PartitionCount(NamedTuple):

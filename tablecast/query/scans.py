@@ -6,6 +6,8 @@ key), each with the item the answer shows. Pages over many partitions merge
 on the sort key (:func:`tablecast.query.local.merged`), and their cursors carry the
 last sort key. A scan applies the caller's grants itself: a range or as-of
 scan reads only the granted key spans, an index scan skips rows outside them.
+Asked for its record fields, each item also names the record it shows (partition,
+offset, timestamp), as a key read's answer does.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from tablecast.query.errors import ApiError
 from tablecast.query.policy import KeyScope, Span
 from tablecast.query.queries import PartitionScan
 from tablecast.store import PartitionStore
+from tablecast.store.base import Record, Version
 
 #: (sort key, the item the answer shows)
 Row = tuple[bytes, dict[str, Any]]
@@ -32,26 +35,40 @@ class Scan:
     #: what an internal call names it by (``view=``), with its own parameters
     view = "rows"
 
-    def __init__(self, info: TableInfo, scope: KeyScope | None) -> None:
+    def __init__(
+        self, info: TableInfo, scope: KeyScope | None, record_fields: bool = False
+    ) -> None:
         self.info = info
         self.scope = scope
+        self.record_fields = record_fields
         self._value = info.value_serde.to_json
         self._key = info.key_serde.to_json
 
-    def read(self, store: PartitionStore, lo: bytes | None, hi: bytes | None, n: int) -> list[Row]:
-        """Up to `n` rows with lo <= sort key < hi, in sort-key order."""
+    def read(
+        self, store: PartitionStore, partition: int, lo: bytes | None, hi: bytes | None, n: int
+    ) -> list[Row]:
+        """Up to `n` rows of `partition`'s store with lo <= sort key < hi, in sort-key order."""
         out: list[Row] = []
         for s_lo, s_hi in self._spans(lo, hi):
             for key, record in store.scan(s_lo, s_hi, n - len(out)):
-                out.append((key, {"key": self._key(key), "value": self._value(record.value)}))
+                out.append((key, self._item(key, record, partition)))
             if len(out) >= n:
                 break
         return out
 
+    def _item(self, key: bytes, record: Record | Version, partition: int) -> dict[str, Any]:
+        """What the answer shows of the row of `key`, as `record` holds it."""
+        item = {"key": self._key(key), "value": self._value(record.value)}
+        if self.record_fields:
+            item["partition"] = partition
+            item["offset"] = record.offset
+            item["timestamp"] = record.timestamp
+        return item
+
     def share(self) -> dict[str, Any]:
         """What a :class:`~tablecast.query.queries.PartitionScan` passes on for a peer to run
         the same scan, beyond its view."""
-        return {}
+        return {"record_fields": True} if self.record_fields else {}
 
     def _spans(self, lo: bytes | None, hi: bytes | None) -> list[Span]:
         return [(lo, hi)] if self.scope is None else self.scope.clip(lo, hi)
@@ -62,23 +79,26 @@ class AsOfScan(Scan):
 
     view = "as_of"
 
-    def __init__(self, info: TableInfo, scope: KeyScope | None, at: int) -> None:
-        super().__init__(info, scope)
+    def __init__(
+        self, info: TableInfo, scope: KeyScope | None, at: int, record_fields: bool = False
+    ) -> None:
+        super().__init__(info, scope, record_fields)
         self.at = at
 
-    def read(self, store: PartitionStore, lo: bytes | None, hi: bytes | None, n: int) -> list[Row]:
+    def read(
+        self, store: PartitionStore, partition: int, lo: bytes | None, hi: bytes | None, n: int
+    ) -> list[Row]:
         check_floor(self.info, store, self.at)
         out: list[Row] = []
         for s_lo, s_hi in self._spans(lo, hi):
             for key, version in store.scan_as_of(s_lo, s_hi, self.at, n - len(out)):
-                item = {"key": self._key(key), "value": self._value(version.value)}
-                out.append((key, item))
+                out.append((key, self._item(key, version, partition)))
             if len(out) >= n:
                 break
         return out
 
     def share(self) -> dict[str, Any]:
-        return {"as_of": self.at}
+        return {**super().share(), "as_of": self.at}
 
 
 class IndexScan(Scan):
@@ -88,13 +108,20 @@ class IndexScan(Scan):
     view = "index"
 
     def __init__(
-        self, info: TableInfo, scope: KeyScope | None, name: str, with_value: bool = True
+        self,
+        info: TableInfo,
+        scope: KeyScope | None,
+        name: str,
+        with_value: bool = True,
+        record_fields: bool = False,
     ) -> None:
-        super().__init__(info, scope)
+        super().__init__(info, scope, record_fields)
         self.name = name
         self.with_value = with_value
 
-    def read(self, store: PartitionStore, lo: bytes | None, hi: bytes | None, n: int) -> list[Row]:
+    def read(
+        self, store: PartitionStore, partition: int, lo: bytes | None, hi: bytes | None, n: int
+    ) -> list[Row]:
         allows: Callable[[bytes], bool] | None = None if self.scope is None else self.scope.allows
         out: list[Row] = []
         while len(out) < n:
@@ -104,7 +131,7 @@ class IndexScan(Scan):
                 value, key = index_codec.split(composite)
                 if allows is not None and not allows(key):
                     continue
-                item = {"key": self._key(key), "value": self._value(record.value)}
+                item = self._item(key, record, partition)
                 if self.with_value:
                     item = {"index": value, **item}
                 out.append((composite, item))
@@ -116,7 +143,7 @@ class IndexScan(Scan):
         return out
 
     def share(self) -> dict[str, Any]:
-        return {"index": self.name, "with_value": self.with_value}
+        return {**super().share(), "index": self.name, "with_value": self.with_value}
 
 
 def check_floor(info: TableInfo, store: PartitionStore, at: int) -> None:
@@ -133,13 +160,13 @@ def check_floor(info: TableInfo, store: PartitionStore, at: int) -> None:
 def scan_for(info: TableInfo, scope: KeyScope | None, q: PartitionScan) -> Scan:
     """The scan a peer's :class:`~tablecast.query.queries.PartitionScan` asks for."""
     if q.view in ("rows", None):
-        return Scan(info, scope)
+        return Scan(info, scope, q.record_fields)
     if q.view == "as_of" and q.as_of is not None:
         require_history(info)
-        return AsOfScan(info, scope, q.as_of)
+        return AsOfScan(info, scope, q.as_of, q.record_fields)
     if q.view == "index" and q.index is not None:
         require_index(info, q.index)
-        return IndexScan(info, scope, q.index, q.with_value)
+        return IndexScan(info, scope, q.index, q.with_value, q.record_fields)
     raise ApiError("bad_request", "view is rows, as_of (with as_of=) or index (with index=)")
 
 

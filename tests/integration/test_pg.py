@@ -161,6 +161,17 @@ def _reads_match(conn: psycopg.Connection, node: NodeProcess) -> None:
             cur.execute("SELECT key FROM kv WHERE key LIKE 'k01%' ORDER BY key")
             http = _all_http(node, "kv", prefix="k01")
             assert [r[0] for r in cur.fetchall()] == [r["key"] for r in http]
+            # a whole table's records (both nodes' partitions) as HTTP's range gives them,
+            # and as each key's read alone
+            cur.execute(f"SELECT {columns} FROM kv")
+            got = [(k, p, o, int(t.timestamp() * 1000)) for k, p, o, t in cur.fetchall()]
+            fields = ("key", "partition", "offset", "timestamp")
+            http = _all_http(node, "kv", record_fields="true")
+            assert got == [tuple(r[f] for f in fields) for r in http] and len(got) == len(KEYS)
+            assert {p for _, p, _, _ in got} == set(range(6))
+            for key, *record in got[::17]:
+                doc = _http(node, f"/v1/tables/kv/keys/{key}")
+                assert record == [doc[f] for f in fields[1:]], key
             cur.execute("SELECT key FROM kv WHERE key >= %s AND key < %s", ("k050", "k060"))
             http = _all_http(node, "kv", **{"from": "k050", "to": "k060"})
             assert [r[0] for r in cur.fetchall()] == [r["key"] for r in http]

@@ -230,7 +230,7 @@ def test_grpc_reads_answer_as_http_does(nodes) -> None:  # type: ignore[no-untyp
                 page = await stub.Range(
                     pb.RangeRequest(table="kv", limit=5, cursor=cursor), metadata=md
                 )
-                pages += [(i.key, i.value) for i in page.items]
+                pages += [(i.key, i.value, i.partition, i.offset, i.timestamp) for i in page.items]
                 cursor = page.next_cursor
                 if not cursor:
                     break
@@ -259,7 +259,10 @@ def test_grpc_reads_answer_as_http_does(nodes) -> None:  # type: ignore[no-untyp
             ("bob/01", False, True),
             ("alice/99", False, False),
         ]
-        assert [k for k, _ in got["range"]] == [f"alice/{i:02d}" for i in range(12)]
+        assert [item[0] for item in got["range"]] == [f"alice/{i:02d}" for i in range(12)]
+        # each range item names its record as Get's row does
+        item = next(item for item in got["range"] if item[0] == "alice/03")
+        assert item[2:] == (row.partition, row.offset, row.timestamp) and row.timestamp > 0
         assert got["bob"] == (grpc.StatusCode.PERMISSION_DENIED, "forbidden")
         assert got["nobody"] == (grpc.StatusCode.UNAUTHENTICATED, "unauthorized")
         assert got["bad"] == (grpc.StatusCode.INVALID_ARGUMENT, "bad_request")
