@@ -24,7 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from tablecast.cluster.replica import Replica
 from tablecast.contract.table_info import TableInfo
-from tablecast.query.kept_answers import Answers
+from tablecast.query.kept_answers import Answers, ReadMark
 from tablecast.store.cache import drop_oldest
 
 #: per reply beyond its request's and reply's bytes: the dict slot, the object, its fields
@@ -92,9 +92,9 @@ class KeptReplies:
             return None
         return kept
 
-    def stamp(self, info: TableInfo, replica: Replica, version: int, end: int) -> int | None:
+    def stamp(self, info: TableInfo, replica: Replica, before: ReadMark) -> int | None:
         """:meth:`Answers.stamp`: the position a read is exact at, None when not keepable."""
-        return self.answers.stamp(info, replica, version, end)
+        return self.answers.stamp(info, replica, before)
 
     def keep(self, request: bytes, reply: Reply) -> None:
         size = _size(request, reply)

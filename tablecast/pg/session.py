@@ -54,6 +54,7 @@ from tablecast.query.consistency import NO_OPTIONS, bound_of
 from tablecast.query.errors import ApiError
 from tablecast.query.fanout import MAX_BATCH
 from tablecast.query.gate import Gate
+from tablecast.query.kept_answers import ReadMark, mark
 from tablecast.query.local import Found
 from tablecast.query.policy import Grants
 from tablecast.query.queries import (
@@ -485,10 +486,9 @@ class Session:
         kept.where = self.position
         self.replies.keep(request, kept)  # type: ignore[union-attr]
 
-    def _before_read(self, st: Read, value: Any) -> tuple[TableInfo, Any, int, int] | None:
-        """The replica a plain read of key `value` is answered from here, with its seqlock
-        version and topic end before the read (:meth:`Answers.stamp`); None when its
-        reply is not kept."""
+    def _before_read(self, st: Read, value: Any) -> tuple[TableInfo, Any, ReadMark] | None:
+        """The replica a plain read of key `value` is answered from here, with where it
+        stood before the read (:meth:`Answers.stamp`); None when its reply is not kept."""
         if self.tx != b"I" or self._bound() is not NO_OPTIONS or self._as_of() is not None:
             return None
         info = st.info
@@ -502,15 +502,15 @@ class Session:
         replica = local.readable(info, info.partition_of(raw), NO_OPTIONS)
         if replica is None:
             return None
-        return info, replica, replica.version, replica.end_offset
+        return info, replica, mark(replica)
 
-    def _stamp_read(self, info: TableInfo, replica: Any, version: int, end: int) -> None:
+    def _stamp_read(self, info: TableInfo, replica: Any, before: ReadMark) -> None:
         """The packet's read was answered: the position it is exact at, if it may be kept."""
-        position = self.replies.stamp(info, replica, version, end)  # type: ignore[union-attr]
+        position = self.replies.stamp(info, replica, before)  # type: ignore[union-attr]
         if position is None:
             self._chunk = None
         else:
-            self._chunk_read = (info, replica, position, end)
+            self._chunk_read = (info, replica, position, before.end)
 
     async def _one_later(
         self, st: Read, portal: Portal, pending: Awaitable[dict[str, Any] | None]

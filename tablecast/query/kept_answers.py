@@ -25,7 +25,7 @@ and counts towards the same bound.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from tablecast.cluster.node import Node
 from tablecast.cluster.replica import Replica
@@ -47,6 +47,24 @@ REQUEST_OVERHEAD = 160
 #: different (a trace id header) would otherwise pile names on a hot answer
 MAX_REQUESTS_PER_ANSWER = 4
 JSON = ("content-type", "application/json")
+
+
+class ReadMark(NamedTuple):
+    """Where a replica stood as a read of it began (:func:`mark`): an answer is kept only if
+    the replica stands there still once it is made, so its headers are those of the
+    position it is kept at."""
+
+    version: int
+    end: int
+    position: int
+    #: not stale: the answer's headers say staleness 0, as every kept answer's do
+    fresh: bool
+
+
+def mark(replica: Replica) -> ReadMark:
+    return ReadMark(
+        replica.version, replica.end_offset, replica.position, replica.stale_since is None
+    )
 
 
 class Entry:
@@ -156,22 +174,25 @@ class Answers:
             and self._answerable(info, replica, slot)
         )
 
-    def stamp(self, info: TableInfo, replica: Replica, version: int, end: int) -> int | None:
-        """The position a plain read of `replica` is exact at, read while its seqlock stood
-        at `version` and its topic end at `end`; None when it may not be kept.
+    def stamp(self, info: TableInfo, replica: Replica, before: ReadMark) -> int | None:
+        """The position a plain read of `replica` begun at `before` is exact at; None when
+        its answer may not be kept.
 
-        The position is read after the answer: if the seqlock still stands at the same
-        even version no apply started since the read began, so the answer is exact at
-        that position, and with the same end its headers are those of that position."""
-        position = replica.position
+        If the seqlock still stands at the same even version no apply started since the
+        read began, so the answer is exact at the position. That position may also move
+        without an apply (past a transaction's marker, or a record left out), and the
+        replica may have been stale as the headers were made: the same position, end and
+        freshness now say the headers are those the read path gives at that position."""
         if (
-            version & 1
-            or replica.version != version
-            or replica.end_offset != end
+            before.version & 1
+            or not before.fresh
+            or replica.version != before.version
+            or replica.end_offset != before.end
+            or replica.position != before.position
             or not self._answerable(info, replica, replica.slot)
         ):
             return None
-        return position
+        return before.position
 
     def _answerable(self, info: TableInfo, replica: Replica, slot: tuple[str, int]) -> bool:
         """`replica` answers a plain read here, as the router would decide: caught up, not
@@ -193,24 +214,24 @@ class Answers:
         path: str,
         info: TableInfo,
         replica: Replica,
-        version: int,
-        end: int,
+        before: ReadMark,
         headers: Any,
         body: bytes,
     ) -> None:
-        """Remember a 200 answer read from `replica` whose seqlock stood at `version` and
-        topic end at `end` before the read (:meth:`stamp`)."""
-        position = self.stamp(info, replica, version, end)
+        """Remember a 200 answer read from `replica` that stood at `before` as the read
+        began (:meth:`stamp`)."""
+        position = self.stamp(info, replica, before)
         if position is None:
             return
         size = _size(path, body)
         if size > self.max_bytes:
             return
-        before = self._entries.pop(path, None)  # kept before, at an older position
-        if before is not None:
-            self._forget(before)
+        older = self._entries.pop(path, None)  # kept before, at an older position
+        if older is not None:
+            self._forget(older)
         self._make_room(size)
-        self._entries[path] = Entry(path, info, replica, position, end, [JSON, *headers], body)
+        entry = Entry(path, info, replica, position, before.end, [JSON, *headers], body)
+        self._entries[path] = entry
         self._bytes += size
 
     def _make_room(self, size: int) -> None:

@@ -35,7 +35,7 @@ from tablecast.query.cursor import Cursors
 from tablecast.query.errors import ApiError
 from tablecast.query.fanout import FanOut
 from tablecast.query.forwarding import FORWARDING
-from tablecast.query.kept_answers import Answers
+from tablecast.query.kept_answers import Answers, mark
 from tablecast.query.local import (
     Answer,
     EncodeEntry,
@@ -218,9 +218,9 @@ class Router:
                 try:
                     if keep_as is None or self.answers is None:
                         return local.read_key(info, raw, partition, replica, key_text, encode)
-                    version, end = replica.version, replica.end_offset
+                    before = mark(replica)
                     answer = local.read_key(info, raw, partition, replica, key_text, encode)
-                    self.answers.keep(keep_as, info, replica, version, end, answer[2], answer[1])
+                    self.answers.keep(keep_as, info, replica, before, answer[2], answer[1])
                     return answer
                 except ApiError as e:
                     if e.code != "partition_unavailable":

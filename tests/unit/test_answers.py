@@ -138,6 +138,37 @@ def test_a_read_that_overlapped_an_apply_is_not_kept() -> None:
     assert entry is not None and orjson.loads(entry.body)["value"] == "v1"
 
 
+@pytest.mark.parametrize("move", ["skipped", "fresh again"])
+def test_a_read_whose_replica_moved_without_an_apply_is_not_kept(move: str) -> None:
+    """The position moves on past a record left out (or a transaction's marker) and a stale
+    replica turns fresh without an apply: an answer made before either says what it was
+    then (lag, staleness), so it is not kept at the replica's new standing."""
+    router, answers, replica, _ = _setup()
+    local = router.local
+    real_headers = local.headers
+    if move == "skipped":
+        replica.end_offset = replica.position + 1  # one record more, to be left out
+    else:
+        replica.stale_since = 1.0
+
+    def headers_then_move(r: Replica, position: int) -> Any:
+        made = real_headers(r, position)
+        local.headers = real_headers  # type: ignore[method-assign]
+        if move == "skipped":
+            replica.skip_past(replica.position)
+        else:
+            replica.stale_since = None
+        return made
+
+    local.headers = headers_then_move  # type: ignore[method-assign]
+    _, _, then = _read(router)
+    assert answers.get(PATH) is None
+    _, body, now = _read(router)
+    assert now != then
+    entry = answers.get(PATH)
+    assert entry is not None and entry.body == body and entry.headers == [JSON, *now]
+
+
 def test_only_plain_found_reads_are_kept() -> None:
     router, answers, _, _ = _setup()
     with pytest.raises(ApiError):
