@@ -55,6 +55,10 @@ def head(path: str, *headers: str, request: str = "GET {} HTTP/1.1") -> bytes:
         (head("/v1/tables/kv/keys/a", request="HEAD {} HTTP/1.1"), False),
         (head("/v1/tables/kv/keys/a", request="GET {} HTTP/1.0"), False),
         (head("/v1/tables/kv/keys/a", request="GET  {} HTTP/1.1"), False),
+        # bytes the node's parser refuses in a target (it answers 400)
+        (head("/v1/tables/kv/keys/a\x7fb"), False),
+        (head("/v1/tables/kv/keys/a\x01b"), False),
+        ("GET /v1/tables/kv/keys/\u00e9 HTTP/1.1\r\nhost: x".encode(), False),
     ],
 )
 def test_only_plain_key_reads_are_a_read_process_s(raw: bytes, ours: bool) -> None:

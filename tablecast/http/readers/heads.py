@@ -32,6 +32,8 @@ _PIPED = {b"transfer-encoding", b"upgrade", b"expect"}
 #: methods whose answer carries no body though it may say a length (HEAD), or a tunnel
 _PIPED_METHODS = {b"HEAD", b"CONNECT"}
 _DIGITS = re.compile(rb"[0-9]{1,15}")
+#: a request target the node's parser takes: visible ASCII (it refuses any other byte)
+_TARGET = re.compile(rb"[\x21-\x7e]+")
 
 AFTER = AFTER_HEADER.encode()
 
@@ -64,6 +66,8 @@ def plain_get(head: bytes) -> tuple[str, str, dict[bytes, bytes]] | None:
     if method != b"GET" or version != b"HTTP/1.1":
         return None
     if not url.startswith(b"/v1/tables/") or b"?" in url or b"#" in url:
+        return None
+    if _TARGET.fullmatch(url) is None:  # the node refuses it, as malformed
         return None
     headers: dict[bytes, bytes] = {}
     for name, value in fields:
