@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, NoReturn, Protocol
 
 import grpc
@@ -31,7 +31,7 @@ from tablecast.live.service import Live
 from tablecast.live.sinks import QueueSink
 from tablecast.proto import tables_pb2 as pb
 from tablecast.query.auth import Caller
-from tablecast.query.consistency import bound_of
+from tablecast.query.consistency import AFTER_HEADER, ReadOptions, bound_of
 from tablecast.query.errors import ApiError
 from tablecast.query.fanout import limit_param
 from tablecast.query.gate import Gate, fetching
@@ -237,9 +237,10 @@ class Tables:
     def get(self, request: pb.GetRequest, call: Call) -> Any:
         answers = self.answers
         keep_as = None
-        if answers is not None and not request.HasField("max_lag"):
+        metadata = call.metadata
+        # a kept answer is as fresh as the replica now: a read after a position may have to wait
+        if answers is not None and not request.HasField("max_lag") and AFTER_HEADER not in metadata:
             keep_as = kept_name(request.table, request.key)
-            metadata = call.metadata
             entry = (
                 answers.get(keep_as) if HOP not in metadata and SIGNATURE not in metadata else None
             )
@@ -252,7 +253,7 @@ class Tables:
         if not isinstance(req, Request):
             return self._get_later(request, req)
         try:
-            query = KeyQuery.latest(request.table, request.key, bound_of(_max_lag(request), None))
+            query = KeyQuery.latest(request.table, request.key, _bound(request, metadata))
             answer = self.router.key(query, req, keep_as, row_of)
         except ApiError as e:
             return _not_found(e)
@@ -265,7 +266,7 @@ class Tables:
     ) -> pb.GetResponse:
         req = await pending
         try:
-            query = KeyQuery.latest(request.table, request.key, bound_of(_max_lag(request), None))
+            query = KeyQuery.latest(request.table, request.key, _bound(request, req.headers))
             answer = self.router.key(query, req, encode=row_of)
             if not isinstance(answer, tuple):
                 answer = await answer
@@ -305,7 +306,7 @@ class Tables:
             info, _ = self.router.table(request.table, req)
             local = self.router.local
             keys = [info.key_serde.to_json(local.key_bytes(info, k)) for k in request.keys]
-            query = BatchQuery.of_keys(request.table, keys, bound_of(_max_lag(request), None))
+            query = BatchQuery.of_keys(request.table, keys, _bound(request, req.headers))
         except ApiError as e:
             _abort(e)
         found = await self._found(self.router.fan.batch_get(query, req))
@@ -328,6 +329,7 @@ class Tables:
                 prefix=_optional(request, "prefix"),
                 limit=limit_param({"limit": str(request.limit)} if request.limit else {}),
                 cursor=request.cursor or None,
+                bound=_bound(request, req.headers),
                 record_fields=True,  # a Row names its record
             )
         except ApiError as e:
@@ -394,8 +396,12 @@ def _optional(request: Any, field: str) -> str | None:
     return getattr(request, field) if request.HasField(field) else None
 
 
-def _max_lag(request: Any) -> dict[str, str]:
-    return {"max_lag": str(request.max_lag)} if request.HasField("max_lag") else {}
+def _bound(request: Any, metadata: Mapping[str, str]) -> ReadOptions:
+    """A read's bound: its ``max_lag`` field, and an ``x-tablecast-after`` position in its
+    metadata (as HTTP's header of that name)."""
+    lagged = "max_lag" in request.DESCRIPTOR.fields_by_name and request.HasField("max_lag")
+    params = {"max_lag": str(request.max_lag)} if lagged else {}
+    return bound_of(params, metadata.get(AFTER_HEADER))
 
 
 def _error_code(body: bytes) -> str | None:

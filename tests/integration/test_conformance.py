@@ -347,12 +347,16 @@ class Sql:
         token: str | None,
         headers: dict[str, str] | None = None,
     ) -> Outcome:
-        assert not headers, "a SQL read has no headers"
+        # a read's bound is a session setting in SQL
+        settings = {"x-tablecast-after": "tablecast.after"}
+        assert set(headers or ()) <= set(settings), "a SQL read has no other headers"
 
         async def call() -> Outcome:
             try:
                 conn = await self._connect(cluster, token)
                 try:
+                    for name, value in (headers or {}).items():
+                        await conn.execute(f"SET {settings[name]} = '{value}'")
                     quoted = '"' + table.replace('"', '""') + '"'
                     rows = await conn.fetch(f"SELECT value FROM {quoted} WHERE key = $1", key)
                 finally:
@@ -1441,6 +1445,22 @@ def test_a_silent_identity_provider_holds_up_nobody(slow_idp: SlowIdp, front: st
     assert statistics.median(took) < 0.5, took
     assert max(took) < JWKS_TIMEOUT_S / 2, took
     assert refused and max(refused) < JWKS_TIMEOUT_S + 2, max(refused)
+
+
+@pytest.mark.parametrize("front", READS)
+def test_a_read_after_a_position_beyond_the_end_is_refused(cluster: Cluster, front: str) -> None:
+    """A read held to an after position beyond its partition's end (X-Tablecast-After, gRPC
+    metadata of that name, SQL's tablecast.after) is refused, whether the node answers the
+    key itself or forwards it: no node handed that position out."""
+    f = READS[front]
+    token = alice(f"after-{front}")
+    future = "kv@" + ",".join(f"{p}:1000000000000" for p in range(PARTITIONS))
+    elsewhere = _owned_elsewhere(cluster, f.node)
+    here = [k for k in (f"alice/{i:02d}" for i in range(16)) if k not in elsewhere]
+    for key in [elsewhere[0], *here[:1]]:
+        assert f.get(cluster, "kv", key, token).code == "ok", key
+        got = f.get(cluster, "kv", key, token, {"x-tablecast-after": future})
+        assert got.code == "bad_request", (key, got)
 
 
 @pytest.mark.parametrize("front", WATCHES)
