@@ -348,7 +348,13 @@ class HttpApp:
         of a peer's partition (:mod:`tablecast.query.short_path`); None when :meth:`begin`
         takes the request. The same request (its bytes) may be sent on it again."""
         forwards = self._forwards
-        if forwards is None or AFTER_HEADER in headers or HOP in headers:
+        # a token goes on with the read (its owner may check tokens where this node does not)
+        if (
+            forwards is None
+            or AFTER_HEADER in headers
+            or HOP in headers
+            or "authorization" in headers
+        ):
             return None
         return forwards.plan(path)
 

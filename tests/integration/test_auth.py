@@ -67,6 +67,45 @@ def test_hs256_on_two_nodes_and_forwarding(bootstrap: str, unique: str, logs: Pa
         stop_all(nodes)
 
 
+def test_a_token_goes_on_while_auth_is_turned_on_node_by_node(
+    bootstrap: str, unique: str, logs: Path
+) -> None:
+    """A node without auth forwards a client's token with its reads, however often the same
+    read comes (a read sent again may take a shorter way): an owner with auth on answers a
+    client that sends one, and refuses one that does not."""
+    model = make_table(bootstrap, unique, "kv", 6, serde.string(), serde.json())
+    model.write(bootstrap, [(f"k{i}", {"i": i}) for i in range(30)])
+    open_node = start_node(unique, bootstrap, logs)
+    secured = start_node(unique, bootstrap, logs, "--auth-jwt-secret", SECRET)
+    try:
+        for n in (open_node, secured):
+            n.wait_ready()
+        good = {"authorization": f"Bearer {token()}"}
+
+        def theirs() -> list[str]:
+            found = []
+            for i in range(30):
+                r = open_node.get(f"/v1/tables/kv/keys/k{i}/metadata")
+                active = r.json()["active"] if r.status_code == 200 else None
+                if active is None:
+                    return []  # still assigning
+                if active["url"] == secured.url:
+                    found.append(f"k{i}")
+            return found
+
+        keys = eventually(theirs, timeout=60)
+        with httpx.Client(base_url=open_node.url, timeout=10) as client:  # one connection
+            for key in keys:
+                for _ in range(4):
+                    r = client.get(f"/v1/tables/kv/keys/{key}", headers=good)
+                    assert r.status_code == 200, (key, r.text)
+                    assert r.json()["value"] == {"i": int(key[1:])}
+                r = client.get(f"/v1/tables/kv/keys/{key}")
+                assert r.status_code == 401, (key, r.text)
+    finally:
+        stop_all((open_node, secured))
+
+
 def test_jwks_file(bootstrap: str, unique: str, logs: Path, tmp_path: Path) -> None:
     model = make_table(bootstrap, unique, "kv", 2, serde.string(), serde.json(), store="memory")
     model.write(bootstrap, [("a", {"v": 1})])
