@@ -203,8 +203,6 @@ async def _ask(
     if answer is None:
         return None
     status, body, _ = not_refused(answer)
-    if status == 400:
-        raise ApiError("bad_request", orjson.loads(body)["error"]["message"])
     if status != 200:
         return None
     doc = orjson.loads(body)

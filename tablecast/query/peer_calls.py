@@ -6,9 +6,10 @@ at once, so a dead node costs a retry, not a failed query. When no choice is
 left, the read waits up to :data:`NO_REPLICA_GRACE_S` for the cluster view to
 name one before it answers 503: a replica that just became ready (a node back
 from a restart while another leaves) is only seen after its next heartbeat
-and tick, and a rolling restart must not fail reads for that. A 401 or 403 of a
-peer is the caller's answer (:func:`not_refused`): the nodes share one
-policy, so another node would refuse alike.
+and tick, and a rolling restart must not fail reads for that. A peer's judgement of
+the read itself (a bad parameter, a refused caller, a limit reached, a wait run out)
+is the caller's answer (:func:`not_refused`): the nodes share one policy and one
+read core, so another node would answer alike.
 """
 
 from __future__ import annotations
@@ -447,15 +448,30 @@ def plain_key_read(method: str, path: str) -> tuple[str, str] | None:
     return path_segment(parts[3]), path_segment(rest)
 
 
+#: a peer's answers that judge the read itself, by status: what its error says is raised
+JUDGED = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    429: "rate_limited",
+    504: "timeout",
+}
+
+
 def not_refused(answer: Answer) -> Answer:
-    """A peer's answer, unless it refused the caller: a 401 or 403 is raised as the peer
-    gave it. The reading node judged the caller, and another node would judge alike (the
-    nodes share one policy), so a fan-out must not take it for a node to route around."""
-    status, body, _ = answer
-    if status not in (401, 403):
+    """A peer's answer, unless it judged the read itself (:data:`JUDGED`: a bad parameter,
+    a refused caller, a limit reached, a wait for a position run out): that is raised as
+    the peer gave it, as it would have been had this node held the partitions. Another
+    node would judge alike, so a fan-out must not take it for a node to route around (nor
+    answer 503 once it has asked them all)."""
+    status, body, headers = answer
+    code = JUDGED.get(status)
+    if code is None:
         return answer
+    retry = [(k, v) for k, v in headers if k == "retry-after"]
     try:
         error = orjson.loads(body)["error"]
-        raise ApiError("unauthorized" if status == 401 else "forbidden", str(error["message"]))
+        message = str(error["message"])
     except (orjson.JSONDecodeError, KeyError, TypeError):
-        raise ApiError("forbidden", "a node refused this caller") from None
+        message = f"a node answered {status}"
+    raise ApiError(code, message, retry)

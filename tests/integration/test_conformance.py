@@ -1447,6 +1447,31 @@ def test_a_silent_identity_provider_holds_up_nobody(slow_idp: SlowIdp, front: st
     assert refused and max(refused) < JWKS_TIMEOUT_S + 2, max(refused)
 
 
+@pytest.mark.parametrize("front", ["http1-loop", "http1-granian"])
+def test_a_read_of_many_partitions_is_judged_alike_wherever_they_are(
+    cluster: Cluster, front: str
+) -> None:
+    """A range, count or batch held to a position its partition has not reached runs out
+    of time (504) whichever node holds that partition: the peer's judgement is the read's
+    answer, not a node to route around (and then a 503)."""
+    f = HTTP[front]
+    r = f.request(cluster, "GET", "/v1/tables/kv/range?limit=1", ADMIN)
+    ends = positions.parse(r.headers["x-tablecast-position"]).offsets
+    assert sorted(ends) == list(range(PARTITIONS)), ends
+    keys = {"keys": [f"alice/{i:02d}" for i in range(16)]}
+    for p in range(PARTITIONS):
+        # the next record of the partition, never written
+        wait = f"min_offset={p}:{ends[p]}&timeout_ms=300"
+        for method, path, body in (
+            ("GET", f"/v1/tables/kv/range?prefix=alice/&{wait}", None),
+            ("GET", f"/v1/tables/kv/count?{wait}", None),
+            ("POST", f"/v1/tables/kv/keys:batchGet?{wait}", keys),
+        ):
+            r = f.request(cluster, method, path, ADMIN, json=body)
+            assert r.status_code == 504, (p, path, r.status_code, r.text)
+            assert r.json()["error"]["code"] == "timeout", r.text
+
+
 @pytest.mark.parametrize("front", READS)
 def test_a_read_after_a_position_beyond_the_end_is_refused(cluster: Cluster, front: str) -> None:
     """A read held to an after position beyond its partition's end (X-Tablecast-After, gRPC
