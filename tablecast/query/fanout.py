@@ -51,6 +51,7 @@ from tablecast.query.scans import (
     Scan,
     require_history,
     require_index,
+    require_kv,
     scan_for,
 )
 from tablecast.serde import SerdeError
@@ -104,6 +105,7 @@ class FanOut:
         redirect when the caller asked for one (``redirect=true``)."""
         table, keys, opts = q.table, q.keys, q.bound
         info, scope = self.router.table(table, req)
+        require_kv(info)
         opts.check(info)
         if len(keys) > MAX_BATCH:
             raise ApiError("bad_request", f"at most {MAX_BATCH} keys per batch")
@@ -203,10 +205,7 @@ class FanOut:
     # -- paged reads -------------------------------------------------------------------
     async def range(self, q: RangeQuery, req: Request) -> Found | Answer:
         info, scope = self.router.table(q.table, req)
-        if info.kind != "kv":
-            raise ApiError(
-                "bad_request", f"{q.table!r} is a window table: read /keys/{{key}}/windows"
-            )
+        require_kv(info)
         q.bound.check(info)
         start, end = key_span(self.local, info, q.start, q.end, q.prefix)
         query = [q.start, q.end, q.prefix, "true" if q.owned else None]

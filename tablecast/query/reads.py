@@ -66,7 +66,7 @@ from tablecast.query.queries import (
 )
 from tablecast.query.ratelimit import WaitSlots
 from tablecast.query.request import Request
-from tablecast.query.scans import require_history
+from tablecast.query.scans import require_history, require_kv
 from tablecast.query.short_path import Forwards
 
 #: reads of one caller that may wait for an offset at once (serve --max-waits)
@@ -171,10 +171,7 @@ class Router:
             info, scope = self.local.table(table), None
         else:
             info, scope = caller.grants.table_scope(table, self.local.table)
-        if info.kind != "kv":
-            raise ApiError(
-                "bad_request", f"{table!r} is a window table: read /keys/{{key}}/windows"
-            )
+        require_kv(info)
         raw = self.local.key_bytes(info, key_text)
         if scope is not None and not scope.allows(raw):
             raise forbidden_key(table, key_text)

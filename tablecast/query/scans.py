@@ -170,6 +170,14 @@ def scan_for(info: TableInfo, scope: KeyScope | None, q: PartitionScan) -> Scan:
     raise ApiError("bad_request", "view is rows, as_of (with as_of=) or index (with index=)")
 
 
+def require_kv(info: TableInfo) -> None:
+    """400 for a window table: its rows are a key's windows, read by key."""
+    if info.kind != "kv":
+        raise ApiError(
+            "bad_request", f"{info.name!r} is a window table: read /keys/{{key}}/windows"
+        )
+
+
 def require_history(info: TableInfo) -> None:
     if info.history_ms is None:
         raise ApiError(

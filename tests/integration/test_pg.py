@@ -298,6 +298,14 @@ def _windows(conn: psycopg.Connection, node: NodeProcess) -> None:
         assert [r[0]["n"] for r in cur.fetchall()] == [0, 1, 2, 3]
         with pytest.raises(errors.FeatureNotSupported):
             cur.execute("SELECT * FROM per_minute WHERE key = 'u1'")
+    # its rows are a key's windows: HTTP refuses to read it by key, range or batch alike
+    for method, path, body in (
+        ("GET", "/v1/tables/per_minute/keys/u1", None),
+        ("GET", "/v1/tables/per_minute/range", None),
+        ("POST", "/v1/tables/per_minute/keys:batchGet", {"keys": ["u1"]}),
+    ):
+        r = httpx.request(method, node.url + path, json=body, timeout=10)
+        assert r.status_code == 400 and "window table" in r.text, (path, r.text)
 
 
 def _subscribe(conn: psycopg.Connection, kv: Any, bootstrap: str) -> None:
