@@ -66,7 +66,7 @@ from tablecast.query.queries import (
     RangeQuery,
     WindowsQuery,
 )
-from tablecast.query.reads import Router
+from tablecast.query.reads import Router, forbidden_key
 from tablecast.query.request import Request
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,11 @@ FLUSH_BYTES = 64 * 1024
 #: settings whose change a session reports back (ParameterStatus), as PostgreSQL does
 REPORTED = ("application_name", "client_encoding", "datestyle", "timezone", "intervalstyle")
 #: tablecast's own session settings -> the read option each one is
-CONSISTENCY = {"tablecast.max_lag": "max_lag", "tablecast.timeout_ms": "timeout_ms"}
+CONSISTENCY = {
+    "tablecast.max_lag": "max_lag",
+    "tablecast.max_staleness_ms": "max_staleness_ms",
+    "tablecast.timeout_ms": "timeout_ms",
+}
 
 #: what a session reads with beyond PostgreSQL's own settings
 SESSION_READ_SETTINGS = (*CONSISTENCY, "tablecast.after", "tablecast.as_of")
@@ -818,6 +822,10 @@ class Session:
                     ) from None
             if value is not None and name == "tablecast.after":
                 bound_of({}, str(value))  # 400 -> 22023 now, not at the next read
+        elif name.startswith("tablecast."):
+            # tablecast's prefix is reserved, as an extension's is: a misspelt setting
+            # is refused rather than kept and never read
+            raise SqlError("42704", f'unrecognized configuration parameter "{name}"')
         elif (
             name == "client_encoding"
             and value is not None
@@ -952,6 +960,10 @@ class Session:
         """The rows of a table function (tablecast.history(...) and the others), page by
         page, as the read core gives them."""
         info = st.info
+        if self._as_of() is not None:  # HTTP's index, history and windows take no as_of
+            raise SqlError(
+                "0A000", f"not supported: tablecast.{st.kind}(...) with tablecast.as_of set"
+            )
         args = [resolve(a, params) for a in st.args]
         time_from, time_to = st.times.resolve(params)
         if time_from is not None and time_to is not None and time_from > time_to:
@@ -1146,11 +1158,11 @@ class Session:
                 self.router.read(BatchQuery.of_keys(st.table, keys, bound), req)
             )
             self._found_position(found)
-            rows = [
-                (key_raw(info, r["key"]), r)
-                for r in found.doc["results"]  # type: ignore[union-attr]
-                if r.get("found")
-            ]
+            results = found.doc["results"]  # type: ignore[union-attr]
+            refused = next((r for r in results if r.get("forbidden")), None)
+            if refused is not None:  # as a read of that key alone is refused
+                raise forbidden_key(st.table, key_text(info, refused["key"]))
+            rows = [(key_raw(info, r["key"]), r) for r in results if r.get("found")]
             seen = set()
             for raw, r in sorted(rows, key=lambda x: x[0]):
                 if raw not in seen:  # a key named twice is one row

@@ -46,6 +46,7 @@ from tablecast.pg.types import (
     plain,
 )
 from tablecast.query.errors import ApiError
+from tablecast.query.fanout import prefix_bytes
 from tablecast.query.params import time_param
 from tablecast.serde import SerdeError
 
@@ -841,12 +842,16 @@ def _is_prefix_pattern(p: str) -> bool:
     return p.endswith("%") and not any(c in p[:-1] for c in "%_\\")
 
 
+#: key formats whose text form is the key itself (a string; bytes as latin-1 text), not JSON
+TEXT_KEYS = ("string", "bytes")
+
+
 def key_json(info: TableInfo, v: Any) -> Any:
     """A value a statement compares the key with, as the table's key in JSON."""
     fmt = info.key["format"]
     if v is None:
         raise SqlError("22004", "a key is never NULL")
-    if fmt == "string":
+    if fmt in TEXT_KEYS:
         return v if isinstance(v, str) else orjson.dumps(v).decode()
     if fmt == "long":
         try:
@@ -873,7 +878,7 @@ def key_raw(info: TableInfo, v: Any) -> bytes:
 def key_text(info: TableInfo, v: Any) -> str:
     """A key as a URL path names it (the text reads take)."""
     j = key_json(info, v)
-    return j if isinstance(j, str) and info.key["format"] == "string" else orjson.dumps(j).decode()
+    return j if isinstance(j, str) and info.key["format"] in TEXT_KEYS else orjson.dumps(j).decode()
 
 
 def _ordered(info: TableInfo, raw: bytes) -> bytes | int:
@@ -900,7 +905,12 @@ def row_passes(
         pattern = resolve(_literal(t.expression), params)
         if not isinstance(pattern, str) or not _is_prefix_pattern(pattern):
             raise unsupported(f"LIKE {pattern!r}: only a prefix followed by one % ('abc%')")
-        return raw.startswith(key_raw(info, pattern[:-1])) if pattern[:-1] else True
+        if not pattern[:-1]:
+            return True
+        try:  # the prefix the range read took: the text's bytes, as HTTP's ?prefix=
+            return raw.startswith(prefix_bytes(info, pattern[:-1]))
+        except ApiError as e:
+            raise unsupported(f"LIKE on {info.key['format']} keys: {e.message}") from None
     if isinstance(t, exp.GT | exp.GTE | exp.LT | exp.LTE):
         flipped, v = _key_side(t)
         mine, bound = _ordered(info, raw), _ordered(info, key_raw(info, resolve(v, params)))

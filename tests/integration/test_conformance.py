@@ -553,6 +553,30 @@ def test_sql_catalogs_list_only_the_tables_a_token_may_read(cluster: Cluster) ->
     assert asyncio.run(names(ADMIN)) == sorted(TABLES)
 
 
+def test_sql_reads_of_keys_refuse_a_key_outside_the_grants(cluster: Cluster) -> None:
+    """A key outside the grants named among others is refused as a read of it alone is
+    (42501, HTTP's 403), whether the keys are read as one batch or one by one: never a
+    row quietly left out."""
+
+    async def codes(token: str) -> list[str | None]:
+        conn = await Sql("sql", "loop")._connect(cluster, token)
+        out: list[str | None] = []
+        try:
+            for columns in ("key, value", "*"):
+                for keys in ("'alice/01', 'bob/01'", "'alice/01', 'alice/02'", "'bob/01'"):
+                    try:
+                        await conn.fetch(f"SELECT {columns} FROM kv WHERE key IN ({keys})")
+                        out.append(None)
+                    except asyncpg.PostgresError as e:
+                        out.append(e.sqlstate)
+        finally:
+            await conn.close()
+        return out
+
+    assert asyncio.run(codes(alice("sql-in"))) == ["42501", None, "42501"] * 2
+    assert asyncio.run(codes(ADMIN)) == [None] * 6
+
+
 BAD_TOKENS = {
     "none": None,
     "another issuer's signature": bearer("alice", secret="not-the-nodes-secret-0123456789abcdef"),

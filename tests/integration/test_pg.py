@@ -272,6 +272,9 @@ def _history_index_as_of(conn: psycopg.Connection, node: NodeProcess) -> None:
         assert cur.fetchall() == [(str(as_of["v"]),)] == [("2",)]
         cur.execute("SELECT count(*) FROM people")
         assert cur.fetchone() == (3,)
+        # a table function takes no as_of (as HTTP's history and index reads take none)
+        with pytest.raises(errors.FeatureNotSupported):
+            cur.execute("SELECT * FROM tablecast.history('people', 'p1')")
         cur.execute("RESET tablecast.as_of")
         cur.execute("SELECT value->>'v' FROM people WHERE key = 'p1'")
         assert cur.fetchall() == [("3",)]
@@ -369,6 +372,8 @@ def _errors_leave_the_connection_usable(conn: psycopg.Connection) -> None:
             errors.InvalidTextRepresentation,
         ),
         ("SET tablecast.max_lag = -1", errors.InvalidParameterValue),
+        ("SET tablecast.max_staleness_ms = 'soon'", errors.InvalidParameterValue),
+        ("SET tablecast.max_stale = 5", errors.UndefinedObject),  # tablecast's are known
         ("SET tablecast.after = 'not a token'", errors.InvalidParameterValue),
     ]
     # more keys than a batch takes, read as one batch or (naming offsets) key by key
@@ -397,6 +402,10 @@ def _consistency_settings(conn: psycopg.Connection) -> None:
         assert cur.fetchall() == [("1",)]
         cur.execute("SHOW tablecast.max_lag")
         assert cur.fetchone() == ("0",)
+        cur.execute("SET tablecast.max_staleness_ms = 60000")
+        cur.execute("SELECT value->>'i' FROM kv WHERE key = 'k001'")
+        assert cur.fetchall() == [("1",)]
+        cur.execute("RESET tablecast.max_staleness_ms")
         # a statement under way, cancelled by the client (a CancelRequest on a connection
         # of its own), in the simple and the extended protocol
         for params in (None, (5,)):

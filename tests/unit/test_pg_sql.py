@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 from decimal import Decimal
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -21,6 +22,8 @@ from tablecast.pg.statements import (
     Read,
     Setting,
     Show,
+    key_raw,
+    key_text,
     parse,
     row_passes,
     time_ms,
@@ -90,6 +93,32 @@ def test_every_row_read_is_checked_against_the_whole_where() -> None:
     raw = NUMS.key_serde.serialize
     assert row_passes(nums.filter.where, raw(5), NUMS, [5])
     assert not row_passes(nums.filter.where, raw(6), NUMS, [5])
+
+
+def test_keys_of_every_text_format_compare_as_http_reads_them() -> None:
+    """A key in a statement is the key's text form, as HTTP's URL takes it, and a LIKE
+    prefix is the range read's: bytes keys are their latin-1 text (digits too), a JSON
+    key's prefix is its compact JSON text's."""
+    blobs = TableInfo("blobs", "b", 4, {"format": "bytes"}, {"format": "json"})
+    docs = TableInfo("docs", "d", 4, {"format": "json"}, {"format": "json"})
+    tables = Tables({"blobs": blobs, "docs": docs}.__getitem__, lambda: [blobs, docs])
+
+    def where(sql: str) -> Any:
+        (statement,) = parse(sql, tables)
+        assert isinstance(statement, Read)
+        return statement.filter.where
+
+    span = where("SELECT key FROM blobs WHERE key >= '100' AND key < '200'")
+    assert [k for k in (b"099", b"100", b"150x", b"200") if row_passes(span, k, blobs, [])] == [
+        b"100",
+        b"150x",
+    ]
+    assert row_passes(where("SELECT key FROM blobs WHERE key IN ('123', 'x')"), b"x", blobs, [])
+    assert key_raw(blobs, "123") == b"123" and key_text(blobs, "123") == "123"
+    assert row_passes(where("SELECT key FROM blobs WHERE key LIKE '12%'"), b"123", blobs, [])
+    like = where("""SELECT key FROM docs WHERE key LIKE '"ab%'""")
+    assert [k for k in (b'"abc"', b'"b"', b"12") if row_passes(like, k, docs, [])] == [b'"abc"']
+    assert key_raw(docs, '{"a": 1}') == b'{"a":1}'
 
 
 def test_select_list_expressions_and_their_types() -> None:
