@@ -310,7 +310,7 @@ class Tables:
         except ApiError as e:
             _abort(e)
         found = await self._found(self.router.fan.batch_get(query, req))
-        out = pb.BatchGetResponse()
+        out = pb.BatchGetResponse(**_freshness(found.headers))
         for item in found.doc["results"]:
             result = out.results.add(key=key_text(item["key"]), found=item["found"])
             if item["found"]:
@@ -335,7 +335,9 @@ class Tables:
         except ApiError as e:
             _abort(e)
         found = await self._found(self.router.fan.range(query, req))
-        out = pb.RangeResponse(next_cursor=found.doc["next_cursor"] or "")
+        out = pb.RangeResponse(
+            next_cursor=found.doc["next_cursor"] or "", **_freshness(found.headers)
+        )
         for item in found.doc["items"]:
             out.items.add(
                 key=key_text(item["key"]),

@@ -67,10 +67,16 @@ class BatchGetResult(_message.Message):
     def __init__(self, key: _Optional[str] = ..., found: _Optional[bool] = ..., value: _Optional[str] = ..., forbidden: _Optional[bool] = ...) -> None: ...
 
 class BatchGetResponse(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "position", "node", "lag")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[BatchGetResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[BatchGetResult, _Mapping]]] = ...) -> None: ...
+    position: str
+    node: str
+    lag: int
+    def __init__(self, results: _Optional[_Iterable[_Union[BatchGetResult, _Mapping]]] = ..., position: _Optional[str] = ..., node: _Optional[str] = ..., lag: _Optional[int] = ...) -> None: ...
 
 class RangeRequest(_message.Message):
     __slots__ = ("table", "start", "end", "prefix", "limit", "cursor")
@@ -103,12 +109,18 @@ class RangeItem(_message.Message):
     def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., timestamp: _Optional[int] = ...) -> None: ...
 
 class RangeResponse(_message.Message):
-    __slots__ = ("items", "next_cursor")
+    __slots__ = ("items", "next_cursor", "position", "node", "lag")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     NEXT_CURSOR_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[RangeItem]
     next_cursor: str
-    def __init__(self, items: _Optional[_Iterable[_Union[RangeItem, _Mapping]]] = ..., next_cursor: _Optional[str] = ...) -> None: ...
+    position: str
+    node: str
+    lag: int
+    def __init__(self, items: _Optional[_Iterable[_Union[RangeItem, _Mapping]]] = ..., next_cursor: _Optional[str] = ..., position: _Optional[str] = ..., node: _Optional[str] = ..., lag: _Optional[int] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("table", "keys", "prefix", "start", "end", "no_snapshot", "since")

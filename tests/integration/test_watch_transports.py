@@ -225,16 +225,17 @@ def test_grpc_reads_answer_as_http_does(nodes) -> None:  # type: ignore[no-untyp
             out["batch"] = await stub.BatchGet(
                 pb.BatchGetRequest(table="kv", keys=["alice/01", "bob/01", "alice/99"]), metadata=md
             )
-            pages, cursor = [], ""
+            pages, cursor, positions = [], "", []
             while True:
                 page = await stub.Range(
                     pb.RangeRequest(table="kv", limit=5, cursor=cursor), metadata=md
                 )
                 pages += [(i.key, i.value, i.partition, i.offset, i.timestamp) for i in page.items]
+                positions.append((page.position, page.node))
                 cursor = page.next_cursor
                 if not cursor:
                     break
-            out["range"] = pages
+            out["range"], out["range_positions"] = pages, positions
             for name, call in (
                 ("bob", stub.Get(pb.GetRequest(table="kv", key="bob/01"), metadata=md)),
                 ("nobody", stub.Get(pb.GetRequest(table="kv", key="alice/01"))),
@@ -263,6 +264,12 @@ def test_grpc_reads_answer_as_http_does(nodes) -> None:  # type: ignore[no-untyp
         # each range item names its record as Get's row does
         item = next(item for item in got["range"] if item[0] == "alice/03")
         assert item[2:] == (row.partition, row.offset, row.timestamp) and row.timestamp > 0
+        # every answer says the position it is exact at and who answered, as Get's does
+        for position, answered in [
+            *got["range_positions"],
+            (got["batch"].position, got["batch"].node),
+        ]:
+            assert position.startswith("kv@") and answered, (position, answered)
         assert got["bob"] == (grpc.StatusCode.PERMISSION_DENIED, "forbidden")
         assert got["nobody"] == (grpc.StatusCode.UNAUTHENTICATED, "unauthorized")
         assert got["bad"] == (grpc.StatusCode.INVALID_ARGUMENT, "bad_request")
