@@ -1040,6 +1040,7 @@ class Session:
     def _found_position(self, found: Any) -> None:
         if not isinstance(found, Found):
             raise ApiError("bad_request", "a SQL read is never redirected")
+        self.position = ""  # a read of no partition (an empty span) names no position
         self._note(found.headers)
 
     def _note(self, headers: Sequence[tuple[str, str]]) -> None:
