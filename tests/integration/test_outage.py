@@ -1,8 +1,9 @@
 """The serving tier through a Kafka outage, and leaving on SIGTERM.
 
 Three nodes, no standbys, the broker stopped for 25 s while a reader queries
-random nodes: every read must succeed with the right value, every /readyz stay
-200, and after Kafka returns new writes show and no partition is restored again.
+random nodes: every read must succeed with the right value and say how stale it
+is, every /readyz stay 200, and after Kafka returns new writes show, reads are fresh
+again and no partition is restored again.
 The broker here is the test's own: stopping the session broker would break the
 tests sharing it.
 """
@@ -145,6 +146,9 @@ def test_reads_and_readiness_survive_a_kafka_outage(own_broker: Broker, unique: 
             )
             cluster = nodes[0].get("/v1/cluster").json()
             time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - down)))
+            # a read says how long its replica has not heard from Kafka, and that it was
+            # not behind when it last did
+            stale = [n.get(f"/v1/tables/kv/keys/key-{i}") for i, n in enumerate(nodes)]
             up = time.monotonic()
             own_broker.start()
             time.sleep(3)
@@ -157,6 +161,9 @@ def test_reads_and_readiness_survive_a_kafka_outage(own_broker: Broker, unique: 
         assert cluster["kafka"] == "unreachable" and len(cluster["nodes"]) == 3
         assert all(n["direct_check_age_ms"] is not None for n in cluster["nodes"])
         assert any(r.get("stale") for r in reader.readyz_seen)
+        for r in stale:
+            assert r.status_code == 200 and int(r.headers["x-tablecast-staleness-ms"]) > 2000
+            assert r.headers["x-tablecast-lag"] == "0"
         # Kafka is back: writes show on every node, and nothing was restored again
         eventually(
             lambda: all(n.get("/readyz").json()["kafka"] == "reachable" for n in nodes),
@@ -174,6 +181,13 @@ def test_reads_and_readiness_survive_a_kafka_outage(own_broker: Broker, unique: 
             return True
 
         eventually(fresh, timeout=30)
+        for n in nodes:
+            eventually(
+                lambda n=n: (
+                    n.get("/v1/tables/kv/keys/key-2").headers["x-tablecast-staleness-ms"] == "0"
+                ),
+                30,
+            )
         assert settled(nodes[0], 3)
         assert [restores(n) for n in nodes] == before
     finally:
