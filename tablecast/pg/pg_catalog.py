@@ -3,8 +3,8 @@
 
 A query over them is run by sqlglot's own Python executor on a handful of
 in-memory relations — ``pg_class``, ``pg_namespace``, ``pg_attribute``,
-``pg_type``, ``pg_index``, ``pg_constraint``, ``pg_am``, ``pg_attrdef`` and
-``pg_description`` —
+``pg_type``, ``pg_index``, ``pg_constraint``, ``pg_am``, ``pg_attrdef``,
+``pg_description``, the database, role and settings views —
 after a few rewrites of PostgreSQL's own spellings it does not know
 (``pg_catalog.f(...)``, ``OPERATOR(pg_catalog.~)``, ``COLLATE``, casts to
 ``regclass``, ordinal ORDER BY, ``row_number()`` over attribute numbers).
@@ -25,7 +25,7 @@ from sqlglot.executor import execute
 from sqlglot.executor.env import ENV
 from sqlglot.executor.table import Table
 
-from tablecast.pg.relations import DATABASE, ROLE, Rows, Tables, table_columns
+from tablecast.pg.relations import DATABASE, DEFAULT_SETTINGS, ROLE, Rows, Tables, table_columns
 from tablecast.pg.types import BOOL, INT8, TEXT, PgType
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,11 @@ KNOWN = (
     "pg_tables",
     "pg_views",
     "pg_matviews",
+    "pg_auth_members",
+    "pg_settings",
 )
+#: system tables that never have a row here (one role, a member of none)
+ALWAYS_EMPTY = frozenset({"pg_auth_members"})
 
 _TYPE_NAMES = {
     "25": "text",
@@ -183,6 +187,12 @@ def _rewritten(tree: exp.Select) -> exp.Expression:
         order = w.args.get("order")
         if isinstance(w.this, exp.RowNumber) and order is not None and len(order.expressions) == 1:
             w.replace(order.expressions[0].this.copy())
+    for node in list(tree.find_all(exp.Array)):
+        # ARRAY(SELECT … FROM pg_auth_members …), psql's \\du: an empty array
+        if len(node.expressions) == 1 and isinstance(node.expressions[0], exp.Select):
+            read = {t.name.lower() for t in node.expressions[0].find_all(exp.Table)}
+            if read & ALWAYS_EMPTY:
+                node.replace(exp.Literal.string("{}"))
     for e in tree.expressions:
         for sub in list(e.find_all(exp.Subquery)):
             sub.replace(exp.Null())  # correlated lookups of defaults and collations: none
@@ -348,6 +358,38 @@ def _relations(tables: Tables) -> dict[str, list[dict[str, Any]]]:
         ],
         "pg_views": [],
         "pg_matviews": [],
+        "pg_auth_members": [],
+        "pg_settings": [_setting(name, value) for name, value in DEFAULT_SETTINGS.items()],
+    }
+
+
+#: the settings a session may SET (the others are the server's)
+_SESSION_SETTINGS = frozenset(
+    {"client_encoding", "datestyle", "timezone", "application_name", "search_path"}
+    | {"extra_float_digits", "intervalstyle", "transaction_isolation"}
+)
+#: how PostgreSQL spells the settings whose names are not all lower case
+_SETTING_NAMES = {
+    "datestyle": "DateStyle",
+    "timezone": "TimeZone",
+    "intervalstyle": "IntervalStyle",
+}
+
+
+def _setting(name: str, value: str) -> dict[str, Any]:
+    """A row of ``pg_settings``: a setting as a session starts with it (SHOW gives what a
+    session's SET made of it)."""
+    return {
+        "name": _SETTING_NAMES.get(name, name),
+        "setting": value,
+        "unit": None,
+        "category": "tablecast",
+        "short_desc": "",
+        "context": "user" if name in _SESSION_SETTINGS else "internal",
+        "vartype": "string",
+        "source": "default",
+        "boot_val": value,
+        "reset_val": value,
     }
 
 
@@ -374,6 +416,7 @@ EMPTY_COLUMNS = {
     "pg_tables": ("schemaname", "tablename", "tableowner", "tablespace", "hasindexes"),
     "pg_views": ("schemaname", "viewname", "viewowner", "definition"),
     "pg_matviews": ("schemaname", "matviewname", "matviewowner", "ispopulated", "definition"),
+    "pg_auth_members": ("oid", "roleid", "member", "grantor", "admin_option"),
 }
 
 

@@ -13,6 +13,30 @@ from tablecast.pg.types import INT4, INT8, JSONB, TEXT, TIMESTAMPTZ, PgType
 #: the one database and role a node answers as (current_database(), current_user, the
 #: catalog's owner)
 DATABASE = ROLE = "tablecast"
+SERVER_VERSION = "15.0"
+VERSION = f"PostgreSQL {SERVER_VERSION} (tablecast, read-only)"
+
+#: what a session reports (ParameterStatus) and SHOW answers before any SET
+DEFAULT_SETTINGS = {
+    "server_version": SERVER_VERSION,
+    "server_encoding": "UTF8",
+    "client_encoding": "UTF8",
+    "datestyle": "ISO, MDY",
+    "timezone": "UTC",
+    "integer_datetimes": "on",
+    "standard_conforming_strings": "on",
+    "application_name": "",
+    "search_path": "public",
+    "transaction_isolation": "read committed",
+    "default_transaction_read_only": "on",
+    "transaction_read_only": "on",
+    "is_superuser": "off",
+    "intervalstyle": "postgres",
+    "extra_float_digits": "1",
+    "max_identifier_length": "63",
+    "max_index_keys": "32",
+    "lc_collate": "C",
+}
 
 
 class SqlError(Exception):

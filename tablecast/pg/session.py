@@ -26,9 +26,8 @@ from tablecast.contract.table_info import TableInfo
 from tablecast.live.service import Live
 from tablecast.pg import subscribe, wire
 from tablecast.pg.kept_replies import KeptReplies, Reply
-from tablecast.pg.relations import Rows, SqlError, Tables
+from tablecast.pg.relations import DEFAULT_SETTINGS, Rows, SqlError, Tables
 from tablecast.pg.statements import (
-    DEFAULT_SETTINGS,
     CatalogQuery,
     FunctionRead,
     Nothing,

@@ -26,7 +26,9 @@ from tablecast.contract.table_info import TableInfo
 from tablecast.pg import information_schema, pg_catalog
 from tablecast.pg.relations import (
     DATABASE,
+    DEFAULT_SETTINGS,
     ROLE,
+    VERSION,
     Rows,
     SqlError,
     Tables,
@@ -53,8 +55,6 @@ from tablecast.serde import SerdeError
 # sqlglot warns for each statement it keeps as a Command (SHOW): those are expected here
 logging.getLogger("sqlglot").setLevel(logging.ERROR)
 
-SERVER_VERSION = "15.0"
-VERSION = f"PostgreSQL {SERVER_VERSION} (tablecast, read-only)"
 #: schemas a table may be named in
 SCHEMAS = ("public", "tablecast")
 
@@ -968,25 +968,3 @@ def _constant(e: exp.Expression) -> tuple[str, PgType, Any]:
         to = _cast_type(e)
         return _cast_name(e), to, cast(v, to)
     raise unsupported(f"SELECT {e.sql('postgres')} without FROM")
-
-
-#: what a session reports (ParameterStatus) and SHOW answers before any SET
-DEFAULT_SETTINGS = {
-    "server_version": SERVER_VERSION,
-    "server_encoding": "UTF8",
-    "client_encoding": "UTF8",
-    "datestyle": "ISO, MDY",
-    "timezone": "UTC",
-    "integer_datetimes": "on",
-    "standard_conforming_strings": "on",
-    "application_name": "",
-    "search_path": "public",
-    "transaction_isolation": "read committed",
-    "default_transaction_read_only": "on",
-    "transaction_read_only": "on",
-    "is_superuser": "off",
-    "intervalstyle": "postgres",
-    "extra_float_digits": "1",
-    "max_identifier_length": "63",
-    "lc_collate": "C",
-}

@@ -451,6 +451,8 @@ def _psql(port: int, node: NodeProcess) -> None:
     listed = _run_psql(port, "-A", "-t", "-c", "\\dt")
     assert listed.returncode == 0, listed.stderr
     assert "public|kv|table|tablecast" in listed.stdout.splitlines(), listed.stdout
+    roles = _run_psql(port, "-A", "-t", "-c", "\\du")
+    assert roles.returncode == 0 and roles.stdout.split("|")[0] == "tablecast", roles
     databases = _run_psql(port, "-A", "-t", "-c", "\\l")
     assert databases.returncode == 0, databases.stderr
     assert [ln.split("|")[:3] for ln in databases.stdout.splitlines()] == [

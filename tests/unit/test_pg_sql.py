@@ -253,6 +253,38 @@ def test_settings_constants_and_the_catalog() -> None:
     assert isinstance(columns, Rows) and columns.rows == (("key", "bigint"), ("value", "jsonb"))
 
 
+#: psql 15's \\du
+PSQL_DU = """SELECT r.rolname, r.rolsuper, r.rolinherit,
+  r.rolcreaterole, r.rolcreatedb, r.rolcanlogin,
+  r.rolconnlimit, r.rolvaliduntil,
+  ARRAY(SELECT b.rolname
+        FROM pg_catalog.pg_auth_members m
+        JOIN pg_catalog.pg_roles b ON (m.roleid = b.oid)
+        WHERE m.member = r.oid) as memberof
+, r.rolreplication
+, r.rolbypassrls
+FROM pg_catalog.pg_roles r
+WHERE r.rolname !~ '^pg_'
+ORDER BY 1;"""
+
+
+def test_the_role_and_the_settings_are_listed() -> None:
+    roles = one(PSQL_DU)
+    assert isinstance(roles, Rows)
+    assert [(r[0], r[8]) for r in roles.rows] == [("tablecast", "{}")]
+    settings = one(
+        "SELECT name, setting, context FROM pg_catalog.pg_settings "
+        "WHERE name IN ('server_version', 'TimeZone', 'max_index_keys') ORDER BY name"
+    )
+    assert isinstance(settings, Rows)
+    assert settings.rows == (
+        ("TimeZone", "UTC", "user"),
+        ("max_index_keys", "32", "internal"),
+        ("server_version", "15.0", "internal"),
+    )
+    assert one("SELECT count(*) FROM pg_auth_members").rows == ((0,),)  # type: ignore[union-attr]
+
+
 @given(
     st.decimals(
         allow_nan=False, allow_infinity=False, places=6, max_value=10**12, min_value=-(10**12)
