@@ -8,11 +8,13 @@ import ssl
 from pathlib import Path
 
 import httpx
+import psycopg
 import pytest
 
 import tablecast as tc
 from tablecast import serde
 from tablecast.cluster.signing import Signer
+from tablecast.kafka.broker import free_port
 from tablecast.kafka.secure import make_certificates
 from tablecast.query.peer_pool import SIGNATURE, signed_parts
 
@@ -43,7 +45,11 @@ def tls_cluster(bootstrap: str, unique: str, logs: Path, tmp_path: Path):  # typ
     model = make_table(bootstrap, unique, "kv", 6, serde.string(), serde.json())
     model.write(bootstrap, [(f"k{i}", {"i": i}) for i in range(KEYS)])
     tls = ["--tls-cert", cert, "--tls-key", key, "--tls-ca", ca, "--cluster-secret", SECRET]
-    nodes = [start_node(unique, bootstrap, logs, *tls) for _ in range(2)]
+    # the first node speaks SQL too, over TLS with the same certificate
+    nodes = [
+        start_node(unique, bootstrap, logs, *tls, *pg)
+        for pg in (["--pg-port", str(free_port())], [])
+    ]
     try:
         for n in nodes:
             n.verify = ssl.create_default_context(cafile=ca)
@@ -81,6 +87,19 @@ def test_nodes_forward_over_https(tls_cluster: tuple[list[NodeProcess], str]) ->
         assert client.get("kv", "k7")["value"] == {"i": 7}
     with pytest.raises(httpx.ConnectError):  # a client that does not trust the CA
         httpx.get(nodes[0].url + "/healthz", timeout=5)
+    # SQL on the first node: its reads of the other's partitions go over HTTPS, signed
+    pg_port = nodes[0].proc.args[nodes[0].proc.args.index("--pg-port") + 1]  # type: ignore[union-attr]
+    dsn = (
+        f"host=127.0.0.1 port={pg_port} dbname=tablecast user=peer "
+        f"sslmode=verify-full sslrootcert={ca}"
+    )
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        keys = [f"k{i}" for i in range(KEYS)]
+        for key in keys:
+            row = conn.execute("SELECT value FROM kv WHERE key = %s", (key,)).fetchone()
+            assert row == ({"i": int(key[1:])},), key
+        whole = conn.execute("SELECT key FROM kv ORDER BY key").fetchall()
+        assert sorted(k for (k,) in whole) == sorted(keys)
 
 
 def test_internal_calls_need_a_peer_signature(tls_cluster: tuple[list[NodeProcess], str]) -> None:
