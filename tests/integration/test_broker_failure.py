@@ -1,7 +1,7 @@
 """A broker fails under load: three brokers (RF 3, min ISR 2), a table
 pipeline, two nodes with a standby, steady input and steady reads; the broker leading most
 of the table's partitions is stopped, then brought back. The pipeline and nodes go on,
-every acknowledged record reaches the table, and no read fails.
+every acknowledged record reaches the table, and no read fails, over HTTP or SQL.
 
 Run with ``-s`` to see the figures (reads, failed, slowest read) reported in BENCHMARKS.md.
 """
@@ -21,12 +21,14 @@ from pathlib import Path
 
 import httpx
 import orjson
+import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient
 
 import tablecast as tc
 from bench.background import paced
 from tablecast.cli.supervisor import stop_process
+from tablecast.kafka.broker import free_port
 from tablecast.kafka.dev_cluster import KafkaCluster
 from tablecast.kafka.topics import ensure_topic
 
@@ -68,8 +70,10 @@ def test_leader_broker_stops_and_returns(unique: str, tmp_path: Path) -> None:
                     start_new_session=True,
                 )
             )
+        pg_ports = [free_port() for _ in range(2)]
         nodes = [
-            start_node(unique, bootstrap, tmp_path, "--standby-replicas", "1") for _ in range(2)
+            start_node(unique, bootstrap, tmp_path, "--standby-replicas", "1", "--pg-port", str(p))
+            for p in pg_ports
         ]
         for n in nodes:
             n.wait_ready(180)
@@ -123,9 +127,35 @@ def test_leader_broker_stops_and_returns(unique: str, tmp_path: Path) -> None:
                         outcomes[type(e).__name__] += 1
                     slowest[0] = max(slowest[0], time.monotonic() - started)
 
+        def read_sql() -> None:
+            """The same reads over SQL, on a connection to each node."""
+            conns = [
+                psycopg.connect(
+                    f"host=127.0.0.1 port={p} dbname=tablecast user=t sslmode=disable",
+                    autocommit=True,
+                )
+                for p in pg_ports
+            ]
+            try:
+                for _ in paced(stop, 100.0):
+                    conn, key = random.choice(conns), f"k{random.randrange(KEYS):03d}"
+                    started = time.monotonic()
+                    try:
+                        conn.execute("SELECT value FROM kv WHERE key = %s", (key,)).fetchall()
+                        outcomes["sql ok"] += 1
+                    except psycopg.Error as e:
+                        outcomes[f"sql {e.sqlstate}"] += 1
+                        if len(why) < 5:
+                            why.append(f"{time.monotonic() - t0:.1f}s SQL {e.sqlstate} {e}")
+                    slowest[0] = max(slowest[0], time.monotonic() - started)
+            finally:
+                for conn in conns:
+                    conn.close()
+
         producer_thread = threading.Thread(target=produce, daemon=True)
         producer_thread.start()
-        readers = [threading.Thread(target=read, daemon=True) for _ in range(2)]
+        # one reader over HTTP, one over SQL
+        readers = [threading.Thread(target=f, daemon=True) for f in (read, read_sql)]
         for t in readers:
             t.start()
         eventually(lambda: outcomes["200"] > 100, timeout=180)
@@ -176,7 +206,7 @@ def test_leader_broker_stops_and_returns(unique: str, tmp_path: Path) -> None:
             log = (tmp_path / "pipeline.log").read_text(errors="replace").splitlines()
             progress = [ln for ln in log if "rows/s processed" in ln or "ERROR" in ln][-5:]
             pytest.fail(f"{len(differing)} keys differ: {differing[:10]}; pipeline: {progress}")
-        failed = sum(n for status, n in outcomes.items() if status not in ("200", "404"))
+        failed = sum(n for status, n in outcomes.items() if status not in ("200", "404", "sql ok"))
         print(
             f"\nbroker failure: {sum(outcomes.values())} reads ({during} while broker "
             f"{victim} was down or rejoining), {failed} failed, slowest read "
