@@ -25,7 +25,15 @@ from sqlglot.executor import execute
 from sqlglot.executor.env import ENV
 from sqlglot.executor.table import Table
 
-from tablecast.pg.relations import DATABASE, DEFAULT_SETTINGS, ROLE, Rows, Tables, table_columns
+from tablecast.pg.relations import (
+    DATABASE,
+    DEFAULT_SETTINGS,
+    ROLE,
+    STARTUP_REPORTED,
+    Rows,
+    Tables,
+    table_columns,
+)
 from tablecast.pg.types import BOOL, INT8, TEXT, PgType
 
 log = logging.getLogger(__name__)
@@ -369,11 +377,7 @@ _SESSION_SETTINGS = frozenset(
     | {"extra_float_digits", "intervalstyle", "transaction_isolation"}
 )
 #: how PostgreSQL spells the settings whose names are not all lower case
-_SETTING_NAMES = {
-    "datestyle": "DateStyle",
-    "timezone": "TimeZone",
-    "intervalstyle": "IntervalStyle",
-}
+_SETTING_NAMES = {name.lower(): name for name in STARTUP_REPORTED}
 
 
 def _setting(name: str, value: str) -> dict[str, Any]:

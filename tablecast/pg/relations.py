@@ -37,6 +37,20 @@ DEFAULT_SETTINGS = {
     "max_index_keys": "32",
     "lc_collate": "C",
 }
+#: the settings a session reports as it starts (ParameterStatus), spelt as PostgreSQL does
+STARTUP_REPORTED = (
+    "server_version",
+    "server_encoding",
+    "client_encoding",
+    "DateStyle",
+    "TimeZone",
+    "integer_datetimes",
+    "standard_conforming_strings",
+    "application_name",
+    "is_superuser",
+    "default_transaction_read_only",
+    "IntervalStyle",
+)
 
 
 class SqlError(Exception):

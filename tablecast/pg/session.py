@@ -26,7 +26,7 @@ from tablecast.contract.table_info import TableInfo
 from tablecast.live.service import Live
 from tablecast.pg import subscribe, wire
 from tablecast.pg.kept_replies import KeptReplies, Reply
-from tablecast.pg.relations import DEFAULT_SETTINGS, Rows, SqlError, Tables
+from tablecast.pg.relations import DEFAULT_SETTINGS, STARTUP_REPORTED, Rows, SqlError, Tables
 from tablecast.pg.statements import (
     CatalogQuery,
     FunctionRead,
@@ -313,19 +313,7 @@ class Session:
         for name in ("application_name", "client_encoding"):
             if name in params:
                 self.settings[name] = params[name]
-        for name in (
-            "server_version",
-            "server_encoding",
-            "client_encoding",
-            "DateStyle",
-            "TimeZone",
-            "integer_datetimes",
-            "standard_conforming_strings",
-            "application_name",
-            "is_superuser",
-            "default_transaction_read_only",
-            "IntervalStyle",
-        ):
+        for name in STARTUP_REPORTED:
             self.send(wire.parameter_status(name, self.settings.get(name.lower(), "")))
         self.send(wire.backend_key_data(*self.key))
         self.send(wire.ready_for_query(self.tx))
