@@ -33,7 +33,7 @@ from .verifier import MALFORMED, Readers, Reference
 
 log = logging.getLogger("bench.chaos")
 RATE = 300
-READERS = 4
+READERS = 6
 #: a short soak's reads a second per reader thread; a long one reads as fast as nodes answer
 SHORT_READS_PER_S = 40.0
 #: input flowing before the readers start, and the least rest after each fault's recovery
@@ -180,7 +180,13 @@ def run(minutes: float, seed: int, work: Path) -> dict[str, Any]:
         time.sleep(WARMUP_S * scale)
         t0 = time.monotonic()
         readers = Readers(
-            ref, cluster.urls, READERS, seed, t0, SHORT_READS_PER_S if short else None
+            ref,
+            cluster.urls,
+            READERS,
+            seed,
+            t0,
+            SHORT_READS_PER_S if short else None,
+            sql_ports=cluster.sql_ports,
         )
         readers.start()
         injector = Injector(cluster, producer, rng, minutes)
@@ -223,6 +229,7 @@ def run(minutes: float, seed: int, work: Path) -> dict[str, Any]:
             "keys": KEYS,
             "readers": READERS,
             "queries": t.queries,
+            "queries_by_kind": dict(t.by_kind),
             "answered_pct": 100.0 * answered / max(1, t.queries),
             "failed": dict(t.failed),
             "failed_total": sum(t.failed.values()),

@@ -65,6 +65,8 @@ class Cluster:
     pipeline: subprocess.Popen[bytes] | None = None
     nodes: list[NodeProcess] = field(default_factory=list)
     ports: list[int] = field(default_factory=list)
+    #: each node's PostgreSQL port (serve --pg-port), the same across its restarts
+    pg_ports: list[int] = field(default_factory=list)
     mounted: list[Path] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     #: nodes started again and not ready yet
@@ -94,6 +96,7 @@ class Cluster:
         )
         self.start_pipeline()
         self.ports = [free_port() for _ in range(3)]
+        self.pg_ports = [free_port() for _ in range(3)]
         self._prepare_tmpfs()
         self._prepare_faketime()
         for i in range(3):
@@ -183,6 +186,7 @@ class Cluster:
                 self.work,
                 *("--data-dir", str(self.data_dir(i))),
                 *("--standby-replicas", "1"),
+                *("--pg-port", str(self.pg_ports[i])),
                 *(("--processes", "2") if i == self.readers_node else ()),
                 port=self.ports[i],
             )
@@ -234,6 +238,10 @@ class Cluster:
         """The nodes readers may send to: as behind a load balancer with a readiness probe,
         a node restarted gets traffic once its /readyz says so."""
         return [n.url for i, n in enumerate(self.nodes) if i not in self.unready]
+
+    def sql_ports(self) -> list[int]:
+        """The PostgreSQL ports readers may connect to, as :meth:`urls`."""
+        return [p for i, p in enumerate(self.pg_ports) if i not in self.unready]
 
     def stop(self) -> None:
         for n in self.nodes:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import shutil
 import signal
 import time
 from collections.abc import Callable
@@ -103,7 +104,8 @@ class Injector:
         if i is None:
             ev.detail = "skipped: " + "; ".join(x for x in self.c.notes if "disk-full" in x)
             return
-        ev.detail = f"node{i}"
+        used = shutil.disk_usage(self.c.data_dir(i))
+        ev.detail = f"node{i}, {used.used >> 20} of {used.total >> 20} MiB in use before"
         filler = self.c.data_dir(i) / "filler"
         try:
             with open(filler, "wb") as f:

@@ -29,18 +29,22 @@ def markdown(r: dict[str, Any]) -> str:
         "process beside it (--processes 2), node2 under "
         "libfaketime +20 s), the pipeline (filter + map_values over a 6-partition input), "
         f"a producer at {r['rate']} records/s over {r['keys']} keys, {r['readers']} reader threads "
-        "(plain HTTP and tablecast.Client) on random nodes, each answer checked against the "
+        "(plain HTTP, tablecast.Client and SQL over the PostgreSQL protocol) on random nodes, "
+        "each answer checked against the "
         "table topic (rule: bench/chaos/verifier.py).",
         "",
         "| figure | value | target |",
         "|---|---|---|",
         f"| queries | {r['queries']:,} | |",
+        f"| of them by plain HTTP, tablecast.Client and SQL readers "
+        f"| {_by_kind(r.get('queries_by_kind'))} | |",
         f"| of them answered by node0's read process | {r.get('by_read_process')} | |",
         f"| answered | {r['answered_pct']:.4f} % | ≥ 99.999 % |",
         f"| failed (by status) | {r['failed_total']:,} {r['failed']} | |",
-        f"| plain-HTTP reads sent on to another node (one refused or dropped the connection) "
+        f"| plain-HTTP and SQL reads sent on to another node (one refused or dropped the "
+        "connection) "
         f"| {r['retried']:,} | |",
-        f"| plain-HTTP reads a node answered 503, sent on to another node "
+        f"| plain-HTTP and SQL reads a node answered 503 (57P03), sent on to another node "
         f"| {r.get('node_503', 0):,} | |",
         f"| largest staleness an answer claimed | {r['max_staleness_ms']:,} ms | |",
         f"| wrong | {r['wrong']} | 0 |",
@@ -79,3 +83,9 @@ def markdown(r: dict[str, Any]) -> str:
     if r["notes"]:
         lines += ["", "Notes: " + "; ".join(r["notes"])]
     return "\n".join(lines)
+
+
+def _by_kind(kinds: dict[str, int] | None) -> str:
+    if not kinds:
+        return "–"
+    return ", ".join(f"{kinds.get(k, 0):,}" for k in ("http", "client", "sql"))

@@ -25,13 +25,18 @@ are judged exactly, once the reference has read the partition up to ``P``:
   and a record's trip to the node). A smaller ``E`` only makes the check easier,
   so it errs on the side of accepting; the largest staleness claimed is reported.
 
-``The readers using ``tablecast.Client`` (``Client.read``: the record and the
-answer's headers) are judged by the same rule.
+The readers using ``tablecast.Client`` (``Client.read``: the record and the
+answer's headers) are judged by the same rule, and so are the SQL readers: a
+prepared ``SELECT value, partition, "offset"`` of the key over the PostgreSQL
+protocol, then ``SHOW tablecast.position``, ``tablecast.lag`` and
+``tablecast.staleness_ms`` in the same pipeline (one round trip), which give the
+answer's position, lag and staleness (no row: the 404).
 
-A plain-HTTP read behaves like a client behind a load balancer: a node that
+A plain-HTTP or SQL read behaves like a client behind a load balancer: a node that
 refuses the connection or drops it without an answer (killed a moment ago) is
 skipped for another one, and the skip is counted (``retried``). A node's 503
-(no replica it could reach, with Retry-After) is retried on another node too, as
+(no replica it could reach, with Retry-After; SQLSTATE 57P03 over SQL) is retried
+on another node too, as
 a load balancer told to retry 503s elsewhere does and as ``tablecast.Client``
 does; those 503s are counted (``node_503``) and the first ones kept
 (``node_503_samples``), so a node that gives up too soon still shows. Anything
@@ -54,6 +59,7 @@ from urllib.parse import quote
 
 import httpx
 import orjson
+import psycopg
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 import tablecast as tc
@@ -252,6 +258,8 @@ class Deferred:
 @dataclass
 class Tally:
     queries: int = 0
+    #: reads made, by the kind of reader: plain HTTP, tablecast.Client, SQL
+    by_kind: Counter[str] = field(default_factory=Counter)
     ok: int = 0
     failed: Counter[str] = field(default_factory=Counter)
     #: plain-HTTP reads that met a node they could not connect to and went to the next one
@@ -270,8 +278,16 @@ class Tally:
     timeline: list[tuple[float, int, bool]] = field(default_factory=list)
 
 
+#: an SQL reader's read of a key, prepared, then what its answer's headers say over HTTP
+SQL_READ = f'SELECT value, partition, "offset" FROM {TABLE} WHERE key = %s'
+SQL_NOTED = ("tablecast.position", "tablecast.lag", "tablecast.staleness_ms")
+#: a node's "no replica it could reach" over SQL (HTTP's 503)
+SQL_UNAVAILABLE = "57P03"
+
+
 class Readers:
-    """Threads reading random keys through random nodes, half plain HTTP, half tablecast.Client."""
+    """Threads reading random keys through random nodes: a third plain HTTP, a third
+    tablecast.Client, a third SQL (when `sql_ports` is given; else HTTP)."""
 
     def __init__(
         self,
@@ -281,8 +297,10 @@ class Readers:
         seed: int,
         t0: float,
         per_second: float | None = None,
+        sql_ports: Callable[[], list[int]] | None = None,
     ) -> None:
         self.ref, self.urls = ref, urls  # urls: a callable returning the node URLs now
+        self.sql_ports = sql_ports
         #: each thread's reads a second (None: as fast as answers come)
         self.per_second = per_second
         # failures are stamped in seconds since t0, the clock the faults' start_s/end_s use
@@ -355,15 +373,22 @@ class Readers:
 
     def _run(self, i: int) -> None:
         rng = random.Random(self.seed * 100 + i)
-        use_client = i % 2 == 1
+        kind = ("http", "client", "sql")[i % 3]
+        if kind == "sql" and self.sql_ports is None:
+            kind = "http"
         http = httpx.Client(timeout=5.0)
         client: tc.Client | None = None
+        sql: dict[int, psycopg.Connection[Any]] = {}
         for _ in paced(self.stopping, self.per_second):
             key = f"k{rng.randrange(KEYS):05d}"
             urls = self.urls()
             t0 = time.monotonic()
             try:
-                if use_client:
+                if kind == "sql":
+                    port, body, (token, lag, stale) = self._sql_any(sql, rng, key)
+                    verdict = self._judge(key, body, int(lag), int(stale), token, t0)
+                    who = f"SQL on port {port}"
+                elif kind == "client":
                     if client is None:
                         client = tc.Client(urls, timeout=5.0)
                     read = client.read(TABLE, key)
@@ -380,11 +405,14 @@ class Readers:
                     with self.lock:
                         self.deferred.append(verdict)
                         self.tally.deferred += 1
+                        self.tally.by_kind[kind] += 1
                     continue
                 if verdict.startswith(("wrong:", "failed:")):
                     verdict += f" ({who})"
             except tc.QueryError as e:
                 verdict = f"failed:{e.status} {e.message[:200]}"
+            except psycopg.Error as e:
+                verdict = f"failed:sql-{e.sqlstate or type(e).__name__} {str(e)[:200]}"
             except (httpx.HTTPError, ConnectionError, OSError) as e:
                 verdict = f"failed:{type(e).__name__} {str(e)[:200]}"
             except ValueError:
@@ -393,9 +421,57 @@ class Readers:
             except Exception as e:  # a reader must outlive any answer
                 verdict = f"failed:{type(e).__name__}"
             self._record(key, t0, verdict)
+            with self.lock:
+                self.tally.by_kind[kind] += 1
         http.close()
         if client is not None:
             client.close()
+        for conn in sql.values():
+            conn.close()
+
+    def _sql_any(
+        self, conns: dict[int, psycopg.Connection[Any]], rng: random.Random, key: str
+    ) -> tuple[int, dict[str, Any] | None, list[str]]:
+        """Read the key over SQL from a random node (a connection to each kept), the next one
+        while a node refuses connections or answers 57P03, as :meth:`_get_any` does."""
+        ports = self.sql_ports()  # type: ignore[misc]
+        order = rng.sample(ports, len(ports))
+        for n, port in enumerate(order):
+            last = n == len(order) - 1
+            try:
+                conn = conns.get(port)
+                if conn is None:
+                    conn = psycopg.connect(
+                        f"host=127.0.0.1 port={port} dbname=tablecast user=chaos "
+                        "sslmode=disable connect_timeout=5",
+                        autocommit=True,
+                    )
+                    conn.execute("SET tablecast.timeout_ms = 5000")
+                    conns[port] = conn
+                with conn.pipeline():
+                    read = conn.execute(SQL_READ, (key,), prepare=True)
+                    shows = [conn.execute(f"SHOW {name}") for name in SQL_NOTED]
+                row = read.fetchone()
+                noted = [c.fetchone()[0] for c in shows]  # type: ignore[index]
+            except psycopg.Error as e:
+                unavailable = e.sqlstate == SQL_UNAVAILABLE
+                # refused, or lost with the node (no SQLSTATE): connect again next time
+                lost = e.sqlstate is None and isinstance(e, psycopg.OperationalError)
+                gone = conns.get(port)
+                if gone is not None and (lost or gone.broken):
+                    del conns[port]
+                    gone.close()
+                if last or not (unavailable or lost):
+                    raise
+                with self.lock:
+                    if unavailable:
+                        self.tally.node_503 += 1
+                    else:
+                        self.tally.retried += 1
+                continue
+            body = None if row is None else {"value": row[0], "partition": row[1], "offset": row[2]}
+            return port, body, noted
+        raise AssertionError("unreachable")
 
     def _get_any(
         self, http: httpx.Client, rng: random.Random, urls: list[str], key: str

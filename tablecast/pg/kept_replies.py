@@ -38,6 +38,7 @@ class Reply:
         "end",
         "info",
         "name",
+        "noted",
         "oids",
         "params",
         "position",
@@ -46,7 +47,6 @@ class Reply:
         "sent",
         "slot",
         "sql",
-        "where",
     )
 
     def __init__(
@@ -70,8 +70,8 @@ class Reply:
         self.binary: list[bool] = []
         self.described = False
         self.sent = 0
-        #: the position the session reports after it (``SHOW tablecast.position``)
-        self.where: str | None = None
+        #: the position, lag and staleness the session reports after it (``SHOW``)
+        self.noted: tuple[str | None, ...] | None = None
 
 
 class KeptReplies:

@@ -90,6 +90,13 @@ CONSISTENCY = {
 
 #: what a session reads with beyond PostgreSQL's own settings
 SESSION_READ_SETTINGS = (*CONSISTENCY, "tablecast.after", "tablecast.as_of")
+#: what ``SHOW`` gives of the last read: its answer header of the same meaning over HTTP
+NOTED = {
+    "tablecast.position": "x-tablecast-position",
+    "tablecast.lag": "x-tablecast-lag",
+    "tablecast.staleness_ms": "x-tablecast-staleness-ms",
+}
+_NOTED_BY_HEADER = {header: i for i, header in enumerate(NOTED.values())}
 
 #: key reads of one `key IN (...)` waiting at a time (for peers' answers, or positions)
 KEYS_AT_ONCE = 32
@@ -176,7 +183,8 @@ class Session:
         self.secure = False
         self.authorization: str | None = None
         self.settings = dict(DEFAULT_SETTINGS)
-        self.position: str | None = None
+        #: the last read's position, lag and staleness (NOTED), as its answer's headers said
+        self.noted: list[str | None] = [None] * len(NOTED)
         self.tx = b"I"
         self.out: list[bytes] = []
         self.size = 0
@@ -433,8 +441,8 @@ class Session:
         self.portals[""] = Portal(
             prepared, kept.params, kept.binary, sent=kept.sent, described=kept.described, done=True
         )
-        if kept.where is not None:
-            self.position = kept.where
+        if kept.noted is not None:
+            self.noted = list(kept.noted)
         return kept.reply
 
     def chunk_begin(self) -> None:
@@ -474,7 +482,7 @@ class Session:
         kept = Reply(bound[1], prepared.sql, prepared.oids, info, replica, position, end, reply)
         kept.params, kept.binary = portal.params, portal.binary
         kept.described, kept.sent = portal.described, portal.sent
-        kept.where = self.position
+        kept.noted = tuple(self.noted)
         self.replies.keep(request, kept)  # type: ignore[union-attr]
 
     def _before_read(self, st: Read, value: Any) -> tuple[TableInfo, Any, ReadMark] | None:
@@ -829,8 +837,8 @@ class Session:
             self.send(wire.parameter_status(name, self.settings.get(name, "")))
 
     def _show(self, name: str) -> tuple[Any, ...]:
-        if name == "tablecast.position":
-            return (self.position,)
+        if name in NOTED:
+            return (self.noted[list(NOTED).index(name)],)
         if name == "all":
             raise SqlError("0A000", "not supported: SHOW ALL")
         if name in SESSION_READ_SETTINGS:
@@ -1027,13 +1035,15 @@ class Session:
     def _found_position(self, found: Any) -> None:
         if not isinstance(found, Found):
             raise ApiError("bad_request", "a SQL read is never redirected")
-        self.position = ""  # a read of no partition (an empty span) names no position
+        self.noted[0] = ""  # a read of no partition (an empty span) names no position
         self._note(found.headers)
 
     def _note(self, headers: Sequence[tuple[str, str]]) -> None:
+        noted = self.noted
         for name, value in headers:
-            if name == "x-tablecast-position":
-                self.position = value
+            i = _NOTED_BY_HEADER.get(name)
+            if i is not None:
+                noted[i] = value
 
     async def _one_key(
         self, st: Read, value: Any, req: Request, bound: Any

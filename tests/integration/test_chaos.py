@@ -37,6 +37,8 @@ def test_chaos_soak_never_lies_and_never_loses(tmp_path: Path) -> None:
     assert r["wrong"] == 0, r["wrong_samples"][:10]
     # node0 ran with a read process, whose answers are among those judged
     assert r["by_read_process"] is not None
+    # SQL readers over the PostgreSQL protocol were judged beside HTTP's and the Client's
+    assert r["queries_by_kind"].get("sql", 0) > 0, r["queries_by_kind"]
     print(f"reads answered by node0's read process: {r['by_read_process']}")
     assert r["lost"] == 0 and r["converged"], (r["lost_samples"][:10], r["diagnosis"])
     # the failed answers' own messages and the faults' times say which fault they came with
@@ -46,7 +48,7 @@ def test_chaos_soak_never_lies_and_never_loses(tmp_path: Path) -> None:
         [
             f"answered {r['answered_pct']:.4f} % of {r['queries']}; failed {r['failed']}",
             f"longest unavailable {r['longest_unavailable_s']}; problems {problems}",
-            f"nodes answered 503 to {r['node_503']} plain-HTTP reads another node answered",
+            f"nodes answered 503 to {r['node_503']} HTTP or SQL reads another node answered",
             *r["failed_samples"][:10],
             *r["node_503_samples"][:10],
             f"faults {timeline}",

@@ -396,6 +396,15 @@ def _consistency_settings(conn: psycopg.Connection) -> None:
         cur.execute("SHOW tablecast.position")
         (position,) = cur.fetchone()  # type: ignore[misc]
         assert position.startswith("kv@"), position
+        # and the lag and staleness its answer's headers carry over HTTP (caught up: 0), also
+        # after a prepared read answered again from the reply kept for its packet
+        for _ in range(3):
+            cur.execute("SELECT value FROM kv WHERE key = %s", ("k002",), prepare=True)
+        for name in ("tablecast.lag", "tablecast.staleness_ms"):
+            cur.execute(f"SHOW {name}")
+            assert cur.fetchone() == ("0",), name
+        cur.execute("SHOW tablecast.position")
+        assert cur.fetchone()[0].startswith("kv@")  # type: ignore[index]
         # a read of an empty span reads no partition: it names no position, not the last one
         cur.execute("SELECT key FROM kv WHERE key >= 'k9' AND key < 'k1'")
         cur.execute("SHOW tablecast.position")
