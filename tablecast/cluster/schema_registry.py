@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
 import fastavro
 import httpx
@@ -49,6 +50,8 @@ class SchemaUnreadable(RegistryUnavailable):
 QUIET_S = 5.0
 #: an id the registry said it does not have is not asked for again for this long
 UNKNOWN_TTL_S = 60.0
+#: other schemas one Avro schema may reference, its references' references included
+MAX_REFERENCES = 100
 
 
 def _json_default(obj: Any) -> Any:
@@ -63,9 +66,10 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"{type(obj).__name__} is not JSON")
 
 
-def _avro(schema_text: str) -> Decode:
+def _avro(schema_text: str, named: dict[str, Any] | None = None) -> Decode:
+    """Values of an Avro schema; `named`: the named types of the schemas it references."""
     try:
-        parsed = fastavro.parse_schema(orjson.loads(schema_text))
+        parsed = fastavro.parse_schema(orjson.loads(schema_text), named_schemas=named)
     except Exception as e:  # fastavro's parse errors are not ValueErrors
         raise SchemaUnreadable(f"an Avro schema fastavro cannot read: {e}") from None
 
@@ -251,11 +255,16 @@ class Registry:
                 raise RegistryUnavailable(why)
             try:
                 body = self._get(f"/schemas/ids/{schema_id}")
+                named = None
+                if isinstance(body, dict) and body.get("schemaType", "AVRO") == "AVRO":
+                    named = self._avro_references(body.get("references"), {}, set())
             except UnknownSchema:
                 if len(self._unknown) > 10_000:
                     self._unknown.clear()
                 self._unknown[schema_id] = now + UNKNOWN_TTL_S
                 raise
+            except SchemaUnreadable:
+                raise  # the registry answered: what it gave is not read here
             except RegistryUnavailable as e:
                 self._quiet = (time.monotonic() + QUIET_S, str(e))
                 raise
@@ -263,7 +272,7 @@ class Registry:
                 raise SchemaUnreadable(f"{self.url}: schema {schema_id} came as {body!r:.200}")
             kind = body.get("schemaType", "AVRO")
             if kind == "AVRO":
-                decoder = _avro(body["schema"])
+                decoder = _avro(body["schema"], named)
             elif kind == "JSON":
                 decoder = _json
             elif kind == "PROTOBUF":
@@ -272,6 +281,43 @@ class Registry:
                 raise SchemaUnreadable(f"schema {schema_id} is {kind}, which is not read")
             self._decoders[schema_id] = decoder
             return decoder
+
+    def _avro_references(
+        self, references: Any, named: dict[str, Any], seen: set[tuple[str, int]]
+    ) -> dict[str, Any]:
+        """The named types of the schemas `references` names (other subjects' versions, and
+        theirs in turn, each before the schema that uses it), parsed into `named`."""
+        if not references:
+            return named
+        if not isinstance(references, list):
+            raise SchemaUnreadable(f"{self.url}: references came as {references!r:.200}")
+        for ref in references:
+            subject = ref.get("subject") if isinstance(ref, dict) else None
+            version = ref.get("version") if isinstance(ref, dict) else None
+            if not isinstance(subject, str) or not isinstance(version, int):
+                raise SchemaUnreadable(f"{self.url}: a reference came as {ref!r:.200}")
+            if (subject, version) in seen:
+                continue
+            if len(seen) >= MAX_REFERENCES:
+                raise SchemaUnreadable(f"a schema references more than {MAX_REFERENCES} others")
+            seen.add((subject, version))
+            try:
+                body = self._get(f"/subjects/{quote(subject, safe='')}/versions/{version}")
+            except UnknownSchema as e:  # its records wait: the schema's own id is known
+                raise SchemaUnreadable(
+                    f"{subject} v{version}, which a schema references: {e}"
+                ) from None
+            if not isinstance(body, dict) or not isinstance(body.get("schema"), str):
+                raise SchemaUnreadable(f"{self.url}: {subject} v{version} came as {body!r:.200}")
+            self._avro_references(body.get("references"), named, seen)
+            try:
+                fastavro.parse_schema(orjson.loads(body["schema"]), named_schemas=named)
+            except Exception as e:  # fastavro's parse errors are not ValueErrors
+                raise SchemaUnreadable(
+                    f"{subject} v{version}, which a schema references: an Avro schema "
+                    f"fastavro cannot read: {e}"
+                ) from None
+        return named
 
     def _get(self, path: str) -> Any:
         try:

@@ -1,6 +1,7 @@
 """Topics written through a real Schema Registry (Apicurio Registry's Confluent API) by
 confluent-kafka's own serializers, served as tables: Avro values under two versions of
-their schema, JSON Schema values with an index; records not in the wire format, or of a
+their schema, Avro values whose schema references other subjects' schemas, JSON Schema
+values with an index; records not in the wire format, or of a
 schema the registry does not have, counted as bad records, and the node serving on."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import httpx
 import orjson
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry import Schema, SchemaReference, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
@@ -51,6 +52,29 @@ CARD_V1 = {
 CARD_V2 = {
     **CARD_V1,
     "fields": [*CARD_V1["fields"], {"name": "tier", "type": ["null", "string"], "default": None}],
+}
+#: a schema that references another subject's, which references a third's
+COUNTRY = {
+    "type": "record",
+    "name": "Country",
+    "namespace": "geo",
+    "fields": [{"name": "code", "type": "string"}],
+}
+ADDRESS = {
+    "type": "record",
+    "name": "Address",
+    "namespace": "geo",
+    "fields": [{"name": "city", "type": "string"}, {"name": "country", "type": "geo.Country"}],
+}
+CUSTOMER = {
+    "type": "record",
+    "name": "Customer",
+    "namespace": "shop",
+    "fields": [
+        {"name": "id", "type": "int"},
+        {"name": "home", "type": "geo.Address"},
+        {"name": "work", "type": ["null", "geo.Address"], "default": None},
+    ],
 }
 ORDER = {
     "type": "object",
@@ -124,6 +148,11 @@ def test_values_written_through_a_registry(
         ("bad-payload", confluent_wire.join(confluent_wire.split(records[0][1])[0], b"\x02")),
     ]
     _write(bootstrap, cards, records)
+    customers = f"{unique}.customers"
+    ensure_topic(bootstrap, customers, PARTITIONS, {"cleanup.policy": "compact"})
+    customer, people = _referencing_serializer(client, unique)
+    into_customers = SerializationContext(customers, MessageField.VALUE)
+    _write(bootstrap, customers, [(k, customer(v, into_customers)) for k, v in people.items()])
     into_orders = SerializationContext(orders, MessageField.VALUE)
     order = JSONSerializer(orjson.dumps(ORDER).decode(), client)
     items = ["tea", "cake", "cup"]
@@ -142,11 +171,23 @@ def test_values_written_through_a_registry(
         registry=registry.url,
         indexes={"item": "$.item"},
     )
+    attach(
+        "customers",
+        app=app,
+        topic=customers,
+        bootstrap_servers=bootstrap,
+        value="confluent-avro",
+        registry=registry.url,
+    )
     data = logs / "node-data"
     node = start_node(app, bootstrap, logs, "--data-dir", str(data))
     try:
         node.wait_ready()
         _answers(node, bootstrap, (cards, orders), model, ordered)
+        node.wait_caught_up(bootstrap, "customers", customers)
+        for k, v in people.items():
+            r = node.get(f"/v1/tables/customers/keys/{k}")
+            assert (r.status_code, r.json().get("value")) == (200, v), (k, r.text)
         eventually(lambda: _bad_records(node, "cards") == 3, 10)
         # a watch gets a new version's row decoded, as reads do
         with Client([node.url]) as tc_client:
@@ -164,6 +205,31 @@ def test_values_written_through_a_registry(
         _answers(node, bootstrap, (cards, orders), model, ordered)
     finally:
         node.stop()
+
+
+def _referencing_serializer(
+    client: SchemaRegistryClient, unique: str
+) -> tuple[AvroSerializer, dict[str, Any]]:
+    """An Avro serializer of CUSTOMER, registered with references to ADDRESS's subject, which
+    references COUNTRY's (as Java's serializer registers such a schema), and rows for it."""
+    version = None
+    refs: list[SchemaReference] = []
+    for schema in (COUNTRY, ADDRESS):
+        subject = f"{unique}.{schema['namespace']}.{schema['name']}"
+        client.register_schema(subject, Schema(orjson.dumps(schema).decode(), "AVRO", refs))
+        version = client.get_latest_version(subject).version
+        refs = [SchemaReference(f"{schema['namespace']}.{schema['name']}", subject, version)]
+    main = Schema(orjson.dumps(CUSTOMER).decode(), "AVRO", refs)
+    serializer = AvroSerializer(client, main, conf={"auto.register.schemas": True})
+    people = {
+        f"c{i}": {
+            "id": i,
+            "home": {"city": f"city {i}", "country": {"code": "NO" if i % 2 else "SE"}},
+            "work": None if i % 3 else {"city": "Oslo", "country": {"code": "NO"}},
+        }
+        for i in range(30)
+    }
+    return serializer, people
 
 
 def _answers(
