@@ -50,7 +50,7 @@ class SchemaUnreadable(RegistryUnavailable):
 QUIET_S = 5.0
 #: an id the registry said it does not have is not asked for again for this long
 UNKNOWN_TTL_S = 60.0
-#: other schemas one Avro schema may reference, its references' references included
+#: other subjects' schemas one schema may reference, theirs included
 MAX_REFERENCES = 100
 
 
@@ -66,8 +66,17 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"{type(obj).__name__} is not JSON")
 
 
-def _avro(schema_text: str, named: dict[str, Any] | None = None) -> Decode:
-    """Values of an Avro schema; `named`: the named types of the schemas it references."""
+def _avro(schema_text: str, referenced: dict[str, str] | None = None) -> Decode:
+    """Values of an Avro schema; `referenced`: the schemas it references (their named types
+    used in it), each after those it references."""
+    named: dict[str, Any] = {}
+    for name, text in (referenced or {}).items():
+        try:
+            fastavro.parse_schema(orjson.loads(text), named_schemas=named)
+        except Exception as e:  # fastavro's parse errors are not ValueErrors
+            raise SchemaUnreadable(
+                f"{name}, which a schema references: an Avro schema fastavro cannot read: {e}"
+            ) from None
     try:
         parsed = fastavro.parse_schema(orjson.loads(schema_text), named_schemas=named)
     except Exception as e:  # fastavro's parse errors are not ValueErrors
@@ -94,10 +103,11 @@ def _json(payload: bytes) -> bytes:
     return payload
 
 
-def _protobuf(schema_text: str, schema_id: int) -> Decode:
+def _protobuf(schema_text: str, schema_id: int, referenced: dict[str, str] | None = None) -> Decode:
     """Messages of a Protobuf schema, answered in the proto3 JSON mapping. The schema is
     a base64 FileDescriptorProto (what confluent-kafka registers) or .proto text (what
-    Java's serializer registers: compiled with protoc, from ``tablecast[protobuf]``)."""
+    Java's serializer registers: compiled with protoc, from ``tablecast[protobuf]``);
+    `referenced`: the files it imports from other subjects, by import name."""
     try:
         from google.protobuf import descriptor_pool, json_format, message_factory
     except ImportError:
@@ -105,10 +115,12 @@ def _protobuf(schema_text: str, schema_id: int) -> Decode:
             f"schema {schema_id} is Protobuf: reading it needs pip install 'tablecast[protobuf]'"
         ) from None
 
-    proto = _file_descriptor(schema_text, schema_id)
+    referenced = referenced or {}
+    imports = {n: _file_descriptor(t, schema_id, referenced, n) for n, t in referenced.items()}
+    proto = _file_descriptor(schema_text, schema_id, referenced, f"schema-{schema_id}.proto")
     pool = descriptor_pool.DescriptorPool()
     try:
-        _add_with_imports(pool, proto)
+        _add_with_imports(pool, proto, imports)
         file = pool.FindFileByName(proto.name)
     except SchemaUnreadable:
         raise
@@ -133,7 +145,11 @@ def _protobuf(schema_text: str, schema_id: int) -> Decode:
     return decode
 
 
-def _file_descriptor(schema_text: str, schema_id: int) -> Any:
+def _file_descriptor(
+    schema_text: str, schema_id: int, referenced: dict[str, str], name: str
+) -> Any:
+    """A schema's FileDescriptorProto; .proto text is compiled as the file `name` (the name
+    its importers know it by)."""
     import base64
     import binascii
 
@@ -147,11 +163,12 @@ def _file_descriptor(schema_text: str, schema_id: int) -> Any:
             return proto
     except (binascii.Error, DecodeError, ValueError):
         pass
-    return _compiled(schema_text, schema_id)
+    return _compiled(schema_text, schema_id, referenced, name)
 
 
-def _compiled(schema_text: str, schema_id: int) -> Any:
-    """.proto text as its FileDescriptorProto, compiled by protoc (grpcio-tools)."""
+def _compiled(schema_text: str, schema_id: int, referenced: dict[str, str], name: str) -> Any:
+    """.proto text as its FileDescriptorProto, compiled by protoc (grpcio-tools) beside the
+    .proto text of the files it imports from other subjects (`referenced`)."""
     import os
     import tempfile
 
@@ -166,12 +183,17 @@ def _compiled(schema_text: str, schema_id: int) -> Any:
             "(pip install 'tablecast[protobuf]')"
         ) from None
     with tempfile.TemporaryDirectory(prefix="tablecast-proto-") as tmp:
-        with open(os.path.join(tmp, "schema.proto"), "w") as f:
-            f.write(schema_text)
+        for file, text in {**referenced, name: schema_text}.items():
+            parts = file.split("/")
+            if not file.endswith(".proto") or any(p in ("", ".", "..") for p in parts):
+                raise SchemaUnreadable(f"schema {schema_id} imports {file!r}: not a file name")
+            os.makedirs(os.path.join(tmp, *parts[:-1]), exist_ok=True)
+            with open(os.path.join(tmp, *parts), "w") as f:
+                f.write(text)
         out = os.path.join(tmp, "schema.pb")
         includes = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
         code = protoc.main(
-            ["protoc", f"-I{tmp}", f"-I{includes}", f"--descriptor_set_out={out}", "schema.proto"]
+            ["protoc", f"-I{tmp}", f"-I{includes}", f"--descriptor_set_out={out}", name]
         )
         if code != 0:
             raise SchemaUnreadable(f"schema {schema_id}: protoc could not compile its .proto text")
@@ -181,15 +203,18 @@ def _compiled(schema_text: str, schema_id: int) -> Any:
     return files.file[0]
 
 
-def _add_with_imports(pool: Any, proto: Any) -> None:
-    """`proto` into `pool`, with the files it imports that Protobuf itself ships (its
-    well-known types); an import of another subject's schema is not resolved."""
+def _add_with_imports(pool: Any, proto: Any, imports: dict[str, Any]) -> None:
+    """`proto` into `pool`, after the files it imports: those Protobuf itself ships (its
+    well-known types) and other subjects' (`imports`, by name, as the schema's references
+    gave them)."""
     import importlib
 
     from google.protobuf import descriptor_pb2, descriptor_pool
 
     for name in proto.dependency:
-        if name.startswith("google/protobuf/"):
+        if name in imports:
+            _add_with_imports(pool, imports[name], imports)
+        elif name.startswith("google/protobuf/"):
             module = "google.protobuf." + name.removeprefix("google/protobuf/")[:-6] + "_pb2"
             try:
                 importlib.import_module(module)
@@ -198,9 +223,9 @@ def _add_with_imports(pool: Any, proto: Any) -> None:
                 raise SchemaUnreadable(f"the schema imports {name}, not known here") from None
             dep = descriptor_pb2.FileDescriptorProto()
             found.CopyToProto(dep)
-            _add_with_imports(pool, dep)
+            _add_with_imports(pool, dep, imports)
         else:
-            raise SchemaUnreadable(f"the schema imports {name} (another subject's): not read yet")
+            raise SchemaUnreadable(f"the schema imports {name}, which its references do not name")
     try:
         pool.FindFileByName(proto.name)
     except KeyError:
@@ -255,9 +280,8 @@ class Registry:
                 raise RegistryUnavailable(why)
             try:
                 body = self._get(f"/schemas/ids/{schema_id}")
-                named = None
-                if isinstance(body, dict) and body.get("schemaType", "AVRO") == "AVRO":
-                    named = self._avro_references(body.get("references"), {}, set())
+                refs = body.get("references") if isinstance(body, dict) else None
+                referenced = self._referenced(refs, {}, set())
             except UnknownSchema:
                 if len(self._unknown) > 10_000:
                     self._unknown.clear()
@@ -272,29 +296,34 @@ class Registry:
                 raise SchemaUnreadable(f"{self.url}: schema {schema_id} came as {body!r:.200}")
             kind = body.get("schemaType", "AVRO")
             if kind == "AVRO":
-                decoder = _avro(body["schema"], named)
+                decoder = _avro(body["schema"], referenced)
             elif kind == "JSON":
                 decoder = _json
             elif kind == "PROTOBUF":
-                decoder = _protobuf(body["schema"], schema_id)
+                decoder = _protobuf(body["schema"], schema_id, referenced)
             else:
                 raise SchemaUnreadable(f"schema {schema_id} is {kind}, which is not read")
             self._decoders[schema_id] = decoder
             return decoder
 
-    def _avro_references(
-        self, references: Any, named: dict[str, Any], seen: set[tuple[str, int]]
-    ) -> dict[str, Any]:
-        """The named types of the schemas `references` names (other subjects' versions, and
-        theirs in turn, each before the schema that uses it), parsed into `named`."""
+    def _referenced(
+        self, references: Any, found: dict[str, str], seen: set[tuple[str, int]]
+    ) -> dict[str, str]:
+        """The schemas `references` names (other subjects' versions, and theirs in turn) as
+        {reference name: schema text} in `found`, each after those it references."""
         if not references:
-            return named
+            return found
         if not isinstance(references, list):
             raise SchemaUnreadable(f"{self.url}: references came as {references!r:.200}")
         for ref in references:
-            subject = ref.get("subject") if isinstance(ref, dict) else None
-            version = ref.get("version") if isinstance(ref, dict) else None
-            if not isinstance(subject, str) or not isinstance(version, int):
+            name, subject, version = (
+                (ref.get("name"), ref.get("subject"), ref.get("version"))
+                if isinstance(ref, dict)
+                else (None, None, None)
+            )
+            if not (isinstance(name, str) and isinstance(subject, str)) or not isinstance(
+                version, int
+            ):
                 raise SchemaUnreadable(f"{self.url}: a reference came as {ref!r:.200}")
             if (subject, version) in seen:
                 continue
@@ -309,15 +338,9 @@ class Registry:
                 ) from None
             if not isinstance(body, dict) or not isinstance(body.get("schema"), str):
                 raise SchemaUnreadable(f"{self.url}: {subject} v{version} came as {body!r:.200}")
-            self._avro_references(body.get("references"), named, seen)
-            try:
-                fastavro.parse_schema(orjson.loads(body["schema"]), named_schemas=named)
-            except Exception as e:  # fastavro's parse errors are not ValueErrors
-                raise SchemaUnreadable(
-                    f"{subject} v{version}, which a schema references: an Avro schema "
-                    f"fastavro cannot read: {e}"
-                ) from None
-        return named
+            self._referenced(body.get("references"), found, seen)
+            found[name] = body["schema"]
+        return found
 
     def _get(self, path: str) -> Any:
         try:

@@ -313,9 +313,15 @@ def test_a_record_waits_for_its_schema_while_the_registry_is_down(
         node.stop()
 
 
+#: a file the card's schema imports: another subject's schema, named by a reference
+PLACE_PROTO = """syntax = "proto3";
+package places;
+message Place { string city = 1; }
+"""
 CARD_PROTO = """syntax = "proto3";
 package shop;
 import "google/protobuf/timestamp.proto";
+import "places/place.proto";
 message Card {
   enum Tier { NONE = 0; GOLD = 1; }
   int32 id = 1;
@@ -325,6 +331,7 @@ message Card {
   Tier tier = 5;
   message Note { string text = 1; }
   repeated Note notes = 6;
+  places.Place home = 7;
 }
 """
 
@@ -335,7 +342,8 @@ def test_protobuf_values_answer_in_the_proto3_json_mapping(
     """Written by confluent-kafka's ProtobufSerializer (which registers the schema as a
     serialized descriptor) and, as Java's serializer does, under the schema registered as
     .proto text: both answer the proto3 JSON mapping (camelCase names, 64-bit integers as
-    strings, enum names, RFC 3339 times); a nested message type by its message indexes."""
+    strings, enum names, RFC 3339 times); a nested message type by its message indexes; a
+    type imported from another subject's file (the schema's references name it)."""
     import importlib
     import sys
 
@@ -345,13 +353,12 @@ def test_protobuf_values_answer_in_the_proto3_json_mapping(
     from grpc_tools import protoc
 
     (tmp_path / "card.proto").write_text(CARD_PROTO)
+    (tmp_path / "places").mkdir()
+    (tmp_path / "places" / "place.proto").write_text(PLACE_PROTO)
     includes = str(Path(grpc_tools.__file__).parent / "_proto")
-    assert (
-        protoc.main(
-            ["protoc", f"-I{tmp_path}", f"-I{includes}", f"--python_out={tmp_path}", "card.proto"]
-        )
-        == 0
-    )
+    for name in ("places/place.proto", "card.proto"):
+        argv = ["protoc", f"-I{tmp_path}", f"-I{includes}", f"--python_out={tmp_path}", name]
+        assert protoc.main(argv) == 0
     sys.path.insert(0, str(tmp_path))
     try:
         card_pb2 = importlib.import_module("card_pb2")
@@ -365,13 +372,22 @@ def test_protobuf_values_answer_in_the_proto3_json_mapping(
     card = card_pb2.Card(id=1, holder_name="Ada", points=2**40, tier=card_pb2.Card.GOLD)
     card.since.FromSeconds(1_790_000_000)
     card.notes.add(text="vip")
-    # the schema as Java's serializer registers it: .proto text
+    card.home.city = "Oslo"
+    # the schemas as Java's serializer registers them: .proto text, the import a reference
+    r = httpx.post(
+        f"{registry.url}/subjects/{unique}-place/versions",
+        json={"schema": PLACE_PROTO, "schemaType": "PROTOBUF"},
+    )
+    assert r.status_code == 200, r.text
+    ref = {"name": "places/place.proto", "subject": f"{unique}-place", "version": 1}
     r = httpx.post(
         f"{registry.url}/subjects/{unique}-text/versions",
-        json={"schema": CARD_PROTO, "schemaType": "PROTOBUF"},
+        json={"schema": CARD_PROTO, "schemaType": "PROTOBUF", "references": [ref]},
     )
+    assert r.status_code == 200, r.text
     text_id = r.json()["id"]
     plain = card_pb2.Card(id=2, holder_name="Bo")
+    plain.home.city = "Bergen"
     note = card_pb2.Card.Note(text="nested")
     _write(
         bootstrap,
@@ -396,10 +412,12 @@ def test_protobuf_values_answer_in_the_proto3_json_mapping(
             "since": "2026-09-21T14:13:20Z",
             "tier": "GOLD",
             "notes": [{"text": "vip"}],
+            "home": {"city": "Oslo"},
         }
         assert node.get("/v1/tables/cards/keys/card-2").json()["value"] == {
             "id": 2,
             "holderName": "Bo",
+            "home": {"city": "Bergen"},
         }
         assert node.get("/v1/tables/cards/keys/note").json()["value"] == {"text": "nested"}
         assert node.get("/v1/tables/cards/keys/bad-path").status_code == 404
