@@ -255,6 +255,14 @@ class Deferred:
     who: str = ""
 
 
+def _number(text: str | None) -> int | None:
+    """A SHOWn lag or staleness as a number (None when the read gave none: judged wrong)."""
+    try:
+        return None if text is None else int(text)
+    except ValueError:
+        return None
+
+
 @dataclass
 class Tally:
     queries: int = 0
@@ -386,7 +394,7 @@ class Readers:
             try:
                 if kind == "sql":
                     port, body, (token, lag, stale) = self._sql_any(sql, rng, key)
-                    verdict = self._judge(key, body, int(lag), int(stale), token, t0)
+                    verdict = self._judge(key, body, _number(lag), _number(stale), token, t0)
                     who = f"SQL on port {port}"
                 elif kind == "client":
                     if client is None:
@@ -441,13 +449,12 @@ class Readers:
             try:
                 conn = conns.get(port)
                 if conn is None:
-                    conn = psycopg.connect(
+                    conn = conns[port] = psycopg.connect(
                         f"host=127.0.0.1 port={port} dbname=tablecast user=chaos "
                         "sslmode=disable connect_timeout=5",
                         autocommit=True,
                     )
                     conn.execute("SET tablecast.timeout_ms = 5000")
-                    conns[port] = conn
                 with conn.pipeline():
                     read = conn.execute(SQL_READ, (key,), prepare=True)
                     shows = [conn.execute(f"SHOW {name}") for name in SQL_NOTED]
@@ -464,10 +471,14 @@ class Readers:
                 if last or not (unavailable or lost):
                     raise
                 with self.lock:
+                    t = self.tally
                     if unavailable:
-                        self.tally.node_503 += 1
+                        t.node_503 += 1
+                        if len(t.node_503_samples) < 50:
+                            at = time.monotonic() - self.t0
+                            t.node_503_samples.append(f"{at:.1f}s {key} SQL {port}: {e}")
                     else:
-                        self.tally.retried += 1
+                        t.retried += 1
                 continue
             body = None if row is None else {"value": row[0], "partition": row[1], "offset": row[2]}
             return port, body, noted

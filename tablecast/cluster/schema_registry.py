@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import decimal
 import io
+import re
 import threading
 import time
 import uuid
@@ -40,9 +41,10 @@ class RegistryUnavailable(Exception):
 
 
 class SchemaUnreadable(RegistryUnavailable):
-    """The registry gave a schema this node cannot read (an extra not installed, another
-    subject's import, a schema fastavro or protoc refuses): its records wait, as for an
-    unreachable registry, rather than be skipped; the partition's error says why."""
+    """The registry gave a schema this node cannot read (an extra not installed, a
+    reference the registry does not have, a schema fastavro or protoc refuses): its records
+    wait, as for an unreachable registry, rather than be skipped; the partition's error
+    says why."""
 
 
 #: a registry that did not answer is not asked again for this long (each try may take
@@ -117,7 +119,10 @@ def _protobuf(schema_text: str, schema_id: int, referenced: dict[str, str] | Non
 
     referenced = referenced or {}
     imports = {n: _file_descriptor(t, schema_id, referenced, n) for n, t in referenced.items()}
-    proto = _file_descriptor(schema_text, schema_id, referenced, f"schema-{schema_id}.proto")
+    main = f"schema-{schema_id}.proto"
+    while main in referenced:  # a name no import uses
+        main = "_" + main
+    proto = _file_descriptor(schema_text, schema_id, referenced, main)
     pool = descriptor_pool.DescriptorPool()
     try:
         _add_with_imports(pool, proto, imports)
@@ -166,6 +171,10 @@ def _file_descriptor(
     return _compiled(schema_text, schema_id, referenced, name)
 
 
+#: one part of an imported file's path, as a schema's reference names it
+_PROTO_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
 def _compiled(schema_text: str, schema_id: int, referenced: dict[str, str], name: str) -> Any:
     """.proto text as its FileDescriptorProto, compiled by protoc (grpcio-tools) beside the
     .proto text of the files it imports from other subjects (`referenced`)."""
@@ -184,12 +193,16 @@ def _compiled(schema_text: str, schema_id: int, referenced: dict[str, str], name
         ) from None
     with tempfile.TemporaryDirectory(prefix="tablecast-proto-") as tmp:
         for file, text in {**referenced, name: schema_text}.items():
+            # a name becomes a path and protoc's argument: plain relative parts only
             parts = file.split("/")
-            if not file.endswith(".proto") or any(p in ("", ".", "..") for p in parts):
+            if not file.endswith(".proto") or not all(_PROTO_PART.fullmatch(p) for p in parts):
                 raise SchemaUnreadable(f"schema {schema_id} imports {file!r}: not a file name")
-            os.makedirs(os.path.join(tmp, *parts[:-1]), exist_ok=True)
-            with open(os.path.join(tmp, *parts), "w") as f:
-                f.write(text)
+            try:
+                os.makedirs(os.path.join(tmp, *parts[:-1]), exist_ok=True)
+                with open(os.path.join(tmp, *parts), "w") as f:
+                    f.write(text)
+            except (OSError, ValueError) as e:
+                raise SchemaUnreadable(f"schema {schema_id}: {file}: {e}") from None
         out = os.path.join(tmp, "schema.pb")
         includes = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
         code = protoc.main(
@@ -247,6 +260,10 @@ class Registry:
         self._unknown: dict[int, float] = {}
         #: (until when, why) the registry is not asked, after it did not answer
         self._quiet: tuple[float, str] = (0.0, "")
+        #: ids whose schema this node could not read: (until when, why) not tried again
+        self._unreadable: dict[int, tuple[float, str]] = {}
+        #: referenced schemas by (subject, version), which never change once registered
+        self._references: dict[tuple[str, int], dict[str, Any]] = {}
         self._lock = threading.Lock()
 
     def decode(self, data: bytes) -> bytes:
@@ -275,36 +292,40 @@ class Registry:
             now = time.monotonic()
             if self._unknown.get(schema_id, 0.0) > now:
                 raise UnknownSchema(f"the registry has no schema {schema_id}")
+            until, why = self._unreadable.get(schema_id, (0.0, ""))
+            if until > now:
+                raise SchemaUnreadable(why)
             until, why = self._quiet
             if until > now:
                 raise RegistryUnavailable(why)
             try:
-                body = self._get(f"/schemas/ids/{schema_id}")
-                refs = body.get("references") if isinstance(body, dict) else None
-                referenced = self._referenced(refs, {}, set())
+                decoder = self._decoder(schema_id)
             except UnknownSchema:
-                if len(self._unknown) > 10_000:
-                    self._unknown.clear()
-                self._unknown[schema_id] = now + UNKNOWN_TTL_S
+                _bounded(self._unknown)[schema_id] = now + UNKNOWN_TTL_S
                 raise
-            except SchemaUnreadable:
-                raise  # the registry answered: what it gave is not read here
+            except SchemaUnreadable as e:  # the registry answered: what it gave is not read
+                _bounded(self._unreadable)[schema_id] = (now + QUIET_S, str(e))
+                raise
             except RegistryUnavailable as e:
                 self._quiet = (time.monotonic() + QUIET_S, str(e))
                 raise
-            if not isinstance(body, dict) or not isinstance(body.get("schema"), str):
-                raise SchemaUnreadable(f"{self.url}: schema {schema_id} came as {body!r:.200}")
-            kind = body.get("schemaType", "AVRO")
-            if kind == "AVRO":
-                decoder = _avro(body["schema"], referenced)
-            elif kind == "JSON":
-                decoder = _json
-            elif kind == "PROTOBUF":
-                decoder = _protobuf(body["schema"], schema_id, referenced)
-            else:
-                raise SchemaUnreadable(f"schema {schema_id} is {kind}, which is not read")
             self._decoders[schema_id] = decoder
+            self._unreadable.pop(schema_id, None)
             return decoder
+
+    def _decoder(self, schema_id: int) -> Decode:
+        body = self._get(f"/schemas/ids/{schema_id}")
+        if not isinstance(body, dict) or not isinstance(body.get("schema"), str):
+            raise SchemaUnreadable(f"{self.url}: schema {schema_id} came as {body!r:.200}")
+        kind = body.get("schemaType", "AVRO")
+        if kind == "JSON":  # the JSON itself is the row: its schema's references are not read
+            return _json
+        if kind not in ("AVRO", "PROTOBUF"):
+            raise SchemaUnreadable(f"schema {schema_id} is {kind}, which is not read")
+        referenced = self._referenced(body.get("references"), {}, set())
+        if kind == "AVRO":
+            return _avro(body["schema"], referenced)
+        return _protobuf(body["schema"], schema_id, referenced)
 
     def _referenced(
         self, references: Any, found: dict[str, str], seen: set[tuple[str, int]]
@@ -325,36 +346,50 @@ class Registry:
                 version, int
             ):
                 raise SchemaUnreadable(f"{self.url}: a reference came as {ref!r:.200}")
-            if (subject, version) in seen:
-                continue
-            if len(seen) >= MAX_REFERENCES:
-                raise SchemaUnreadable(f"a schema references more than {MAX_REFERENCES} others")
-            seen.add((subject, version))
-            try:
-                body = self._get(f"/subjects/{quote(subject, safe='')}/versions/{version}")
-            except UnknownSchema as e:  # its records wait: the schema's own id is known
-                raise SchemaUnreadable(
-                    f"{subject} v{version}, which a schema references: {e}"
-                ) from None
-            if not isinstance(body, dict) or not isinstance(body.get("schema"), str):
-                raise SchemaUnreadable(f"{self.url}: {subject} v{version} came as {body!r:.200}")
-            self._referenced(body.get("references"), found, seen)
-            found[name] = body["schema"]
+            if (subject, version) not in seen:
+                if len(seen) >= MAX_REFERENCES:
+                    raise SchemaUnreadable(f"a schema references more than {MAX_REFERENCES} others")
+                seen.add((subject, version))
+                self._referenced(self._reference(subject, version).get("references"), found, seen)
+            text = self._reference(subject, version)["schema"]
+            if found.setdefault(name, text) != text:
+                raise SchemaUnreadable(f"a schema references two schemas as {name}")
         return found
+
+    def _reference(self, subject: str, version: int) -> dict[str, Any]:
+        """Version `version` of `subject`, as the registry gave it (kept: it never changes)."""
+        body = self._references.get((subject, version))
+        if body is None:
+            path = f"/subjects/{quote(subject, safe='')}/versions/{version}"
+            body = self._get(path)
+            if not isinstance(body, dict) or not isinstance(body.get("schema"), str):
+                raise SchemaUnreadable(f"{self.url}{path} came as {body!r:.200}")
+            _bounded(self._references)[(subject, version)] = body
+        return body
 
     def _get(self, path: str) -> Any:
         try:
             r = self._client.get(self.url + path)
         except Exception as e:  # httpx.HTTPError, and InvalidURL which is not one
             raise RegistryUnavailable(f"{self.url}: {type(e).__name__}: {e}") from None
-        if r.status_code == 404 and _error_code(r) == 40403:  # Confluent's "schema not found"
+        code = _error_code(r) if r.status_code == 404 else None
+        if code == 40403:  # Confluent's "schema not found"
             raise UnknownSchema(f"the registry has no schema {path.rsplit('/', 1)[1]}")
+        if code in (40401, 40402):  # no such subject, or version: a reference it lacks
+            raise SchemaUnreadable(f"{self.url}{path}: the registry has no such schema")
         if r.status_code != 200:
             raise RegistryUnavailable(f"{self.url}{path}: HTTP {r.status_code}: {r.text[:200]}")
         try:
             return r.json()
         except ValueError:
             raise RegistryUnavailable(f"{self.url}{path}: not JSON: {r.text[:200]}") from None
+
+
+def _bounded(kept: dict[Any, Any], most: int = 10_000) -> dict[Any, Any]:
+    """`kept`, emptied first when it holds `most` entries (what it holds can be had again)."""
+    if len(kept) >= most:
+        kept.clear()
+    return kept
 
 
 def _error_code(r: httpx.Response) -> int | None:

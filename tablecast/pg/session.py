@@ -75,8 +75,6 @@ T = TypeVar("T")
 PAGE = 1_000
 #: prepared statements and portals one connection may hold (pgJDBC caches 256 statements)
 MAX_NAMED = 256
-#: bytes read from a connection at once
-READ_BYTES = 64 * 1024
 #: bytes of output gathered before they are written (and waited for)
 FLUSH_BYTES = 64 * 1024
 #: settings whose change a session reports back (ParameterStatus), as PostgreSQL does
@@ -97,6 +95,7 @@ NOTED = {
     "tablecast.staleness_ms": "x-tablecast-staleness-ms",
 }
 _NOTED_BY_HEADER = {header: i for i, header in enumerate(NOTED.values())}
+_NOTED_INDEX = {name: i for i, name in enumerate(NOTED)}
 
 #: key reads of one `key IN (...)` waiting at a time (for peers' answers, or positions)
 KEYS_AT_ONCE = 32
@@ -838,7 +837,7 @@ class Session:
 
     def _show(self, name: str) -> tuple[Any, ...]:
         if name in NOTED:
-            return (self.noted[list(NOTED).index(name)],)
+            return (self.noted[_NOTED_INDEX[name]],)
         if name == "all":
             raise SqlError("0A000", "not supported: SHOW ALL")
         if name in SESSION_READ_SETTINGS:
@@ -1013,7 +1012,7 @@ class Session:
         """What the read core answers `q` with, as data; its error raised as the API's."""
         found = await self._settle(self.router.read(q, req))
         if isinstance(found, Found):
-            self._note(found.headers)
+            self._noted_found(found)
             return found.doc
         if not isinstance(found, tuple):
             raise ApiError("bad_request", "a SQL read is never redirected")
@@ -1028,22 +1027,26 @@ class Session:
     async def _count(self, st: Read, params: Sequence[Any], req: Request) -> int:
         if st.filter.path == "all" and st.filter.where is None and self._as_of() is None:
             found = await self._settle(self.router.read(CountQuery(st.table, self._bound()), req))
-            self._found_position(found)
+            self._noted_found(found)
             return int(found.doc["count"])  # type: ignore[union-attr]
         return sum([1 async for _ in self._read(st, params, req, None)])
 
-    def _found_position(self, found: Any) -> None:
+    def _noted_found(self, found: Any) -> None:
+        """:meth:`_note` of a read of several partitions: one of none (an empty span) names
+        no position, and says no lag or staleness."""
         if not isinstance(found, Found):
             raise ApiError("bad_request", "a SQL read is never redirected")
-        self.noted[0] = ""  # a read of no partition (an empty span) names no position
-        self._note(found.headers)
+        self._note(found.headers, position="")
 
-    def _note(self, headers: Sequence[tuple[str, str]]) -> None:
-        noted = self.noted
+    def _note(self, headers: Sequence[tuple[str, str]], position: str | None = None) -> None:
+        """What a read's answer headers say, for ``SHOW``: each read replaces all of the
+        last one's (a header it lacks is NULL, `position` for the position)."""
+        noted: list[str | None] = [position, None, None]
         for name, value in headers:
             i = _NOTED_BY_HEADER.get(name)
             if i is not None:
                 noted[i] = value
+        self.noted = noted
 
     async def _one_key(
         self, st: Read, value: Any, req: Request, bound: Any
@@ -1155,7 +1158,7 @@ class Session:
             found = await self._settle(
                 self.router.read(BatchQuery.of_keys(st.table, keys, bound), req)
             )
-            self._found_position(found)
+            self._noted_found(found)
             results = found.doc["results"]  # type: ignore[union-attr]
             refused = next((r for r in results if r.get("forbidden")), None)
             if refused is not None:  # as a read of that key alone is refused
@@ -1203,7 +1206,7 @@ class Session:
                 record_fields=st.metadata,
             )
             found = await self._settle(self.router.read(q, req))
-            self._found_position(found)
+            self._noted_found(found)
             doc = found.doc  # type: ignore[union-attr]
             for item in doc["items"]:
                 raw = key_raw(info, item["key"])

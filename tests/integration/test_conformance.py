@@ -1464,9 +1464,9 @@ def test_a_silent_identity_provider_holds_up_nobody(slow_idp: SlowIdp, front: st
         stop.set()
         for t in flooders:
             t.join(15)
-    # a front end that waited on the fetch would take its whole timeout: typical requests are
-    # answered at once, and none near the timeout even on a machine the whole suite loads
-    assert statistics.median(took) < 0.5, took
+    # a front end that waited on the fetch would take its whole timeout: typical requests
+    # take a small part of it, and none half of it, even on a machine the whole suite loads
+    assert statistics.median(took) < JWKS_TIMEOUT_S / 5, took
     assert max(took) < JWKS_TIMEOUT_S / 2, took
     assert refused and max(refused) < JWKS_TIMEOUT_S + 2, max(refused)
 

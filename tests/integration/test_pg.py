@@ -88,7 +88,7 @@ def test_sql_answers_what_http_answers(bootstrap: str, unique: str, logs: Path) 
         with psycopg.connect(dsn, autocommit=True) as conn:
             _reads_match(conn, nodes[0])
             _errors_leave_the_connection_usable(conn)
-            _consistency_settings(conn)
+            _consistency_settings(conn, nodes[0])
             with conn.cursor() as cur:
                 cur.execute("SELECT key, value FROM nums WHERE key = %s", (42,))
                 assert cur.fetchall() == [(42, {"n": 42})]
@@ -390,25 +390,41 @@ def _errors_leave_the_connection_usable(conn: psycopg.Connection) -> None:
             assert cur.fetchone() == (1,), sql
 
 
-def _consistency_settings(conn: psycopg.Connection) -> None:
+def _consistency_settings(conn: psycopg.Connection, node: NodeProcess) -> None:
     with conn.cursor() as cur:
         cur.execute("SELECT value FROM kv WHERE key = 'k001'")
         cur.execute("SHOW tablecast.position")
         (position,) = cur.fetchone()  # type: ignore[misc]
         assert position.startswith("kv@"), position
-        # and the lag and staleness its answer's headers carry over HTTP (caught up: 0), also
-        # after a prepared read answered again from the reply kept for its packet
-        for _ in range(3):
-            cur.execute("SELECT value FROM kv WHERE key = %s", ("k002",), prepare=True)
-        for name in ("tablecast.lag", "tablecast.staleness_ms"):
-            cur.execute(f"SHOW {name}")
-            assert cur.fetchone() == ("0",), name
-        cur.execute("SHOW tablecast.position")
-        assert cur.fetchone()[0].startswith("kv@")  # type: ignore[index]
-        # a read of an empty span reads no partition: it names no position, not the last one
-        cur.execute("SELECT key FROM kv WHERE key >= 'k9' AND key < 'k1'")
-        cur.execute("SHOW tablecast.position")
-        assert cur.fetchone() == ("",)
+        # its lag and staleness, as the same read's answer headers over HTTP give them
+        http = node.get("/v1/tables/kv/keys/k001").headers
+        for name, header in (
+            ("lag", "x-tablecast-lag"),
+            ("staleness_ms", "x-tablecast-staleness-ms"),
+        ):
+            cur.execute(f"SHOW tablecast.{name}")
+            assert cur.fetchone() == (http[header],), name
+        # a read of an empty span reads no partition: it names no position, not the last one,
+        # and no lag or staleness
+        empty = "SELECT key FROM kv WHERE key >= 'k9' AND key < 'k1'"
+        cur.execute(empty)
+        assert _shown(cur) == ("", None, None)
+        # a prepared read answered from the reply kept for its packet (of a key this node
+        # answers itself) says what it said
+        mine = next(
+            k
+            for k in KEYS
+            if _http(node, f"/v1/tables/kv/keys/{k}/metadata")["active"]["url"] == node.url
+        )
+        for _ in range(2):
+            cur.execute("SELECT value FROM kv WHERE key = %s", (mine,), prepare=True)
+        said = _shown(cur)
+        assert said[0].startswith("kv@") and said[1:] == ("0", "0"), said  # type: ignore[union-attr]
+        kept = _kept_replies(node)
+        cur.execute(empty)
+        cur.execute("SELECT value FROM kv WHERE key = %s", (mine,), prepare=True)
+        assert _kept_replies(node) == kept + 1
+        assert _shown(cur) == said
         cur.execute(f"SET tablecast.after = '{position}'")  # SET takes no parameters
         cur.execute("SET tablecast.max_lag = 0")
         cur.execute("SELECT value->>'i' FROM kv WHERE key = 'k001'")
@@ -436,6 +452,22 @@ def _consistency_settings(conn: psycopg.Connection) -> None:
         cur.execute("SET tablecast.max_lag TO DEFAULT")
         cur.execute("SHOW tablecast.max_lag")
         assert cur.fetchone() == ("",)
+
+
+def _shown(cur: psycopg.Cursor[Any]) -> tuple[str | None, ...]:
+    """The session's SHOW of the last read's position, lag and staleness."""
+    out = []
+    for name in ("position", "lag", "staleness_ms"):
+        cur.execute(f"SHOW tablecast.{name}")
+        out.append(cur.fetchone()[0])  # type: ignore[index]
+    return tuple(out)
+
+
+def _kept_replies(node: NodeProcess) -> float:
+    for line in node.get("/metrics").text.splitlines():
+        if line.startswith("tablecast_sql_kept_replies_total "):
+            return float(line.split()[1])
+    return 0.0
 
 
 def _run_psql(port: int, *args: str) -> subprocess.CompletedProcess[str]:
