@@ -75,8 +75,10 @@ def _signed_batch(
     async def ask() -> bytes:
         pool = PeerPool(signer=Signer(SECRET))
         try:
+            # not a peer's own 2 s bound: what is checked here is the answer, and a machine
+            # the whole suite loads can take longer to give it
             status, _, data = await pool.request(
-                node.url, "POST", route, [(HOP, "1"), *headers], orjson.dumps(paths)
+                node.url, "POST", route, [(HOP, "1"), *headers], orjson.dumps(paths), timeout=30
             )
         finally:
             pool.close()

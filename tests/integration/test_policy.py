@@ -72,7 +72,9 @@ def _policy_file(tmp_path: Path) -> str:
 def _both_serve(nodes: list[NodeProcess], key: str, headers: dict[str, str]) -> None:
     """Wait until the cluster's ownership settled: both nodes name one owner for `key`, and
     both count the whole table (every partition has a ready replica: two nodes started
-    together can leave one without for a moment after both report ready, a known gap)."""
+    together can leave one without for a moment after both report ready, a known gap), and
+    each node answers for some of kv's partitions, none of them still warming (on a slow
+    machine the first node holds them all for a while)."""
 
     def settled() -> bool:
         served = {
@@ -82,7 +84,10 @@ def _both_serve(nodes: list[NodeProcess], key: str, headers: dict[str, str]) -> 
         counted = all(
             n.get("/v1/tables/kv/count", headers=headers).status_code == 200 for n in nodes
         )
-        return len(served) == 1 and None not in served and counted
+        view = nodes[0].get("/v1/cluster", headers=headers).json()["nodes"]
+        roles = [{r["role"] for r in v["replicas"] if r["table"] == "kv"} for v in view]
+        split = len(view) == 2 and all("active" in r and "warming" not in r for r in roles)
+        return len(served) == 1 and None not in served and counted and split
 
     eventually(settled, timeout=60)
 
