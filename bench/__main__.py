@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
+import os
 import sys
 import time
 
@@ -90,6 +91,10 @@ def run_all(argv: list[str]) -> None:
 
 
 def main() -> None:
+    # the processes a benchmark starts read each module's bytecode, written the first time one
+    # imports it, as an installed package's are (./run does the same): with
+    # PYTHONDONTWRITEBYTECODE set, every node start would compile tablecast again
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     names = [*BENCHES, "all"]
