@@ -357,10 +357,12 @@ class Registry:
         return found
 
     def _reference(self, subject: str, version: int) -> dict[str, Any]:
-        """Version `version` of `subject`, as the registry gave it (kept: it never changes)."""
+        """Version `version` of `subject`, as the registry gave it (kept: it never changes).
+        Asked for even if soft-deleted since, as Confluent's own deserializers ask: records
+        written under a schema that references it are still read by it."""
         body = self._references.get((subject, version))
         if body is None:
-            path = f"/subjects/{quote(subject, safe='')}/versions/{version}"
+            path = f"/subjects/{quote(subject, safe='')}/versions/{version}?deleted=true"
             body = self._get(path)
             if not isinstance(body, dict) or not isinstance(body.get("schema"), str):
                 raise SchemaUnreadable(f"{self.url}{path} came as {body!r:.200}")
