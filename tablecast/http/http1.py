@@ -215,6 +215,10 @@ class _Connection(asyncio.Protocol):
         self.kept: Entry | None = None
         #: or the app's plan it was forwarded on
         self.planned: Any = None
+        #: the parser is parsing a chunk: a request whose head it parses starts after it
+        self.parsing = False
+        #: a request waits for the chunk's parse to end to start
+        self.deferred = False
 
     # -- connection ------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -312,7 +316,13 @@ class _Connection(asyncio.Protocol):
             # keep-alive connection's kept answers leave it waiting for a head after every
             # request, and counting every byte it ever sent refused it after 1 MiB of heads
             self.head_bytes += len(data)
-            self.parser.feed_data(data)
+            self.parsing = True
+            try:
+                self.parser.feed_data(data)
+            finally:
+                self.parsing = False
+            if self.deferred:
+                self._start_deferred()
             parsed = self.parsed
             if fresh and parsed is not None and self.begun == 1 and self.between:
                 parsed.plan = self.planned
@@ -324,6 +334,8 @@ class _Connection(asyncio.Protocol):
             elif self.head_bytes > MAX_HEAD:
                 self.refuse(ApiError("bad_request", "the request's headers are too large"))
         except httptools.HttpParserUpgrade as e:
+            if self.deferred:  # a request before the upgrade is answered first
+                self._start_deferred()
             if self.ws is None:
                 only = "only a GET's WebSocket upgrade is served (h2c: --http-engine granian)"
                 self.refuse(ApiError("bad_request", only))
@@ -332,6 +344,8 @@ class _Connection(asyncio.Protocol):
                     self.ws.data_received(data[e.args[0] :])
                 self._start_websocket()
         except httptools.HttpParserError:
+            if self.deferred:  # the requests before the malformed one are answered first
+                self._start_deferred()
             self.refuse(ApiError("bad_request", "malformed HTTP request"))
 
     def _after_preamble(self, data: bytes) -> bytes:
@@ -457,7 +471,12 @@ class _Connection(asyncio.Protocol):
         self.proto = proto
         self.queue.append((scope, proto))
         if not self.busy and not self.write_blocked:
-            self._start()
+            if self.parsing:
+                # once the chunk is parsed: a body that came with its head (a peer's batch
+                # does) is then whole, and the request is answered without waiting for it
+                self.deferred = True
+            else:
+                self._start()
         elif len(self.queue) >= MAX_QUEUED and self.transport is not None:
             self.paused = True  # a client that pipelines without reading waits for us
             self.transport.pause_reading()
@@ -544,6 +563,11 @@ class _Connection(asyncio.Protocol):
             return
         task = self.server.loop.create_task(rest)
         task.add_done_callback(lambda t: self._finished(t, proto))
+
+    def _start_deferred(self) -> None:
+        self.deferred = False
+        if not self.busy and not self.write_blocked and self.queue:
+            self._start()
 
     def _start(self) -> None:
         scope, proto = self.queue.popleft()

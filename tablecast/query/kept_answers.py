@@ -25,6 +25,7 @@ and counts towards the same bound.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from tablecast.cluster.node import Node
@@ -131,6 +132,30 @@ class Answers:
         if entry is None:
             return None
         return self._still(entry)
+
+    def get_many(self, paths: Sequence[str]) -> list[Entry | None]:
+        """:meth:`get` of each of `paths` (the reads of a forwarded batch): a replica's
+        ownership and catalog checks are made once for all of its entries."""
+        entries = self._entries
+        answerable: dict[Replica, TableInfo] = {}  # replicas checked, by the table they hold
+        found: list[Entry | None] = []
+        hits = 0
+        for path in paths:
+            entry = entries.get(path)
+            if entry is not None:
+                replica = entry.replica
+                if replica.position != entry.position or replica.end_offset != entry.end:
+                    entry = None
+                elif answerable.get(replica) is not entry.info:
+                    if self._answerable(entry.info, replica, entry.slot):
+                        answerable[replica] = entry.info
+                    else:
+                        entry = None
+                if entry is not None:
+                    hits += 1
+            found.append(entry)
+        self.hits += hits
+        return found
 
     def get_request(self, request: bytes) -> Entry | None:
         """The kept answer a request of these very bytes was answered with

@@ -78,6 +78,7 @@ def test_any_apply_to_the_partition_ends_it(key: bytes) -> None:
     _read(router)
     _write(replica, key, "v1")  # another key too: the position header moved
     assert answers.get(PATH) is None
+    assert answers.get_many([PATH]) == [None]
     _, body, headers = _read(router)
     entry = answers.get(PATH)
     assert entry is not None and entry.body == body and entry.headers == [JSON, *headers]
@@ -110,9 +111,15 @@ def test_a_new_topic_end_ends_it_lag_is_in_the_headers() -> None:
 def test_whatever_would_change_the_answer_ends_it(change: Any) -> None:
     router, answers, replica, node = _setup()
     _read(router)
-    assert answers.get(PATH) is not None
+    _read(router, "j")
+    both = [PATH, "/v1/tables/t/keys/j", "/v1/tables/t/keys/unread"]
+    entry = answers.get(PATH)
+    assert entry is not None
+    # a forwarded batch's reads, all at once, find what each would alone
+    assert answers.get_many(both) == [entry, answers.get(both[1]), None]
     change(replica, node)
     assert answers.get(PATH) is None
+    assert answers.get_many(both) == [None, None, None]
 
 
 def test_a_read_that_overlapped_an_apply_is_not_kept() -> None:

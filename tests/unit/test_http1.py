@@ -107,6 +107,10 @@ class App:
             return None
         if scope.path == "/boom":
             raise RuntimeError("a bug")
+        if scope.path == "/whole":  # the body if all of it is there as the request starts
+            body = proto.arrived_body()
+            proto.response_bytes(200, JSON, b"not arrived" if body is None else body)
+            return None
         if scope.path == "/1k":  # the app's answer, not a kept one
             proto.response_bytes(200, JSON, b"a" * 1000)
             return None
@@ -503,6 +507,42 @@ def test_a_chunked_body_and_a_streamed_answer() -> None:
         head, _, body = data.partition(b"\r\n\r\n")
         assert b"transfer-encoding: chunked" in head
         assert body == b"".join(b"9\r\ndata: %d\n\n\r\n" % i for i in range(3)) + b"0\r\n\r\n"
+
+    _run(check)
+
+
+def test_a_body_that_comes_with_its_head_is_whole_as_the_request_starts() -> None:
+    """A peer's batch comes in one chunk, head and body: the app answers it at once, with
+    no task waiting for the body; a body that comes later is read as it comes."""
+
+    async def check(port: int) -> None:
+        raw = b"POST /whole HTTP/1.1\r\nconnection: close\r\ncontent-length: 5\r\n\r\nhello"
+        assert _responses(await _exchange(port, raw)) == [(200, b"hello")]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /whole HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(b"hello")
+        writer.write(b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(b"abc")
+        writer.write(b"GET /x HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        data = await reader.read()
+        writer.close()
+        assert _responses(data) == [(200, b"not arrived"), (200, b"abc"), (200, b"GET /x ? None")]
+
+    _run(check)
+
+
+def test_requests_before_a_malformed_one_are_answered_before_it_is_refused() -> None:
+    async def check(port: int) -> None:
+        raw = (
+            b"POST /whole HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nokNOT HTTP AT ALL\r\n\r\n"
+        )
+        answers = _responses(await _exchange(port, raw))
+        assert answers[0] == (200, b"ok")
+        assert [status for status, _ in answers[1:]] == [400]
 
     _run(check)
 
