@@ -118,11 +118,16 @@ def _protobuf(schema_text: str, schema_id: int, referenced: dict[str, str] | Non
         ) from None
 
     referenced = referenced or {}
-    imports = {n: _file_descriptor(t, schema_id, referenced, n) for n, t in referenced.items()}
     main = f"schema-{schema_id}.proto"
     while main in referenced:  # a name no import uses
         main = "_" + main
-    proto = _file_descriptor(schema_text, schema_id, referenced, main)
+    proto = _serialized_descriptor(schema_text)
+    if proto is None:  # .proto text: one protoc run compiles it and every file it imports
+        compiled = _compiled(schema_text, schema_id, referenced, main)
+        proto = compiled[main]
+        imports = {n: compiled[n] for n in referenced if n in compiled}
+    else:
+        imports = {n: _file_descriptor(t, schema_id, referenced, n) for n, t in referenced.items()}
     pool = descriptor_pool.DescriptorPool()
     try:
         _add_with_imports(pool, proto, imports)
@@ -155,6 +160,15 @@ def _file_descriptor(
 ) -> Any:
     """A schema's FileDescriptorProto; .proto text is compiled as the file `name` (the name
     its importers know it by)."""
+    proto = _serialized_descriptor(schema_text)
+    if proto is None:
+        proto = _compiled(schema_text, schema_id, referenced, name)[name]
+    return proto
+
+
+def _serialized_descriptor(schema_text: str) -> Any:
+    """The FileDescriptorProto a schema registered as one (base64) holds; None for .proto
+    text."""
     import base64
     import binascii
 
@@ -164,20 +178,21 @@ def _file_descriptor(
     proto = descriptor_pb2.FileDescriptorProto()
     try:
         proto.ParseFromString(base64.b64decode(schema_text, validate=True))
-        if proto.name:
-            return proto
     except (binascii.Error, DecodeError, ValueError):
-        pass
-    return _compiled(schema_text, schema_id, referenced, name)
+        return None
+    return proto if proto.name else None
 
 
 #: one part of an imported file's path, as a schema's reference names it
 _PROTO_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
-def _compiled(schema_text: str, schema_id: int, referenced: dict[str, str], name: str) -> Any:
-    """.proto text as its FileDescriptorProto, compiled by protoc (grpcio-tools) beside the
-    .proto text of the files it imports from other subjects (`referenced`)."""
+def _compiled(
+    schema_text: str, schema_id: int, referenced: dict[str, str], name: str
+) -> dict[str, Any]:
+    """.proto text compiled by protoc (grpcio-tools) as the file `name`, beside the .proto
+    text of the files it imports from other subjects (`referenced`): the FileDescriptorProto
+    of it and of every file it imports, by name."""
     import os
     import tempfile
 
@@ -206,14 +221,21 @@ def _compiled(schema_text: str, schema_id: int, referenced: dict[str, str], name
         out = os.path.join(tmp, "schema.pb")
         includes = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
         code = protoc.main(
-            ["protoc", f"-I{tmp}", f"-I{includes}", f"--descriptor_set_out={out}", name]
+            [
+                "protoc",
+                f"-I{tmp}",
+                f"-I{includes}",
+                "--include_imports",
+                f"--descriptor_set_out={out}",
+                name,
+            ]
         )
         if code != 0:
             raise SchemaUnreadable(f"schema {schema_id}: protoc could not compile its .proto text")
         files = descriptor_pb2.FileDescriptorSet()
         with open(out, "rb") as f:
             files.ParseFromString(f.read())
-    return files.file[0]
+    return {file.name: file for file in files.file}
 
 
 def _add_with_imports(pool: Any, proto: Any, imports: dict[str, Any]) -> None:
