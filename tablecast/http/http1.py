@@ -215,9 +215,10 @@ class _Connection(asyncio.Protocol):
         self.kept: Entry | None = None
         #: or the app's plan it was forwarded on
         self.planned: Any = None
-        #: the parser is parsing a chunk: a request whose head it parses starts after it
+        #: the parser is parsing a chunk: a request whose head it parses starts once its
+        #: message or the chunk is parsed, whichever comes first
         self.parsing = False
-        #: a request waits for the chunk's parse to end to start
+        #: a request waits for its message or the chunk to be parsed to start
         self.deferred = False
 
     # -- connection ------------------------------------------------------------
@@ -418,6 +419,8 @@ class _Connection(asyncio.Protocol):
             self.proto = None
         self.url = b""
         self.headers = _Headers()
+        if self.deferred:  # its body is whole: it starts before the next request's head
+            self._start_deferred()
 
     def on_headers_complete(self) -> None:
         method = self.parser.get_method().decode()
@@ -472,8 +475,8 @@ class _Connection(asyncio.Protocol):
         self.queue.append((scope, proto))
         if not self.busy and not self.write_blocked:
             if self.parsing:
-                # once the chunk is parsed: a body that came with its head (a peer's batch
-                # does) is then whole, and the request is answered without waiting for it
+                # once its whole message or the chunk is parsed: a body that came with its
+                # head (a peer's batch does) is then whole, and is answered without a wait
                 self.deferred = True
             else:
                 self._start()
@@ -541,7 +544,8 @@ class _Connection(asyncio.Protocol):
         self.write(wire)
         self.server.app.forwarded(status, forwarding[3])
         self.busy = False
-        self._next_or_idle(True)
+        if self._goes_on(True):
+            self._start()
 
     def unanswered(self, error: Exception) -> None:
         """A short-path forward its peer did not answer: the router's way."""
@@ -570,27 +574,42 @@ class _Connection(asyncio.Protocol):
             self._start()
 
     def _start(self) -> None:
-        scope, proto = self.queue.popleft()
-        self.busy = True
-        if self.paused and len(self.queue) < MAX_QUEUED // 2 and self.transport is not None:
-            self.paused = False
-            if not self.write_blocked:
-                self.transport.resume_reading()
-        try:
-            rest = self.server.app.begin(scope, proto)
-        except Exception:
-            log.exception("request failed")
-            rest = None
-        if rest is None:  # answered already: most reads
-            self._finished(None, proto)
-            return
+        """Start the queued requests in turn while each is answered at once (most reads are),
+        in a loop rather than a call per request: a client may pipeline thousands in one
+        chunk. One that a task or a future answers starts the next as it ends."""
+        while True:
+            scope, proto = self.queue.popleft()
+            self.busy = True
+            if self.paused and len(self.queue) < MAX_QUEUED // 2 and self.transport is not None:
+                self.paused = False
+                if not self.write_blocked:
+                    self.transport.resume_reading()
+            try:
+                rest = self.server.app.begin(scope, proto)
+            except Exception:
+                log.exception("request failed")
+                rest = None
+            if rest is not None:
+                self._answer_later(rest, proto)
+                return
+            self._ended(None, proto)  # answered already: most reads
+            if not self._goes_on(proto.keep_alive):
+                return
+
+    def _answer_later(self, rest: Any, proto: _Proto) -> None:
         if isinstance(rest, asyncio.Future):  # answered by its own callback (a forwarded read)
             rest.add_done_callback(lambda _: self._finished(None, proto))
             return
-        task = self.server.loop.create_task(rest)  # type: ignore[arg-type]
+        task = self.server.loop.create_task(rest)
         task.add_done_callback(lambda t: self._finished(t, proto))
 
     def _finished(self, task: asyncio.Task[None] | None, proto: _Proto) -> None:
+        self._ended(task, proto)
+        if self._goes_on(proto.keep_alive):
+            self._start()
+
+    def _ended(self, task: asyncio.Task[None] | None, proto: _Proto) -> None:
+        """A request's answer is complete: a 500 if it gave none, a stream's last chunk."""
         self.busy = False
         if task is not None and not task.cancelled() and task.exception() is not None:
             log.error("request failed", exc_info=task.exception())
@@ -599,16 +618,18 @@ class _Connection(asyncio.Protocol):
             proto.response_bytes(failed.status, [JSON], failed.body())
         elif proto.streaming:
             self.write(b"0\r\n\r\n")
-        self._next_or_idle(proto.keep_alive)
 
-    def _next_or_idle(self, keep_alive: bool) -> None:
+    def _goes_on(self, keep_alive: bool) -> bool:
+        """After an answer, whether the next queued request starts now; if not, the connection
+        closes, waits for its writes to drain (resume_writing starts it), or waits for the
+        next request's headers (or the rest of an unread body) within the timeout."""
         if not keep_alive:
             self.close()
-        elif self.queue:
-            if not self.write_blocked:  # else resume_writing starts it
-                self._start()
-        else:  # the next request's headers, or the rest of an unread body, within the timeout
+            return False
+        if not self.queue:
             self.waiting_since = self.server.loop.time()
+            return False
+        return not self.write_blocked
 
 
 class LoopServer:

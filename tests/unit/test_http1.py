@@ -664,6 +664,26 @@ def test_many_pipelined_requests_are_all_answered_in_order() -> None:
     _run(check)
 
 
+@pytest.mark.parametrize("first", [b"/slow", b"/x?q=0"])
+def test_thousands_of_pipelined_requests_answered_at_once_are_answered_in_order(
+    first: bytes,
+) -> None:
+    """Requests the app answers at once, pipelined in one chunk behind one a task answers
+    (or not): each starts after the one before, none waits for a call stack to unwind."""
+    count = 3000
+
+    async def check(port: int) -> None:
+        raw = b"GET " + first + b" HTTP/1.1\r\nhost: x\r\n\r\n"
+        raw += b"".join(b"GET /x?q=%d HTTP/1.1\r\nhost: x\r\n\r\n" % i for i in range(1, count))
+        raw += b"GET /kept HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+        answers = _responses(await _exchange(port, raw))
+        head = b"slow" if first == b"/slow" else b"GET /x ?q=0 None"
+        want = [head] + [b"GET /x ?q=%d None" % i for i in range(1, count)] + [b'{"kept":true}']
+        assert [b for _, b in answers] == want
+
+    _run(check)
+
+
 @pytest.mark.parametrize("path", ["/kept1k", "/1k"])
 def test_a_client_that_pipelines_and_never_reads_is_held_to_a_bound_then_dropped(
     path: str, monkeypatch: pytest.MonkeyPatch
