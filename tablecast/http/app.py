@@ -595,29 +595,19 @@ class HttpApp:
         return 200, encode_answers(made), [BINARY]
 
     def _kept(self, targets: list[str], req: Request) -> list[Entry | None] | None:
-        """The kept answer of each of a batch's reads (None where there is none), as
-        :meth:`_hop` would find them one by one; None when the batch's reads cannot take
-        kept answers (a position to wait for, a rate each read is counted against)."""
+        """The kept answer of each of a batch's reads (None where there is none); None when
+        no answers are kept, or the batch's reads may have to wait for a position (a kept
+        answer is as fresh as its replica now)."""
         answers = self._answers
-        if (
-            answers is None
-            or AFTER_HEADER in req.headers
-            or (self.rate is not None and not self._peer_checks)
-        ):
+        if answers is None or AFTER_HEADER in req.headers:
             return None
         return answers.get_many(targets)
 
-    def _hop(self, target: str, req: Request) -> tuple[str, Entry | Answer | Awaitable[Answer]]:
-        """One read of a batch: the route's name and its answer (a kept one as it is kept),
-        as :meth:`__call__` gives it a GET with the batch's headers (the path as sent, as
-        a server receives it)."""
+    def _hop(self, target: str, req: Request) -> tuple[str, Answer | Awaitable[Answer]]:
+        """One read of a batch without a kept answer (:meth:`_kept`): the route's name and
+        its answer, as :meth:`__call__` gives it a GET with the batch's headers (the path as
+        sent, as a server receives it)."""
         path, _, query = target.partition("?")
-        answers = self._answers
-        # a kept answer is as fresh as the replica now: a read after a position may have to wait
-        if answers is not None and not query and AFTER_HEADER not in req.headers:
-            entry = answers.get(path)
-            if entry is not None:
-                return "key", entry
         key = None if query else plain_key_read("GET", path)
         if key is not None:
             request = Request(req.headers, req.caller, req.scope)
