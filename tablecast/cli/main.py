@@ -582,7 +582,8 @@ def build_parser() -> Parser:
         help=f"the keys': {formats}, confluent-avro, confluent-json, confluent-protobuf "
         "(written through a Schema Registry: --registry; the nodes look such keys up), or a "
         "Kafka Streams window or session store's (kafka-streams-window:INNER, "
-        "kafka-streams-session:INNER; INNER one of string, json, long, bytes)",
+        "kafka-streams-session:INNER; INNER one of string, json, long, bytes, or a registry "
+        "format)",
     )
     option(
         p,

@@ -14,8 +14,10 @@ from tablecast.cluster import schema_registry
 from tablecast.contract import debezium
 from tablecast.contract.table_info import TableInfo
 from tablecast.contract.window_keys import (
+    SESSION_SUFFIX,
     STREAMS_SESSION,
     STREAMS_WINDOW,
+    WINDOW_SUFFIX,
     from_streams_session_key,
     from_streams_window_key,
 )
@@ -45,7 +47,7 @@ def translation(info: TableInfo) -> Translate | None:
     changelog = info.key.get("changelog")
     steps = [
         _streams_store(changelog) if changelog in (STREAMS_WINDOW, STREAMS_SESSION) else None,
-        _registry_keys(schema_registry.registry(info.key["registry"]))
+        _registry_keys(schema_registry.registry(info.key["registry"]), _suffix(changelog))
         if serde.through_registry(info.key)
         else None,
         _registry_values(schema_registry.registry(info.value["registry"]))
@@ -129,17 +131,27 @@ def _decoded(
         raise schema_registry.RegistryUnavailable(f"{type(e).__name__}: {e}") from None
 
 
-def _registry_keys(registry: schema_registry.Registry) -> Translate:
+def _suffix(changelog: object) -> int:
+    """The bytes a window table's key has after its inner key, once rewritten (none for a
+    key-value table's)."""
+    if changelog == STREAMS_WINDOW:
+        return WINDOW_SUFFIX
+    return SESSION_SUFFIX if changelog == STREAMS_SESSION else 0
+
+
+def _registry_keys(registry: schema_registry.Registry, suffix: int = 0) -> Translate:
     """Keys decoded with their writer schemas, kept as canonical JSON (sorted fields: one
     key, one byte string, whichever schema version wrote it); a key that is not one makes
-    the record a bad one; one whose schema cannot be had now makes it wait."""
+    the record a bad one; one whose schema cannot be had now makes it wait. A window
+    table's key is decoded up to its window's `suffix` bytes, which stay as they are."""
 
     def bad(why: str) -> BadRecord:
         return BadRecord(f"bad key: {why}")
 
     def translate(key: bytes, value: bytes | None, ts: int) -> tuple[bytes, bytes | None, int]:
-        row = orjson.loads(_decoded(registry, key, bad))
-        return orjson.dumps(row, option=orjson.OPT_SORT_KEYS), value, ts
+        inner, window = (key[:-suffix], key[-suffix:]) if suffix else (key, b"")
+        row = orjson.loads(_decoded(registry, inner, bad))
+        return orjson.dumps(row, option=orjson.OPT_SORT_KEYS) + window, value, ts
 
     return translate
 

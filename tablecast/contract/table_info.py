@@ -87,8 +87,6 @@ class TableInfo:
             problems.append("is_global is not a boolean")
         if info.partitioner not in PARTITIONERS:
             problems.append(f"partitioner {info.partitioner!r} is not one of {PARTITIONERS}")
-        elif info.partitioner == UNKNOWN and info.kind != "kv":
-            problems.append("a window table's keys need a partitioner: unknown is for kv tables")
         if not isinstance(info.attached, bool):
             problems.append("attached is not a boolean")
         if not isinstance(info.extra, dict):
@@ -131,13 +129,14 @@ class TableInfo:
                 )
         key_format = info.key.get("format") if isinstance(info.key, dict) else None
         value_format = info.value.get("format") if isinstance(info.value, dict) else None
-        if changelog is not None and key_format not in STREAMS_INNER:
-            problems.append(f"a {changelog} key's own format is one of {STREAMS_INNER}")
+        inner = STREAMS_INNER + serde.REGISTRY_FORMATS
+        if changelog is not None and key_format not in inner:
+            problems.append(f"a {changelog} key's own format is one of {inner}")
         registry_key = isinstance(info.key, dict) and serde.through_registry(info.key)
-        if registry_key and (not info.attached or info.partitioner != UNKNOWN or info.kind != "kv"):
+        if registry_key and (not info.attached or info.partitioner != UNKNOWN):
             # a key's bytes carry the id of the schema it was written with, which its text
             # does not say: nodes look such keys up rather than compute their partition
-            problems.append(f"{key_format} keys are read in attached kv tables, looked up")
+            problems.append(f"{key_format} keys are read in attached tables, looked up")
         if value_format in serde.REGISTRY_FORMATS and (
             not info.attached or key_format == "debezium"
         ):

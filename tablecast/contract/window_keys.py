@@ -22,10 +22,14 @@ def window_key(key: bytes, start_ms: int) -> bytes:
     return key + _START.pack(start_ms)
 
 
+#: the bytes of a window key after its inner key: the window's start
+WINDOW_SUFFIX = 8
+
+
 def split_window_key(data: bytes) -> tuple[bytes, int]:
-    if len(data) < 8:
+    if len(data) < WINDOW_SUFFIX:
         raise ValueError("a window key is at least 8 bytes")
-    return data[:-8], _START.unpack(data[-8:])[0]
+    return data[:-WINDOW_SUFFIX], _START.unpack(data[-WINDOW_SUFFIX:])[0]
 
 
 SESSION_SUFFIX = 16

@@ -36,8 +36,8 @@ log = logging.getLogger(__name__)
 #: the formats a topic written by something else can be read in, for now
 FORMATS = ("string", "json", "long", "bytes", "debezium")
 #: the formats inside a Kafka Streams window or session store's key
-#: (``kafka-streams-window:string``)
-INNER_FORMATS = STREAMS_INNER
+#: (``kafka-streams-window:string``; a registry serde's: ``kafka-streams-window:confluent-avro``)
+INNER_FORMATS = STREAMS_INNER + REGISTRY_FORMATS
 #: every key format, the Kafka Streams store layouts with each inner format included
 KEY_FORMATS = (
     FORMATS + REGISTRY_FORMATS + tuple(f"{s}:{i}" for s in STREAMS_LAYOUTS for i in INNER_FORMATS)
@@ -115,13 +115,14 @@ def attach(
     windowed store's windows their end (a session store's inactivity gap, if given, is
     only recorded). Keys or values written through a Schema Registry (``confluent-avro``,
     ``confluent-json``, ``confluent-protobuf``) need its URL, `registry`: the nodes fetch
-    each writer schema from it by id. Such keys are kept as their JSON and looked up (the
+    each writer schema from it by id. Such keys, a Kafka Streams store's inner keys too
+    (``kafka-streams-window:confluent-avro``), are kept as their JSON and looked up (the
     partitioner is ``unknown``: a key's bytes hold its schema's id, which its text does not
     say)."""
     if not index_codec.NAME.fullmatch(name):
         raise AttachError(f"table name {name!r}: 1-64 of A-Z a-z 0-9 _ . -")
     layout, key = streams_layout(key)
-    if key not in FORMATS + (() if layout else REGISTRY_FORMATS):
+    if layout is None and key not in FORMATS + REGISTRY_FORMATS:
         raise AttachError(f"key format {key!r} is not one of {KEY_FORMATS}")
     if value not in VALUE_FORMATS:
         raise AttachError(f"value format {value!r} is not one of {VALUE_FORMATS}")
@@ -153,11 +154,6 @@ def attach(
         if partitioner not in (DEFAULT_PARTITIONER, UNKNOWN):
             raise AttachError(f"{key} keys are looked up: their partitioner is unknown")
         partitioner = UNKNOWN
-    if partitioner == UNKNOWN and layout is not None:
-        raise AttachError(
-            "a Kafka Streams window or session store's keys need their partitioner "
-            "(murmur2, or consistent_random): unknown serves key-value tables only"
-        )
     if store not in STORES:
         raise AttachError(f"store {store!r} is not one of {STORES}")
     extra: dict[str, object] = {} if history is None else {"history_ms": duration_ms(history)}

@@ -23,6 +23,7 @@ from tablecast.contract import positions
 from tablecast.contract.table_info import TableInfo
 from tablecast.contract.window_keys import (
     SESSION_SUFFIX,
+    WINDOW_SUFFIX,
     split_session_key,
     split_window_key,
     window_key,
@@ -30,6 +31,7 @@ from tablecast.contract.window_keys import (
 from tablecast.query.consistency import ReadOptions, may_answer
 from tablecast.query.errors import ApiError
 from tablecast.query.policy import KeyScope
+from tablecast.query.queries import WINDOW_TIME_MAX
 from tablecast.query.scans import Row, Scan, check_floor
 from tablecast.serde import SerdeError
 from tablecast.store import PartitionStore, Record, StoreClosed, Version
@@ -217,6 +219,16 @@ class Local:
     def windows(
         self, info: TableInfo, raw: bytes, replica: Replica, time_from: int, time_to: int
     ) -> Answer:
+        found, position = self._windows_of(info, raw, replica, time_from, time_to)
+        vj = info.value_serde.to_json
+        items = [{"start": start, "end": end, "value": vj(rec.value)} for start, end, rec in found]
+        return 200, orjson.dumps({"items": items}), self.headers(replica, position)
+
+    def _windows_of(
+        self, info: TableInfo, raw: bytes, replica: Replica, time_from: int, time_to: int
+    ) -> tuple[list[tuple[int, int, Record]], int]:
+        """The key's windows whose starts are in [time_from, time_to], as (start, end,
+        record), and the position they were read at."""
         size = int(info.extra.get("size_ms", 0))
         entries, position = exact_read(
             info,
@@ -228,10 +240,9 @@ class Local:
                 MAX_WINDOWS,
             ),
         )
-        vj = info.value_serde.to_json
         sessions = "session_gap_ms" in info.extra
-        suffix = SESSION_SUFFIX if sessions else 8
-        items = []
+        suffix = SESSION_SUFFIX if sessions else WINDOW_SUFFIX
+        found = []
         for k, rec in entries:
             if len(k) != len(raw) + suffix:
                 continue  # a longer key that shares these bytes, not one of this key's windows
@@ -241,8 +252,8 @@ class Local:
             else:
                 _, start = split_window_key(k)
                 end = start + size
-            items.append({"start": start, "end": end, "value": vj(rec.value)})
-        return 200, orjson.dumps({"items": items}), self.headers(replica, position)
+            found.append((start, end, rec))
+        return found, position
 
     def read_as_of(
         self, info: TableInfo, raw: bytes, replica: Replica, at: int, key_text: str
@@ -342,6 +353,17 @@ class Local:
         replica = self.require(info, partition, opts)
         records, position = exact_read(info, replica, partial(replica.store.multi_get, raws))
         return records, replica, position
+
+    def holding(
+        self, info: TableInfo, partition: int, raws: Sequence[bytes], opts: ReadOptions
+    ) -> list[bool]:
+        """Whether `partition` holds each key of `raws`: its row, or in a window table any
+        window of it (where a key of a table whose partitioner is unknown is looked for)."""
+        if info.kind != "window":
+            records, _, _ = self.multi_get(info, partition, raws, opts)
+            return [record is not None for record in records]
+        replica = self.require(info, partition, opts)
+        return [bool(self._windows_of(info, raw, replica, 0, WINDOW_TIME_MAX)[0]) for raw in raws]
 
 
 def exact_read(

@@ -160,9 +160,9 @@ class Locator:
         for p in parts:
             if not idx:
                 return
-            records, _, _ = self.local.multi_get(info, p, [raws[i] for i in idx], opts)
-            for i, rec in zip(idx, records, strict=True):
-                if rec is not None:
+            held = self.local.holding(info, p, [raws[i] for i in idx], opts)
+            for i, here in zip(idx, held, strict=True):
+                if here:
                     _take(found, i, p)
             idx = [i for i in idx if i not in found]
 

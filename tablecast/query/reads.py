@@ -279,16 +279,22 @@ class Router:
             raise ApiError("bad_request", f"{q.table!r} is not a window table")
         q.bound.check(info)
         local = self.local
-        partition = info.partition_of(raw)
         time_from, time_to = q.time_from, q.time_to
-        return self.one_partition(
-            info,
-            partition,
-            req,
-            q.bound,
-            target_of(q, (partition,)),
-            lambda r: local.windows(info, raw, r, time_from, time_to),
-        )
+
+        def at(partition: int) -> Answer | Awaitable[Answer]:
+            return self.one_partition(
+                info,
+                partition,
+                req,
+                q.bound,
+                target_of(q, (partition,)),
+                lambda r: local.windows(info, raw, r, time_from, time_to),
+            )
+
+        if info.partitioner == UNKNOWN:  # a key in no partition has no windows
+            nothing = 200, orjson.dumps({"items": []}), []
+            return self._unplaced(info, raw, q.key, q.bound, req, at, nothing)
+        return at(info.partition_of(raw))
 
     def history(self, q: HistoryQuery, req: Request) -> Answer | Awaitable[Answer]:
         """Versions of one key, oldest first (``newest_first``: newest first): ``{"items":

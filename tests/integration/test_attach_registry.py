@@ -6,9 +6,11 @@ schema the registry does not have, counted as bad records, and the node serving 
 
 from __future__ import annotations
 
+import random
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,12 +34,15 @@ from ..support.gateway import PASSWORD as gateway_password
 from ..support.gateway import TOKEN as gateway_token
 from ..support.gateway import USER as gateway_user
 from ..support.gateway import RegistryGateway
+from ..support.kafka_streams import StoresApp
 from ..support.procs import NodeProcess, eventually, start_node
 from ..support.registry import SchemaRegistry
 
 pytestmark = pytest.mark.integration
 
 PARTITIONS = 4
+WINDOW_MS = 60_000
+GAP_MS = 30_000
 CARD_V1 = {
     "type": "record",
     "name": "Card",
@@ -665,3 +670,102 @@ def test_a_registry_that_demands_a_client_certificate_and_auth(
 
 def _only_auth(props: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in props.items() if k.startswith(("basic.", "bearer."))}
+
+
+def test_kafka_streams_stores_over_keys_a_registry_serializer_wrote(
+    bootstrap: str, unique: str, logs: Path, registry: SchemaRegistry
+) -> None:
+    """A real Kafka Streams app's key-value, windowed and session stores over input whose
+    Avro record keys confluent-kafka's serializer wrote, kept by the app as the bytes they
+    are (as a registry serde writes them back): its changelogs served on two nodes, each key
+    looked up (its bytes hold its schema's id), and every key's row, windows and sessions
+    as the app's own interactive queries give them."""
+    topic, app = f"{unique}.visits", f"{unique}-tc"
+    ensure_topic(bootstrap, topic, PARTITIONS)
+    client = SchemaRegistryClient({"url": registry.url})
+    serialize = AvroSerializer(client, orjson.dumps(CARD_KEY).decode())
+    context = SerializationContext(topic, MessageField.KEY)
+    users = [{"id": i, "region": region} for i in range(8) for region in ("eu", "us")]
+    wire = [serialize(user, context) for user in users]
+    streams = StoresApp(
+        bootstrap, f"{unique}-streams", topic, WINDOW_MS, GAP_MS, byte_keys=True
+    ).start()
+    nodes: list[NodeProcess] = []
+    try:
+        # a visit every 700 ms of event time, an hour ago: windows of a minute, sessions
+        # (30 s gap) that grow and merge, on every partition
+        base = int(time.time() * 1000) - 3_600_000
+        base -= base % WINDOW_MS
+        rng = random.Random(7)
+        producer = Producer(client_conf(bootstrap, {"partitioner": "murmur2_random"}))
+        visits = 400
+        for i in range(visits):
+            producer.produce(
+                topic, key=rng.choice(wire), value=f"visit-{i}".encode(), timestamp=base + i * 700
+            )
+        assert producer.flush(60) == 0
+        eventually(lambda: sum(n for *_, n in streams.stores()["windows"]) == visits, 60)
+
+        tables = {
+            "latest": ("confluent-avro", "string", None),
+            "per-window": ("kafka-streams-window:confluent-avro", "long", "60s"),
+            "sessions": ("kafka-streams-session:confluent-avro", "long", None),
+        }
+        for name, (key, value, size) in tables.items():
+            info = attach(
+                name,
+                app=app,
+                topic=streams.changelog(name),
+                bootstrap_servers=bootstrap,
+                key=key,
+                value=value,
+                registry=registry.url,
+                window_size=size,
+            )
+            assert info.partitioner == "unknown"
+        nodes = [start_node(app, bootstrap, logs) for _ in range(2)]
+        for node in nodes:
+            node.wait_ready()
+            for name in tables:
+                node.wait_caught_up(bootstrap, name, streams.changelog(name), timeout=120)
+
+        theirs = streams.stores()
+        by_hex = {w.hex(): user for w, user in zip(wire, users, strict=True)}
+        expected = {
+            "latest": {orjson.dumps(by_hex[k]): v for k, v in theirs["latest"].items()},
+            "windows": sorted(
+                [orjson.dumps(by_hex[k]), s, e, n] for k, s, e, n in theirs["windows"]
+            ),
+            "sessions": sorted(
+                [orjson.dumps(by_hex[k]), s, e, n] for k, s, e, n in theirs["sessions"]
+            ),
+        }
+        assert len(expected["latest"]) == len(users)
+        assert max(n for *_, n in expected["sessions"]) > 1  # sessions the app merged
+        for node in nodes:
+            served: dict[str, Any] = {"latest": {}, "windows": [], "sessions": []}
+            with httpx.Client(base_url=node.url, timeout=10) as http:
+                for user in users:
+                    # fields in another order than the writer's: a key is its JSON
+                    text = orjson.dumps(dict(reversed(list(user.items())))).decode()
+                    r = http.get("/v1/tables/latest/keys", params={"key": text})
+                    assert r.status_code == 200, (user, r.text)
+                    assert r.json()["key"] == user
+                    served["latest"][orjson.dumps(user)] = r.json()["value"]
+                    for table, into in (("per-window", "windows"), ("sessions", "sessions")):
+                        r = http.get(f"/v1/tables/{table}/windows", params={"key": text})
+                        assert r.status_code == 200, (table, user, r.text)
+                        served[into] += [
+                            [orjson.dumps(user), w["start"], w["end"], w["value"]]
+                            for w in r.json()["items"]
+                        ]
+                absent = orjson.dumps({"id": 99, "region": "eu"}).decode()
+                r = http.get("/v1/tables/per-window/windows", params={"key": absent})
+                assert (r.status_code, r.json()["items"]) == (200, [])
+            served["windows"].sort()
+            served["sessions"].sort()
+            assert served == expected, node.url
+    finally:
+        for node in nodes:
+            node.stop()
+        streams.stop()

@@ -26,13 +26,22 @@ STORES = ("latest", "per-window", "sessions")
 
 
 class StoresApp(JvmService):
-    """One instance of StoresApp reading `topic` (String keys and values)."""
+    """One instance of StoresApp reading `topic` (String values; String keys, or with
+    `byte_keys` the keys' bytes as they are, which its dumps give in hex)."""
 
     def __init__(
-        self, bootstrap: str, app_id: str, topic: str, window_ms: int, gap_ms: int
+        self,
+        bootstrap: str,
+        app_id: str,
+        topic: str,
+        window_ms: int,
+        gap_ms: int,
+        byte_keys: bool = False,
     ) -> None:
         super().__init__("tablecast-streams-", "streams.log")
         self.args = [bootstrap, app_id, topic, str(self.dir / "state"), str(window_ms), str(gap_ms)]
+        if byte_keys:
+            self.args.append("bytes")
         self.app_id = app_id
         self._lines: queue.Queue[str] = queue.Queue()
 

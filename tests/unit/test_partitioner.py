@@ -72,10 +72,20 @@ def test_an_unknown_partitioner_places_no_key() -> None:
         entry.partition_of(b"k")
     placed = TableInfo("t", "t", 4, {"format": "string"}, {"format": "json"})
     assert placed.placed and placed.partitions_for(b"abc") == (placed.partition_of(b"abc"),)
-    # a window table's keys carry their window: looking one up would need a scan
+    # a window table's keys are looked up by their windows: a Kafka Streams store whose
+    # inner keys a registry serializer wrote, say
     window = orjson.loads(info.to_json())
-    window.update(kind="window", extra={"size_ms": 1000})
-    with pytest.raises(BadEntry, match="unknown is for kv tables"):
+    registry = {"format": "confluent-avro", "registry": "http://registry:8081"}
+    window.update(
+        kind="window",
+        extra={"size_ms": 1000},
+        attached=True,
+        key={**registry, "changelog": "kafka-streams-window"},
+    )
+    assert not TableInfo.checked("t", orjson.dumps(window)).placed
+    # such keys are never computed: a partitioner that would is refused
+    window["partitioner"] = "murmur2"
+    with pytest.raises(BadEntry, match="looked up"):
         TableInfo.checked("t", orjson.dumps(window))
 
 

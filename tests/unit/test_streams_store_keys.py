@@ -53,6 +53,9 @@ def test_a_session_key_puts_its_start_first() -> None:
 
 def test_store_layouts_in_key_formats() -> None:
     assert streams_layout("kafka-streams-window:json") == ("kafka-streams-window", "json")
+    # an inner key a registry serializer wrote (looked up: its bytes hold a schema id)
+    registry_inner = ("kafka-streams-session", "confluent-avro")
+    assert streams_layout("kafka-streams-session:confluent-avro") == registry_inner
     assert streams_layout("string") == (None, "string")
     for bad in ("kafka-streams-window:debezium", "kafka-streams-windows:string", "x:string"):
         with pytest.raises(AttachError):

@@ -3,6 +3,7 @@ import java.io.InputStreamReader;
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.Properties;
+import org.apache.kafka.common.serialization.Serde;
 import org.apache.kafka.common.serialization.Serdes;
 import org.apache.kafka.common.utils.Bytes;
 import org.apache.kafka.streams.KafkaStreams;
@@ -30,7 +31,8 @@ import org.apache.kafka.streams.state.WindowStore;
  * JSON line of every store's content; it prints "RUNNING" when it runs.
  *
  * <p>Arguments: bootstrap servers, application id, input topic, state directory, window
- * size ms, session gap ms.
+ * size ms, session gap ms, and optionally "bytes": the input's keys taken as the bytes they
+ * are (a registry serializer's, say) rather than as strings; the dump then gives them in hex.
  */
 public final class StoresApp {
   /** Windows and sessions are kept this long past stream time (the default: only their own
@@ -49,23 +51,14 @@ public final class StoresApp {
     long gap = Long.parseLong(args[5]);
 
     StreamsBuilder builder = new StreamsBuilder();
-    KGroupedStream<String, String> grouped =
-        builder.stream(args[2], Consumed.with(Serdes.String(), Serdes.String())).groupByKey();
-    grouped.reduce(
-        (old, latest) -> latest,
-        Materialized.<String, String, KeyValueStore<Bytes, byte[]>>as("latest")
-            .withKeySerde(Serdes.String())
-            .withValueSerde(Serdes.String()));
-    grouped
-        .windowedBy(TimeWindows.ofSizeWithNoGrace(Duration.ofMillis(size)))
-        .count(
-            Materialized.<String, Long, WindowStore<Bytes, byte[]>>as("per-window")
-                .withRetention(RETAINED));
-    grouped
-        .windowedBy(SessionWindows.ofInactivityGapWithNoGrace(Duration.ofMillis(gap)))
-        .count(
-            Materialized.<String, Long, SessionStore<Bytes, byte[]>>as("sessions")
-                .withRetention(RETAINED));
+    boolean bytes = args.length > 6 && args[6].equals("bytes");
+    if (bytes) {
+      build(builder, args[2], Serdes.ByteArray(), size, gap);
+      shown = key -> quote(java.util.HexFormat.of().formatHex((byte[]) key));
+    } else {
+      build(builder, args[2], Serdes.String(), size, gap);
+      shown = key -> quote((String) key);
+    }
 
     KafkaStreams streams = new KafkaStreams(builder.build(), props);
     streams.setStateListener(
@@ -87,43 +80,67 @@ public final class StoresApp {
     streams.close(Duration.ofSeconds(10));
   }
 
+  /** A key as the dump gives it: a JSON string. */
+  static java.util.function.Function<Object, String> shown;
+
+  static <K> void build(
+      StreamsBuilder builder, String topic, Serde<K> keys, long size, long gap) {
+    KGroupedStream<K, String> grouped =
+        builder.stream(topic, Consumed.with(keys, Serdes.String())).groupByKey();
+    grouped.reduce(
+        (old, latest) -> latest,
+        Materialized.<K, String, KeyValueStore<Bytes, byte[]>>as("latest")
+            .withKeySerde(keys)
+            .withValueSerde(Serdes.String()));
+    grouped
+        .windowedBy(TimeWindows.ofSizeWithNoGrace(Duration.ofMillis(size)))
+        .count(
+            Materialized.<K, Long, WindowStore<Bytes, byte[]>>as("per-window")
+                .withRetention(RETAINED));
+    grouped
+        .windowedBy(SessionWindows.ofInactivityGapWithNoGrace(Duration.ofMillis(gap)))
+        .count(
+            Materialized.<K, Long, SessionStore<Bytes, byte[]>>as("sessions")
+                .withRetention(RETAINED));
+  }
+
   static String dump(KafkaStreams streams) {
     StringBuilder out = new StringBuilder("{\"latest\":{");
-    try (KeyValueIterator<String, String> it =
+    try (KeyValueIterator<Object, String> it =
         streams
-            .store(StoreQueryParameters.fromNameAndType("latest", QueryableStoreTypes.<String, String>keyValueStore()))
+            .store(StoreQueryParameters.fromNameAndType("latest", QueryableStoreTypes.<Object, String>keyValueStore()))
             .all()) {
       String sep = "";
       while (it.hasNext()) {
-        KeyValue<String, String> kv = it.next();
-        out.append(sep).append(quote(kv.key)).append(':').append(quote(kv.value));
+        KeyValue<Object, String> kv = it.next();
+        out.append(sep).append(shown.apply(kv.key)).append(':').append(quote(kv.value));
         sep = ",";
       }
     }
     out.append("},\"windows\":[");
-    try (KeyValueIterator<Windowed<String>, Long> it =
+    try (KeyValueIterator<Windowed<Object>, Long> it =
         streams
-            .store(StoreQueryParameters.fromNameAndType("per-window", QueryableStoreTypes.<String, Long>windowStore()))
+            .store(StoreQueryParameters.fromNameAndType("per-window", QueryableStoreTypes.<Object, Long>windowStore()))
             .all()) {
       append(out, it);
     }
     out.append("],\"sessions\":[");
-    try (KeyValueIterator<Windowed<String>, Long> it =
+    try (KeyValueIterator<Windowed<Object>, Long> it =
         streams
-            .store(StoreQueryParameters.fromNameAndType("sessions", QueryableStoreTypes.<String, Long>sessionStore()))
+            .store(StoreQueryParameters.fromNameAndType("sessions", QueryableStoreTypes.<Object, Long>sessionStore()))
             .fetch(null, null)) {
       append(out, it);
     }
     return out.append("]}").toString();
   }
 
-  static void append(StringBuilder out, KeyValueIterator<Windowed<String>, Long> it) {
+  static void append(StringBuilder out, KeyValueIterator<Windowed<Object>, Long> it) {
     String sep = "";
     while (it.hasNext()) {
-      KeyValue<Windowed<String>, Long> kv = it.next();
+      KeyValue<Windowed<Object>, Long> kv = it.next();
       out.append(sep)
           .append('[')
-          .append(quote(kv.key.key()))
+          .append(shown.apply(kv.key.key()))
           .append(',')
           .append(kv.key.window().start())
           .append(',')
