@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tablecast.contract.table_info import TableInfo
-from tablecast.contract.window_keys import SESSION_SUFFIX
+from tablecast.contract.window_keys import SESSION_SUFFIX, WINDOW_SUFFIX
 from tablecast.serde import SerdeError, json_check
 
 #: how a value that is not JSON is refused (orjson's reason follows)
@@ -21,8 +21,6 @@ NOT_JSON = "bad value: not JSON: "
 
 #: (key, value) -> the reason the record is bad, or None
 Check = Callable[[bytes, bytes | None], str | None]
-
-WINDOW_SUFFIX = 8  # a window table's key ends with the window start (8 bytes)
 
 
 def checker(info: TableInfo) -> Check:

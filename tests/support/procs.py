@@ -106,10 +106,17 @@ def stop_all(nodes: Iterable[NodeProcess], timeout: float = 30.0) -> None:
 def start_node(
     app_id: str, bootstrap: str, log_dir: Path, *extra: str, port: int | None = None
 ) -> NodeProcess:
-    """A node on a free port (or `port`), its data under `log_dir` unless --data-dir is given."""
+    """A node on a free port (or `port`), its data under `log_dir` unless --data-dir is given:
+    a directory of its own, also when an earlier node of the test had the same port (a
+    store restored by that node would make this one ready without reading a record)."""
     port = port or free_port()
     if "--data-dir" not in extra:
-        extra = (*extra, "--data-dir", str(log_dir / f"node-{port}-data"))
+        data = log_dir / f"node-{port}-data"
+        n = 1
+        while data.exists():
+            n += 1
+            data = log_dir / f"node-{port}-data-{n}"
+        extra = (*extra, "--data-dir", str(data))
     log_file = log_dir / f"node-{port}.log"
     with open(log_file, "ab") as out:
         proc = subprocess.Popen(
