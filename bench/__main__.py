@@ -40,6 +40,7 @@ BENCHES = {
     "grpc_get": "bench.grpc_get",
     "attach": "bench.attach",
     "streams_restore": "bench.streams_restore",
+    "restore_floor": "bench.restore_floor",
     "unknown_partitioner": "bench.unknown_partitioner",
     "pg_get": "bench.pg_get",
     "pg_fuzz": "bench.pg_fuzz",
