@@ -61,6 +61,8 @@ class Found:
 
 RETRY_AFTER = [("retry-after", "1")]
 MAX_WINDOWS = 10_000
+#: entries a look for any window of a key reads at a time
+PROBE_WINDOWS = 16
 #: the least a page reads from one partition's store at first
 MIN_CHUNK = 16
 T = TypeVar("T")
@@ -217,12 +219,42 @@ class Local:
         return key_answer(info, raw, partition, record, key_text, headers, encode)
 
     def windows(
-        self, info: TableInfo, raw: bytes, replica: Replica, time_from: int, time_to: int
+        self,
+        info: TableInfo,
+        raw: bytes,
+        replica: Replica,
+        time_from: int,
+        time_to: int,
+        key_text: str | None = None,
     ) -> Answer:
+        """The key's windows whose starts are in [time_from, time_to]. With `key_text`, a key
+        this partition holds no window of at all is a 404 (a key looked up, whose partition
+        is not computed, may have gone elsewhere), not an empty list."""
         found, position = self._windows_of(info, raw, replica, time_from, time_to)
+        if not found and key_text is not None and not self._holds_windows(info, raw, replica):
+            raise ApiError(
+                "key_not_found",
+                f"key {key_text!r} has no windows in partition {replica.partition} of "
+                f"{info.name!r}",
+                self.headers(replica, position),
+            )
         vj = info.value_serde.to_json
         items = [{"start": start, "end": end, "value": vj(rec.value)} for start, end, rec in found]
         return 200, orjson.dumps({"items": items}), self.headers(replica, position)
+
+    def _holds_windows(self, info: TableInfo, raw: bytes, replica: Replica) -> bool:
+        """Whether the replica holds any window of the key: a few entries at a time, past
+        those of longer keys that begin with the same bytes."""
+        suffix = _window_suffix(info)
+        start, end = window_key(raw, 0), window_key(raw, WINDOW_TIME_MAX + 1)
+        while True:
+            scan = partial(replica.store.scan, start, end, PROBE_WINDOWS)
+            entries, _ = exact_read(info, replica, scan)
+            if any(len(k) == len(raw) + suffix for k, _ in entries):
+                return True
+            if len(entries) < PROBE_WINDOWS:
+                return False
+            start = entries[-1][0] + b"\0"
 
     def _windows_of(
         self, info: TableInfo, raw: bytes, replica: Replica, time_from: int, time_to: int
@@ -241,7 +273,7 @@ class Local:
             ),
         )
         sessions = "session_gap_ms" in info.extra
-        suffix = SESSION_SUFFIX if sessions else WINDOW_SUFFIX
+        suffix = _window_suffix(info)
         found = []
         for k, rec in entries:
             if len(k) != len(raw) + suffix:
@@ -363,7 +395,12 @@ class Local:
             records, _, _ = self.multi_get(info, partition, raws, opts)
             return [record is not None for record in records]
         replica = self.require(info, partition, opts)
-        return [bool(self._windows_of(info, raw, replica, 0, WINDOW_TIME_MAX)[0]) for raw in raws]
+        return [self._holds_windows(info, raw, replica) for raw in raws]
+
+
+def _window_suffix(info: TableInfo) -> int:
+    """The bytes of a window table's key after its inner key."""
+    return SESSION_SUFFIX if "session_gap_ms" in info.extra else WINDOW_SUFFIX
 
 
 def exact_read(

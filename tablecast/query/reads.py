@@ -280,6 +280,9 @@ class Router:
         q.bound.check(info)
         local = self.local
         time_from, time_to = q.time_from, q.time_to
+        # a key looked up: a partition holding none of its windows says 404, so a node that
+        # learned the partition looks again (the key moved, or its windows expired)
+        looked_up = q.key if info.partitioner == UNKNOWN else None
 
         def at(partition: int) -> Answer | Awaitable[Answer]:
             return self.one_partition(
@@ -288,11 +291,13 @@ class Router:
                 req,
                 q.bound,
                 target_of(q, (partition,)),
-                lambda r: local.windows(info, raw, r, time_from, time_to),
+                lambda r: local.windows(info, raw, r, time_from, time_to, looked_up),
             )
 
-        if info.partitioner == UNKNOWN:  # a key in no partition has no windows
-            nothing = 200, orjson.dumps({"items": []}), []
+        if looked_up is not None:
+            # a key in no partition has no windows; a forwarded read says 404 for its
+            # forwarder, which then looks everywhere
+            nothing = None if req.forwarded else (200, orjson.dumps({"items": []}), [])
             return self._unplaced(info, raw, q.key, q.bound, req, at, nothing)
         return at(info.partition_of(raw))
 

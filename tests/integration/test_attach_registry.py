@@ -742,7 +742,8 @@ def test_kafka_streams_stores_over_keys_a_registry_serializer_wrote(
         }
         assert len(expected["latest"]) == len(users)
         assert max(n for *_, n in expected["sessions"]) > 1  # sessions the app merged
-        for node in nodes:
+        # twice on each node: first each key is looked up, then read where it was found
+        for node in [*nodes, *nodes]:
             served: dict[str, Any] = {"latest": {}, "windows": [], "sessions": []}
             with httpx.Client(base_url=node.url, timeout=10) as http:
                 for user in users:
