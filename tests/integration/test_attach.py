@@ -5,6 +5,7 @@ default partitioner, whose partitions are not Java's."""
 
 from __future__ import annotations
 
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -268,6 +269,75 @@ def test_an_unknown_partitioner_has_its_keys_looked_up(
         _placed_by_hand(bootstrap, topic, [(far, where[far], None), (far, mine[0], {"n": "far"})])
         for node in nodes:
             eventually(lambda n=node: n.get(path).json().get("value") == {"n": "far"})
+    finally:
+        stop_all(nodes)
+
+
+def _windows_by_hand(
+    bootstrap: str, topic: str, records: list[tuple[str, int, int, int | None]]
+) -> None:
+    """(key, window start, partition, count or None) as a Kafka Streams windowed count's
+    changelog holds them (key, start, sequence number 0; an 8-byte count), each written to
+    the partition named beside it."""
+    producer = Producer(client_conf(bootstrap))
+    for key, start, partition, count in records:
+        changelog_key = key.encode() + struct.pack(">qi", start, 0)
+        value = None if count is None else struct.pack(">q", count)
+        producer.produce(topic, key=changelog_key, value=value, partition=partition)
+    assert producer.flush(60) == 0
+
+
+def test_a_window_key_whose_partition_is_unknown_is_found_by_its_windows(
+    bootstrap: str, unique: str, logs: Path
+) -> None:
+    """A Kafka Streams window store whose input a writer placed by hand: each key is looked
+    for by its windows, on either of two nodes; a key that moves is looked for again."""
+    app, topic = f"{unique}-app", f"{unique}.per-minute"
+    ensure_topic(bootstrap, topic, 4, {"cleanup.policy": "compact"})
+    base = 1_790_000_040_000
+    users = {f"user-{i}": (i * 3) % 4 for i in range(12)}  # key -> partition
+    model = {u: [[base, base + 60_000, i + 1], [base + 60_000, base + 120_000, 2]]
+             for i, u in enumerate(users)}  # fmt: skip
+    _windows_by_hand(
+        bootstrap,
+        topic,
+        [(u, s, users[u], n) for u, ws in model.items() for s, _, n in ws],
+    )
+    done = _cli("attach", "per-minute", "--app", app, "--topic", topic,
+                "--key", "kafka-streams-window:string", "--value", "long", "--window-size",
+                "60s", "--partitioner", "unknown", "--bootstrap-servers", bootstrap)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+    def windows(node: NodeProcess, user: str) -> list[list[int]]:
+        got = node.get(f"/v1/tables/per-minute/keys/{user}/windows", params={"from": 0})
+        assert got.status_code == 200, (user, got.text)
+        return [[w["start"], w["end"], w["value"]] for w in got.json()["items"]]
+
+    nodes = [start_node(app, bootstrap, logs) for _ in range(2)]
+    try:
+        for node in nodes:
+            node.wait_ready()
+        eventually(lambda: all(len(_actives(n, "per-minute")) > 0 for n in nodes))
+        for node in nodes:
+            node.wait_caught_up(bootstrap, "per-minute", topic)
+        for node in [*nodes, *nodes]:  # looked for, then read where it was found
+            for user, expected in model.items():
+                assert windows(node, user) == expected, (node.url, user)
+            assert windows(node, "nobody") == []
+
+        # a key the second node answers for, learned by the first, moves to a partition the
+        # first answers for: the second's 404 sends the first to look again
+        theirs, mine = _actives(nodes[1], "per-minute"), _actives(nodes[0], "per-minute")
+        far = next(u for u, p in users.items() if p in theirs)
+        moved = [[base + 120_000, base + 180_000, 7]]
+        _windows_by_hand(
+            bootstrap,
+            topic,
+            [(far, s, users[far], None) for s, _, _ in model[far]]
+            + [(far, base + 120_000, mine[0], 7)],
+        )
+        for node in nodes:
+            eventually(lambda n=node: windows(n, far) == moved)
     finally:
         stop_all(nodes)
 
