@@ -14,10 +14,8 @@ from tablecast.cluster import schema_registry
 from tablecast.contract import debezium
 from tablecast.contract.table_info import TableInfo
 from tablecast.contract.window_keys import (
-    SESSION_SUFFIX,
     STREAMS_SESSION,
     STREAMS_WINDOW,
-    WINDOW_SUFFIX,
     from_streams_session_key,
     from_streams_window_key,
 )
@@ -47,7 +45,7 @@ def translation(info: TableInfo) -> Translate | None:
     changelog = info.key.get("changelog")
     steps = [
         _streams_store(changelog) if changelog in (STREAMS_WINDOW, STREAMS_SESSION) else None,
-        _registry_keys(schema_registry.registry(info.key["registry"]), _suffix(changelog))
+        _registry_keys(schema_registry.registry(info.key["registry"]), info.window_suffix)
         if serde.through_registry(info.key)
         else None,
         _registry_values(schema_registry.registry(info.value["registry"]))
@@ -129,14 +127,6 @@ def _decoded(
         raise bad(str(e)) from None
     except Exception as e:  # never a record skipped for a fault of our own
         raise schema_registry.RegistryUnavailable(f"{type(e).__name__}: {e}") from None
-
-
-def _suffix(changelog: object) -> int:
-    """The bytes a window table's key has after its inner key, once rewritten (none for a
-    key-value table's)."""
-    if changelog == STREAMS_WINDOW:
-        return WINDOW_SUFFIX
-    return SESSION_SUFFIX if changelog == STREAMS_SESSION else 0
 
 
 def _registry_keys(registry: schema_registry.Registry, suffix: int = 0) -> Translate:

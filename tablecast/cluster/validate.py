@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tablecast.contract.table_info import TableInfo
-from tablecast.contract.window_keys import SESSION_SUFFIX, WINDOW_SUFFIX
 from tablecast.serde import SerdeError, json_check
 
 #: how a value that is not JSON is refused (orjson's reason follows)
@@ -60,8 +59,7 @@ def _string_json(value_check: Callable[[bytes], str | None]) -> Check:
 def _key_check(info: TableInfo) -> Callable[[bytes], str | None]:
     serde = info.key_serde
     window = info.kind == "window"
-    # a session's key ends with its start and its end
-    suffix = SESSION_SUFFIX if "session_gap_ms" in info.extra else WINDOW_SUFFIX
+    suffix = info.window_suffix
     fmt = serde.format
 
     def check(key: bytes) -> str | None:

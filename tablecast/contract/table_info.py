@@ -23,7 +23,13 @@ from tablecast.contract import index_codec
 from tablecast.contract.json_path import BadPath, JsonPath
 from tablecast.contract.partitioner import DEFAULT, PARTITIONERS, UNKNOWN, Partitioner, unplaced
 from tablecast.contract.views import Views
-from tablecast.contract.window_keys import STREAMS_INNER, STREAMS_LAYOUTS, STREAMS_SESSION
+from tablecast.contract.window_keys import (
+    SESSION_SUFFIX,
+    STREAMS_INNER,
+    STREAMS_LAYOUTS,
+    STREAMS_SESSION,
+    WINDOW_SUFFIX,
+)
 
 KINDS = ("kv", "window")
 STORES = ("rocksdb", "memory")
@@ -204,6 +210,14 @@ class TableInfo:
             return unplaced
         written = getattr(self.key_serde, "writer_bytes", None)
         return Partitioner(self.partitions, self.partitioner, written=written)
+
+    @property
+    def window_suffix(self) -> int:
+        """The bytes a window table's key has after its inner key: the window's start, or a
+        session's start and end (none for a key-value table's)."""
+        if self.kind != "window":
+            return 0
+        return SESSION_SUFFIX if "session_gap_ms" in self.extra else WINDOW_SUFFIX
 
     @property
     def placed(self) -> bool:

@@ -22,8 +22,6 @@ from tablecast.cluster.replica import Replica
 from tablecast.contract import positions
 from tablecast.contract.table_info import TableInfo
 from tablecast.contract.window_keys import (
-    SESSION_SUFFIX,
-    WINDOW_SUFFIX,
     split_session_key,
     split_window_key,
     window_key,
@@ -245,7 +243,7 @@ class Local:
     def _holds_windows(self, info: TableInfo, raw: bytes, replica: Replica) -> bool:
         """Whether the replica holds any window of the key: a few entries at a time, past
         those of longer keys that begin with the same bytes."""
-        suffix = _window_suffix(info)
+        suffix = info.window_suffix
         start, end = window_key(raw, 0), window_key(raw, WINDOW_TIME_MAX + 1)
         while True:
             scan = partial(replica.store.scan, start, end, PROBE_WINDOWS)
@@ -273,7 +271,7 @@ class Local:
             ),
         )
         sessions = "session_gap_ms" in info.extra
-        suffix = _window_suffix(info)
+        suffix = info.window_suffix
         found = []
         for k, rec in entries:
             if len(k) != len(raw) + suffix:
@@ -396,11 +394,6 @@ class Local:
             return [record is not None for record in records]
         replica = self.require(info, partition, opts)
         return [self._holds_windows(info, raw, replica) for raw in raws]
-
-
-def _window_suffix(info: TableInfo) -> int:
-    """The bytes of a window table's key after its inner key."""
-    return SESSION_SUFFIX if "session_gap_ms" in info.extra else WINDOW_SUFFIX
 
 
 def exact_read(

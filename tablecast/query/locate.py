@@ -12,10 +12,10 @@ A window table's key is found where a partition holds any window of it.
 
 What a node learns never outgrows the table: a key is learned only when found,
 and forgotten when a read of its partition no longer finds it (deleted, its
-windows expired, or moved by its writer: the next read looks again). Learned keys are kept in
-memory, at most :data:`MAX_LEARNED` per node (then it starts over); the keys of
-a node's own partitions are in its stores already, so a restart costs a look
-for the others only.
+windows expired, or moved by its writer: the next read looks again). Learned
+keys are kept in memory, at most :data:`MAX_LEARNED` per node (then it starts
+over); the keys of a node's own partitions are in its stores already, so a
+restart costs a look for the others only.
 """
 
 from __future__ import annotations
