@@ -26,7 +26,6 @@ import os
 import resource
 import shutil
 import statistics
-import struct
 import tempfile
 import time
 from typing import Any
@@ -81,7 +80,7 @@ def _restore(bootstrap: str, topic: str, mode: str, rows: int) -> dict[str, floa
 
     from tablecast.kafka.config import client_conf
     from tablecast.serde import json_check
-    from tablecast.store.rocksdb import _options
+    from tablecast.store.rocksdb import _HEADER, DATA, _options
 
     consumer = Consumer(
         client_conf(
@@ -103,7 +102,7 @@ def _restore(bootstrap: str, topic: str, mode: str, rows: int) -> dict[str, floa
         no_wal.disable_wal = True
         db.set_write_options(no_wal)
     check = json_check() if mode.startswith("check") else None
-    header = struct.Struct(">qq").pack
+    header = _HEADER.pack
     ends = taken = 0
     started, cpu = time.monotonic(), _cpu()
     while ends < PARTITIONS:
@@ -117,7 +116,7 @@ def _restore(bootstrap: str, topic: str, mode: str, rows: int) -> dict[str, floa
             if check is not None and check(value) is not None:
                 continue
             if batch is not None:
-                batch.put(b"d" + key, header(offset, ts) + value)
+                batch.put(DATA + key, header(offset, ts) + value)
         if db is not None and batch is not None:
             db.write(batch)
     seconds, cpu = time.monotonic() - started, _cpu() - cpu
