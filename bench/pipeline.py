@@ -47,6 +47,7 @@ from bench.common import (
     publish,
     ratio_spread,
     settled,
+    settled_below,
     verdict,
 )
 from tablecast.kafka.produce import produce_waiting
@@ -95,6 +96,18 @@ def sums_by_group(rows: Any) -> Any:
     return rows.group_by(lambda k, v: (v["g"], v["n"]), value=tc.serde.long()).reduce(
         lambda a, b: a + b, lambda a, b: a - b
     )
+
+
+def sums_by_group_columns(rows: Any) -> Any:
+    """The same group_by/reduce with Columns: Spark folds it in the JVM (transformWithState),
+    so Real-time Mode can run it."""
+    from pyspark.sql import functions as F
+
+    import tablecast as tc
+
+    g, n = F.variant_get("value", "$.g", "string"), F.variant_get("value", "$.n", "long")
+    total, x = F.col("aggregate"), F.col("value")
+    return rows.group_by((g, n), value=tc.serde.long()).reduce(total + x, total - x)
 
 
 def _table(app: Any, topic: str) -> Any:
@@ -162,6 +175,11 @@ def fill_dimension(bootstrap: str, topic: str, partitions: int) -> None:
 KINDS: dict[str, tuple[str, int, Callable[[Any, str], Any]]] = {
     "table": ("table", FRESH_PARTITIONS, _table),
     "group_by": ("group_by/reduce", FRESH_PARTITIONS, lambda a, t: sums_by_group(_table(a, t))),
+    "group_by_columns": (
+        "group_by/reduce, Columns",
+        FRESH_PARTITIONS,
+        lambda a, t: sums_by_group_columns(_table(a, t)),
+    ),
     "aggregate": ("stream group_by_key().aggregate(F.sum(...)), Columns", PARTITIONS, _sum_columns),
     "window": ("tumbling-window count (1 minute)", PARTITIONS, _window_count),
     "join": ("stream–table join (Python joiner), to_table()", PARTITIONS, _joined),
@@ -437,7 +455,7 @@ def freshness(
     from tablecast.kafka.topics import ensure_topic, table_topic
     from tests.support.procs import start_node
 
-    grouped = kind == "group_by"  # markers are new groups, from new source rows
+    grouped = kind.startswith("group_by")  # markers are new groups, from new source rows
     mode = ("rt" if trigger.startswith("realtime") else "mb") + kind.replace("_", "") + label
     topic = f"bench-fresh-{mode}"
     described, partitions, build = KINDS[kind]
@@ -982,9 +1000,90 @@ def median_run(runs: list[dict[str, float]]) -> dict[str, float]:
     return sorted(runs, key=lambda r: r["rate"])[len(runs) // 2]
 
 
+#: the session of the real-time group_by row: task slots, not cores (a real-time task mostly
+#: waits for records)
+REALTIME_MASTER = "local[10]"
+
+
+#: the --groupby-columns rows, run in this order each round: (key, the App's trigger, kind)
+GROUPBY_COLUMNS_ROWS = (
+    ("callables", "auto", "group_by"),
+    ("columns", "auto", "group_by_columns"),
+    ("columns-realtime", "realtime", "group_by_columns"),
+)
+
+
+def render_groupby_columns(r: dict[str, Any], argv: str) -> str:
+    rounds = r["rounds"]
+    first = rounds[0]["columns-realtime"]
+
+    def med(key: str, pct: str, where: str = "queryable") -> int:
+        return round(statistics.median(x[key][where][pct] for x in rounds))
+
+    lines = []
+    for key, _, _ in GROUPBY_COLUMNS_ROWS:
+        row = rounds[0][key]
+        p99s = ", ".join(str(x[key]["queryable"]["p99_ms"]) for x in rounds)
+        samples = ", ".join(str(x[key]["samples"]) for x in rounds)
+        lines.append(
+            f"| {row['pipeline']} | {row['trigger']} | {med(key, 'p50_ms')} | "
+            f"{med(key, 'p90_ms')} | {med(key, 'p99_ms')} | {med(key, 'max_ms')} | {p99s} | "
+            f"{samples} |"
+        )
+    speed = {
+        pct: ratio_spread(
+            [x["callables"]["queryable"][pct] / x["columns"]["queryable"][pct] for x in rounds]
+        )
+        for pct in ("p50_ms", "p99_ms")
+    }
+    rt_p99 = [x["columns-realtime"]["queryable"]["p99_ms"] for x in rounds]
+    mb_p99 = [x["columns"]["queryable"]["p99_ms"] for x in rounds]
+
+    def iqr(values: list[float]) -> list[float]:
+        if len(values) < 2:
+            return [values[0], values[0]]
+        q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+        return [q1, q3]
+
+    def spread(d: dict[str, Any]) -> str:
+        lo, hi = d["ratio_iqr"]
+        return f"{d['ratio_median']:.2f} (IQR {lo:.2f}–{hi:.2f})"
+
+    rt_lo, rt_hi = iqr(rt_p99)
+    mb_lo, mb_hi = iqr(mb_p99)
+    return f"""## A table group_by with Columns: micro-batch and Real-time Mode
+
+`{argv}` — {facts_line(r["machine"])}. The freshness rows' table
+`group_by`/`reduce` (markers are new groups) written twice: with Python callables (two
+applyInPandasWithState queries) and with Columns, which Spark folds in the JVM (tablecast's
+transformWithState processors), in micro-batches and in Real-time Mode; Spark
+{r["master"]} (task slots, not cores: each real-time query holds one per input partition
+and one per shuffle partition), a single-node broker and one `tablecast serve` node on the
+same 2 cores, under {first["load_per_s"]:,} records/s of background load after {WARM_S:.0f} s
+of it, {len(rounds)} alternating rounds of {r["args"]["seconds"]:.0f} s each. Produce →
+queryable, milliseconds, medians over the rounds:
+
+| pipeline | trigger | p50 | p90 | p99 | max | p99 per round | markers per round |
+|---|---|---|---|---|---|---|---|
+{chr(10).join(lines)}
+
+Callables ÷ Columns in micro-batches, per round: p50 {spread(speed["p50_ms"])}, p99
+{spread(speed["p99_ms"])}. Targets: micro-batch p99 ≤ 1,000 ms with Columns: IQR
+{mb_lo:.0f}–{mb_hi:.0f}, {settled_below([mb_lo, mb_hi], 1000)}; Real-time Mode p99 ≤ 150 ms:
+IQR {rt_lo:.0f}–{rt_hi:.0f}, {settled_below([rt_lo, rt_hi], 150)}.
+
+Warm (after the load's first seconds). A marker is produced only once the previous one was
+answered, so a stall (a real-time batch ending at its checkpoint interval, a long
+micro-batch) holds one marker, which shows in the max, not in the p99. The micro-batch
+rows run on {r["master"]} here, not local[2]: with 2-partition inputs their tasks and shuffle
+partitions are the same, but the two queries of a group_by may run tasks at once.
+"""
+
+
 @contextmanager
-def stack(prefix: str) -> Iterator[tuple[Path, str, Any]]:
-    """A throwaway broker and one local[2] SparkSession: (work dir, bootstrap, session)."""
+def stack(prefix: str, master: str = "local[2]") -> Iterator[tuple[Path, str, Any]]:
+    """A throwaway broker and one SparkSession (local[2] unless `master` says otherwise):
+    (work dir, bootstrap, session)."""
     from tablecast.kafka.broker import Broker, free_port
     from tablecast.pipeline.run.spark import session
 
@@ -993,7 +1092,7 @@ def stack(prefix: str) -> Iterator[tuple[Path, str, Any]]:
         broker = Broker(root / "kafka", free_port())
         broker.start()
         try:
-            spark = session("tablecast-bench", "local[2]", shuffle_partitions=PARTITIONS)
+            spark = session("tablecast-bench", master, shuffle_partitions=PARTITIONS)
             try:
                 yield root, broker.bootstrap_servers, spark
             finally:
@@ -1016,10 +1115,41 @@ def main(argv: list[str]) -> None:
     parser.add_argument(
         "--freshness", action="store_true", help="only the freshness rows (stateless, group_by)"
     )
+    parser.add_argument(
+        "--groupby-columns",
+        action="store_true",
+        help="only the table group_by with callables against Columns, micro-batch and real "
+        f"time, in alternating rounds ({REALTIME_MASTER})",
+    )
     common.add_quick(parser)
     args = parser.parse_args(argv)
     if common.quick(args):
         args.records, args.seconds, args.rounds, args.markers = 100_000, 10.0, 2, 10
+    if args.groupby_columns:
+        # a real-time group_by's two queries hold a task slot per input partition and one per
+        # shuffle partition each, for their whole batches: more slots than local[2] has
+        with stack("tc-bench-gbcol-", REALTIME_MASTER) as (root, bootstrap, spark):
+            result = {"machine": machine(), "args": vars(args), "master": REALTIME_MASTER}
+            rounds = []
+            for i in range(args.rounds):
+                rounds.append(
+                    {
+                        key: freshness(
+                            spark,
+                            bootstrap,
+                            root / f"{key}{i}",
+                            args.seconds,
+                            args.load,
+                            trigger,
+                            kind,
+                            f"{key.replace('-', '')}{i}",
+                        )
+                        for key, trigger, kind in GROUPBY_COLUMNS_ROWS
+                    }
+                )
+            result["rounds"] = rounds
+        publish("pipeline-groupby-columns", result, render_groupby_columns(result, command()))
+        return
     if args.freshness:
         with stack("tc-bench-fresh-") as (root, bootstrap, spark):
             result = {"machine": machine(), "args": vars(args)}

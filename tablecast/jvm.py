@@ -366,6 +366,32 @@ def interceptor_compiled() -> bool:
     return _compiled_jar("interceptors", sorted(target.glob("kafka-clients-*.jar"))).exists()
 
 
+GROUPED_TABLES_NEED_JAVAC = (
+    "the pipeline compiles the processors of table group_bys whose functions are Columns with javac"
+)
+
+
+def grouped_tables_jar() -> Path:
+    """tablecast's transformWithState processors of a table group_by folded in the JVM, as a
+    jar, compiled once against PySpark's jars; raise :class:`JavaMissing` without a javac."""
+    import pyspark  # it serves Spark sessions, so PySpark is there
+
+    spark = sorted((Path(pyspark.__file__).parent / "jars").glob("*.jar"))
+    jar = _compiled("grouped-tables", spark, GROUPED_TABLES_NEED_JAVAC, required=True)
+    assert jar is not None  # required: _compiled raised already
+    return jar
+
+
+def pipeline_jars_compiled() -> bool:
+    """Whether every jar the pipeline compiles is compiled already (then no javac is needed)."""
+    try:
+        import pyspark
+    except ImportError:  # a node-only install: it runs no pipeline
+        return interceptor_compiled()
+    spark = sorted((Path(pyspark.__file__).parent / "jars").glob("*.jar"))
+    return interceptor_compiled() and _compiled_jar("grouped-tables", spark).exists()
+
+
 def hadoop_jar() -> Path | None:
     """tablecast's Hadoop file system as a jar, compiled once (None without a JDK). It goes
     on the driver's class path, not on ``spark.jars``: Hadoop loads file systems there."""
@@ -429,6 +455,7 @@ def jars(name: str) -> list[Path]:
     found = sorted(jar_dir(name).glob("*.jar"))
     if name == "spark-kafka":
         found.append(interceptor_jar())
+        found.append(grouped_tables_jar())
     return found
 
 

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from tablecast import jvm
 
     # the broker and Spark need Java 17+, the pipeline javac (unless compiled already)
-    jvm.require_java(compiler=not jvm.interceptor_compiled())
+    jvm.require_java(compiler=not jvm.pipeline_jars_compiled())
     jvm.use_quick_jvm()  # the broker and the pipeline's Spark
     sup = Supervisor(data_dir / "logs")
     try:

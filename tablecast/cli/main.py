@@ -762,10 +762,10 @@ def _stop_on_signals() -> None:
 
 def _java(compiler: bool) -> None:
     """Java 17+ found (JAVA_HOME, else PATH) before anything starts; and javac for the
-    pipeline, unless its record-timestamp interceptor is compiled already."""
+    pipeline, unless the jars it compiles are compiled already."""
     from tablecast import jvm
 
-    jvm.require_java(compiler=compiler and not jvm.interceptor_compiled())
+    jvm.require_java(compiler=compiler and not jvm.pipeline_jars_compiled())
 
 
 def _kafka(args: argparse.Namespace) -> int:

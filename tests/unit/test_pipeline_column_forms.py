@@ -50,8 +50,8 @@ def test_folds_and_transform_values_refuse_columns_and_say_why() -> None:
         grouped.reduce(col)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="inside the fold over Python state"):
         grouped.aggregate(list, col)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="inside the fold"):
-        app.table("t").group_by(lambda k, v: (k, v)).reduce(col, col)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="only Python callables, or only Columns"):
+        app.table("t").group_by(lambda k, v: (k, v)).reduce(col, max)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="inside the fold"):
         app.cogroup((grouped, col))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="use map_values"):
@@ -80,3 +80,48 @@ def test_pairs_keep_a_missing_side_apart_from_an_empty_one(
 ) -> None:
     p = PairBytes()
     assert p.deserialize(p.serialize((left, right))) == (left, right)
+
+
+def test_a_table_fold_in_columns_runs_in_spark_and_in_real_time() -> None:
+    from pyspark.sql import functions as F
+
+    from tablecast.pipeline.plan import queries as planner
+    from tablecast.pipeline.run.trigger import (
+        TABLE_FOLD_FORM,
+        blockers,
+        column_forms,
+        decide,
+        slots_needed,
+    )
+
+    app = tc.App("a", trigger="realtime")
+    g, n = F.variant_get("value", "$.g", "string"), F.variant_get("value", "$.n", "long")
+    total, x = F.col("aggregate"), F.col("value")
+    rows = app.table("t", value=tc.serde.json())
+    rows.group_by((g, n), value=tc.serde.long()).reduce(total + x, total - x).materialize("sums")
+    out = app.materialized["sums"]
+    first, second = planner.plan_output(app.id, out, [out])
+    assert [s.what for s in first.steps] == ["select_group", "spark_retract"]
+    assert [s.what for s in second.steps] == ["spark_table_aggregate"]
+    # the changes carry their own ids: a plain Kafka sink, which Real-time Mode runs
+    assert not first.writes_batches and second.reads_batches
+    assert first.stateful_in_spark and second.stateful_in_spark
+    assert blockers(first) == blockers(second) == []
+    assert decide("realtime", first).realtime and decide("realtime", second).realtime
+    assert (slots_needed(first, 3), slots_needed(second, 3)) == (6, 6)
+    # with a Python selection the fold is Spark's still, but the selection needs a worker
+    app = tc.App("b", trigger="realtime")
+    by = app.table("t").group_by(lambda k, v: (v["g"], v["n"]), value=tc.serde.long())
+    by.reduce(total + x, total - x).materialize("sums")
+    out = app.materialized["sums"]
+    first, second = planner.plan_output(app.id, out, [out])
+    assert [s.what for s in first.steps] == ["select_group", "spark_retract"]
+    assert blockers(first) and not blockers(second)
+    # explain shows the callable form's Columns
+    app = tc.App("c", trigger="realtime")
+    by = app.table("t").group_by(lambda k, v: (v["g"], v["n"]), value=tc.serde.long())
+    by.reduce(lambda a, b: a + b, lambda a, b: a - b).materialize("sums")
+    out = app.materialized["sums"]
+    first, second = planner.plan_output(app.id, out, [out])
+    assert "as a pair of Columns" in column_forms(first)[0]
+    assert column_forms(second)[0].endswith(TABLE_FOLD_FORM)

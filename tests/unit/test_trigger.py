@@ -265,9 +265,18 @@ def test_explain_shows_the_column_form_of_python_functions_kept_in_micro_batch()
         "index 'x' x_of as a Column: "
         'indexes={"NAME": F.variant_get("value", "$.field", "string")}'
     ]
-    # a table's group_by keeps its state in Python whatever its functions are
-    sums = [q for n, q in qs.items() if n.startswith("py.sums")]
-    assert any(blockers(q) for q in sums) and not any(column_forms(q) for q in sums)
+    # a table's group_by with callables: its selection and fold have Column forms, which
+    # Spark runs in the JVM
+    first, second = qs["py.sums.0"], qs["py.sums"]
+    assert blockers(first) and blockers(second)
+    assert column_forms(first) == [
+        "group_by(by_g) as a pair of Columns: "
+        'group_by((F.variant_get("value", "$.g", "string"), F.variant_get("value", "$.n", "long")))'
+    ]
+    assert column_forms(second) == [
+        "reduce(add, add) as Columns, folded in the JVM: "
+        'reduce(F.col("aggregate") + F.col("value"), F.col("aggregate") - F.col("value"))'
+    ]
     assert column_forms(qs["py.plain"]) == [] and blockers(qs["py.plain"]) == []
 
     text = app.explain()

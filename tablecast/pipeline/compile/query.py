@@ -5,7 +5,8 @@ A query reads its input topic into the envelope (see
 or value that does not decode marks its row bad), applies its steps — Column
 operators in the JVM, runs of Python callables fused into one mapInArrow,
 stateful steps with applyInPandasWithState, a grouped stream's count with
-Spark's own aggregation — and routes good rows to its output
+Spark's own aggregation, a table group_by folded in Columns with tablecast's
+transformWithState processors — and routes good rows to its output
 topic and bad ones to the dead-letter topic through one Kafka sink.
 """
 
@@ -31,6 +32,7 @@ from tablecast.pipeline.compile import (
     partition,
     sink,
     spark_aggregate,
+    spark_table_aggregate,
     stateless,
     stream_join,
     window,
@@ -230,6 +232,14 @@ def transform(
         elif step.what == "spark_aggregate":
             flow = spark_aggregate.apply(flow, step)
             i += 1
+        elif step.what == "spark_retract":
+            flow = spark_table_aggregate.retract(flow, step)
+            extra = (env.OLD, env.RID, env.SRC)
+            i += 1
+        elif step.what == "spark_table_aggregate":
+            flow = spark_table_aggregate.aggregate(flow, step, extra)
+            extra = ()
+            i += 1
         elif step.stateful:
             flow = keyed_step(flow, step, buckets, extra)
             extra = (env.OLD, env.RID, env.SRC) if step.what == "retract" else ()
@@ -325,6 +335,8 @@ def writer(spark: SparkSession, q: Query, t: Target) -> DataStreamWriter:
         w = df.writeStream.foreachBatch(write_batch)
     else:
         flow = flow.with_df(sink.observe(flow.df, q.name))
+        if q.retracts_in_spark:  # its changes carry their own ids: no batch id
+            indexed = sink.repartition_headers(batch=False)
         out = sink.route(flow, q, dlq, indexed, placed)
         w = out.writeStream.format("kafka").options(**common)
     w = (

@@ -702,23 +702,38 @@ class GroupedTable(_Handle):
 
     def reduce(
         self,
-        adder: Callable[[Any, Any], Any],
-        subtractor: Callable[[Any, Any], Any],
+        adder: Callable[[Any, Any], Any] | Column,
+        subtractor: Callable[[Any, Any], Any] | Column,
         value: Serde | None = None,
     ) -> Table:
-        """adder(aggregate, value) / subtractor(aggregate, value) -> new aggregate."""
+        """adder(aggregate, value) / subtractor(aggregate, value) -> new aggregate.
+
+        Or two Columns over columns ``aggregate`` and ``value`` (and ``key``, the group key),
+        e.g. ``reduce(F.col("aggregate") + F.col("value"), F.col("aggregate") - F.col("value"))``:
+        Spark folds them in the JVM (transformWithState), so with a Column selection in
+        ``group_by`` the whole aggregation runs without Python, and in Real-time Mode."""
+        if _columns("reduce", adder, subtractor):
+            node = plan.Aggregate(self._node, "reduce", None, adder, subtractor, value)
+            return Table(self._app, node)
         _check_callable("reduce", adder, subtractor)
         node = plan.Aggregate(self._node, "reduce", None, adder, subtractor, value)
         return Table(self._app, node)
 
     def aggregate(
         self,
-        initializer: Callable[[], Any],
-        adder: Callable[[Any, Any, Any], Any],
-        subtractor: Callable[[Any, Any, Any], Any],
+        initializer: Callable[[], Any] | Column,
+        adder: Callable[[Any, Any, Any], Any] | Column,
+        subtractor: Callable[[Any, Any, Any], Any] | Column,
         value: Serde | None = None,
     ) -> Table:
-        """adder/subtractor(key, value, aggregate) -> new aggregate."""
+        """adder/subtractor(key, value, aggregate) -> new aggregate.
+
+        Or three Columns: the initializer (``F.lit(0)``), then adder and subtractor over
+        columns ``key``, ``value`` and ``aggregate``, folded by Spark in the JVM (see
+        :meth:`reduce`); the aggregate has the initializer's type."""
+        if _columns("aggregate", initializer, adder, subtractor):
+            node = plan.Aggregate(self._node, "aggregate", initializer, adder, subtractor, value)
+            return Table(self._app, node)
         _check_callable("aggregate", initializer, adder, subtractor)
         node = plan.Aggregate(self._node, "aggregate", initializer, adder, subtractor, value)
         return Table(self._app, node)
@@ -779,6 +794,14 @@ def _check_callable(op: str, *fns: Any) -> None:
             )
         if not callable(fn):
             raise TypeError(f"{op}: expected Python callables, not {type(fn).__name__}")
+
+
+def _columns(op: str, *fns: Any) -> bool:
+    """Whether a grouped table's functions are all single Columns (none: all callables)."""
+    single = [plan.is_column(fn) and not isinstance(fn, tuple) for fn in fns]
+    if any(single) and not all(single):
+        raise TypeError(f"{op}: pass only Python callables, or only Columns (one each)")
+    return all(single)
 
 
 def _check_merger(op: str, sessions: bool, merger: Any) -> None:

@@ -241,6 +241,11 @@ class Aggregate(Node):
     def of_table(self) -> bool:
         return self.grouped.kind == "table"
 
+    @property
+    def folds_columns(self) -> bool:
+        """A grouped table's reduce or aggregate whose functions are Columns (Spark folds them)."""
+        return self.of_table and self.adder is not None and is_column(self.adder)
+
     def value_serde(self) -> Serde:
         if self.agg == "count":
             return serdes.long()

@@ -9,7 +9,9 @@ stateless operators and at most one stateful step; the planner cuts the chain:
 - at a table ``group_by``: as in Kafka Streams, one query keeps each source
   row's last (group key, group value) and writes a retraction of the old one
   and an addition of the new one to ``<app>.repartition.<name>-<i>``, keyed by
-  group key; the next query aggregates per group key;
+  group key; the next query aggregates per group key (with Python callables in
+  applyInPandasWithState, or, when the fold's functions are Columns, both
+  queries in tablecast's JVM transformWithState processors);
 - before a second stateful step: the first one's changelog goes through
   ``<app>.changelog.<name>-<i>`` (compacted if it is a table's);
 - at a table-table foreign-key join (KIP-213), twice: one query sends each left
@@ -60,7 +62,9 @@ StepKind = Literal[
     "retract",
     "stream_aggregate",
     "spark_aggregate",
+    "spark_retract",
     "table_aggregate",
+    "spark_table_aggregate",
     "window_aggregate",
     "transform_values",
     "join",
@@ -72,6 +76,9 @@ StepKind = Literal[
 ]
 #: every step but the stateless ones keeps per-key state in Spark's state store
 STATEFUL = tuple(k for k in get_args(StepKind) if k not in ("op", "select_group"))
+#: the stateful steps Spark runs in the JVM (its aggregation, or tablecast's transformWithState
+#: processors): Real-time Mode can run them
+IN_SPARK = ("spark_aggregate", "spark_retract", "spark_table_aggregate")
 #: "through": a stream's repartition() topic (plain records, unlike a table
 #: group_by's "repartition" topic whose records carry ids for deduplication)
 #: "merge": the topic a merge()'s inputs are all written to (by one query each)
@@ -141,6 +148,13 @@ class Step:
                 "retract [applyInPandasWithState by source key: last selection per row; "
                 "Python callables just before it run here, on each row's latest record]"
             )
+        if self.what == "spark_retract":
+            return "retract [transformWithState by source key: last selection per row]"
+        if self.what == "spark_table_aggregate":
+            return (
+                f"{self.node.describe()} [transformWithState by group key, adds and retracts, "
+                "the Columns folded in the JVM]"
+            )
         if self.what == "stream_aggregate":
             return f"{self.node.describe()} [applyInPandasWithState by key]"
         if self.what == "spark_aggregate":
@@ -197,6 +211,18 @@ class Query:
         return any(s.what == "spark_aggregate" for s in self.steps)
 
     @property
+    def stateful_in_spark(self) -> bool:
+        """Its stateful step runs in Spark's JVM: Spark's aggregation, or a table group_by's
+        Column fold (transformWithState)."""
+        return any(s.what in IN_SPARK for s in self.steps)
+
+    @property
+    def retracts_in_spark(self) -> bool:
+        """The first query of a table group_by folded in Spark: its changes carry their own
+        ids, so it writes through a plain Kafka sink."""
+        return any(s.what == "spark_retract" for s in self.steps)
+
+    @property
     def windowed(self) -> bool:
         """Reads record timestamps; writes each window to its inner key's partition."""
         return any(s.windowed for s in self.steps)
@@ -210,6 +236,8 @@ class Query:
     @property
     def writes_batches(self) -> bool:
         """Repartition writers stamp each record with the batch id (foreachBatch)."""
+        if self.retracts_in_spark:
+            return False
         return self.output.role == "repartition" or self.output.ids
 
     @property
@@ -291,10 +319,13 @@ def plan_output(
             grouped = node.grouped
             if node.of_table:
                 pair = PairSerde(grouped.key_serde(), grouped.value_serde())
+                spark = node.folds_columns
                 add("select_group", grouped, key, pair, "table")
-                add("retract", grouped, grouped.key_serde(), grouped.value_serde(), "stream")
+                retract: StepKind = "spark_retract" if spark else "retract"
+                add(retract, grouped, grouped.key_serde(), grouped.value_serde(), "stream")
                 cut("repartition")
-                add("table_aggregate", node, node.key_serde(), node.value_serde(), "table")
+                fold: StepKind = "spark_table_aggregate" if spark else "table_aggregate"
+                add(fold, node, node.key_serde(), node.value_serde(), "table")
             else:
                 if grouped.fn is not None:
                     rekey = plan.Op(grouped.parent, grouped.fn, grouped.key, None, "select_key")

@@ -489,7 +489,7 @@ def _starter(
 
 
 def _engine(q: planner.Query) -> str:
-    return SPARK if q.aggregates_in_spark else PYTHON
+    return SPARK if q.stateful_in_spark else PYTHON
 
 
 def _plan(

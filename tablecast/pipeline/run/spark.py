@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 LOOPBACK = "127.0.0.1"
+#: how long a real-time shuffle writer may hold a partly filled buffer (see session())
+STREAMING_SHUFFLE_WAIT_MS = "5"
 
 #: what the executors' Python workers import for tablecast's callables, beyond
 #: tablecast itself: PySpark's pandas/pyarrow/numpy, JSON, and Avro if used
@@ -90,6 +92,10 @@ def session(
         # a Column expression that fails on one record (a bad cast) must yield
         # null for it, not fail the query: bad records never stop the pipeline
         .config("spark.sql.ansi.enabled", "false")
+        # a real-time query's shuffle (a count, a table group_by's fold) holds a partly
+        # filled buffer this long before sending it on: Spark's 50 ms was most of a record's
+        # way through such a query
+        .config("spark.shuffle.streaming.networkBufferMaxWaitTimeMs", STREAMING_SHUFFLE_WAIT_MS)
         # RocksDB state commits upload a changelog, not a snapshot, per batch
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
         # PySpark records the Python call site of every DataFrame and Column call (four JVM

@@ -4,12 +4,13 @@
 through long-running tasks instead of waiting for the next micro-batch). Spark
 4.3 runs it only for plans whose every physical operator and sink is on its
 allowlist (``RealTimeModeAllowlist``): projections, filters, generators,
-observed metrics and streaming aggregations (a grouped stream's count or Spark
-aggregate function here), into a Kafka sink. A query of ours falls back to micro-batch
+observed metrics, streaming aggregations (a grouped stream's count or Spark
+aggregate function here) and JVM transformWithState (a table group_by folded in
+Columns here), into a Kafka sink. A query of ours falls back to micro-batch
 when it needs anything else — each reason below names the Spark operator that
 is not on the list — or when the session has too few task slots: a real-time
-batch holds one task per source partition for its whole duration, and an
-aggregation as many again for its shuffle partitions (:func:`slots_needed`).
+batch holds one task per source partition for its whole duration, and a
+stateful step in Spark as many again for its shuffle partitions (:func:`slots_needed`).
 
 ``realtime`` takes an optional checkpoint interval (``"realtime 10 seconds"``,
 at least ``spark.sql.streaming.realTimeMode.minBatchDuration``, 5 s): Spark
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tablecast.pipeline.plan import nodes as plan
+from tablecast.pipeline.plan.queries import IN_SPARK
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming import DataStreamWriter
@@ -114,8 +116,8 @@ def blockers(q: Query) -> list[str]:
         what = (
             s.what if s.what in ("retract", "join", "stream_join", "cogroup") else s.node.describe()
         )
-        if s.what == "spark_aggregate":
-            continue  # Spark's own aggregation: on the allowlist since 4.3
+        if s.what in IN_SPARK:
+            continue  # Spark's aggregation and transformWithState: on the allowlist since 4.3
         if s.stateful:
             reasons.append(f"stateful {what} (FlatMapGroupsInPandasWithStateExec)")
         elif s.python:
@@ -145,6 +147,12 @@ COLUMN_FORMS = {
     ),
     "select_key": 'select_key(F.variant_get("value", "$.symbol", "string"))',
 }
+#: a table group_by's selection as a pair of Columns
+GROUP_BY_FORM = (
+    'group_by((F.variant_get("value", "$.g", "string"), F.variant_get("value", "$.n", "long")))'
+)
+#: a grouped table's Python reduce as Columns, which Spark folds in the JVM
+TABLE_FOLD_FORM = 'reduce(F.col("aggregate") + F.col("value"), F.col("aggregate") - F.col("value"))'
 #: a grouped stream's Python aggregate or reduce as one Spark aggregate function
 AGGREGATE_FORM = 'aggregate(F.max_by(F.col("value"), F.variant_get("value", "$.time", "long")))'
 PARTITIONER_FORM = 'partitioner=F.abs(F.hash(F.col("key"))) % 4'
@@ -160,6 +168,11 @@ def column_forms(q: Query) -> list[str]:
         node = s.node
         if s.python and isinstance(node, plan.Op) and node.name in COLUMN_FORMS:
             hints.append(f"{node.describe()} as a Column: {COLUMN_FORMS[node.name]}")
+        elif s.python and s.what == "select_group":
+            hints.append(f"{node.describe()} as a pair of Columns: {GROUP_BY_FORM}")
+        elif s.what == "table_aggregate" and isinstance(node, plan.Aggregate):
+            if node.agg in ("aggregate", "reduce"):
+                hints.append(f"{node.describe()} as Columns, folded in the JVM: {TABLE_FOLD_FORM}")
         elif s.what == "stream_aggregate" and isinstance(node, plan.Aggregate):
             if node.agg in ("aggregate", "reduce"):
                 hints.append(f"{node.describe()} as one Spark aggregate function: {AGGREGATE_FORM}")
@@ -176,8 +189,8 @@ def column_forms(q: Query) -> list[str]:
 
 def slots_needed(q: Query, partitions: int) -> int:
     """Task slots a real-time batch of `q` holds: one per input partition, and as many
-    for the partitions an aggregation shuffles into (as many as its input has)."""
-    return partitions * (2 if q.aggregates_in_spark else 1)
+    for the partitions a stateful step in Spark shuffles into (as many as its input has)."""
+    return partitions * (2 if q.stateful_in_spark else 1)
 
 
 def written_by_micro_batch(checkpoint: Path) -> bool:

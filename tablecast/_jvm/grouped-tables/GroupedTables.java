@@ -1,0 +1,409 @@
+package tablecast.spark;
+
+import java.nio.ByteBuffer;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.Comparator;
+import java.util.List;
+import org.apache.spark.api.java.function.MapFunction;
+import org.apache.spark.sql.Dataset;
+import org.apache.spark.sql.Encoders;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.RowFactory;
+import org.apache.spark.sql.catalyst.CatalystTypeConverters$;
+import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.catalyst.expressions.Alias;
+import org.apache.spark.sql.catalyst.expressions.Attribute;
+import org.apache.spark.sql.catalyst.expressions.Expression;
+import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
+import org.apache.spark.sql.catalyst.expressions.MutableProjection;
+import org.apache.spark.sql.catalyst.plans.logical.Project;
+import org.apache.spark.sql.streaming.MapState;
+import org.apache.spark.sql.streaming.OutputMode;
+import org.apache.spark.sql.streaming.StatefulProcessor;
+import org.apache.spark.sql.streaming.TTLConfig;
+import org.apache.spark.sql.streaming.TimeMode;
+import org.apache.spark.sql.streaming.TimerValues;
+import org.apache.spark.sql.streaming.ValueState;
+import org.apache.spark.sql.types.DataType;
+import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.sql.types.StructType;
+import scala.jdk.javaapi.CollectionConverters;
+
+/**
+ * A table group_by whose selection and aggregation are Spark Columns, as two transformWithState
+ * processors: Spark runs them in the JVM, in micro-batches or in Real-time Mode, with no Python
+ * worker.
+ *
+ * <p>{@link Retract} (the first query, by source key) keeps each source row's last selection,
+ * packed (group key, group value), and turns every record of the row into a change: a retraction
+ * of the old selection and an addition of the new one (one record when the group key stays),
+ * keyed by group key. Each change carries the source row's key and the number of the record
+ * among the row's records, which a replay from a checkpoint numbers the same way, since it is
+ * counted in the checkpointed state and not from how records were grouped into calls.
+ *
+ * <p>{@link Aggregate} (the second query, by group key) applies each change once: it keeps, per
+ * source row, the number of its last change applied, and drops the copies a restarted first query
+ * wrote again (Spark's Kafka sink is at-least-once); so its state holds a number for every source
+ * row that ever contributed to the group. The user's subtractor and adder are Catalyst
+ * expressions over columns key, value and aggregate, bound on the driver.
+ *
+ * <p>Rows arrive in the envelope's column order (tablecast/pipeline/compile/envelope.py); bad
+ * rows pass through untouched, for the sink to dead-letter.
+ */
+public final class GroupedTables {
+  private GroupedTables() {}
+
+  // positions in the envelope
+  static final int KEY = 0, VALUE = 1, ERR = 2, RAW_KEY = 3, RAW_VALUE = 4, TOPIC = 5;
+  static final int PART = 6, OFF = 7, SEQ = 8, TS = 9, WIDTH = 10;
+
+  static final Comparator<Row> SOURCE_ORDER =
+      Comparator.<Row>comparingInt(r -> r.isNullAt(PART) ? -1 : r.getInt(PART))
+          .thenComparingLong(r -> r.isNullAt(OFF) ? -1 : r.getLong(OFF))
+          .thenComparingLong(r -> r.isNullAt(SEQ) ? -1 : r.getLong(SEQ));
+
+  /** Groups by a row's key bytes (a bad row's may be null: it only passes through). */
+  static final MapFunction<Row, byte[]> KEY_BYTES =
+      r -> r.isNullAt(KEY) ? new byte[0] : (byte[]) r.get(KEY);
+
+  /** The retraction over `df` (envelope rows, value a packed selection or null). */
+  public static Dataset<Row> retract(Dataset<Row> df, String old, String rid, String src) {
+    StructType out =
+        df.schema()
+            .add(old, DataTypes.BinaryType)
+            .add(rid, DataTypes.BinaryType)
+            .add(src, DataTypes.BinaryType);
+    return df.groupByKey(KEY_BYTES, Encoders.BINARY())
+        .transformWithState(
+            new Retract(), TimeMode.None(), OutputMode.Update(), Encoders.row(out));
+  }
+
+  /**
+   * The aggregation over `df`: rows of the envelope's columns plus `gk`, `gv`, `gold` (the
+   * group key, new and old group value, decoded) and the change's `rid` and `src`. `adder` and
+   * `subtractor` are one-column selections over (key, value, aggregate) whose column is the new
+   * aggregate; `initializer` (null for a reduce) a one-column selection whose column starts one.
+   */
+  public static Dataset<Row> aggregate(
+      Dataset<Row> df,
+      Dataset<Row> adder,
+      Dataset<Row> subtractor,
+      Dataset<Row> initializer,
+      String gk,
+      String gv,
+      String gold,
+      String rid,
+      String src) {
+    DataType agg = adder.schema().fields()[0].dataType();
+    StructType out =
+        new StructType()
+            .add(df.schema().fields()[KEY])
+            .add("value", agg)
+            .add(df.schema().fields()[ERR])
+            .add(df.schema().fields()[RAW_KEY])
+            .add(df.schema().fields()[RAW_VALUE])
+            .add(df.schema().fields()[TOPIC])
+            .add(df.schema().fields()[PART])
+            .add(df.schema().fields()[OFF])
+            .add(df.schema().fields()[SEQ])
+            .add(df.schema().fields()[TS]);
+    Aggregate processor =
+        new Aggregate(
+            Bound.of(adder),
+            Bound.of(subtractor),
+            initializer == null ? null : Bound.of(initializer),
+            df.schema().fieldIndex(gk),
+            df.schema().fieldIndex(gv),
+            df.schema().fieldIndex(gold),
+            df.schema().fieldIndex(rid),
+            df.schema().fieldIndex(src),
+            df.schema().apply(gk).dataType(),
+            df.schema().apply(gv).dataType(),
+            agg);
+    return df.groupByKey(KEY_BYTES, Encoders.BINARY())
+        .transformWithState(processor, TimeMode.None(), OutputMode.Update(), Encoders.row(out));
+  }
+
+  static scala.collection.Iterator<Row> iterator(List<Row> rows) {
+    return CollectionConverters.asScala(rows.iterator());
+  }
+
+  static List<Row> sorted(scala.collection.Iterator<Row> rows) {
+    List<Row> in = new ArrayList<>();
+    while (rows.hasNext()) in.add(rows.next());
+    in.sort(SOURCE_ORDER);
+    return in;
+  }
+
+  /** A change's id: the source row's record number, then 0 (retraction) or 1 (addition). */
+  static byte[] changeId(long number, int slot) {
+    return ByteBuffer.allocate(9).putLong(number).put((byte) slot).array();
+  }
+
+  static byte[] groupKey(byte[] packed) {
+    if (packed == null) return null;
+    int n = ByteBuffer.wrap(packed, 0, 4).getInt();
+    return Arrays.copyOfRange(packed, 4, 4 + n);
+  }
+
+  static byte[] groupValue(byte[] packed) {
+    if (packed == null) return null;
+    int n = ByteBuffer.wrap(packed, 0, 4).getInt();
+    return Arrays.copyOfRange(packed, 4 + n, packed.length);
+  }
+
+  /** A source row's last selection and how many of its records made changes. */
+  static final StructType SELECTION =
+      new StructType().add("selection", DataTypes.BinaryType).add("records", DataTypes.LongType);
+
+  public static final class Retract extends StatefulProcessor<byte[], Row, Row> {
+    private transient ValueState<Row> last;
+
+    @Override
+    public void init(OutputMode outputMode, TimeMode timeMode) {
+      last = getHandle().getValueState("selection", Encoders.row(SELECTION), TTLConfig.NONE());
+    }
+
+    @Override
+    public scala.collection.Iterator<Row> handleInputRows(
+        byte[] key, scala.collection.Iterator<Row> rows, TimerValues timers) {
+      List<Row> out = new ArrayList<>();
+      Row state = last.exists() ? last.get() : null;
+      byte[] before = state == null ? null : (byte[]) state.get(0);
+      long records = state == null ? 0 : state.getLong(1);
+      boolean changed = false;
+      for (Row r : sorted(rows)) {
+        if (!r.isNullAt(ERR)) {
+          out.add(with(r, null, null, null));
+          continue;
+        }
+        byte[] now = (byte[]) r.get(VALUE);
+        records += 1;
+        changed = true;
+        byte[] og = groupKey(before), ov = groupValue(before);
+        byte[] ng = groupKey(now), nv = groupValue(now);
+        if (og != null && Arrays.equals(og, ng)) {
+          out.add(change(r, og, nv, ov, changeId(records, 1), key));
+        } else {
+          if (og != null) out.add(change(r, og, null, ov, changeId(records, 0), key));
+          if (ng != null) out.add(change(r, ng, nv, null, changeId(records, 1), key));
+        }
+        before = now;
+      }
+      if (changed) {
+        // the record count stays when the row is deleted: a change it makes later must not
+        // look like a copy of one already applied
+        last.update(RowFactory.create(before, records));
+      }
+      return iterator(out);
+    }
+
+    /** The change `r` makes to group `gk`: the source row's timestamp and coordinates. */
+    private static Row change(Row r, byte[] gk, byte[] gv, byte[] old, byte[] rid, byte[] src) {
+      Object[] v = new Object[WIDTH + 3];
+      v[KEY] = gk;
+      v[VALUE] = gv;
+      v[TOPIC] = r.get(TOPIC);
+      v[PART] = r.get(PART);
+      v[OFF] = r.get(OFF);
+      v[SEQ] = r.get(SEQ);
+      v[TS] = r.get(TS);
+      v[WIDTH] = old;
+      v[WIDTH + 1] = rid;
+      v[WIDTH + 2] = src;
+      return RowFactory.create(v);
+    }
+
+    private static Row with(Row r, byte[] old, byte[] rid, byte[] src) {
+      Object[] v = new Object[WIDTH + 3];
+      for (int i = 0; i < WIDTH; i++) v[i] = r.get(i);
+      v[WIDTH] = old;
+      v[WIDTH + 1] = rid;
+      v[WIDTH + 2] = src;
+      return RowFactory.create(v);
+    }
+  }
+
+  /** A one-column selection's expression with the attributes it reads, to evaluate anywhere. */
+  static final class Bound implements java.io.Serializable {
+    final Expression expression;
+    final scala.collection.immutable.Seq<Attribute> input;
+    final DataType type;
+
+    Bound(Expression expression, scala.collection.immutable.Seq<Attribute> input, DataType type) {
+      this.expression = expression;
+      this.input = input;
+      this.type = type;
+    }
+
+    static Bound of(Dataset<Row> selection) {
+      if (!(selection.queryExecution().analyzed() instanceof Project)) {
+        throw new IllegalArgumentException(
+            "a table fold's Columns are expressions over key, value and aggregate, evaluated "
+                + "change by change; not "
+                + selection.queryExecution().analyzed().simpleString(100));
+      }
+      Project p = (Project) selection.queryExecution().analyzed();
+      Expression e = (Expression) p.projectList().head();
+      if (e instanceof Alias) e = ((Alias) e).child();
+      return new Bound(e, p.child().output(), selection.schema().fields()[0].dataType());
+    }
+
+    MutableProjection projection() {
+      List<Expression> one = List.of(expression);
+      return MutableProjection.create(CollectionConverters.asScala(one).toSeq(), input);
+    }
+  }
+
+  /** What a source row contributes to its group, and the number of its last change applied. */
+  static StructType contribution(DataType value) {
+    return new StructType()
+        .add("change", DataTypes.BinaryType)
+        .add("held", DataTypes.BooleanType)
+        .add("value", value);
+  }
+
+  public static final class Aggregate extends StatefulProcessor<byte[], Row, Row> {
+    private final Bound adder, subtractor, initializer;
+    private final int gk, gv, gold, rid, src;
+    private final DataType keyType, valueType, aggType;
+    private transient ValueState<Row> aggregate;
+    private transient MapState<byte[], Row> applied;
+    private transient MutableProjection add, subtract, start;
+
+    Aggregate(
+        Bound adder,
+        Bound subtractor,
+        Bound initializer,
+        int gk,
+        int gv,
+        int gold,
+        int rid,
+        int src,
+        DataType keyType,
+        DataType valueType,
+        DataType aggType) {
+      this.adder = adder;
+      this.subtractor = subtractor;
+      this.initializer = initializer;
+      this.gk = gk;
+      this.gv = gv;
+      this.gold = gold;
+      this.rid = rid;
+      this.src = src;
+      this.keyType = keyType;
+      this.valueType = valueType;
+      this.aggType = aggType;
+    }
+
+    @Override
+    public void init(OutputMode outputMode, TimeMode timeMode) {
+      StructType agg = new StructType().add("aggregate", aggType).add("ts", DataTypes.LongType);
+      aggregate = getHandle().getValueState("aggregate", Encoders.row(agg), TTLConfig.NONE());
+      applied =
+          getHandle()
+              .getMapState(
+                  "applied",
+                  Encoders.BINARY(),
+                  Encoders.row(contribution(valueType)),
+                  TTLConfig.NONE());
+      add = adder.projection();
+      subtract = subtractor.projection();
+      start = initializer == null ? null : initializer.projection();
+    }
+
+    private Object eval(MutableProjection p, DataType type, Object key, Object value, Object agg) {
+      var conv = CatalystTypeConverters$.MODULE$;
+      InternalRow in =
+          new GenericInternalRow(
+              new Object[] {
+                conv.convertToCatalyst(key), conv.convertToCatalyst(value), conv.convertToCatalyst(agg)
+              });
+      return conv.convertToScala(p.apply(in).get(0, type), type);
+    }
+
+    @Override
+    public scala.collection.Iterator<Row> handleInputRows(
+        byte[] key, scala.collection.Iterator<Row> rows, TimerValues timers) {
+      List<Row> out = new ArrayList<>();
+      Row stored = aggregate.exists() ? aggregate.get() : null;
+      boolean had = stored != null;
+      Object current = had ? stored.get(0) : null;
+      Long ts = had && !stored.isNullAt(1) ? stored.getLong(1) : null;
+      Row last = null;
+      for (Row r : sorted(rows)) {
+        if (!r.isNullAt(ERR)) {
+          out.add(bad(r, r.getString(ERR)));
+          continue;
+        }
+        byte[] source = (byte[]) r.get(src);
+        byte[] id = (byte[]) r.get(rid);
+        Row before = applied.containsKey(source) ? applied.getValue(source) : null;
+        if (before != null && Arrays.compareUnsigned((byte[]) before.get(0), id) >= 0) {
+          continue; // a copy of a change applied already
+        }
+        Object k = r.get(gk);
+        Object old = before != null && before.getBoolean(1) ? before.get(2) : r.get(gold);
+        Object nv = r.get(gv);
+        String stage = "subtractor";
+        Object after = current;
+        try {
+          if (old != null && current != null) after = eval(subtract, aggType, k, old, current);
+          stage = "adder";
+          if (nv != null) {
+            if (after == null) {
+              after = start == null ? nv : eval(start, aggType, k, null, null);
+              if (start != null) after = eval(add, aggType, k, nv, after);
+            } else {
+              after = eval(add, aggType, k, nv, after);
+            }
+          }
+        } catch (RuntimeException e) {
+          // the user's expression failed: dead-letter this change and remember what the row
+          // really contributes, which a later retraction must take back instead
+          out.add(bad(r, stage + ": " + e));
+          boolean subtracted = stage.equals("adder");
+          if (subtracted) {
+            current = after;
+            last = r;
+            ts = later(ts, r);
+          }
+          applied.updateValue(source, RowFactory.create(id, true, subtracted ? null : old));
+          continue;
+        }
+        current = after;
+        applied.updateValue(source, RowFactory.create(id, false, null));
+        last = r;
+        ts = later(ts, r);
+      }
+      if (last != null) {
+        if (current == null) aggregate.clear();
+        else aggregate.update(RowFactory.create(current, ts));
+        Object[] v = new Object[WIDTH];
+        v[KEY] = key;
+        v[VALUE] = current;
+        v[PART] = last.get(PART);
+        v[OFF] = last.get(OFF);
+        v[SEQ] = last.get(SEQ);
+        v[TS] = ts;
+        out.add(RowFactory.create(v));
+      }
+      return iterator(out);
+    }
+
+    private static Long later(Long ts, Row r) {
+      if (r.isNullAt(TS)) return ts;
+      long t = r.getLong(TS);
+      return ts == null || t > ts ? t : ts;
+    }
+
+    /** `r` as a bad row: what it was read as, and why. */
+    private static Row bad(Row r, String why) {
+      Object[] v = new Object[WIDTH];
+      for (int i = 0; i < WIDTH; i++) v[i] = i == VALUE ? null : r.get(i);
+      v[ERR] = why;
+      return RowFactory.create(v);
+    }
+  }
+}

@@ -1,0 +1,110 @@
+"""A table ``group_by`` whose selection and fold are Columns, run by Spark in the JVM.
+
+The same two queries as the Python form (:func:`.aggregate.retract` and
+:func:`.aggregate.table_aggregate`), with their per-key work done by tablecast's
+transformWithState processors (``tablecast/_jvm/grouped-tables``): the first
+keeps each source row's last selection and writes its changes to the
+repartition topic, the second applies each change once per group key with the
+user's subtractor and adder evaluated as Catalyst expressions. No Python
+worker runs, so Real-time Mode can run both queries.
+
+The Kafka Streams semantics are the Python form's: a change subtracts the row's
+old contribution when there is an aggregate and adds the new one (a reduce's
+first value starts it, an aggregate starts from its initializer); a null result
+deletes the key. Where they differ is how copies are recognised: here each
+change carries the source row's key and the number of its record among that
+row's records (counted in the first query's checkpointed state, so a replay
+numbers them the same), and the second query keeps the last number applied per
+source row, in place of the Python form's batch ids.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import DataType, StructField, StructType
+
+from tablecast.pipeline.compile import envelope as env
+from tablecast.pipeline.compile.codecs import Codec
+from tablecast.pipeline.compile.columns import classic
+from tablecast.pipeline.compile.flow import Flow, ok
+from tablecast.pipeline.plan import nodes as plan
+from tablecast.pipeline.plan.queries import Step
+
+#: the decoded group key, new and old group value beside the envelope (second query)
+GROUP_KEY, NEW, OLD = "_tc_gk", "_tc_gv", "_tc_gold"
+
+
+def retract(flow: Flow, step: Step) -> Flow:
+    """Per source key, its changes keyed by group key, with (old, rid, src) columns."""
+    flow = flow.envelope()
+    df = flow.df
+    jdf = _processors(df).retract(df._jdf, env.OLD, env.RID, env.SRC)
+    return Flow(DataFrame(jdf, df.sparkSession), step.key, step.value, step.kind)
+
+
+def aggregate(flow: Flow, step: Step, extra: tuple[str, ...]) -> Flow:
+    """Per group key, the changes read from the repartition topic folded into the aggregate,
+    written with the table's value serde (a result the serde cannot write: a bad row)."""
+    node = step.node
+    assert isinstance(node, plan.Aggregate) and env.RID in extra
+    flow = flow.envelope(*extra)
+    kc, vc = Codec(flow.key), Codec(flow.value)
+    df = flow.df.withColumns(
+        {
+            GROUP_KEY: kc.decode(F.col("key")),
+            NEW: vc.decode(F.col("value")),
+            OLD: vc.decode(F.col(env.OLD)),
+        }
+    )
+    flow = flow.with_df(df)
+    flow = flow.fail_where(~kc.valid(F.col("key"), F.col(GROUP_KEY)), f"key is not {kc.fmt}")
+    flow = flow.fail_where(~vc.valid(F.col("value"), F.col(NEW)), f"value is not {vc.fmt}")
+    flow = flow.fail_where(~vc.valid(F.col(env.OLD), F.col(OLD)), f"old value is not {vc.fmt}")
+    df = flow.df.select(*env.COLUMNS, GROUP_KEY, NEW, OLD, env.RID, env.SRC)
+    types = df.schema
+    adder, subtractor, initializer = _selections(df, node, types[GROUP_KEY], types[NEW])
+    jdf = _processors(df).aggregate(
+        df._jdf,
+        adder._jdf,
+        subtractor._jdf,
+        None if initializer is None else initializer._jdf,
+        GROUP_KEY,
+        NEW,
+        OLD,
+        env.RID,
+        env.SRC,
+    )
+    out = DataFrame(jdf, df.sparkSession)
+    result = out.schema["value"].dataType
+    value = Codec(step.value).encode(F.col("value"), result)
+    unfit = ok() & F.col("value").isNotNull() & value.isNull()
+    why = F.lit(f"{node.describe()}: the result does not fit {step.value!r}")
+    out = out.withColumns({env.ERR: F.when(unfit, why).otherwise(F.col(env.ERR)), "value": value})
+    return Flow(out, step.key, step.value, step.kind)
+
+
+def _selections(
+    df: DataFrame, node: plan.Aggregate, key: StructField, value: StructField
+) -> tuple[DataFrame, DataFrame, DataFrame | None]:
+    """The adder, subtractor and initializer as one-column selections over an empty frame of
+    columns key, value and aggregate, cast to the aggregate's type (the processors bind
+    them there); the aggregate's type is the initializer's, or a reduce's value type."""
+    spark = df.sparkSession
+    fields = [StructField("key", key.dataType), StructField("value", value.dataType)]
+    agg_type: DataType = value.dataType
+    init = None if node.initializer is None else classic(node.initializer)  # type: ignore[arg-type]
+    if init is not None:
+        agg_type = spark.createDataFrame([], StructType(fields)).select(init).schema[0].dataType
+    probe = spark.createDataFrame([], StructType([*fields, StructField("aggregate", agg_type)]))
+
+    def selection(col: object) -> DataFrame:
+        return probe.select(classic(col).cast(agg_type).alias("aggregate"))  # type: ignore[arg-type]
+
+    start = None if init is None else selection(node.initializer)
+    return selection(node.adder), selection(node.subtractor), start
+
+
+def _processors(df: DataFrame):  # type: ignore[no-untyped-def]
+    """The JVM class that builds both steps (tablecast/_jvm/grouped-tables, on spark.jars)."""
+    return df.sparkSession._jvm.tablecast.spark.GroupedTables  # type: ignore[attr-defined]
