@@ -304,11 +304,14 @@ def command(
     props: Mapping[str, str] | None = None,
     jvm_opts: Sequence[str] = (),
     http: str = "jdk",
+    group_sums: bool = False,
 ) -> list[str]:
     """The command line of one instance (``taskset -c cpus`` first when `cpus` is given).
 
     `http` is the HTTP server: "jdk" (com.sun.net.httpserver), "jetty" (Jetty 12, seed
     001's stack) or "netty" (Reactor Netty, under seed 000's Spring reactive web).
+    `group_sums`: the store holds the topic's rows {"g", "n"} grouped by g with n summed
+    (a table group_by/reduce), not the rows.
     `props` are extra Kafka Streams settings (``--prop k=v``); `jvm_opts` go to
     ``java`` before ``-jar``. Under taskset the JVM sees one CPU and picks its
     collector and thread counts for that by itself.
@@ -342,6 +345,8 @@ def command(
     ]
     if http_threads is not None:
         cmd += ["--http-threads", str(http_threads)]
+    if group_sums:
+        cmd += ["--group-sums", "true"]
     for k, v in (props or {}).items():
         cmd += ["--prop", f"{k}={v}"]
     return cmd

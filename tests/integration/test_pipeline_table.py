@@ -249,3 +249,49 @@ def test_repartition_headers_reuse_one_generated_code(spark: Any) -> None:
         (b"", 7),
         (b"old", 7),
     ]
+
+
+def test_a_column_fold_that_fails_dead_letters_the_change_and_keeps_what_rows_hold(
+    bootstrap: str,
+    spark,  # type: ignore[no-untyped-def]
+    unique: str,
+    tmp_path: Any,
+) -> None:
+    """A Column adder that raises (raise_error, or an overflow, since the fold's Columns are
+    evaluated in ANSI mode) dead-letters the change; the row then contributes nothing, so
+    its next change subtracts nothing (a fold that forgot would drift to 5 - 13 + 2)."""
+    import orjson
+
+    from tablecast.kafka.topics import dlq_topic, ensure_topic
+
+    from .kafka_io import produce
+    from .test_pipeline_support import TRIGGER, read_topic
+
+    topic = f"{unique}-rows"
+    ensure_topic(bootstrap, topic, 1)
+    app = tc.App(unique, state_dir=tmp_path / "state", trigger=TRIGGER)
+    g, n = F.variant_get("value", "$.g", "string"), F.variant_get("value", "$.n", "long")
+    total, x = F.col("aggregate"), F.col("value")
+    adder = F.when(x == 13, F.raise_error(F.lit("thirteen"))).otherwise(total + x)
+    grouped = app.table(topic, key=STR, value=JSON).group_by((g, n), value=LONG)
+    grouped.reduce(adder, total - x).materialize("sums")
+    # an overflow raises too: the group's aggregate stays what it was
+    grouped.reduce(total * x, total - x).materialize("products")
+    pipeline = app.start(bootstrap_servers=bootstrap, spark=spark)
+    try:
+        big = 4_000_000_000
+        rows = [("r1", {"g": "a", "n": 5}), ("r2", {"g": "a", "n": 13}), ("r2", {"g": "a", "n": 2})]
+        rows += [("p1", {"g": "p", "n": big}), ("p2", {"g": "p", "n": big})]
+        produce(bootstrap, topic, [(k.encode(), orjson.dumps(v)) for k, v in rows])
+        pipeline.process_all_available()
+        sums = read_table(bootstrap, f"{unique}.table.sums", STR, LONG)
+        assert sums == {"a": 7, "p": 2 * big}
+        products = read_table(bootstrap, f"{unique}.table.products", STR, LONG)
+        assert products["p"] == big  # big * big overflows: that change is dead-lettered
+        reasons = [
+            dict(m.headers())["tablecast.error"] for m in read_topic(bootstrap, dlq_topic(unique))
+        ]
+        assert sum(b"thirteen" in r for r in reasons) == 1, reasons
+        assert sum(b"overflow" in r.lower() for r in reasons) == 1, reasons
+    finally:
+        pipeline.stop()

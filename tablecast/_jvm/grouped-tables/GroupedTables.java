@@ -13,10 +13,14 @@ import org.apache.spark.sql.RowFactory;
 import org.apache.spark.sql.catalyst.CatalystTypeConverters$;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.expressions.Alias;
+import org.apache.spark.TaskContext;
 import org.apache.spark.sql.catalyst.expressions.Attribute;
 import org.apache.spark.sql.catalyst.expressions.Expression;
 import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
 import org.apache.spark.sql.catalyst.expressions.MutableProjection;
+import org.apache.spark.sql.catalyst.expressions.Unevaluable;
+import org.apache.spark.sql.catalyst.optimizer.ReplaceExpressions$;
+import org.apache.spark.sql.catalyst.plans.logical.LogicalPlan;
 import org.apache.spark.sql.catalyst.plans.logical.Project;
 import org.apache.spark.sql.streaming.MapState;
 import org.apache.spark.sql.streaming.OutputMode;
@@ -83,13 +87,16 @@ public final class GroupedTables {
    * The aggregation over `df`: rows of the envelope's columns plus `gk`, `gv`, `gold` (the
    * group key, new and old group value, decoded) and the change's `rid` and `src`. `adder` and
    * `subtractor` are one-column selections over (key, value, aggregate) whose column is the new
-   * aggregate; `initializer` (null for a reduce) a one-column selection whose column starts one.
+   * aggregate; `initializer` (null for a reduce) a one-column selection whose column starts one;
+   * `fits` (null: not checked here) one whose column is whether the table's value serde can write
+   * the aggregate.
    */
   public static Dataset<Row> aggregate(
       Dataset<Row> df,
       Dataset<Row> adder,
       Dataset<Row> subtractor,
       Dataset<Row> initializer,
+      Dataset<Row> fits,
       String gk,
       String gv,
       String gold,
@@ -113,6 +120,7 @@ public final class GroupedTables {
             Bound.of(adder),
             Bound.of(subtractor),
             initializer == null ? null : Bound.of(initializer),
+            fits == null ? null : Bound.of(fits),
             df.schema().fieldIndex(gk),
             df.schema().fieldIndex(gv),
             df.schema().fieldIndex(gold),
@@ -174,13 +182,15 @@ public final class GroupedTables {
       long records = state == null ? 0 : state.getLong(1);
       boolean changed = false;
       for (Row r : sorted(rows)) {
+        // every record counts, a bad one too: whether one is bad must not shift the numbers
+        // of the changes after it when a replay judges it otherwise
+        records += 1;
+        changed = true;
         if (!r.isNullAt(ERR)) {
           out.add(with(r, null, null, null));
           continue;
         }
         byte[] now = (byte[]) r.get(VALUE);
-        records += 1;
-        changed = true;
         byte[] og = groupKey(before), ov = groupValue(before);
         byte[] ng = groupKey(now), nv = groupValue(now);
         if (og != null && Arrays.equals(og, ng)) {
@@ -238,21 +248,34 @@ public final class GroupedTables {
     }
 
     static Bound of(Dataset<Row> selection) {
-      if (!(selection.queryExecution().analyzed() instanceof Project)) {
+      // functions such as nvl or try_add evaluate only as what the optimizer replaces them by
+      LogicalPlan plan = ReplaceExpressions$.MODULE$.apply(selection.queryExecution().analyzed());
+      if (!(plan instanceof Project)) {
         throw new IllegalArgumentException(
             "a table fold's Columns are expressions over key, value and aggregate, evaluated "
                 + "change by change; not "
-                + selection.queryExecution().analyzed().simpleString(100));
+                + plan.simpleString(100));
       }
-      Project p = (Project) selection.queryExecution().analyzed();
+      Project p = (Project) plan;
       Expression e = (Expression) p.projectList().head();
       if (e instanceof Alias) e = ((Alias) e).child();
+      scala.Option<Expression> unevaluable =
+          e.find(x -> x instanceof Unevaluable && !(x instanceof Attribute));
+      if (unevaluable.isDefined()) {
+        throw new IllegalArgumentException(
+            "a table fold's Columns are evaluated change by change in the JVM, which "
+                + unevaluable.get().prettyName()
+                + " cannot be (a Python UDF, an aggregate or window function)");
+      }
       return new Bound(e, p.child().output(), selection.schema().fields()[0].dataType());
     }
 
     MutableProjection projection() {
       List<Expression> one = List.of(expression);
-      return MutableProjection.create(CollectionConverters.asScala(one).toSeq(), input);
+      MutableProjection p =
+          MutableProjection.create(CollectionConverters.asScala(one).toSeq(), input);
+      p.initialize(TaskContext.getPartitionId()); // rand() and the like are seeded per partition
+      return p;
     }
   }
 
@@ -265,17 +288,18 @@ public final class GroupedTables {
   }
 
   public static final class Aggregate extends StatefulProcessor<byte[], Row, Row> {
-    private final Bound adder, subtractor, initializer;
+    private final Bound adder, subtractor, initializer, fits;
     private final int gk, gv, gold, rid, src;
     private final DataType keyType, valueType, aggType;
     private transient ValueState<Row> aggregate;
     private transient MapState<byte[], Row> applied;
-    private transient MutableProjection add, subtract, start;
+    private transient MutableProjection add, subtract, start, check;
 
     Aggregate(
         Bound adder,
         Bound subtractor,
         Bound initializer,
+        Bound fits,
         int gk,
         int gv,
         int gold,
@@ -287,6 +311,7 @@ public final class GroupedTables {
       this.adder = adder;
       this.subtractor = subtractor;
       this.initializer = initializer;
+      this.fits = fits;
       this.gk = gk;
       this.gv = gv;
       this.gold = gold;
@@ -311,6 +336,7 @@ public final class GroupedTables {
       add = adder.projection();
       subtract = subtractor.projection();
       start = initializer == null ? null : initializer.projection();
+      check = fits == null ? null : fits.projection();
     }
 
     private Object eval(MutableProjection p, DataType type, Object key, Object value, Object agg) {
@@ -346,11 +372,12 @@ public final class GroupedTables {
         Object k = r.get(gk);
         Object old = before != null && before.getBoolean(1) ? before.get(2) : r.get(gold);
         Object nv = r.get(gv);
-        String stage = "subtractor";
         Object after = current;
+        boolean subtracted = false;
+        String failure = null;
         try {
           if (old != null && current != null) after = eval(subtract, aggType, k, old, current);
-          stage = "adder";
+          subtracted = true;
           if (nv != null) {
             if (after == null) {
               after = start == null ? nv : eval(start, aggType, k, null, null);
@@ -360,10 +387,19 @@ public final class GroupedTables {
             }
           }
         } catch (RuntimeException e) {
-          // the user's expression failed: dead-letter this change and remember what the row
-          // really contributes, which a later retraction must take back instead
-          out.add(bad(r, stage + ": " + e));
-          boolean subtracted = stage.equals("adder");
+          failure = (subtracted ? "adder: " : "subtractor: ") + e;
+        }
+        if (failure == null && after != null && check != null) {
+          if (!Boolean.TRUE.equals(eval(check, DataTypes.BooleanType, k, null, after))) {
+            // an aggregate the table cannot hold: the change is not made
+            failure = "the aggregate does not fit the table's value serde";
+            subtracted = false;
+          }
+        }
+        if (failure != null) {
+          // dead-letter this change and remember what the row really contributes (still its
+          // old value, or nothing once subtracted), which a later retraction takes back
+          out.add(bad(r, failure));
           if (subtracted) {
             current = after;
             last = r;

@@ -30,6 +30,7 @@ from tablecast.pipeline.compile.columns import classic
 from tablecast.pipeline.compile.flow import Flow, ok
 from tablecast.pipeline.plan import nodes as plan
 from tablecast.pipeline.plan.queries import Step
+from tablecast.serde import Serde
 
 #: the decoded group key, new and old group value beside the envelope (second query)
 GROUP_KEY, NEW, OLD = "_tc_gk", "_tc_gv", "_tc_gold"
@@ -63,12 +64,15 @@ def aggregate(flow: Flow, step: Step, extra: tuple[str, ...]) -> Flow:
     flow = flow.fail_where(~vc.valid(F.col(env.OLD), F.col(OLD)), f"old value is not {vc.fmt}")
     df = flow.df.select(*env.COLUMNS, GROUP_KEY, NEW, OLD, env.RID, env.SRC)
     types = df.schema
-    adder, subtractor, initializer = _selections(df, node, types[GROUP_KEY], types[NEW])
+    adder, subtractor, initializer, fits = _selections(
+        df, node, types[GROUP_KEY], types[NEW], step.value
+    )
     jdf = _processors(df).aggregate(
         df._jdf,
         adder._jdf,
         subtractor._jdf,
         None if initializer is None else initializer._jdf,
+        None if fits is None else fits._jdf,
         GROUP_KEY,
         NEW,
         OLD,
@@ -85,24 +89,42 @@ def aggregate(flow: Flow, step: Step, extra: tuple[str, ...]) -> Flow:
 
 
 def _selections(
-    df: DataFrame, node: plan.Aggregate, key: StructField, value: StructField
-) -> tuple[DataFrame, DataFrame, DataFrame | None]:
+    df: DataFrame, node: plan.Aggregate, key: StructField, value: StructField, result: Serde
+) -> tuple[DataFrame, DataFrame, DataFrame | None, DataFrame | None]:
     """The adder, subtractor and initializer as one-column selections over an empty frame of
     columns key, value and aggregate, cast to the aggregate's type (the processors bind
-    them there); the aggregate's type is the initializer's, or a reduce's value type."""
+    them there), and whether the table's value serde can write an aggregate (None: an Avro
+    serde, written in Python; checked after the fold). The aggregate's type is the
+    initializer's, or a reduce's value type.
+
+    They are analysed with ANSI mode on: a Column that fails on a change (an overflow, a
+    cast that does not hold) raises, and the change is dead-lettered, as a callable's is,
+    where the session's lenient mode would make it null, which deletes the group."""
     spark = df.sparkSession
-    fields = [StructField("key", key.dataType), StructField("value", value.dataType)]
-    agg_type: DataType = value.dataType
-    init = None if node.initializer is None else classic(node.initializer)  # type: ignore[arg-type]
-    if init is not None:
-        agg_type = spark.createDataFrame([], StructType(fields)).select(init).schema[0].dataType
-    probe = spark.createDataFrame([], StructType([*fields, StructField("aggregate", agg_type)]))
+    ansi = spark.conf.get("spark.sql.ansi.enabled")
+    spark.conf.set("spark.sql.ansi.enabled", "true")
+    try:
+        fields = [StructField("key", key.dataType), StructField("value", value.dataType)]
+        agg_type: DataType = value.dataType
+        init = None if node.initializer is None else classic(node.initializer)  # type: ignore[arg-type]
+        if init is not None:
+            empty = spark.createDataFrame([], StructType(fields))
+            agg_type = empty.select(init).schema[0].dataType
+        agg = StructField("aggregate", agg_type)
+        probe = spark.createDataFrame([], StructType([*fields, agg]))
 
-    def selection(col: object) -> DataFrame:
-        return probe.select(classic(col).cast(agg_type).alias("aggregate"))  # type: ignore[arg-type]
+        def selection(col: object) -> DataFrame:
+            return probe.select(classic(col).cast(agg_type).alias("aggregate"))  # type: ignore[arg-type]
 
-    start = None if init is None else selection(node.initializer)
-    return selection(node.adder), selection(node.subtractor), start
+        start = None if node.initializer is None else selection(node.initializer)
+        fits = None
+        codec = Codec(result)
+        if codec.fmt != "avro":
+            written = codec.encode(F.col("aggregate"), agg_type)
+            fits = probe.select((F.col("aggregate").isNull() | written.isNotNull()).alias("fits"))
+        return selection(node.adder), selection(node.subtractor), start, fits
+    finally:
+        spark.conf.set("spark.sql.ansi.enabled", ansi)
 
 
 def _processors(df: DataFrame):  # type: ignore[no-untyped-def]

@@ -499,7 +499,7 @@ def _plan(
     checkpoint of the chain holds such a count kept by Python (a tablecast before it)."""
     materialized = list(app.materialized.values())
     queries = planner.plan_output(app.id, out, materialized)
-    natives = [q for q in queries if _engine(q) == SPARK]
+    natives = [q for q in queries if q.aggregates_in_spark]
     if any(stored_engine(files, f"{base}/{q.name}") == PYTHON for q in natives):
         log.info("%s: its checkpoint's count is kept by Python; it stays so", out.describe())
         queries = planner.plan_output(app.id, out, materialized, native=False)

@@ -1,5 +1,7 @@
 package dev.tablecast.peers;
 
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
 import java.io.IOException;
 import java.net.URI;
 import java.net.http.HttpClient;
@@ -24,12 +26,14 @@ import org.apache.kafka.common.serialization.Serializer;
 import org.apache.kafka.streams.CloseOptions;
 import org.apache.kafka.streams.KafkaStreams;
 import org.apache.kafka.streams.KeyQueryMetadata;
+import org.apache.kafka.streams.KeyValue;
 import org.apache.kafka.streams.StoreQueryParameters;
 import org.apache.kafka.streams.StreamsBuilder;
 import org.apache.kafka.streams.StreamsConfig;
 import org.apache.kafka.streams.StreamsMetadata;
 import org.apache.kafka.streams.errors.InvalidStateStoreException;
 import org.apache.kafka.streams.kstream.Consumed;
+import org.apache.kafka.streams.kstream.Grouped;
 import org.apache.kafka.streams.kstream.Materialized;
 import org.apache.kafka.streams.query.KeyQuery;
 import org.apache.kafka.streams.query.StateQueryRequest;
@@ -89,13 +93,38 @@ public final class InteractiveQueries {
 
   static org.apache.kafka.streams.Topology topology(Config c) {
     StreamsBuilder builder = new StreamsBuilder();
-    builder.table(
-        c.topic,
-        Consumed.with(Serdes.String(), Serdes.String()),
+    var store =
         Materialized.<String, String>as(Stores.persistentKeyValueStore(STORE))
             .withKeySerde(Serdes.String())
-            .withValueSerde(Serdes.String()));
+            .withValueSerde(Serdes.String());
+    if (!c.groupSums) {
+      builder.table(c.topic, Consumed.with(Serdes.String(), Serdes.String()), store);
+      return builder.build(streamsProperties(c));
+    }
+    // the table's rows {"g": group, "n": number} re-grouped by g with n summed (an adder and
+    // a subtractor): the store holds each group's sum, as text
+    builder.table(c.topic, Consumed.with(Serdes.String(), Serdes.String()))
+        .groupBy(
+            (k, v) -> {
+              JsonNode row = parse(v);
+              return KeyValue.pair(row.get("g").asText(), row.get("n").asText());
+            },
+            Grouped.with(Serdes.String(), Serdes.String()))
+        .reduce(
+            (a, b) -> String.valueOf(Long.parseLong(a) + Long.parseLong(b)),
+            (a, b) -> String.valueOf(Long.parseLong(a) - Long.parseLong(b)),
+            store);
     return builder.build(streamsProperties(c));
+  }
+
+  private static final ObjectMapper JSON = new ObjectMapper();
+
+  private static JsonNode parse(String v) {
+    try {
+      return JSON.readTree(v);
+    } catch (IOException e) {
+      throw new java.io.UncheckedIOException(e);
+    }
   }
 
   static Properties streamsProperties(Config c) {
@@ -409,6 +438,7 @@ public final class InteractiveQueries {
       int httpThreads,
       int standbyReplicas,
       String http,
+      boolean groupSums,
       Map<String, String> extra) {
 
     static Config parse(String[] args, Map<String, String> env) {
@@ -475,6 +505,8 @@ public final class InteractiveQueries {
           // the HTTP server: the JDK's, Jetty (seed 001's stack) or Reactor Netty (seed
           // 000's Spring reactive web runs on it)
           get.apply("http", "jdk"),
+          // the store holds a group_by/reduce of the topic's rows, not the rows themselves
+          Boolean.parseBoolean(get.apply("group-sums", "false")),
           extra);
     }
   }
@@ -498,7 +530,8 @@ public final class InteractiveQueries {
           "usage: java -jar kafka-streams-iq.jar --topic T [--bootstrap-servers B]"
               + " [--application-id A] [--port P] [--bind H] [--state-dir D]"
               + " [--application-server H:P] [--stream-threads N] [--http-threads N]"
-              + " [--standby-replicas N] [--http jdk|jetty|netty] [--prop k=v ...]   (or env IQ_TOPIC, IQ_PORT, ...)");
+              + " [--standby-replicas N] [--http jdk|jetty|netty] [--group-sums true]"
+              + " [--prop k=v ...]   (or env IQ_TOPIC, IQ_PORT, ...)");
       System.exit(2);
       return;
     }
