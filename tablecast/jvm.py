@@ -371,13 +371,18 @@ GROUPED_TABLES_NEED_JAVAC = (
 )
 
 
+def pyspark_jars(pattern: str = "*.jar") -> list[Path]:
+    """The jars PySpark ships (those named by `pattern`); it serves Spark sessions, so a
+    caller that needs them has PySpark."""
+    import pyspark
+
+    return sorted((Path(pyspark.__file__).parent / "jars").glob(pattern))
+
+
 def grouped_tables_jar() -> Path:
     """tablecast's transformWithState processors of a table group_by folded in the JVM, as a
     jar, compiled once against PySpark's jars; raise :class:`JavaMissing` without a javac."""
-    import pyspark  # it serves Spark sessions, so PySpark is there
-
-    spark = sorted((Path(pyspark.__file__).parent / "jars").glob("*.jar"))
-    jar = _compiled("grouped-tables", spark, GROUPED_TABLES_NEED_JAVAC, required=True)
+    jar = _compiled("grouped-tables", pyspark_jars(), GROUPED_TABLES_NEED_JAVAC, required=True)
     assert jar is not None  # required: _compiled raised already
     return jar
 
@@ -385,19 +390,16 @@ def grouped_tables_jar() -> Path:
 def pipeline_jars_compiled() -> bool:
     """Whether every jar the pipeline compiles is compiled already (then no javac is needed)."""
     try:
-        import pyspark
+        spark = pyspark_jars()
     except ImportError:  # a node-only install: it runs no pipeline
         return interceptor_compiled()
-    spark = sorted((Path(pyspark.__file__).parent / "jars").glob("*.jar"))
     return interceptor_compiled() and _compiled_jar("grouped-tables", spark).exists()
 
 
 def hadoop_jar() -> Path | None:
     """tablecast's Hadoop file system as a jar, compiled once (None without a JDK). It goes
     on the driver's class path, not on ``spark.jars``: Hadoop loads file systems there."""
-    import pyspark  # it serves Spark sessions, so PySpark is there
-
-    hadoop = sorted((Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar"))
+    hadoop = pyspark_jars("hadoop-client-api-*.jar")
     return _compiled(
         "hadoop",
         hadoop,

@@ -82,6 +82,8 @@ def aggregate(flow: Flow, step: Step, extra: tuple[str, ...]) -> Flow:
     out = DataFrame(jdf, df.sparkSession)
     result = out.schema["value"].dataType
     value = Codec(step.value).encode(F.col("value"), result)
+    # only an Avro serde's result can be unfit here: the fold refuses a change that would
+    # make any other serde's (see _selections)
     unfit = ok() & F.col("value").isNotNull() & value.isNull()
     why = F.lit(f"{node.describe()}: the result does not fit {step.value!r}")
     out = out.withColumns({env.ERR: F.when(unfit, why).otherwise(F.col(env.ERR)), "value": value})
@@ -97,34 +99,31 @@ def _selections(
     serde, written in Python; checked after the fold). The aggregate's type is the
     initializer's, or a reduce's value type.
 
-    They are analysed with ANSI mode on: a Column that fails on a change (an overflow, a
-    cast that does not hold) raises, and the change is dead-lettered, as a callable's is,
-    where the session's lenient mode would make it null, which deletes the group."""
-    spark = df.sparkSession
-    ansi = spark.conf.get("spark.sql.ansi.enabled")
+    They are analysed with ANSI mode on, in a session of their own (the pipeline's keeps
+    the lenient mode): a Column that fails on a change (an overflow, a cast that does not
+    hold) raises, and the change is dead-lettered, as a callable's is, where the lenient
+    mode would make it null, which deletes the group."""
+    spark = df.sparkSession.newSession()
     spark.conf.set("spark.sql.ansi.enabled", "true")
-    try:
-        fields = [StructField("key", key.dataType), StructField("value", value.dataType)]
-        agg_type: DataType = value.dataType
-        init = None if node.initializer is None else classic(node.initializer)  # type: ignore[arg-type]
-        if init is not None:
-            empty = spark.createDataFrame([], StructType(fields))
-            agg_type = empty.select(init).schema[0].dataType
-        agg = StructField("aggregate", agg_type)
-        probe = spark.createDataFrame([], StructType([*fields, agg]))
+    fields = [StructField("key", key.dataType), StructField("value", value.dataType)]
+    agg_type: DataType = value.dataType
+    init = None if node.initializer is None else classic(node.initializer)  # type: ignore[arg-type]
+    if init is not None:
+        empty = spark.createDataFrame([], StructType(fields))
+        agg_type = empty.select(init).schema[0].dataType
+    agg = StructField("aggregate", agg_type)
+    probe = spark.createDataFrame([], StructType([*fields, agg]))
 
-        def selection(col: object) -> DataFrame:
-            return probe.select(classic(col).cast(agg_type).alias("aggregate"))  # type: ignore[arg-type]
+    def selection(col: object) -> DataFrame:
+        return probe.select(classic(col).cast(agg_type).alias("aggregate"))  # type: ignore[arg-type]
 
-        start = None if node.initializer is None else selection(node.initializer)
-        fits = None
-        codec = Codec(result)
-        if codec.fmt != "avro":
-            written = codec.encode(F.col("aggregate"), agg_type)
-            fits = probe.select((F.col("aggregate").isNull() | written.isNotNull()).alias("fits"))
-        return selection(node.adder), selection(node.subtractor), start, fits
-    finally:
-        spark.conf.set("spark.sql.ansi.enabled", ansi)
+    start = None if node.initializer is None else selection(node.initializer)
+    fits = None
+    codec = Codec(result)
+    if codec.fmt != "avro":
+        written = codec.encode(F.col("aggregate"), agg_type)
+        fits = probe.select((F.col("aggregate").isNull() | written.isNotNull()).alias("fits"))
+    return selection(node.adder), selection(node.subtractor), start, fits
 
 
 def _processors(df: DataFrame):  # type: ignore[no-untyped-def]
