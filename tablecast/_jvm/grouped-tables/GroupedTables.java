@@ -126,9 +126,7 @@ public final class GroupedTables {
             df.schema().fieldIndex(gold),
             df.schema().fieldIndex(rid),
             df.schema().fieldIndex(src),
-            df.schema().apply(gk).dataType(),
-            df.schema().apply(gv).dataType(),
-            agg);
+            df.schema().apply(gv).dataType());
     return df.groupByKey(KEY_BYTES, Encoders.BINARY())
         .transformWithState(processor, TimeMode.None(), OutputMode.Update(), Encoders.row(out));
   }
@@ -290,7 +288,7 @@ public final class GroupedTables {
   public static final class Aggregate extends StatefulProcessor<byte[], Row, Row> {
     private final Bound adder, subtractor, initializer, fits;
     private final int gk, gv, gold, rid, src;
-    private final DataType keyType, valueType, aggType;
+    private final DataType valueType, aggType;
     private transient ValueState<Row> aggregate;
     private transient MapState<byte[], Row> applied;
     private transient MutableProjection add, subtract, start, check;
@@ -305,9 +303,7 @@ public final class GroupedTables {
         int gold,
         int rid,
         int src,
-        DataType keyType,
-        DataType valueType,
-        DataType aggType) {
+        DataType valueType) {
       this.adder = adder;
       this.subtractor = subtractor;
       this.initializer = initializer;
@@ -317,9 +313,8 @@ public final class GroupedTables {
       this.gold = gold;
       this.rid = rid;
       this.src = src;
-      this.keyType = keyType;
       this.valueType = valueType;
-      this.aggType = aggType;
+      this.aggType = adder.type; // the selections are cast to the aggregate's type
     }
 
     @Override
