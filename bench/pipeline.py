@@ -1073,10 +1073,11 @@ def render_groupby_columns(r: dict[str, Any], argv: str) -> str:
 
 `{argv}` — {facts_line(r["machine"])}. The freshness rows' table
 `group_by`/`reduce` (markers are new groups) written twice: with Python callables (two
-applyInPandasWithState queries) and with Columns, which Spark folds in the JVM (tablecast's
-transformWithState processors), in micro-batches and in Real-time Mode; Spark
-{r["master"]} (task slots, not cores: each real-time query holds one per input partition
-and one per shuffle partition), a single-node broker and one `tablecast serve` node on the
+applyInPandasWithState queries, a repartition topic between them) and with Columns, which
+Spark folds in the JVM (tablecast's two transformWithState operators in one query), in
+micro-batches and in Real-time Mode; Spark {r["master"]} (task slots, not cores: a
+real-time query holds one per input partition and one per shuffle partition of each
+operator), a single-node broker and one `tablecast serve` node on the
 same 2 cores, under {first["load_per_s"]:,} records/s of background load after {WARM_S:.0f} s
 of it, {len(rounds)} alternating rounds of {r["args"]["seconds"]:.0f} s each. Produce →
 queryable, milliseconds, medians over the rounds:
@@ -1094,7 +1095,7 @@ Warm (after the load's first seconds). A marker is produced only once the previo
 answered, so a stall (a real-time batch ending at its checkpoint interval, a long
 micro-batch) holds one marker, which shows in the max, not in the p99. The micro-batch
 rows run on {r["master"]} here, not local[2]: with 2-partition inputs their tasks and shuffle
-partitions are the same, but the two queries of a group_by may run tasks at once.
+partitions are the same, but the callables' two queries may run tasks at once.
 """
 
 
@@ -1144,8 +1145,8 @@ def main(argv: list[str]) -> None:
     if common.quick(args):
         args.records, args.seconds, args.rounds, args.markers = 100_000, 10.0, 2, 10
     if args.groupby_columns:
-        # a real-time group_by's two queries hold a task slot per input partition and one per
-        # shuffle partition each, for their whole batches: more slots than local[2] has
+        # a real-time group_by holds a task slot per input partition and one per shuffle
+        # partition of each of its operators, for its whole batches: more than local[2] has
         with stack("tc-bench-gbcol-", REALTIME_MASTER) as (root, bootstrap, spark):
             result = {"machine": machine(), "args": vars(args), "master": REALTIME_MASTER}
             rounds = []

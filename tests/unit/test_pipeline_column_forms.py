@@ -100,23 +100,24 @@ def test_a_table_fold_in_columns_runs_in_spark_and_in_real_time() -> None:
     rows = app.table("t", value=tc.serde.json())
     rows.group_by((g, n), value=tc.serde.long()).reduce(total + x, total - x).materialize("sums")
     out = app.materialized["sums"]
-    first, second = planner.plan_output(app.id, out, [out])
-    assert [s.what for s in first.steps] == ["select_group", "spark_retract"]
-    assert [s.what for s in second.steps] == ["spark_table_aggregate"]
-    # the changes carry their own ids: a plain Kafka sink, which Real-time Mode runs
-    assert not first.writes_batches and second.reads_batches
-    assert first.stateful_in_spark and second.stateful_in_spark
-    assert blockers(first) == blockers(second) == []
-    assert decide("realtime", first).realtime and decide("realtime", second).realtime
-    assert (slots_needed(first, 3), slots_needed(second, 3)) == (6, 6)
+    # one query, no repartition topic: Spark shuffles the changes to their group key
+    (q,) = planner.plan_output(app.id, out, [out])
+    assert [s.what for s in q.steps] == ["select_group", "spark_retract", "spark_table_aggregate"]
+    assert q.input.topic == "t" and q.output.role == "table"
+    # a plain Kafka sink, which Real-time Mode runs
+    assert not q.writes_batches and not q.reads_batches and q.stateful_in_spark
+    assert blockers(q) == []
+    assert decide("realtime", q).realtime
+    # the source tasks and the two operators' shuffle partitions, all held at once
+    assert slots_needed(q, 3) == 9
     # with a Python selection the fold is Spark's still, but the selection needs a worker
     app = tc.App("b", trigger="realtime")
     by = app.table("t").group_by(lambda k, v: (v["g"], v["n"]), value=tc.serde.long())
     by.reduce(total + x, total - x).materialize("sums")
     out = app.materialized["sums"]
-    first, second = planner.plan_output(app.id, out, [out])
-    assert [s.what for s in first.steps] == ["select_group", "spark_retract"]
-    assert blockers(first) and not blockers(second)
+    (q,) = planner.plan_output(app.id, out, [out])
+    assert [s.what for s in q.steps] == ["select_group", "spark_retract", "spark_table_aggregate"]
+    assert blockers(q) and not decide("realtime", q).realtime
     # explain shows the callable form's Columns
     app = tc.App("c", trigger="realtime")
     by = app.table("t").group_by(lambda k, v: (v["g"], v["n"]), value=tc.serde.long())

@@ -36,21 +36,18 @@ import scala.jdk.javaapi.CollectionConverters;
 
 /**
  * A table group_by whose selection and aggregation are Spark Columns, as two transformWithState
- * processors: Spark runs them in the JVM, in micro-batches or in Real-time Mode, with no Python
- * worker.
+ * processors in one query: Spark runs them in the JVM, in micro-batches or in Real-time Mode,
+ * with no Python worker, and shuffles the first one's changes to their group key for the second.
+ * Both operators' state is committed with the same batch, so a replay after a crash starts both
+ * from the same point and nothing reaches the second twice.
  *
- * <p>{@link Retract} (the first query, by source key) keeps each source row's last selection,
- * packed (group key, group value), and turns every record of the row into a change: a retraction
- * of the old selection and an addition of the new one (one record when the group key stays),
- * keyed by group key. Each change carries the source row's key and the number of the record
- * among the row's records, which a replay from a checkpoint numbers the same way, since it is
- * counted in the checkpointed state and not from how records were grouped into calls.
+ * <p>{@link Retract} (by source key) keeps each source row's last selection, packed (group key,
+ * group value), and turns every record of the row into a change: a retraction of the old
+ * selection and an addition of the new one (one record when the group key stays), keyed by group
+ * key, carrying the source row's key.
  *
- * <p>{@link Aggregate} (the second query, by group key) applies each change once: it keeps, per
- * source row, the number of its last change applied, and drops the copies a restarted first query
- * wrote again (Spark's Kafka sink is at-least-once); so its state holds a number for every source
- * row that ever contributed to the group. The user's subtractor and adder are Catalyst
- * expressions over columns key, value and aggregate, bound on the driver.
+ * <p>{@link Aggregate} (by group key) applies each change with the user's subtractor and adder,
+ * Catalyst expressions over columns key, value and aggregate, bound on the driver.
  *
  * <p>Rows arrive in the envelope's column order (tablecast/pipeline/compile/envelope.py); bad
  * rows pass through untouched, for the sink to dead-letter.
@@ -72,12 +69,8 @@ public final class GroupedTables {
       r -> r.isNullAt(KEY) ? new byte[0] : (byte[]) r.get(KEY);
 
   /** The retraction over `df` (envelope rows, value a packed selection or null). */
-  public static Dataset<Row> retract(Dataset<Row> df, String old, String rid, String src) {
-    StructType out =
-        df.schema()
-            .add(old, DataTypes.BinaryType)
-            .add(rid, DataTypes.BinaryType)
-            .add(src, DataTypes.BinaryType);
+  public static Dataset<Row> retract(Dataset<Row> df, String old, String src) {
+    StructType out = df.schema().add(old, DataTypes.BinaryType).add(src, DataTypes.BinaryType);
     return df.groupByKey(KEY_BYTES, Encoders.BINARY())
         .transformWithState(
             new Retract(), TimeMode.None(), OutputMode.Update(), Encoders.row(out));
@@ -85,7 +78,7 @@ public final class GroupedTables {
 
   /**
    * The aggregation over `df`: rows of the envelope's columns plus `gk`, `gv`, `gold` (the
-   * group key, new and old group value, decoded) and the change's `rid` and `src`. `adder` and
+   * group key, new and old group value, decoded) and the change's source row `src`. `adder` and
    * `subtractor` are one-column selections over (key, value, aggregate) whose column is the new
    * aggregate; `initializer` (null for a reduce) a one-column selection whose column starts one;
    * `fits` (null: not checked here) one whose column is whether the table's value serde can write
@@ -100,7 +93,6 @@ public final class GroupedTables {
       String gk,
       String gv,
       String gold,
-      String rid,
       String src) {
     DataType agg = adder.schema().fields()[0].dataType();
     StructType out =
@@ -124,7 +116,6 @@ public final class GroupedTables {
             df.schema().fieldIndex(gk),
             df.schema().fieldIndex(gv),
             df.schema().fieldIndex(gold),
-            df.schema().fieldIndex(rid),
             df.schema().fieldIndex(src),
             df.schema().apply(gv).dataType());
     return df.groupByKey(KEY_BYTES, Encoders.BINARY())
@@ -142,11 +133,6 @@ public final class GroupedTables {
     return in;
   }
 
-  /** A change's id: the source row's record number, then 0 (retraction) or 1 (addition). */
-  static byte[] changeId(long number, int slot) {
-    return ByteBuffer.allocate(9).putLong(number).put((byte) slot).array();
-  }
-
   static byte[] groupKey(byte[] packed) {
     if (packed == null) return null;
     int n = ByteBuffer.wrap(packed, 0, 4).getInt();
@@ -159,9 +145,8 @@ public final class GroupedTables {
     return Arrays.copyOfRange(packed, 4 + n, packed.length);
   }
 
-  /** A source row's last selection and how many of its records made changes. */
-  static final StructType SELECTION =
-      new StructType().add("selection", DataTypes.BinaryType).add("records", DataTypes.LongType);
+  /** A source row's last selection. */
+  static final StructType SELECTION = new StructType().add("selection", DataTypes.BinaryType);
 
   public static final class Retract extends StatefulProcessor<byte[], Row, Row> {
     private transient ValueState<Row> last;
@@ -175,41 +160,35 @@ public final class GroupedTables {
     public scala.collection.Iterator<Row> handleInputRows(
         byte[] key, scala.collection.Iterator<Row> rows, TimerValues timers) {
       List<Row> out = new ArrayList<>();
-      Row state = last.exists() ? last.get() : null;
-      byte[] before = state == null ? null : (byte[]) state.get(0);
-      long records = state == null ? 0 : state.getLong(1);
+      byte[] before = last.exists() ? (byte[]) last.get().get(0) : null;
       boolean changed = false;
       for (Row r : sorted(rows)) {
-        // every record counts, a bad one too: whether one is bad must not shift the numbers
-        // of the changes after it when a replay judges it otherwise
-        records += 1;
-        changed = true;
         if (!r.isNullAt(ERR)) {
-          out.add(with(r, null, null, null));
+          out.add(passed(r));
           continue;
         }
         byte[] now = (byte[]) r.get(VALUE);
         byte[] og = groupKey(before), ov = groupValue(before);
         byte[] ng = groupKey(now), nv = groupValue(now);
         if (og != null && Arrays.equals(og, ng)) {
-          out.add(change(r, og, nv, ov, changeId(records, 1), key));
+          out.add(change(r, og, nv, ov, key));
         } else {
-          if (og != null) out.add(change(r, og, null, ov, changeId(records, 0), key));
-          if (ng != null) out.add(change(r, ng, nv, null, changeId(records, 1), key));
+          if (og != null) out.add(change(r, og, null, ov, key));
+          if (ng != null) out.add(change(r, ng, nv, null, key));
         }
         before = now;
+        changed = true;
       }
       if (changed) {
-        // the record count stays when the row is deleted: a change it makes later must not
-        // look like a copy of one already applied
-        last.update(RowFactory.create(before, records));
+        if (before == null) last.clear();
+        else last.update(RowFactory.create((Object) before));
       }
       return iterator(out);
     }
 
     /** The change `r` makes to group `gk`: the source row's timestamp and coordinates. */
-    private static Row change(Row r, byte[] gk, byte[] gv, byte[] old, byte[] rid, byte[] src) {
-      Object[] v = new Object[WIDTH + 3];
+    private static Row change(Row r, byte[] gk, byte[] gv, byte[] old, byte[] src) {
+      Object[] v = new Object[WIDTH + 2];
       v[KEY] = gk;
       v[VALUE] = gv;
       v[TOPIC] = r.get(TOPIC);
@@ -218,17 +197,14 @@ public final class GroupedTables {
       v[SEQ] = r.get(SEQ);
       v[TS] = r.get(TS);
       v[WIDTH] = old;
-      v[WIDTH + 1] = rid;
-      v[WIDTH + 2] = src;
+      v[WIDTH + 1] = src;
       return RowFactory.create(v);
     }
 
-    private static Row with(Row r, byte[] old, byte[] rid, byte[] src) {
-      Object[] v = new Object[WIDTH + 3];
+    /** A bad row, passed through for the sink to dead-letter. */
+    private static Row passed(Row r) {
+      Object[] v = new Object[WIDTH + 2];
       for (int i = 0; i < WIDTH; i++) v[i] = r.get(i);
-      v[WIDTH] = old;
-      v[WIDTH + 1] = rid;
-      v[WIDTH + 2] = src;
       return RowFactory.create(v);
     }
   }
@@ -277,20 +253,21 @@ public final class GroupedTables {
     }
   }
 
-  /** What a source row contributes to its group, and the number of its last change applied. */
-  static StructType contribution(DataType value) {
-    return new StructType()
-        .add("change", DataTypes.BinaryType)
-        .add("held", DataTypes.BooleanType)
-        .add("value", value);
+  /**
+   * What a source row still contributes to its group after a change that failed (its old value,
+   * or null once subtracted), which its next change takes back in place of the old value it
+   * carries.
+   */
+  static StructType held(DataType value) {
+    return new StructType().add("value", value);
   }
 
   public static final class Aggregate extends StatefulProcessor<byte[], Row, Row> {
     private final Bound adder, subtractor, initializer, fits;
-    private final int gk, gv, gold, rid, src;
+    private final int gk, gv, gold, src;
     private final DataType valueType, aggType;
     private transient ValueState<Row> aggregate;
-    private transient MapState<byte[], Row> applied;
+    private transient MapState<byte[], Row> held;
     private transient MutableProjection add, subtract, start, check;
 
     Aggregate(
@@ -301,7 +278,6 @@ public final class GroupedTables {
         int gk,
         int gv,
         int gold,
-        int rid,
         int src,
         DataType valueType) {
       this.adder = adder;
@@ -311,7 +287,6 @@ public final class GroupedTables {
       this.gk = gk;
       this.gv = gv;
       this.gold = gold;
-      this.rid = rid;
       this.src = src;
       this.valueType = valueType;
       this.aggType = adder.type; // the selections are cast to the aggregate's type
@@ -321,13 +296,10 @@ public final class GroupedTables {
     public void init(OutputMode outputMode, TimeMode timeMode) {
       StructType agg = new StructType().add("aggregate", aggType).add("ts", DataTypes.LongType);
       aggregate = getHandle().getValueState("aggregate", Encoders.row(agg), TTLConfig.NONE());
-      applied =
+      held =
           getHandle()
               .getMapState(
-                  "applied",
-                  Encoders.BINARY(),
-                  Encoders.row(contribution(valueType)),
-                  TTLConfig.NONE());
+                  "held", Encoders.BINARY(), Encoders.row(held(valueType)), TTLConfig.NONE());
       add = adder.projection();
       subtract = subtractor.projection();
       start = initializer == null ? null : initializer.projection();
@@ -359,13 +331,9 @@ public final class GroupedTables {
           continue;
         }
         byte[] source = (byte[]) r.get(src);
-        byte[] id = (byte[]) r.get(rid);
-        Row before = applied.containsKey(source) ? applied.getValue(source) : null;
-        if (before != null && Arrays.compareUnsigned((byte[]) before.get(0), id) >= 0) {
-          continue; // a copy of a change applied already
-        }
+        Row kept = held.containsKey(source) ? held.getValue(source) : null;
         Object k = r.get(gk);
-        Object old = before != null && before.getBoolean(1) ? before.get(2) : r.get(gold);
+        Object old = kept != null ? kept.get(0) : r.get(gold);
         Object nv = r.get(gv);
         Object after = current;
         boolean subtracted = false;
@@ -400,11 +368,11 @@ public final class GroupedTables {
             last = r;
             ts = later(ts, r);
           }
-          applied.updateValue(source, RowFactory.create(id, true, subtracted ? null : old));
+          held.updateValue(source, RowFactory.create(subtracted ? null : old));
           continue;
         }
         current = after;
-        applied.updateValue(source, RowFactory.create(id, false, null));
+        if (kept != null) held.removeKey(source);
         last = r;
         ts = later(ts, r);
       }

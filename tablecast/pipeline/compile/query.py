@@ -234,7 +234,7 @@ def transform(
             i += 1
         elif step.what == "spark_retract":
             flow = spark_table_aggregate.retract(flow, step)
-            extra = (env.OLD, env.RID, env.SRC)
+            extra = (env.OLD, env.SRC)
             i += 1
         elif step.what == "spark_table_aggregate":
             flow = spark_table_aggregate.aggregate(flow, step, extra)
@@ -335,8 +335,6 @@ def writer(spark: SparkSession, q: Query, t: Target) -> DataStreamWriter:
         w = df.writeStream.foreachBatch(write_batch)
     else:
         flow = flow.with_df(sink.observe(flow.df, q.name))
-        if q.retracts_in_spark:  # its changes carry their own ids: no batch id
-            indexed = sink.repartition_headers(batch=False)
         out = sink.route(flow, q, dlq, indexed, placed)
         w = out.writeStream.format("kafka").options(**common)
     w = (

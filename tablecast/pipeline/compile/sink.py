@@ -84,12 +84,11 @@ def present(*headers: tuple[str, Column]) -> Column:
     return F.array_compact(F.array(*(F.when(v.isNotNull(), header(k, v)) for k, v in headers)))
 
 
-def repartition_headers(batch: bool = True) -> Column:
+def repartition_headers() -> Column:
     """Headers a repartition record carries (a null retracted value is left out); the batch
-    id comes from column BATCH_BYTES (with_batch_id()), unless its writer has none."""
-    ids = [(BATCH_HEADER, F.col(BATCH_BYTES))] if batch else []
+    id comes from column BATCH_BYTES (with_batch_id())."""
     return present(
-        *ids,
+        (BATCH_HEADER, F.col(BATCH_BYTES)),
         (RID_HEADER, F.col(env.RID)),
         (OLD_HEADER, F.col(env.OLD)),
         (SRC_HEADER, F.col(env.SRC)),

@@ -1,21 +1,20 @@
 """A table ``group_by`` whose selection and fold are Columns, run by Spark in the JVM.
 
-The same two queries as the Python form (:func:`.aggregate.retract` and
-:func:`.aggregate.table_aggregate`), with their per-key work done by tablecast's
-transformWithState processors (``tablecast/_jvm/grouped-tables``): the first
-keeps each source row's last selection and writes its changes to the
-repartition topic, the second applies each change once per group key with the
-user's subtractor and adder evaluated as Catalyst expressions. No Python
-worker runs, so Real-time Mode can run both queries.
+The two steps of the Python form (:func:`.aggregate.retract` and
+:func:`.aggregate.table_aggregate`) as tablecast's transformWithState
+processors (``tablecast/_jvm/grouped-tables``) in one query: the first keeps
+each source row's last selection and turns each record into changes keyed by
+group key, which Spark's shuffle takes to the second; that one applies them per
+group key with the user's subtractor and adder evaluated as Catalyst
+expressions. No Python worker runs and no topic lies between them, so Real-time
+Mode can run the query, and a micro-batch carries a record the whole way. Both
+operators' state is committed with the batch, so a replay after a crash
+neither loses a change nor applies one twice.
 
 The Kafka Streams semantics are the Python form's: a change subtracts the row's
 old contribution when there is an aggregate and adds the new one (a reduce's
 first value starts it, an aggregate starts from its initializer); a null result
-deletes the key. Where they differ is how copies are recognised: here each
-change carries the source row's key and the number of its record among that
-row's records (counted in the first query's checkpointed state, so a replay
-numbers them the same), and the second query keeps the last number applied per
-source row, in place of the Python form's batch ids.
+deletes the key.
 """
 
 from __future__ import annotations
@@ -32,23 +31,23 @@ from tablecast.pipeline.plan import nodes as plan
 from tablecast.pipeline.plan.queries import Step
 from tablecast.serde import Serde
 
-#: the decoded group key, new and old group value beside the envelope (second query)
+#: the decoded group key, new and old group value beside the envelope (the fold's input)
 GROUP_KEY, NEW, OLD = "_tc_gk", "_tc_gv", "_tc_gold"
 
 
 def retract(flow: Flow, step: Step) -> Flow:
-    """Per source key, its changes keyed by group key, with (old, rid, src) columns."""
+    """Per source key, its changes keyed by group key, with (old, src) columns."""
     flow = flow.envelope()
     df = flow.df
-    jdf = _processors(df).retract(df._jdf, env.OLD, env.RID, env.SRC)
+    jdf = _processors(df).retract(df._jdf, env.OLD, env.SRC)
     return Flow(DataFrame(jdf, df.sparkSession), step.key, step.value, step.kind)
 
 
 def aggregate(flow: Flow, step: Step, extra: tuple[str, ...]) -> Flow:
-    """Per group key, the changes read from the repartition topic folded into the aggregate,
-    written with the table's value serde (a result the serde cannot write: a bad row)."""
+    """Per group key, the changes retract() made folded into the aggregate, written with the
+    table's value serde (a result the serde cannot write: a bad row)."""
     node = step.node
-    assert isinstance(node, plan.Aggregate) and env.RID in extra
+    assert isinstance(node, plan.Aggregate) and env.SRC in extra
     flow = flow.envelope(*extra)
     kc, vc = Codec(flow.key), Codec(flow.value)
     df = flow.df.withColumns(
@@ -62,7 +61,7 @@ def aggregate(flow: Flow, step: Step, extra: tuple[str, ...]) -> Flow:
     flow = flow.fail_where(~kc.valid(F.col("key"), F.col(GROUP_KEY)), f"key is not {kc.fmt}")
     flow = flow.fail_where(~vc.valid(F.col("value"), F.col(NEW)), f"value is not {vc.fmt}")
     flow = flow.fail_where(~vc.valid(F.col(env.OLD), F.col(OLD)), f"old value is not {vc.fmt}")
-    df = flow.df.select(*env.COLUMNS, GROUP_KEY, NEW, OLD, env.RID, env.SRC)
+    df = flow.df.select(*env.COLUMNS, GROUP_KEY, NEW, OLD, env.SRC)
     types = df.schema
     adder, subtractor, initializer, fits = _selections(
         df, node, types[GROUP_KEY], types[NEW], step.value
@@ -76,7 +75,6 @@ def aggregate(flow: Flow, step: Step, extra: tuple[str, ...]) -> Flow:
         GROUP_KEY,
         NEW,
         OLD,
-        env.RID,
         env.SRC,
     )
     out = DataFrame(jdf, df.sparkSession)

@@ -6,12 +6,13 @@ stateless operators and at most one stateful step; the planner cuts the chain:
 
 - at a materialized table met on the way: its table topic is read as the source
   (it already is that table's changelog), so nothing is computed twice;
-- at a table ``group_by``: as in Kafka Streams, one query keeps each source
-  row's last (group key, group value) and writes a retraction of the old one
-  and an addition of the new one to ``<app>.repartition.<name>-<i>``, keyed by
-  group key; the next query aggregates per group key (with Python callables in
-  applyInPandasWithState, or, when the fold's functions are Columns, both
-  queries in tablecast's JVM transformWithState processors);
+- at a table ``group_by`` with Python callables: as in Kafka Streams, one
+  query keeps each source row's last (group key, group value) and writes a
+  retraction of the old one and an addition of the new one to
+  ``<app>.repartition.<name>-<i>``, keyed by group key; the next query
+  aggregates per group key (applyInPandasWithState). When the fold's functions
+  are Columns, both steps are tablecast's JVM transformWithState processors in
+  one query, and Spark's shuffle takes the changes to their group key;
 - before a second stateful step: the first one's changelog goes through
   ``<app>.changelog.<name>-<i>`` (compacted if it is a table's);
 - at a table-table foreign-key join (KIP-213), twice: one query sends each left
@@ -217,12 +218,6 @@ class Query:
         return any(s.what in IN_SPARK for s in self.steps)
 
     @property
-    def retracts_in_spark(self) -> bool:
-        """The first query of a table group_by folded in Spark: its changes carry their own
-        ids, so it writes through a plain Kafka sink."""
-        return any(s.what == "spark_retract" for s in self.steps)
-
-    @property
     def windowed(self) -> bool:
         """Reads record timestamps; writes each window to its inner key's partition."""
         return any(s.windowed for s in self.steps)
@@ -236,8 +231,6 @@ class Query:
     @property
     def writes_batches(self) -> bool:
         """Repartition writers stamp each record with the batch id (foreachBatch)."""
-        if self.retracts_in_spark:
-            return False
         return self.output.role == "repartition" or self.output.ids
 
     @property
@@ -304,7 +297,8 @@ def plan_output(
         more: tuple[TopicRef, ...] = (),
     ) -> None:
         nonlocal key, value, kind
-        if what in STATEFUL and current.stateful:
+        after_retract = bool(current.steps) and current.steps[-1].what == "spark_retract"
+        if what in STATEFUL and current.stateful and not after_retract:
             cut("changelog")
         if what == "spark_aggregate" and current.input.role not in ("source", "table"):
             # a repartition or changelog topic's copies need the per-key step's dedup
@@ -318,14 +312,18 @@ def plan_output(
         elif isinstance(node, plan.Aggregate):
             grouped = node.grouped
             if node.of_table:
-                pair = PairSerde(grouped.key_serde(), grouped.value_serde())
-                spark = node.folds_columns
-                add("select_group", grouped, key, pair, "table")
-                retract: StepKind = "spark_retract" if spark else "retract"
-                add(retract, grouped, grouped.key_serde(), grouped.value_serde(), "stream")
-                cut("repartition")
-                fold: StepKind = "spark_table_aggregate" if spark else "table_aggregate"
-                add(fold, node, node.key_serde(), node.value_serde(), "table")
+                gk, gv = grouped.key_serde(), grouped.value_serde()
+                ak, av = node.key_serde(), node.value_serde()
+                add("select_group", grouped, key, PairSerde(gk, gv), "table")
+                if node.folds_columns:
+                    # both steps in one query: Spark shuffles the changes to their group key
+                    # between its two transformWithState operators, no topic in between
+                    add("spark_retract", grouped, gk, gv, "stream")
+                    add("spark_table_aggregate", node, ak, av, "table")
+                else:
+                    add("retract", grouped, gk, gv, "stream")
+                    cut("repartition")
+                    add("table_aggregate", node, ak, av, "table")
             else:
                 if grouped.fn is not None:
                     rekey = plan.Op(grouped.parent, grouped.fn, grouped.key, None, "select_key")

@@ -189,8 +189,8 @@ def column_forms(q: Query) -> list[str]:
 
 def slots_needed(q: Query, partitions: int) -> int:
     """Task slots a real-time batch of `q` holds: one per input partition, and as many
-    for the partitions a stateful step in Spark shuffles into (as many as its input has)."""
-    return partitions * (2 if q.stateful_in_spark else 1)
+    for the partitions each stateful step in Spark shuffles into (as many as its input has)."""
+    return partitions * (1 + sum(s.what in IN_SPARK for s in q.steps))
 
 
 def written_by_micro_batch(checkpoint: Path) -> bool:
@@ -240,8 +240,8 @@ def decide(
         return Trigger(False, fallback, why)
     if partitions is not None and free_slots is not None and partitions > free_slots:
         per = "one per source partition"
-        if slots_needed(q, 1) == 2:
-            per += " and one per partition its aggregation shuffles into"
+        if slots_needed(q, 1) > 1:
+            per += " and one per partition each of its stateful steps shuffles into"
         why = f"needs {partitions} task slots at once ({per}), {max(free_slots, 0)} free"
         return Trigger(False, fallback, why)
     return Trigger(True, interval)
