@@ -218,6 +218,8 @@ def throughput(
         rows.filter(F.variant_get("value", "$.n", "int") % 2 == 0).materialize("t")
     elif name == "stateless-python":
         rows.filter(lambda k, v: v["n"] % 2 == 0).materialize("t")
+    elif name.startswith("fold-columns"):
+        sums_by_group_columns(rows).materialize("t")
     else:
         sums_by_group(rows).materialize("t")
     wall = time.monotonic()
@@ -1023,15 +1025,67 @@ GROUPBY_COLUMNS_ROWS = (
 )
 
 
-def render_groupby_columns(r: dict[str, Any], argv: str) -> str:
-    rounds = r["rounds"]
-    first = rounds[0]["columns-realtime"]
+#: the --realtime rows, run in this order each round: (key, the App's trigger, kind)
+REALTIME_ROWS = (
+    ("table", "auto", "table"),
+    ("table-realtime", "realtime", "table"),
+    ("aggregate", "auto", "aggregate"),
+    ("aggregate-realtime", "realtime", "aggregate"),
+)
+#: their targets: (key, what, a percentile's key, ceiling in ms)
+REALTIME_TARGETS = (
+    ("table", "micro-batch p99", "p99_ms", 300),
+    ("table-realtime", "Real-time Mode p99", "p99_ms", 25),
+    ("table-realtime", "Real-time Mode max", "max_ms", 100),
+    ("aggregate", "micro-batch p99", "p99_ms", 500),
+    ("aggregate-realtime", "Real-time Mode p99", "p99_ms", 150),
+)
+#: their session: a real-time aggregation holds a slot per input partition and one per
+#: shuffle partition, and its dead-letter companion one per input partition
+REALTIME_ROWS_MASTER = "local[14]"
 
-    def med(key: str, pct: str, where: str = "queryable") -> int:
-        return round(statistics.median(x[key][where][pct] for x in rounds))
+
+def freshness_rounds(
+    spark: Any,
+    bootstrap: str,
+    root: Path,
+    args: argparse.Namespace,
+    rows: tuple[tuple[str, str, str], ...],
+) -> list[dict[str, Any]]:
+    """`args.rounds` alternating rounds of the freshness runs `rows` (key, trigger, kind)."""
+    return [
+        {
+            key: freshness(
+                spark,
+                bootstrap,
+                root / f"{key}{i}",
+                args.seconds,
+                args.load,
+                trigger,
+                kind,
+                f"{key.replace('-', '')}{i}",
+            )
+            for key, trigger, kind in rows
+        }
+        for i in range(args.rounds)
+    ]
+
+
+def iqr(values: list[float]) -> list[float]:
+    if len(values) < 2:
+        return [values[0], values[0]]
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return [q1, q3]
+
+
+def freshness_table(rounds: list[dict[str, Any]], keys: list[str]) -> list[str]:
+    """A table row per run key: medians over the rounds, each round's p99 and markers."""
+
+    def med(key: str, pct: str) -> int:
+        return round(statistics.median(x[key]["queryable"][pct] for x in rounds))
 
     lines = []
-    for key, _, _ in GROUPBY_COLUMNS_ROWS:
+    for key in keys:
         row = rounds[0][key]
         p99s = ", ".join(str(x[key]["queryable"]["p99_ms"]) for x in rounds)
         samples = ", ".join(str(x[key]["samples"]) for x in rounds)
@@ -1040,6 +1094,97 @@ def render_groupby_columns(r: dict[str, Any], argv: str) -> str:
             f"{med(key, 'p90_ms')} | {med(key, 'p99_ms')} | {med(key, 'max_ms')} | {p99s} | "
             f"{samples} |"
         )
+    return lines
+
+
+def ks_line(ks: dict[str, Any]) -> str:
+    """The Kafka Streams peer's row in a table of rounds: one run, after them."""
+    k = ks["queryable"]
+    return (
+        f"| {ks['pipeline']} | {ks['trigger']} | {k['p50_ms']} | {k['p90_ms']} | "
+        f"{k['p99_ms']} | {k['max_ms']} | {k['p99_ms']} (one run, after the rounds) | "
+        f"{ks['samples']} |"
+    )
+
+
+def render_realtime(r: dict[str, Any], argv: str) -> str:
+    rounds = r["rounds"]
+    lines = freshness_table(rounds, [key for key, _, _ in REALTIME_ROWS])
+    lines.append(ks_line(r["ks"]))
+    verdicts = []
+    for key, what, pct, ceiling in REALTIME_TARGETS:
+        lo, hi = iqr([x[key]["queryable"][pct] for x in rounds])
+        name = rounds[0][key]["pipeline"]
+        verdicts.append(
+            f"{name}, {what} ≤ {ceiling} ms: IQR {lo:.0f}–{hi:.0f}, "
+            f"{settled_below([lo, hi], ceiling)}"
+        )
+    table, agg = rounds[0]["table-realtime"], rounds[0]["aggregate-realtime"]
+    return f"""## Stateless table and grouped stream aggregate: micro-batch and Real-time Mode
+
+`{argv}` — {facts_line(r["machine"])}. Two of the freshness rows, each in
+micro-batches (the App's default trigger) and in Real-time Mode (checkpoint every 30 s), in
+{len(rounds)} alternating rounds of {r["args"]["seconds"]:.0f} s each: the stateless table
+(`app.table(topic).materialize(...)`, {table["partitions"]}-partition input) and a grouped
+stream's `group_by_key().aggregate(F.sum(...))` (Spark's own streaming aggregation,
+{agg["partitions"]}-partition input; markers are new keys). Spark {r["master"]} (task slots,
+not cores: in real time the aggregation holds one per input partition and one per shuffle
+partition, its dead-letter companion one per input partition), a single-node broker and one
+`tablecast serve` node on the same 2 cores, under {table["load_per_s"]:,} records/s of
+background load after {WARM_S:.0f} s of it; after the rounds, one run of the same table in
+Kafka Streams (`bench/peers/kafka-streams-iq`: exactly-once, commits every 100 ms, no record
+cache, read over its HTTP front). Produce → queryable, milliseconds, medians over the rounds:
+
+| pipeline | trigger | p50 | p90 | p99 | max | p99 per round | markers per round |
+|---|---|---|---|---|---|---|---|
+{chr(10).join(lines)}
+
+Targets, over the rounds: {"; ".join(verdicts)}.
+
+Warm (after the load's first seconds). A marker is produced only once the previous one was
+answered, so a stall (a real-time batch ending at its checkpoint interval, a long
+micro-batch) holds one marker, which shows in the max, not in the p99. Each round's 30 s
+of markers start 15 s after its query, so each real-time round holds one checkpoint end.
+"""
+
+
+def render_fold_throughput(r: dict[str, Any], argv: str) -> str:
+    rounds = r["rounds"]
+    rates = {k: [x[k]["rate"] for x in rounds] for k in ("callables", "columns")}
+    ratio = ratio_spread([c / p for c, p in zip(rates["columns"], rates["callables"], strict=True)])
+    lo, hi = ratio["ratio_iqr"]
+    col_lo, col_hi = iqr([float(x) for x in rates["columns"]])
+
+    def row(key: str, what: str) -> str:
+        per = ", ".join(f"{v:,}" for v in rates[key])
+        return f"| {what} | {round(statistics.median(rates[key])):,} | {per} |"
+
+    return f"""## A table group_by's throughput: callables against Columns
+
+`{argv}` — {facts_line(r["machine"])}. The table `group_by`/`reduce` of the
+throughput runs (each row's n summed per group g) over {r["args"]["records"]:,} JSON records
+on a {PARTITIONS}-partition input produced before the pipeline starts, Spark local[2],
+micro-batches; records/s = records / (first micro-batch with input starts .. last one ends),
+over the group_by's queries (the callable form's two, the Columns form's one).
+{len(rounds)} alternating rounds on fresh topics:
+
+| the fold | records/s (median) | per round |
+|---|---|---|
+{row("callables", "Python callables (two applyInPandasWithState queries)")}
+{row("columns", "Columns (two JVM transformWithState operators, one query)")}
+
+Columns ÷ callables per round: {ratio["ratio_median"]:.2f} (IQR {lo:.2f}–{hi:.2f}). Target:
+≥ 100,000 records/s in micro-batches: Columns IQR {col_lo:,.0f}–{col_hi:,.0f},
+{settled([col_lo, col_hi], 100_000)}.
+The whole input is there when the pipeline starts, so the first micro-batches are large;
+Spark, the broker and the producer share the 2 cores.
+"""
+
+
+def render_groupby_columns(r: dict[str, Any], argv: str) -> str:
+    rounds = r["rounds"]
+    first = rounds[0]["columns-realtime"]
+    lines = freshness_table(rounds, [key for key, _, _ in GROUPBY_COLUMNS_ROWS])
     speed = {
         pct: ratio_spread(
             [x["callables"]["queryable"][pct] / x["columns"]["queryable"][pct] for x in rounds]
@@ -1049,24 +1194,12 @@ def render_groupby_columns(r: dict[str, Any], argv: str) -> str:
     rt_p99 = [x["columns-realtime"]["queryable"]["p99_ms"] for x in rounds]
     mb_p99 = [x["columns"]["queryable"]["p99_ms"] for x in rounds]
 
-    def iqr(values: list[float]) -> list[float]:
-        if len(values) < 2:
-            return [values[0], values[0]]
-        q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
-        return [q1, q3]
-
     def spread(d: dict[str, Any]) -> str:
         lo, hi = d["ratio_iqr"]
         return f"{d['ratio_median']:.2f} (IQR {lo:.2f}–{hi:.2f})"
 
-    ks = r.get("ks")
-    if ks is not None:
-        k = ks["queryable"]
-        lines.append(
-            f"| {ks['pipeline']} | {ks['trigger']} | {k['p50_ms']} | {k['p90_ms']} | "
-            f"{k['p99_ms']} | {k['max_ms']} | {k['p99_ms']} (one run, after the rounds) | "
-            f"{ks['samples']} |"
-        )
+    if r.get("ks") is not None:
+        lines.append(ks_line(r["ks"]))
     rt_lo, rt_hi = iqr(rt_p99)
     mb_lo, mb_hi = iqr(mb_p99)
     return f"""## A table group_by with Columns: micro-batch and Real-time Mode
@@ -1140,6 +1273,17 @@ def main(argv: list[str]) -> None:
         help="only the table group_by with callables against Columns, micro-batch and real "
         f"time, in alternating rounds ({REALTIME_MASTER})",
     )
+    parser.add_argument(
+        "--realtime",
+        action="store_true",
+        help="only the stateless table and the grouped stream's Spark aggregate, micro-batch "
+        f"and real time, in alternating rounds ({REALTIME_ROWS_MASTER})",
+    )
+    parser.add_argument(
+        "--fold-throughput",
+        action="store_true",
+        help="only the table group_by's records/s, callables against Columns, alternating",
+    )
     common.add_quick(parser)
     args = parser.parse_args(argv)
     if common.quick(args):
@@ -1149,28 +1293,37 @@ def main(argv: list[str]) -> None:
         # partition of each of its operators, for its whole batches: more than local[2] has
         with stack("tc-bench-gbcol-", REALTIME_MASTER) as (root, bootstrap, spark):
             result = {"machine": machine(), "args": vars(args), "master": REALTIME_MASTER}
-            rounds = []
-            for i in range(args.rounds):
-                rounds.append(
-                    {
-                        key: freshness(
-                            spark,
-                            bootstrap,
-                            root / f"{key}{i}",
-                            args.seconds,
-                            args.load,
-                            trigger,
-                            kind,
-                            f"{key.replace('-', '')}{i}",
-                        )
-                        for key, trigger, kind in GROUPBY_COLUMNS_ROWS
-                    }
-                )
-            result["rounds"] = rounds
+            result["rounds"] = freshness_rounds(spark, bootstrap, root, args, GROUPBY_COLUMNS_ROWS)
             result["ks"] = ks_freshness(
                 bootstrap, root / "ks", args.seconds, args.load, group_by=True
             )
         publish("pipeline-groupby-columns", result, render_groupby_columns(result, command()))
+        return
+    if args.realtime:
+        with stack("tc-bench-realtime-", REALTIME_ROWS_MASTER) as (root, bootstrap, spark):
+            result = {"machine": machine(), "args": vars(args), "master": REALTIME_ROWS_MASTER}
+            result["rounds"] = freshness_rounds(spark, bootstrap, root, args, REALTIME_ROWS)
+            result["ks"] = ks_freshness(bootstrap, root / "ks", args.seconds, args.load)
+        publish("pipeline-realtime", result, render_realtime(result, command()))
+        return
+    if args.fold_throughput:
+        with stack("tc-bench-foldrate-") as (root, bootstrap, spark):
+            result = {"machine": machine(), "args": vars(args)}
+            # JIT and Python workers warm up on a first, unreported run of each form
+            for name in ("fold-warm", "fold-columns-warm"):
+                throughput(spark, bootstrap, root / name, name, 200_000)
+            result["rounds"] = [
+                {
+                    "callables": throughput(
+                        spark, bootstrap, root / f"fold-py-{i}", f"fold-py-{i}", args.records
+                    ),
+                    "columns": throughput(
+                        spark, bootstrap, root / f"fold-col-{i}", f"fold-columns-{i}", args.records
+                    ),
+                }
+                for i in range(args.rounds)
+            ]
+        publish("pipeline-fold-throughput", result, render_fold_throughput(result, command()))
         return
     if args.freshness:
         with stack("tc-bench-fresh-") as (root, bootstrap, spark):

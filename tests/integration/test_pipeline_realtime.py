@@ -55,8 +55,8 @@ def test_realtime_for_stateless_tables_and_micro_batch_with_a_reason_otherwise(
     assert upper.fallback == "needs 1 task slots at once (one per source partition), 0 free"
     # Spark's own aggregation could run in real time, with a slot for its shuffle too
     assert counts.fallback == (
-        "needs 2 task slots at once (one per source partition and one per partition its "
-        "aggregation shuffles into), 0 free"
+        "needs 2 task slots at once (one per source partition and one per partition each of "
+        "its stateful steps shuffles into), 0 free"
     )
     # what Spark itself runs them with
     spark_triggers = {
