@@ -583,14 +583,20 @@ DEMO_TICKS_PER_S = 200
 
 
 def demo_freshness(
-    spark: Any, bootstrap: str, state: Path, markers: int, python_board: bool = False
+    spark: Any,
+    bootstrap: str,
+    state: Path,
+    markers: int,
+    python_board: bool = False,
+    run: str = "",
 ) -> dict[str, Any]:
     """The demo as shipped (examples/stock_prices.py: 30 partitions, the App's default
     trigger, a board per symbol by Spark's aggregate functions, or with `python_board` by
     the Python function it was before) under its generator's load: a marker
     tick for a symbol of its own every 0.3-0.7 s (linger 0), polled every 10 ms over HTTP
     on a node until the node answers it (produce -> queryable). Beside each marker, one
-    background symbol's board is read and aged by its newest tick (what a user sees)."""
+    background symbol's board is read and aged by its newest tick (what a user sees).
+    `run` names a run's topics apart from another's in the same broker."""
     import random
 
     from confluent_kafka import Producer
@@ -601,9 +607,10 @@ def demo_freshness(
     from tests.support.procs import start_node
 
     ex = load_module(Path(__file__).resolve().parents[1] / "examples" / "stock_prices.py")
-    topic = "bench-demo-ticks-py" if python_board else "bench-demo-ticks"
+    topic = ("bench-demo-ticks-py" if python_board else "bench-demo-ticks") + run
     ensure_topic(bootstrap, topic, ex["PARTITIONS"])
-    app = ex["build"]("benchdemopy" if python_board else "benchdemo", topic, python_board)
+    app_id = ("benchdemopy" if python_board else "benchdemo") + run
+    app = ex["build"](app_id, topic, python_board)
     app.state_dir = state
     pipeline = app.start(bootstrap_servers=bootstrap, spark=spark)
     node = start_node(app.id, bootstrap, state, "--data-dir", str(state / "node"))
