@@ -12,6 +12,9 @@ from tablecast.pipeline.plan import nodes as plan
 from tablecast.pipeline.plan.queries import Query, plan_output
 from tablecast.pipeline.run import trigger as triggers
 
+#: task slots per input partition, in words
+_COUNTS = {2: "two", 3: "three"}
+
 
 def explain(
     app_id: str,
@@ -50,11 +53,8 @@ def explain(
             trig = (chosen or {}).get(q.name)
             if trig is None:  # not running: the slots it will find are not known yet
                 trig = triggers.decide(trigger, q)
-                per = (
-                    "two free task slots"
-                    if triggers.slots_needed(q, 1) == 2
-                    else "a free task slot"
-                )
+                n = triggers.slots_needed(q, 1)
+                per = "a free task slot" if n == 1 else f"{_COUNTS.get(n, n)} free task slots"
                 slots = f", given {per} per input partition" if trig.realtime else ""
             else:
                 slots = ""
