@@ -2,7 +2,8 @@
 
 Each materialized table (and each ``to(topic)``) is computed by a chain of
 queries, each reading one topic and writing one topic. A query holds any run of
-stateless operators and at most one stateful step; the planner cuts the chain:
+stateless operators and at most one stateful step (or the two JVM steps of a
+table group_by folded in Columns, see below); the planner cuts the chain:
 
 - at a materialized table met on the way: its table topic is read as the source
   (it already is that table's changelog), so nothing is computed twice;
