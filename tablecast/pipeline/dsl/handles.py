@@ -712,10 +712,8 @@ class GroupedTable(_Handle):
         e.g. ``reduce(F.col("aggregate") + F.col("value"), F.col("aggregate") - F.col("value"))``:
         Spark folds them in the JVM (transformWithState), so with a Column selection in
         ``group_by`` the whole aggregation runs without Python, and in Real-time Mode."""
-        if _columns("reduce", adder, subtractor):
-            node = plan.Aggregate(self._node, "reduce", None, adder, subtractor, value)
-            return Table(self._app, node)
-        _check_callable("reduce", adder, subtractor)
+        if not _columns("reduce", adder, subtractor):
+            _check_callable("reduce", adder, subtractor)
         node = plan.Aggregate(self._node, "reduce", None, adder, subtractor, value)
         return Table(self._app, node)
 
@@ -731,10 +729,8 @@ class GroupedTable(_Handle):
         Or three Columns: the initializer (``F.lit(0)``), then adder and subtractor over
         columns ``key``, ``value`` and ``aggregate``, folded by Spark in the JVM (see
         :meth:`reduce`); the aggregate has the initializer's type."""
-        if _columns("aggregate", initializer, adder, subtractor):
-            node = plan.Aggregate(self._node, "aggregate", initializer, adder, subtractor, value)
-            return Table(self._app, node)
-        _check_callable("aggregate", initializer, adder, subtractor)
+        if not _columns("aggregate", initializer, adder, subtractor):
+            _check_callable("aggregate", initializer, adder, subtractor)
         node = plan.Aggregate(self._node, "aggregate", initializer, adder, subtractor, value)
         return Table(self._app, node)
 
