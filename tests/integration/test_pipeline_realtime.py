@@ -7,8 +7,10 @@ task slot per source partition, and the App's micro-batch queries keep one.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +18,8 @@ from pyspark.sql import functions as F
 
 import tablecast as tc
 from tablecast.kafka.topics import dlq_topic
+from tablecast.pipeline.run.spark import read_tasks, shuffle_partitions
+from tablecast.pipeline.run.trigger import recorded_shuffle_partitions
 from tests import reference_model as ref
 
 from .kafka_io import produce
@@ -146,5 +150,24 @@ def test_restart_continues_real_time_checkpoints_and_keeps_micro_batch_ones(
         )
         for name, table in (("fresh", ref.latest(fresh)), ("upper", ref.latest(upper_t))):
             assert read_table(bootstrap, f"{app}.table.{name}", STR, LONG) == table, name
+        # the shuffle partitions Spark continues the count's checkpoint with, as it recorded
+        checkpoints = Path(running.app.resolve_checkpoint_dir())
+        assert recorded_shuffle_partitions(checkpoints / f"{app}.counts") == 1
+        assert recorded_shuffle_partitions(checkpoints / f"{app}.fresh") is not None
+        assert recorded_shuffle_partitions(checkpoints / "never-started") is None
     finally:
         pipeline.stop()
+
+
+def test_a_shuffle_has_a_partition_per_core_at_most(spark) -> None:  # type: ignore[no-untyped-def]
+    """A session's slots (local[N]) may exceed its cores for Real-time Mode; a stateful step
+    still shuffles into no more partitions than the cores, in either mode, and a micro-batch
+    reads a topic in as many tasks."""
+    cores = len(os.sched_getaffinity(0))
+    slots = spark.sparkContext.defaultParallelism
+    at_once = min(cores, slots)
+    for realtime in (False, True):
+        assert shuffle_partitions(spark, 30, realtime) == min(30, at_once)
+        assert shuffle_partitions(spark, 1, realtime) == 1
+    assert read_tasks(spark, False) == at_once
+    assert read_tasks(spark, True) == 0  # a real-time query polls each partition in a task

@@ -109,8 +109,8 @@ def test_a_table_fold_in_columns_runs_in_spark_and_in_real_time() -> None:
     assert blockers(q) == []
     assert decide("realtime", q).realtime
     # the source tasks and the two operators' shuffle partitions, all held at once
-    assert slots_needed(q, 3) == 9
-    assert "given three free task slots per input partition" in app.explain()
+    assert slots_needed(q, 3) == 9 and slots_needed(q, 3, shuffle=2) == 7
+    assert "given a free task slot per input partition and two per shuffle" in app.explain()
     # with a Python selection the fold is Spark's still, but the selection needs a worker
     app = tc.App("b", trigger="realtime")
     by = app.table("t").group_by(lambda k, v: (v["g"], v["n"]), value=tc.serde.long())

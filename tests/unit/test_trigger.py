@@ -123,6 +123,7 @@ def test_a_grouped_stream_count_is_sparks_aggregation_and_runs_in_real_time() ->
     assert decide("realtime", dlq).realtime
     # a real-time batch holds a slot per input partition and one per shuffle partition
     assert (slots_needed(counts, 3), slots_needed(dlq, 3)) == (6, 3)
+    assert slots_needed(counts, 30, shuffle=2) == 32  # a shuffle of one partition per core
     needs = [(counts, slots_needed(counts, 1)), (dlq, slots_needed(dlq, 1))]
     assert [t.realtime for t in assign("realtime", needs, 3)] == [True, True]
     got = assign("realtime", needs, 2)  # one micro-batch query keeps a slot for itself
@@ -219,7 +220,7 @@ def test_explain_prints_each_querys_trigger() -> None:
     assert "App 'shop': 6 output(s); trigger 'realtime'" in text
     # latest, copy, counts and the companion writing counts' bad input to the DLQ
     assert text.count("trigger: realtime (checkpoint every 30 s)") == 4
-    assert "given two free task slots per input partition" in text  # counts' shuffle
+    assert "given a free task slot per input partition and one per shuffle" in text  # counts'
     assert (
         "trigger: micro-batch 100 ms (fallback: not in Spark's Real-time Mode allowlist: "
         "Python callable map_values(x_of) (MapInArrowExec))"

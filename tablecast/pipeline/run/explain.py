@@ -12,8 +12,8 @@ from tablecast.pipeline.plan import nodes as plan
 from tablecast.pipeline.plan.queries import Query, plan_output
 from tablecast.pipeline.run import trigger as triggers
 
-#: task slots per input partition, in words
-_COUNTS = {2: "two", 3: "three"}
+#: task slots per shuffle partition, in words
+_COUNTS = {1: "one", 2: "two"}
 
 
 def explain(
@@ -53,9 +53,12 @@ def explain(
             trig = (chosen or {}).get(q.name)
             if trig is None:  # not running: the slots it will find are not known yet
                 trig = triggers.decide(trigger, q)
-                n = triggers.slots_needed(q, 1)
-                per = "a free task slot" if n == 1 else f"{_COUNTS.get(n, n)} free task slots"
-                slots = f", given {per} per input partition" if trig.realtime else ""
+                slots = ", given a free task slot per input partition" if trig.realtime else ""
+                n = triggers.shuffling_steps(q)
+                if slots and n:
+                    per = _COUNTS.get(n, n)
+                    slots += f" and {per} per shuffle partition (one per core, at most one per "
+                    slots += "input partition)"
             else:
                 slots = ""
             lines.append(f"      trigger: {trig.describe()}{slots}")

@@ -30,7 +30,13 @@ from tablecast.pipeline.run import status
 from tablecast.pipeline.run.layout import PYTHON, SPARK, Files, local_path, settle, stored_engine
 from tablecast.pipeline.run.restarts import Restarts
 from tablecast.pipeline.run.status import StatusPublisher
-from tablecast.pipeline.run.trigger import Trigger, assign, slots_needed, written_by_micro_batch
+from tablecast.pipeline.run.trigger import (
+    Trigger,
+    assign,
+    recorded_shuffle_partitions,
+    slots_needed,
+    written_by_micro_batch,
+)
 from tablecast.windows import SessionWindows
 
 if TYPE_CHECKING:
@@ -523,10 +529,14 @@ def _choose_triggers(
         if local is not None
         else {}  # a remote checkpoint: Spark itself refuses a v1 one in Real-time Mode
     )
-    needs = {
-        n: slots_needed(q, partition_count(bootstrap_servers, q.input.topic) or 1)
-        for n, q in unique.items()
-    }
+
+    def needs_of(q: planner.Query) -> int:
+        partitions = partition_count(bootstrap_servers, q.input.topic) or 1
+        kept = None if local is None else recorded_shuffle_partitions(local / q.name)
+        shuffle = spark_setup.shuffle_partitions(spark, partitions, True) if kept is None else kept
+        return slots_needed(q, partitions, shuffle)
+
+    needs = {n: needs_of(q) for n, q in unique.items()}
     active = {q.name for q in spark.streams.active}
     held = sum(n for name, n in _REALTIME_SLOTS.items() if name in active)
     slots = spark.sparkContext.defaultParallelism - held

@@ -122,21 +122,32 @@ def session(
 def shuffle_partitions(spark: SparkSession, partitions: int, realtime: bool) -> int:
     """How many partitions a new query's stateful steps shuffle into (a checkpoint keeps the
     count it started with): as many as its topics have, but on one machine (local[N]) no
-    more than its task slots. Each shuffle partition is a task every micro-batch, its state
-    store loaded and committed even when no key of the batch falls in it. A real-time
-    query's tasks live for its whole batch, so it keeps one per topic partition."""
-    slots = read_tasks(spark, realtime)
-    return max(1, min(partitions, slots)) if slots else partitions
+    more than it runs tasks at once (:func:`machine_tasks`). Each shuffle partition is a
+    task every micro-batch, its state store loaded and committed even when no key of the
+    batch falls in it; in Real-time Mode each is a task for the whole batch, beside one per
+    topic partition, and each of its state stores commits at every checkpoint."""
+    if not is_local(spark.sparkContext.master):
+        return partitions
+    return max(1, min(partitions, machine_tasks(spark)))
 
 
 def read_tasks(spark: SparkSession, realtime: bool) -> int:
     """How many tasks a new query's micro-batches read each topic in: on one machine no more
-    than its task slots (0: one per topic partition, Spark's way). A task per partition is
+    than it runs at once (0: one per topic partition, Spark's way). A task per partition is
     scheduled every batch even when it reads nothing; a real-time query keeps one per
     partition, each polling for its whole batch."""
     if realtime or not is_local(spark.sparkContext.master):
         return 0
-    return spark.sparkContext.defaultParallelism
+    return machine_tasks(spark)
+
+
+def machine_tasks(spark: SparkSession) -> int:
+    """Tasks a local session runs at once: its slots (local[N]), but no more than the cores
+    this process may use. N may exceed them for Real-time Mode, whose tasks mostly wait for
+    records; a micro-batch's tasks and a real-time shuffle's beyond the cores only take
+    turns on them."""
+    slots = spark.sparkContext.defaultParallelism
+    return max(1, min(slots, len(os.sched_getaffinity(0))))
 
 
 def timestamp_interceptor(spark: SparkSession) -> str | None:

@@ -10,7 +10,8 @@ Columns here), into a Kafka sink. A query of ours falls back to micro-batch
 when it needs anything else — each reason below names the Spark operator that
 is not on the list — or when the session has too few task slots: a real-time
 batch holds one task per source partition for its whole duration, and a
-stateful step in Spark as many again for its shuffle partitions (:func:`slots_needed`).
+stateful step in Spark one per shuffle partition, as many as the machine's cores
+at most on one machine (:func:`slots_needed`).
 
 ``realtime`` takes an optional checkpoint interval (``"realtime 10 seconds"``,
 at least ``spark.sql.streaming.realTimeMode.minBatchDuration``, 5 s): Spark
@@ -24,6 +25,7 @@ By default (``"auto"``) every query runs micro-batches, a stateless one every
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,10 +189,32 @@ def column_forms(q: Query) -> list[str]:
     return hints
 
 
-def slots_needed(q: Query, partitions: int) -> int:
-    """Task slots a real-time batch of `q` holds: one per input partition, and as many
-    for the partitions each stateful step in Spark shuffles into (as many as its input has)."""
-    return partitions * (1 + sum(s.what in IN_SPARK for s in q.steps))
+def shuffling_steps(q: Query) -> int:
+    """`q`'s stateful steps in Spark: each shuffles its input and keeps its state per
+    shuffle partition."""
+    return sum(s.what in IN_SPARK for s in q.steps)
+
+
+def slots_needed(q: Query, partitions: int, shuffle: int | None = None) -> int:
+    """Task slots a real-time batch of `q` holds: one per input partition, and one per
+    partition each stateful step in Spark shuffles into (`shuffle` of them; as many as
+    the input's partitions when not known)."""
+    return partitions + shuffling_steps(q) * (partitions if shuffle is None else shuffle)
+
+
+def recorded_shuffle_partitions(checkpoint: Path) -> int | None:
+    """The shuffle partitions a query's checkpoint keeps (None before its first batch):
+    Spark records the setting with each batch's offsets and continues with it."""
+    offsets = checkpoint / "offsets"
+    batches = [int(p.name) for p in offsets.glob("[0-9]*") if p.name.isdigit()]
+    if not batches:
+        return None
+    with open(offsets / str(max(batches))) as f:
+        for line in f:
+            if line.startswith("{") and '"conf"' in line:
+                value = json.loads(line).get("conf", {}).get("spark.sql.shuffle.partitions")
+                return int(value) if value else None
+    return None
 
 
 def written_by_micro_batch(checkpoint: Path) -> bool:
@@ -240,7 +264,7 @@ def decide(
         return Trigger(False, fallback, why)
     if partitions is not None and free_slots is not None and partitions > free_slots:
         per = "one per source partition"
-        if slots_needed(q, 1) > 1:
+        if shuffling_steps(q):
             per += " and one per partition each of its stateful steps shuffles into"
         why = f"needs {partitions} task slots at once ({per}), {max(free_slots, 0)} free"
         return Trigger(False, fallback, why)
