@@ -34,6 +34,7 @@ from tablecast.pipeline.run.trigger import (
     Trigger,
     assign,
     recorded_shuffle_partitions,
+    shuffling_steps,
     slots_needed,
     written_by_micro_batch,
 )
@@ -532,6 +533,8 @@ def _choose_triggers(
 
     def needs_of(q: planner.Query) -> int:
         partitions = partition_count(bootstrap_servers, q.input.topic) or 1
+        if not shuffling_steps(q):
+            return slots_needed(q, partitions)
         kept = None if local is None else recorded_shuffle_partitions(local / q.name)
         shuffle = spark_setup.shuffle_partitions(spark, partitions, True) if kept is None else kept
         return slots_needed(q, partitions, shuffle)

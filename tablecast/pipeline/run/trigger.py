@@ -205,11 +205,10 @@ def slots_needed(q: Query, partitions: int, shuffle: int | None = None) -> int:
 def recorded_shuffle_partitions(checkpoint: Path) -> int | None:
     """The shuffle partitions a query's checkpoint keeps (None before its first batch):
     Spark records the setting with each batch's offsets and continues with it."""
-    offsets = checkpoint / "offsets"
-    batches = [int(p.name) for p in offsets.glob("[0-9]*") if p.name.isdigit()]
-    if not batches:
+    offsets = _last_batch(checkpoint / "offsets")
+    if offsets is None:
         return None
-    with open(offsets / str(max(batches))) as f:
+    with open(offsets) as f:
         for line in f:
             if line.startswith("{") and '"conf"' in line:
                 value = json.loads(line).get("conf", {}).get("spark.sql.shuffle.partitions")
@@ -224,12 +223,17 @@ def written_by_micro_batch(checkpoint: Path) -> bool:
     runs v2; Spark does not continue a v1 checkpoint in Real-time Mode, even a
     stateless query's (STREAMING_REAL_TIME_MODE.CHECKPOINT_FORMAT_V1_NOT_SUPPORTED).
     """
-    commits = checkpoint / "commits"
-    batches = [int(p.name) for p in commits.glob("[0-9]*") if p.name.isdigit()]
-    if not batches:
+    commit = _last_batch(checkpoint / "commits")
+    if commit is None:
         return False
-    with open(commits / str(max(batches))) as f:
+    with open(commit) as f:
         return f.readline().strip() == "v1"
+
+
+def _last_batch(log: Path) -> Path | None:
+    """The newest batch's file of a checkpoint's log (``offsets``, ``commits``), if any."""
+    batches = [int(p.name) for p in log.glob("[0-9]*") if p.name.isdigit()]
+    return log / str(max(batches)) if batches else None
 
 
 def decide(
