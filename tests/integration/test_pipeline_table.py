@@ -277,21 +277,30 @@ def test_a_column_fold_that_fails_dead_letters_the_change_and_keeps_what_rows_ho
     grouped.reduce(adder, total - x).materialize("sums")
     # an overflow raises too: the group's aggregate stays what it was
     grouped.reduce(total * x, total - x).materialize("products")
+    # an aggregate the value serde cannot write (text not a number, for a long): that change
+    # is not made
+    digits = F.concat(total, F.when(x == 7, F.lit("x")).otherwise(x.cast("string")))
+    grouped.aggregate(F.lit(""), digits, total, value=LONG).materialize("texts")
     pipeline = app.start(bootstrap_servers=bootstrap, spark=spark)
     try:
         big = 4_000_000_000
         rows = [("r1", {"g": "a", "n": 5}), ("r2", {"g": "a", "n": 13}), ("r2", {"g": "a", "n": 2})]
         rows += [("p1", {"g": "p", "n": big}), ("p2", {"g": "p", "n": big})]
+        rows += [("t1", {"g": "t", "n": 1}), ("t2", {"g": "t", "n": 7})]
         produce(bootstrap, topic, [(k.encode(), orjson.dumps(v)) for k, v in rows])
         pipeline.process_all_available()
         sums = read_table(bootstrap, f"{unique}.table.sums", STR, LONG)
-        assert sums == {"a": 7, "p": 2 * big}
+        assert sums == {"a": 7, "p": 2 * big, "t": 8}
         products = read_table(bootstrap, f"{unique}.table.products", STR, LONG)
         assert products["p"] == big  # big * big overflows: that change is dead-lettered
+        texts = read_table(bootstrap, f"{unique}.table.texts", STR, LONG)
+        # "1x" is no long, nor is 4000000000 written twice in a row
+        assert texts == {"a": 5132, "p": big, "t": 1}
         reasons = [
             dict(m.headers())["tablecast.error"] for m in read_topic(bootstrap, dlq_topic(unique))
         ]
         assert sum(b"thirteen" in r for r in reasons) == 1, reasons
         assert sum(b"overflow" in r.lower() for r in reasons) == 1, reasons
+        assert sum(b"does not fit" in r for r in reasons) == 2, reasons
     finally:
         pipeline.stop()

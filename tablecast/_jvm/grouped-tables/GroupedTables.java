@@ -32,6 +32,7 @@ import org.apache.spark.sql.streaming.ValueState;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructType;
+import scala.Function1;
 import scala.jdk.javaapi.CollectionConverters;
 
 /**
@@ -59,10 +60,21 @@ public final class GroupedTables {
   static final int KEY = 0, VALUE = 1, ERR = 2, RAW_KEY = 3, RAW_VALUE = 4, TOPIC = 5;
   static final int PART = 6, OFF = 7, SEQ = 8, TS = 9, WIDTH = 10;
 
+  /** Source order: partition, offset, then a record's place among those its offset made. */
   static final Comparator<Row> SOURCE_ORDER =
-      Comparator.<Row>comparingInt(r -> r.isNullAt(PART) ? -1 : r.getInt(PART))
-          .thenComparingLong(r -> r.isNullAt(OFF) ? -1 : r.getLong(OFF))
-          .thenComparingLong(r -> r.isNullAt(SEQ) ? -1 : r.getLong(SEQ));
+      (a, b) -> {
+        int c = Integer.compare(intAt(a, PART), intAt(b, PART));
+        if (c == 0) c = Long.compare(longAt(a, OFF), longAt(b, OFF));
+        return c != 0 ? c : Long.compare(longAt(a, SEQ), longAt(b, SEQ));
+      };
+
+  static int intAt(Row r, int i) {
+    return r.isNullAt(i) ? -1 : r.getInt(i);
+  }
+
+  static long longAt(Row r, int i) {
+    return r.isNullAt(i) ? -1 : r.getLong(i);
+  }
 
   /** Groups by a row's key bytes (a bad row's may be null: it only passes through). */
   static final MapFunction<Row, byte[]> KEY_BYTES =
@@ -117,6 +129,7 @@ public final class GroupedTables {
             df.schema().fieldIndex(gv),
             df.schema().fieldIndex(gold),
             df.schema().fieldIndex(src),
+            df.schema().apply(gk).dataType(),
             df.schema().apply(gv).dataType());
     return df.groupByKey(KEY_BYTES, Encoders.BINARY())
         .transformWithState(processor, TimeMode.None(), OutputMode.Update(), Encoders.row(out));
@@ -265,10 +278,13 @@ public final class GroupedTables {
   public static final class Aggregate extends StatefulProcessor<byte[], Row, Row> {
     private final Bound adder, subtractor, initializer, fits;
     private final int gk, gv, gold, src;
-    private final DataType valueType, aggType;
+    private final DataType keyType, valueType, aggType;
     private transient ValueState<Row> aggregate;
     private transient MapState<byte[], Row> held;
     private transient MutableProjection add, subtract, start, check;
+    // a change is folded in Catalyst's values, converted once each way: per change, the
+    // generic conversion cost more than the user's expressions
+    private transient Function1<Object, Object> keyIn, valueIn, aggIn, aggOut, valueOut;
 
     Aggregate(
         Bound adder,
@@ -279,6 +295,7 @@ public final class GroupedTables {
         int gv,
         int gold,
         int src,
+        DataType keyType,
         DataType valueType) {
       this.adder = adder;
       this.subtractor = subtractor;
@@ -288,6 +305,7 @@ public final class GroupedTables {
       this.gv = gv;
       this.gold = gold;
       this.src = src;
+      this.keyType = keyType;
       this.valueType = valueType;
       this.aggType = adder.type; // the selections are cast to the aggregate's type
     }
@@ -304,16 +322,20 @@ public final class GroupedTables {
       subtract = subtractor.projection();
       start = initializer == null ? null : initializer.projection();
       check = fits == null ? null : fits.projection();
+      var conv = CatalystTypeConverters$.MODULE$;
+      keyIn = conv.createToCatalystConverter(keyType);
+      valueIn = conv.createToCatalystConverter(valueType);
+      aggIn = conv.createToCatalystConverter(aggType);
+      aggOut = conv.createToScalaConverter(aggType);
+      valueOut = conv.createToScalaConverter(valueType);
     }
 
-    private Object eval(MutableProjection p, DataType type, Object key, Object value, Object agg) {
-      var conv = CatalystTypeConverters$.MODULE$;
-      InternalRow in =
-          new GenericInternalRow(
-              new Object[] {
-                conv.convertToCatalyst(key), conv.convertToCatalyst(value), conv.convertToCatalyst(agg)
-              });
-      return conv.convertToScala(p.apply(in).get(0, type), type);
+    /** `p` over Catalyst values key, value and aggregate: its column, a Catalyst value. */
+    private static Object eval(
+        MutableProjection p, DataType type, Object key, Object value, Object agg) {
+      // copied: a projection may reuse what it returned for its next row
+      return InternalRow.copyValue(
+          p.apply(new GenericInternalRow(new Object[] {key, value, agg})).get(0, type));
     }
 
     @Override
@@ -322,19 +344,22 @@ public final class GroupedTables {
       List<Row> out = new ArrayList<>();
       Row stored = aggregate.exists() ? aggregate.get() : null;
       boolean had = stored != null;
-      Object current = had ? stored.get(0) : null;
+      Object current = had ? aggIn.apply(stored.get(0)) : null;
       Long ts = had && !stored.isNullAt(1) ? stored.getLong(1) : null;
       Row last = null;
+      Object k = null; // every change of the group has its key, converted once
+      // a row's value is held only after a change failed: most groups have none to look up
+      boolean anyHeld = held.exists();
       for (Row r : sorted(rows)) {
         if (!r.isNullAt(ERR)) {
           out.add(bad(r, r.getString(ERR)));
           continue;
         }
         byte[] source = (byte[]) r.get(src);
-        Row kept = held.containsKey(source) ? held.getValue(source) : null;
-        Object k = r.get(gk);
-        Object old = kept != null ? kept.get(0) : r.get(gold);
-        Object nv = r.get(gv);
+        Row kept = anyHeld && held.containsKey(source) ? held.getValue(source) : null;
+        if (k == null) k = keyIn.apply(r.get(gk));
+        Object old = valueIn.apply(kept != null ? kept.get(0) : r.get(gold));
+        Object nv = valueIn.apply(r.get(gv));
         Object after = current;
         boolean subtracted = false;
         String failure = null;
@@ -353,7 +378,7 @@ public final class GroupedTables {
           failure = (subtracted ? "adder: " : "subtractor: ") + e;
         }
         if (failure == null && after != null && check != null) {
-          if (!Boolean.TRUE.equals(eval(check, DataTypes.BooleanType, k, null, after))) {
+          if (!fits(k, after)) {
             // an aggregate the table cannot hold: the change is not made
             failure = "the aggregate does not fit the table's value serde";
             subtracted = false;
@@ -368,7 +393,8 @@ public final class GroupedTables {
             last = r;
             ts = later(ts, r);
           }
-          held.updateValue(source, RowFactory.create(subtracted ? null : old));
+          held.updateValue(source, RowFactory.create(subtracted ? null : valueOut.apply(old)));
+          anyHeld = true;
           continue;
         }
         current = after;
@@ -377,11 +403,12 @@ public final class GroupedTables {
         ts = later(ts, r);
       }
       if (last != null) {
-        if (current == null) aggregate.clear();
-        else aggregate.update(RowFactory.create(current, ts));
+        Object result = current == null ? null : aggOut.apply(current);
+        if (result == null) aggregate.clear();
+        else aggregate.update(RowFactory.create(result, ts));
         Object[] v = new Object[WIDTH];
         v[KEY] = key;
-        v[VALUE] = current;
+        v[VALUE] = result;
         v[PART] = last.get(PART);
         v[OFF] = last.get(OFF);
         v[SEQ] = last.get(SEQ);
@@ -389,6 +416,15 @@ public final class GroupedTables {
         out.add(RowFactory.create(v));
       }
       return iterator(out);
+    }
+
+    /** Whether the table's value serde writes `agg` (an encoding that raises does not). */
+    private boolean fits(Object key, Object agg) {
+      try {
+        return Boolean.TRUE.equals(eval(check, DataTypes.BooleanType, key, null, agg));
+      } catch (RuntimeException e) {
+        return false;
+      }
     }
 
     private static Long later(Long ts, Row r) {

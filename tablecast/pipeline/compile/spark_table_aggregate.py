@@ -21,7 +21,17 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import DataType, StructField, StructType
+from pyspark.sql.types import (
+    BinaryType,
+    ByteType,
+    DataType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructField,
+    StructType,
+)
 
 from tablecast.pipeline.compile import envelope as env
 from tablecast.pipeline.compile.codecs import Codec
@@ -118,10 +128,20 @@ def _selections(
     start = None if node.initializer is None else selection(node.initializer)
     fits = None
     codec = Codec(result)
-    if codec.fmt != "avro":
+    if codec.fmt != "avro" and not _always_fits(codec.fmt, agg_type):
         written = codec.encode(F.col("aggregate"), agg_type)
         fits = probe.select((F.col("aggregate").isNull() | written.isNotNull()).alias("fits"))
     return selection(node.adder), selection(node.subtractor), start, fits
+
+
+def _always_fits(fmt: str, agg_type: DataType) -> bool:
+    """Whether the `fmt` serde writes every aggregate of `agg_type`: then no change needs the
+    check (a check per change cost more than the fold itself)."""
+    if fmt == "long":
+        return isinstance(agg_type, LongType | IntegerType | ShortType | ByteType)
+    if fmt == "string":
+        return isinstance(agg_type, StringType)
+    return fmt == "bytes" and isinstance(agg_type, BinaryType | StringType)
 
 
 def _processors(df: DataFrame):  # type: ignore[no-untyped-def]
